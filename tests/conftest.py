@@ -1,0 +1,41 @@
+"""Shared test fixtures. Tests use real parts (loopback gRPC, DuckDB files, subprocesses);
+the only fake is the NVML backend (see agent/nvml.py's seam)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+
+def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05, what: str = "condition"):
+    """Poll ``predicate`` until it returns a truthy value or the deadline passes (never bare sleeps)."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last value: {last!r})")
+
+
+@pytest.fixture
+def waiter():
+    return wait_for
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch  # noqa: PLC0415
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def pytest_collection_modifyitems(config, items):
+    if any("gpu" in item.keywords for item in items) and not _cuda_available():
+        skip = pytest.mark.skip(reason="needs CUDA (run scripts/gpu-check.sh on a GPU machine)")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
