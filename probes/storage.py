@@ -13,8 +13,9 @@ leave less than ``min_free_percent`` of the filesystem free; the file has a uniq
 finally block (SIGTERM from the runner unwinds into it), and files left by a killed run (SIGKILL) are
 removed by the next run once their pid is gone. With ``file=...`` it only reads that existing file
 (read-only, nothing written or removed; seq_write_gbps is then absent).
-Where O_DIRECT is refused (tmpfs, some FUSE/overlay filesystems) it falls back to buffered I/O, reports
-o_direct=0 and says that the page cache may be in play.
+Where O_DIRECT is refused (some FUSE/overlay filesystems, tmpfs before Linux 6.6) it falls back to
+buffered I/O, reports o_direct=0 and says that the page cache may be in play; on memory filesystems
+(tmpfs, ramfs) O_DIRECT may be accepted but bypasses nothing, so they too report o_direct=0.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ SPEC = ProbeSpec(
                 "queue_depth": "concurrent 4 KiB reads in flight (threads)"},
 )
 
+MEMORY_FS = ("tmpfs", "ramfs", "devtmpfs", "hugetlbfs")
 SEQ_BLOCK = 1 << 20
 RAND_BLOCK = 4096
 PREFIX = ".gpuagent-probe-storage."
@@ -228,11 +230,15 @@ def run(params: dict[str, Any]) -> ProbeResult:
                 if exc.errno != errno.EINVAL:
                     raise
                 direct = False
+        if direct and env["fs_type"] in MEMORY_FS:
+            direct = False  # accepted since Linux 6.6, but the data lives in RAM: it bypasses nothing
+            os.close(fd)
+            fd = -1
         if not direct:
             fd = _open(path, os.O_RDONLY, False)
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # drops clean pages where it can
-            notes.append(f"O_DIRECT is not available on {env['fs_type'] or 'this filesystem'}; buffered "
-                         "I/O was used, so the page cache may be in play")
+            notes.append(f"O_DIRECT is not available or not effective on {env['fs_type'] or 'this filesystem'}; "
+                         "buffered I/O was used, so the page cache may be in play")
         read_s = _seq_read(fd, size)
         n, elapsed, lats = _rand_read(fd, size, qd, float(p["rand_seconds"]), int(p["seed"]))
     finally:
