@@ -352,6 +352,8 @@ def _describe(fleet: list[NodeSpec]) -> list[str]:
 @click.option("--streams", type=int, default=16, help="RPCs in flight per process")
 @click.option("--procs", type=int, default=1, help="worker processes")
 @click.option("--prefix", default="sim", help="hostname prefix (sim-0001, ...)")
+@click.option("--connect-timeout", "connect_timeout_s", type=float, default=15.0,
+              help="seconds to wait for the collector to answer")
 @click.option("--dry-run", is_flag=True, help="print the fleet and its injections, send nothing")
 @click.option("--json", "as_json", is_flag=True, help="print the summary as JSON")
 def main(dry_run: bool, as_json: bool, **kw) -> None:
