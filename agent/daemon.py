@@ -84,7 +84,9 @@ class Agent:
         self.node_info = node_info if node_info is not None else build_node_info(cfg, self.samplers)
         self.sender = Sender(cfg.collector, self.spool, lambda: self.node_info, token=self.token,
                              on_registered=self._on_registered)
-        self.extras: list[Any] = []          # probe scheduler, job-step listener (anything with stop())
+        self.extras: list[Any] = []          # probe scheduler and other parts with stop()
+        self.job_steps: Any = None           # the JobStepReceiver when listening
+        self.unavailable: list[str] = []     # optional parts that could not start (for status)
         self._sampler_errors: set[tuple[str, str]] = set()
         self.ticks = 0
         self.late_ticks = 0
@@ -273,7 +275,17 @@ class Agent:
             jobs.append(row)
         for key in [k for k, v in b.latest_jobs.items() if v.get("ts_ns", 0) < horizon - 60_000_000_000]:
             b.latest_jobs.pop(key, None)
-        unavailable = []
+        if self.job_steps is not None:
+            seen = {j["job_id"] for j in jobs}
+            for live in self.job_steps.live():
+                row = next((j for j in jobs if j["job_id"] == live["job_id"]), None)
+                fields = {k: live.get(k) for k in ("steps_per_s", "samples_per_s", "tokens_per_s",
+                                                    "step_time_p50_s", "data_wait_fraction", "ranks")}
+                if row is None:
+                    jobs.append({"job_id": live["job_id"], "job_name": live.get("job_name"), **fields})
+                elif live["job_id"] in seen:
+                    row.update(fields)
+        unavailable = list(self.unavailable)
         for s in self.samplers:
             for attr in ("unavailable",):
                 unavailable.extend(getattr(s, attr, None) or [])
@@ -347,8 +359,34 @@ def build_node_info(cfg: AgentConfig, samplers: list[Sampler]) -> pb.NodeInfo:
     return info
 
 
+def start_job_step_receiver(agent: Agent) -> None:
+    """The opt-in training-step tracker's listener (gpuagent.agent.job_steps); a sampler once started.
+
+    ``[jobs] step_socket`` (or $GPUAGENT_JOBS_SOCKET, default /run/gpuagent/jobs.sock) is where it
+    listens; ``[jobs] step_listener = false`` turns it off. A socket that cannot be created (e.g. not
+    root and /run/gpuagent not writable) leaves the rest of the agent running and is reported once."""
+    jobs = agent.cfg.jobs
+    if str(jobs.get("step_listener", True)).lower() in ("false", "0", "no", "off"):
+        return None
+    from gpuagent.agent.job_steps import JobSocketError, JobStepReceiver
+    receiver = JobStepReceiver(socket_path=jobs.get("step_socket") or None,
+                               window_s=float(jobs.get("step_window_s", agent.cfg.batch_interval_s)))
+    try:
+        receiver.start()
+    except JobSocketError as exc:
+        msg = f"{exc}; training-step tracking is off (set [jobs] step_socket or GPUAGENT_JOBS_SOCKET)"
+        log.warning(msg)
+        agent.batcher.event("component_unavailable", msg, attrs={"component": "job_steps"})
+        agent.unavailable.append(msg)
+        return None
+    agent.samplers.append(receiver)
+    agent.job_steps = receiver
+    log.info("listening for training-step trackers on %s", receiver.socket_path)
+    return None       # closed with the samplers
+
+
 # Callables taking the Agent and returning an object with stop() (or None when not applicable).
-EXTRA_FACTORIES: list[Callable[[Agent], Any]] = []
+EXTRA_FACTORIES: list[Callable[[Agent], Any]] = [start_job_step_receiver]
 
 
 def setup_logging(level: str = "info") -> None:
