@@ -113,6 +113,8 @@ class Tracker:
         if self._closed:
             return
         try:
+            if self._pending:
+                self._pending[-1][7].synchronize()   # at exit only, never on the hot path
             self.flush()
         except Exception:  # noqa: BLE001 - never raise into the training script
             pass
