@@ -122,6 +122,10 @@ class Tracker:
         self._next_connect = 1 << 62
         if self._sock is not None:
             try:
+                self._sock.send(wire.encode_bye(self.pid, self.rank, self._tracker_id), _MSG_DONTWAIT)
+            except OSError:
+                pass
+            try:
                 self._sock.close()
             except OSError:
                 pass
