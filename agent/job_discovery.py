@@ -6,11 +6,11 @@ Where processes come from:
   match :class:`JobRules`: a command-line regex (default: torchrun / torch.distributed.run / launch) or,
   for python processes, one of the env keys (default TORCHELASTIC_RUN_ID, RANK, LOCAL_RANK, SLURM_JOB_ID).
 
-Identity, from /proc/<pid>/environ and /proc/<pid>/cgroup, cached per (pid, start time):
-``slurm:<SLURM_JOB_ID>`` > ``torchelastic:<TORCHELASTIC_RUN_ID>`` (a run id of ``none`` gets
-``@MASTER_ADDR:MASTER_PORT`` appended so concurrent jobs stay apart) > ``k8s:<pod uid>`` >
-``container:<id 12>`` > ``pid:<session id>`` (rule match) or ``pid:<pid>`` (a GPU process). Ranks come
-from RANK/LOCAL_RANK/WORLD_SIZE, else SLURM_PROCID/SLURM_LOCALID/SLURM_NTASKS.
+Identity: the shared rule in :mod:`gpuagent.agent.job_identity` (the step tracker uses the same one, so
+``job_samples`` and ``job_steps`` join on ``job_id``): GPUAGENT_JOB_ID, Slurm, torchelastic run id, k8s
+pod uid, container id (not the agent's own container), torchelastic ``none-<ppid>``, else ``pid:<pid>``
+(source ``rule`` when a rule matched it, ``process`` for a GPU process). Cached per (pid, start time);
+attrs carry ``container_id`` / ``pod_uid`` when the cgroup shows them.
 
 Each tick emits one ``sink.job_sample(...)`` per (process, GPU) with the JobSample proto field names;
 CPU % (of one core) and I/O rates are deltas of /proc/<pid>/stat and /proc/<pid>/io.
@@ -29,21 +29,18 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuagent.agent.job_identity import cgroup_ids, job_identity, own_container_id
+
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 DEFAULT_CMDLINE = (r"(^|/)torchrun(\s|$)", r"torch\.distributed\.(run|launch)(\s|$)",
                    r"torch/distributed/(run|launch)\.py")
 DEFAULT_ENV_KEYS = ("TORCHELASTIC_RUN_ID", "RANK", "LOCAL_RANK", "SLURM_JOB_ID")
-_ENV_WANTED = ("SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS",
-               "TORCHELASTIC_RUN_ID", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-               "HOSTNAME", "GPUAGENT_JOB_NAME")
-
-_POD_RE = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
-_CID_RE = re.compile(r"(?:docker|cri-containerd|crio|libpod|containerd)?[-/:]?([0-9a-f]{64})")
-_RUNTIME_RE = ((re.compile(r"libpod"), "podman"), (re.compile(r"cri-containerd|containerd"), "containerd"),
-               (re.compile(r"crio"), "cri-o"), (re.compile(r"docker"), "docker"))
-
+_ENV_WANTED = ("GPUAGENT_JOB_ID", "GPUAGENT_JOB_NAME", "SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_ARRAY_JOB_ID",
+               "SLURM_ARRAY_TASK_ID", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "TORCHELASTIC_RUN_ID",
+               "RANK", "LOCAL_RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
+               "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "HOSTNAME")
 
 @dataclass(frozen=True)
 class JobRules:
@@ -54,61 +51,20 @@ class JobRules:
     env_argv0_regex: str = r"^python"   # env keys only count for these executables ('' = any)
 
 
-def parse_cgroup(text: str) -> dict[str, str]:
-    """{pod_uid?, container_id?, container_runtime?} from /proc/<pid>/cgroup content."""
-    out: dict[str, str] = {}
-    for line in text.splitlines():
-        path = line.split(":", 2)[-1]
-        m = _POD_RE.search(path)
-        if m and "pod_uid" not in out:
-            out["pod_uid"] = m.group(1).replace("_", "-")
-        ids = _CID_RE.findall(path)
-        if ids and "container_id" not in out:
-            out["container_id"] = ids[-1]
-            for pat, name in _RUNTIME_RE:
-                if pat.search(path):
-                    out["container_runtime"] = name
-                    break
-    return out
-
-
-def _int(v: str | None, default: int) -> int:
-    try:
-        return int(v) if v not in (None, "") else default
-    except ValueError:
-        return default
-
-
-def identify(pid: int, env: dict[str, str], cgroup: dict[str, str], sid: int, matched_by_rule: bool) -> dict[str, Any]:
-    """The job a process belongs to (JobSample identity fields + attrs)."""
+def identify(pid: int, env: dict[str, str], cgroup_text: str, ppid: int, matched_by_rule: bool,
+             own_container: str = "") -> dict[str, Any]:
+    """JobSample identity fields + attrs for a process, via the shared job identity rule."""
+    ji = job_identity(env, pid, ppid, cgroup_text, own_container)
+    pod, container = cgroup_ids(cgroup_text) if cgroup_text else ("", "")
     attrs: dict[str, str] = {}
-    if "container_id" in cgroup:
-        attrs["container_id"] = cgroup["container_id"][:12]
-    if "pod_uid" in cgroup:
-        attrs["pod_uid"] = cgroup["pod_uid"]
-    rank = _int(env.get("RANK"), _int(env.get("SLURM_PROCID"), -1))
-    local_rank = _int(env.get("LOCAL_RANK"), _int(env.get("SLURM_LOCALID"), -1))
-    world = _int(env.get("WORLD_SIZE"), _int(env.get("SLURM_NTASKS"), 0))
-    name = env.get("GPUAGENT_JOB_NAME", "")
-    if env.get("SLURM_JOB_ID"):
-        job_id, source = f"slurm:{env['SLURM_JOB_ID']}", "slurm"
-        name = name or env.get("SLURM_JOB_NAME", "")
-    elif env.get("TORCHELASTIC_RUN_ID"):
-        run = env["TORCHELASTIC_RUN_ID"]
-        if run == "none":
-            run += f"@{env.get('MASTER_ADDR', '')}:{env.get('MASTER_PORT', '')}"
-        job_id, source = f"torchelastic:{run}", "torchelastic"
-    elif "pod_uid" in cgroup:
-        job_id, source = f"k8s:{cgroup['pod_uid']}", "kubernetes"
-        name = name or env.get("HOSTNAME", "")
-    elif "container_id" in cgroup:
-        job_id, source = f"container:{cgroup['container_id'][:12]}", "container"
-    elif matched_by_rule:
-        job_id, source = f"pid:{sid}", "rule"
-    else:
-        job_id, source = f"pid:{pid}", "process"
-    return {"job_id": job_id, "job_name": name, "source": source, "rank": rank,
-            "local_rank": local_rank, "world_size": world, "attrs": attrs}
+    if container and container != own_container[:12]:
+        attrs["container_id"] = container
+    if pod:
+        attrs["pod_uid"] = pod
+    source = "rule" if (ji.source == "process" and matched_by_rule) else ji.source
+    name = ji.job_name or (env.get("HOSTNAME", "") if ji.source == "kubernetes" else "")
+    return {"job_id": ji.job_id, "job_name": name, "source": source, "rank": ji.rank,
+            "local_rank": ji.local_rank, "world_size": ji.world_size, "attrs": attrs}
 
 
 @dataclass
@@ -152,10 +108,11 @@ class JobDiscovery:
         self._last_scan_ns: int | None = None
         self._jobs: dict[str, _Job] = {}
         self._self_pid = os.getpid()
+        self._own_container = own_container_id()   # the agent's own container is not a job boundary
 
     # ------------------------------------------------------------------ /proc readers
     def _stat(self, pid: int) -> tuple[int, int, int] | None:
-        """(utime+stime ticks, start time ticks, session id) or None when the process is gone."""
+        """(utime+stime ticks, start time ticks, parent pid) or None when the process is gone."""
         try:
             with open(f"{self.proc}/{pid}/stat", "rb") as f:
                 raw = f.read()
@@ -165,7 +122,7 @@ class JobDiscovery:
         if rest[:1] == [b"Z"]:   # a zombie has exited; only its parent has not reaped it yet
             return None
         try:
-            return int(rest[11]) + int(rest[12]), int(rest[19]), int(rest[3])
+            return int(rest[11]) + int(rest[12]), int(rest[19]), int(rest[1])
         except (IndexError, ValueError):
             return None
 
@@ -228,12 +185,12 @@ class JobDiscovery:
                 matched = any(k in env for k in self.rules.env_keys)
             if matched:
                 env = env if env is not None else self._environ(pid)
-                cg = parse_cgroup((self._read_bytes(pid, "cgroup") or b"").decode("utf-8", "replace"))
-                ident = identify(pid, env, cg, st[2], True)
+                cg = (self._read_bytes(pid, "cgroup") or b"").decode("utf-8", "replace")
+                ident = identify(pid, env, cg, st[2], True, self._own_container)
         else:
             env = self._environ(pid)
-            cg = parse_cgroup((self._read_bytes(pid, "cgroup") or b"").decode("utf-8", "replace"))
-            ident = identify(pid, env, cg, st[2], False)
+            cg = (self._read_bytes(pid, "cgroup") or b"").decode("utf-8", "replace")
+            ident = identify(pid, env, cg, st[2], False, self._own_container)
         p = _Proc(start=st[1], ident=ident)
         self._procs[pid] = p
         return p
@@ -286,7 +243,7 @@ class JobDiscovery:
                 continue
             if p is not None and p.ident is None:
                 continue
-            ident = p.ident if p is not None else identify(pid, {}, {}, pid, False)
+            ident = p.ident if p is not None else identify(pid, {}, "", 0, False)
             if pid not in per_pid_done:
                 per_pid_done[pid] = self._usage(pid, p, t)
             cpu, rss, rd, wr = per_pid_done[pid]

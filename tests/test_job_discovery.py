@@ -15,7 +15,7 @@ import pytest
 from conftest import wait_for
 from fake_nvml import H100_8GPU, FakeNvmlBackend
 from gpuagent.agent.gpu_sampler import GpuSampler
-from gpuagent.agent.job_discovery import JobDiscovery, parse_cgroup
+from gpuagent.agent.job_discovery import JobDiscovery, identify
 from gpuagent.agent.nvml import Nvml
 from gpuagent.agent.sampling import ListSink, now_ns
 
@@ -68,7 +68,7 @@ def test_env_rules_find_real_processes(procs):
     assert (s[slurm.pid]["rank"], s[slurm.pid]["local_rank"], s[slurm.pid]["world_size"]) == (3, 1, 8)
     assert s[slurm.pid]["rss_bytes"] > 1 << 20 and s[slurm.pid]["gpu"] == -1
     assert (s[elastic.pid]["job_id"], s[elastic.pid]["rank"], s[elastic.pid]["world_size"]) == ("torchelastic:run-abc", 1, 2)
-    assert s[ranked.pid]["source"] == "rule" and s[ranked.pid]["job_id"] == f"pid:{os.getsid(ranked.pid)}"
+    assert s[ranked.pid]["source"] == "rule" and s[ranked.pid]["job_id"] == f"pid:{ranked.pid}"
     starts = {e.attrs["job_id"] for e in sink.events if e.kind == "job_start"}
     assert {"slurm:4242", "torchelastic:run-abc"} <= starts
     assert {j["job_id"] for j in jd.active_jobs()} >= {"slurm:4242", "torchelastic:run-abc"}
@@ -130,16 +130,19 @@ def test_fixture_procfs_k8s_docker_and_rules():
     assert pod["attrs"]["container_id"] == "4b9f0c1e2d3a" and (pod["rank"], pod["world_size"]) == (4, 16)
     assert pod["rss_bytes"] == 25600 * os.sysconf("SC_PAGE_SIZE")
     assert (got[200]["job_id"], got[200]["source"]) == ("container:e3b0c44298fc", "container")
-    assert got[400]["job_id"] == "torchelastic:none@10.0.0.5:29500"
+    assert got[400]["job_id"] == "torchelastic:none-77"      # run id "none": grouped by the elastic agent (ppid)
 
 
-def test_parse_cgroup_variants():
+def test_identity_from_cgroup_variants():
     cid = "a" * 64
-    assert parse_cgroup(f"0::/system.slice/docker-{cid}.scope\n") == {"container_id": cid, "container_runtime": "docker"}
-    assert parse_cgroup(f"0::/machine.slice/libpod-{cid}.scope\n")["container_runtime"] == "podman"
-    v1 = parse_cgroup(f"4:memory:/kubepods/burstable/pod0a1b2c3d-0000-4000-8000-00000000abcd/{cid}\n")
-    assert v1 == {"pod_uid": "0a1b2c3d-0000-4000-8000-00000000abcd", "container_id": cid}
-    assert parse_cgroup("0::/user.slice/user-1000.slice/session-2.scope\n") == {}
+    docker = identify(10, {}, f"0::/system.slice/docker-{cid}.scope\n", 1, True)
+    assert (docker["job_id"], docker["attrs"]) == (f"container:{cid[:12]}", {"container_id": cid[:12]})
+    k8s = identify(10, {"HOSTNAME": "pod-a"}, f"4:memory:/kubepods/burstable/pod0a1b2c3d-0000-4000-8000-00000000abcd/{cid}\n", 1, False)
+    assert (k8s["job_id"], k8s["source"], k8s["job_name"]) == ("k8s:0a1b2c3d-0000-4000-8000-00000000abcd", "kubernetes", "pod-a")
+    # the agent's own container is not a job boundary
+    own = identify(10, {}, f"0::/docker/{cid}\n", 1, True, own_container=cid[:12])
+    assert (own["job_id"], own["source"], own["attrs"]) == ("pid:10", "rule", {})
+    assert identify(10, {}, "0::/user.slice\n", 1, False)["source"] == "process"
 
 
 def test_gpu_mode_uses_nvml_processes_and_reports_mean_util(procs):
