@@ -55,6 +55,7 @@ class _Stream:
     last_t_end_ns: int = 0
     last_seen_ns: int = 0
     overflow: int = 0
+    closed: bool = False                          # the tracker said bye: report and forget it
 
 
 def _percentile(sorted_values: list[float], q: float) -> float:
@@ -227,6 +228,10 @@ class JobStepReceiver:
             if kind == "hello":
                 self._streams[key] = self._new_stream(pid, msg, stream)
                 return
+            if kind == "bye":
+                if stream is not None:
+                    stream.closed = True
+                return
             if stream is None:
                 stream = self._new_stream(pid, {"rank": msg["rank"], "local_rank": -1, "world_size": 0,
                                                 "job_id": f"pid:{pid}", "job_name": "", "source": "process"},
@@ -270,23 +275,29 @@ class JobStepReceiver:
     # ------------------------------------------------------------------ windows
 
     def sample(self, ts_ns: int, sink: Any) -> None:
-        """Once per tick: when the window is over, emit one job_step per (job, rank) that stepped."""
+        """Once per tick: when the window is over, emit one job_step per (job, rank) that stepped;
+        a tracker that said bye gets its last partial window emitted at once."""
         if ts_ns - self._window_start < self.window_ns:
+            self.flush_window(ts_ns, sink, closed_only=True)
             return
         self.flush_window(ts_ns, sink)
 
-    def flush_window(self, ts_ns: int, sink: Any) -> int:
-        """Close the current window now; returns how many job_step rows were emitted."""
-        self._window_start = ts_ns
+    def flush_window(self, ts_ns: int, sink: Any, closed_only: bool = False) -> int:
+        """Close the current window now (``closed_only``: only for trackers that said bye);
+        returns how many job_step rows were emitted."""
+        if not closed_only:
+            self._window_start = ts_ns
         with self._lock:
             ready = []
             for key, s in list(self._streams.items()):
+                if closed_only and not s.closed:
+                    continue
                 if s.records:
                     ready.append((s, s.records, s.last_index, s.last_t_end_ns))
                     last = max(s.records)
                     s.last_index, s.last_t_end_ns = last[0], last[1]
                     s.records = []
-                elif ts_ns - s.last_seen_ns > _FORGET_AFTER_WINDOWS * self.window_ns:
+                if s.closed or (not s.records and ts_ns - s.last_seen_ns > _FORGET_AFTER_WINDOWS * self.window_ns):
                     del self._streams[key]
         live: dict[str, dict[str, Any]] = {}
         for s, records, prev_index, prev_t_end in ready:

@@ -113,12 +113,18 @@ class Tracker:
         if self._closed:
             return
         try:
+            if self._pending:
+                self._pending[-1][7].synchronize()   # at exit only, never on the hot path
             self.flush()
         except Exception:  # noqa: BLE001 - never raise into the training script
             pass
         self._closed = True
         self._next_connect = 1 << 62
         if self._sock is not None:
+            try:
+                self._sock.send(wire.encode_bye(self.pid, self.rank, self._tracker_id), _MSG_DONTWAIT)
+            except OSError:
+                pass
             try:
                 self._sock.close()
             except OSError:

@@ -15,6 +15,11 @@ STEPS (one datagram carries 1..MAX_RECORDS step records of one tracker)::
     records <QqqqQQ  step_index, t_end_ns (wall clock), step_ns, data_wait_ns (-1: not measured),
                      samples, tokens
 
+BYE (the tracker closed; the agent reports its last partial window at the next tick)::
+
+    header  <IBBH  magic, kind=3, 0, 0
+    body    <iiI   pid, rank, tracker_id
+
 The pid in the message is what the sender says; the agent prefers the kernel's view
 (``SO_PASSCRED``), which is right across PID namespaces and cannot be forged.
 """
@@ -26,6 +31,7 @@ import struct
 MAGIC = 0x314A4147          # b"GAJ1" read as little-endian u32
 KIND_HELLO = 1
 KIND_STEPS = 2
+KIND_BYE = 3
 VERSION = 1
 MAX_RECORDS = 64
 
@@ -60,12 +66,16 @@ def encode_hello(pid: int, rank: int, local_rank: int, world_size: int, tracker_
     return b"".join(parts)
 
 
+def encode_bye(pid: int, rank: int, tracker_id: int) -> bytes:
+    return HEADER.pack(MAGIC, KIND_BYE, 0, 0) + STEPS_BODY.pack(pid, rank, tracker_id)
+
+
 class WireError(ValueError):
     """A datagram that is not in this format (wrong magic, kind, or length)."""
 
 
 def decode(data: bytes):
-    """('hello', dict) or ('steps', dict with 'records': list of tuples). Raises WireError."""
+    """('hello' | 'bye', dict) or ('steps', dict with 'records': list of tuples). Raises WireError."""
     if len(data) < HEADER.size:
         raise WireError(f"datagram of {len(data)} bytes is shorter than the header")
     magic, kind, arg, _ = HEADER.unpack_from(data, 0)
@@ -90,6 +100,11 @@ def decode(data: bytes):
         return "hello", {"pid": pid, "rank": rank, "local_rank": local_rank,
                          "world_size": world_size, "tracker_id": tracker_id,
                          "job_id": texts[0], "job_name": texts[1], "source": texts[2]}
+    if kind == KIND_BYE:
+        if len(data) != off + STEPS_BODY.size:
+            raise WireError("bye datagram has the wrong length")
+        pid, rank, tracker_id = STEPS_BODY.unpack_from(data, off)
+        return "bye", {"pid": pid, "rank": rank, "tracker_id": tracker_id}
     if kind == KIND_STEPS:
         count = arg
         if len(data) != STEPS_PREFIX + count * RECORD.size:

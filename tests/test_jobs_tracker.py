@@ -263,3 +263,18 @@ def test_wrap_loader_and_step_context_measure_data_wait(receiver, sock_path):
     (row,) = sink.job_steps
     # Nearly all of each step was spent in the sleeping loader.
     assert row["data_wait_fraction"] > 0.8, row
+
+
+def test_closed_tracker_reported_before_window_ends(receiver, sock_path):
+    t = track(name="short", socket_path=sock_path, flush_interval_s=0.0)
+    for _ in range(5):
+        t.step()
+    sink = ListSink()
+    wait_for(lambda: receiver.records == 5, timeout=10, what="5 records")
+    receiver.sample(time.time_ns(), sink)
+    assert sink.job_steps == []          # window (60 s) not over, tracker still open
+    t.close()                            # sends bye
+    wait_for(lambda: (receiver.sample(time.time_ns(), sink), sink.job_steps)[1], timeout=10,
+             what="the closed tracker's last window")
+    assert sink.job_steps[0]["steps"] == 5
+    assert receiver.tracked_pids() == {}
