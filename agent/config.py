@@ -59,15 +59,6 @@ class CollectorConfig:
 
 
 @dataclass(frozen=True)
-class JobRule:
-    """Which processes count as a job on a node without GPUs (or in addition to GPU users)."""
-    name: str
-    cmdline_regex: str = ""
-    exe: str = ""
-    user: str = ""
-
-
-@dataclass(frozen=True)
 class AgentConfig:
     collector: CollectorConfig = field(default_factory=CollectorConfig)
     interval_s: float = 1.0             # sampling interval
@@ -79,8 +70,7 @@ class AgentConfig:
     labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     # The [probes] table, passed through untouched (gpuagent.agent.probe_scheduler reads it).
     probes: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
-    job_rules: tuple[JobRule, ...] = ()
-    # The [jobs] table minus `rules`, passed through for job discovery / the step listener.
+    # The [jobs] table (validated keys, see JOBS_KEYS): job discovery rules and the step listener.
     jobs: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     config_file: str = ""               # the file that was read ("" when none)
 
@@ -105,11 +95,10 @@ class AgentConfig:
         return ""
 
     def to_dict(self) -> dict[str, Any]:
-        out = {f.name: thaw(getattr(self, f.name)) for f in fields(self) if f.name not in ("collector", "job_rules")}
+        out = {f.name: thaw(getattr(self, f.name)) for f in fields(self) if f.name != "collector"}
         out["collector"] = {f.name: getattr(self.collector, f.name) for f in fields(self.collector)}
         if out["collector"]["token"]:
             out["collector"]["token"] = "***"
-        out["job_rules"] = [{f.name: getattr(r, f.name) for f in fields(r)} for r in self.job_rules]
         return out
 
 
@@ -202,6 +191,47 @@ def _check_labels(labels: Mapping[str, Any], src: str) -> dict[str, str]:
         out[str(k)] = str(v).lower() if isinstance(v, bool) else str(v)
     if "price_per_gpu_hour" in out:
         _as_float(out["price_per_gpu_hour"], "labels.price_per_gpu_hour", src, minimum=0)
+    return out
+
+
+# [jobs] keys: job discovery (gpuagent.agent.job_discovery.JobRules and JobDiscovery) and the
+# training-step listener (gpuagent.agent.job_steps).
+JOBS_KEYS = {"cmdline_regex": list, "env_keys": list, "env_argv0_regex": str, "scan_interval_s": float,
+             "end_grace_s": float, "step_listener": bool, "step_socket": str, "step_window_s": float}
+
+
+def _check_jobs(table: dict[str, Any], src: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in table.items():
+        kind = JOBS_KEYS.get(k)
+        name = f"jobs.{k}"
+        if kind is None:
+            raise ConfigError(f"unknown key {name!r} (from {src}); expected one of {', '.join(sorted(JOBS_KEYS))}.")
+        if kind is list:
+            if isinstance(v, str):
+                v = [v]
+            if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+                raise ConfigError(f"{name} (from {src}) must be a list of strings.")
+            if k == "cmdline_regex":
+                for x in v:
+                    try:
+                        re.compile(x)
+                    except re.error as exc:
+                        raise ConfigError(f"{name} (from {src}): {x!r} is not a valid regular expression "
+                                          f"({exc}).") from None
+            out[k] = tuple(v)
+        elif kind is float:
+            out[k] = _as_float(v, name, src, minimum=0.1)
+        elif kind is bool:
+            out[k] = _as_bool(v, name, src)
+        else:
+            s = _as_str(v, name, src)
+            if k == "env_argv0_regex":
+                try:
+                    re.compile(s)
+                except re.error as exc:
+                    raise ConfigError(f"{name} (from {src}) is not a valid regular expression ({exc}).") from None
+            out[k] = s
     return out
 
 
@@ -332,26 +362,7 @@ def load_config(
     if labels:
         lab.update(_check_labels(labels, "flag --label"))
 
-    jobs_table = dict(data.get("jobs", {}))
-    rules = []
-    raw_rules = jobs_table.pop("rules", [])
-    if not isinstance(raw_rules, list):
-        raise ConfigError(f"jobs.rules (from {fsrc}) must be an array of tables ([[jobs.rules]]).")
-    for i, r in enumerate(raw_rules):
-        where = f"jobs.rules[{i}] (from {fsrc})"
-        if not isinstance(r, dict) or not r.get("name"):
-            raise ConfigError(f"{where} must be a table with at least a name.")
-        extra = set(r) - {"name", "cmdline_regex", "exe", "user"}
-        if extra:
-            raise ConfigError(f"{where} has unknown key {sorted(extra)[0]!r}.")
-        if not (r.get("cmdline_regex") or r.get("exe") or r.get("user")):
-            raise ConfigError(f"{where} needs at least one of cmdline_regex, exe, user.")
-        if r.get("cmdline_regex"):
-            try:
-                re.compile(r["cmdline_regex"])
-            except re.error as exc:
-                raise ConfigError(f"{where}: cmdline_regex is not a valid regular expression ({exc}).") from None
-        rules.append(JobRule(**{k: str(v) for k, v in r.items()}))
+    jobs_table = _check_jobs(dict(data.get("jobs", {})), f"{fsrc} [jobs]")
 
     probes_table = data.get("probes", {})
     if "enabled" in probes_table:
@@ -365,7 +376,6 @@ def load_config(
         collector=CollectorConfig(**coll_kw),
         labels=MappingProxyType(lab),
         probes=_freeze(probes_table),
-        job_rules=tuple(rules),
         jobs=_freeze(jobs_table),
         config_file=str(path) if path else "",
         **agent_kw,

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
-import platform
 import signal
-import socket
 import sys
 import threading
 import time
@@ -38,17 +36,6 @@ SHUTDOWN_SEND_GRACE_S = 1.0   # in-flight acks may arrive this long after SIGTER
 
 class StartupError(Exception):
     """The daemon cannot start; one sentence (e.g. the state dir is not writable)."""
-
-
-def _machine_id() -> str:
-    for p in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
-        try:
-            v = Path(p).read_text().strip()
-            if v:
-                return v
-        except OSError:
-            continue
-    return socket.getfqdn()
 
 
 class Agent:
@@ -336,27 +323,24 @@ def _n_items(batch: pb.Batch) -> int:
 # -------------------------------------------------------------------- data sources and node info
 
 def default_samplers(cfg: AgentConfig) -> list[Sampler]:
-    """The node's data sources (gpuagent.agent.host_sampler, gpu_sampler, job_discovery)."""
-    samplers: list[Sampler] = []
-    try:
-        from gpuagent.agent.host_sampler import HostSampler
-        samplers.append(HostSampler())
-    except ImportError as exc:
-        log.warning("host sampler not available (%s)", exc)
-    try:
-        from gpuagent.agent.gpu_sampler import GpuSampler
-        samplers.append(GpuSampler())
-    except ImportError as exc:
-        log.warning("GPU sampler not available (%s)", exc)
-    return samplers
+    """The node's data sources: host (psutil + /proc), GPU (NVML, one choke point), job discovery."""
+    from gpuagent.agent.gpu_sampler import GpuSampler
+    from gpuagent.agent.host_sampler import HostSampler
+    from gpuagent.agent.job_discovery import JobDiscovery, JobRules
+
+    gpu = GpuSampler()
+    jobs = cfg.jobs
+    rules = JobRules(**{k: jobs[k] for k in ("cmdline_regex", "env_keys", "env_argv0_regex") if k in jobs})
+    disc_kw = {k: float(jobs[k]) for k in ("scan_interval_s", "end_grace_s") if k in jobs}
+    return [HostSampler(), gpu, JobDiscovery(gpu_sampler=gpu, rules=rules, **disc_kw)]
 
 
 def build_node_info(cfg: AgentConfig, samplers: list[Sampler]) -> pb.NodeInfo:
-    """Who this node is, sent with Register (fingerprint at start)."""
-    info = pb.NodeInfo(hostname=socket.gethostname(), machine_id=_machine_id(), agent_version=__version__,
-                       kernel=platform.release(), cpu_cores_logical=os.cpu_count() or 0)
-    info.labels.update(dict(cfg.labels))
-    return info
+    """Who this node is, sent with Register: inventory, GPUs and the virtualization fingerprint,
+    taken once at start."""
+    from gpuagent.agent.nodeinfo import build_node_info as build
+    gpu = next((s for s in samplers if getattr(s, "name", "") == "gpu"), None)
+    return build(labels=dict(cfg.labels), gpu_sampler=gpu)
 
 
 def start_job_step_receiver(agent: Agent) -> None:

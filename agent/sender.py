@@ -88,7 +88,7 @@ class Sender(threading.Thread):
         self._token = token
         self._on_registered = on_registered or (lambda r: None)
         self._rng = rng or random.Random()
-        self._stop = threading.Event()
+        self._halt = threading.Event()
         self._draining = threading.Event()
         self._lock = threading.Lock()
         self._call = None
@@ -104,7 +104,7 @@ class Sender(threading.Thread):
         self._draining.set()
         self.spool.wake()
         self.join(timeout=grace_s)
-        self._stop.set()
+        self._halt.set()
         with self._lock:
             call, channel = self._call, self._channel
         if call is not None:
@@ -116,7 +116,7 @@ class Sender(threading.Thread):
 
     @property
     def stopping(self) -> bool:
-        return self._stop.is_set() or self._draining.is_set()
+        return self._halt.is_set() or self._draining.is_set()
 
     def snapshot(self) -> dict:
         with self._lock:
@@ -150,7 +150,7 @@ class Sender(threading.Thread):
             wait = delay * (0.5 + 0.5 * self._rng.random())
             with self._lock:
                 self.state.next_retry_ns = time.time_ns() + int(wait * 1e9)
-            if self._stop.wait(wait) or self._draining.is_set():
+            if self._halt.wait(wait) or self._draining.is_set():
                 break
             delay = min(delay * 2, self.cfg.backoff_max_s)
         with self._lock:
@@ -226,7 +226,7 @@ class Sender(threading.Thread):
                 call.cancel()
                 return
             if full:
-                self._stop.wait(0.05)
+                self._halt.wait(0.05)
                 continue
             seq = self.spool.wait_after(sent_upto, timeout=0.25)
             if seq is None:
@@ -240,8 +240,8 @@ class Sender(threading.Thread):
                 self.state.sent_batches += 1
             yield with_node_id(payload, node_id)
         # Draining: wait (bounded by stop()'s grace) for the acks of what is in flight, then half-close.
-        while self._inflight and not self._stop.is_set():
-            self._stop.wait(0.02)
+        while self._inflight and not self._halt.is_set():
+            self._halt.wait(0.02)
 
     def _on_ack(self, ack: pb.Ack) -> None:
         self.spool.ack(ack.seq)

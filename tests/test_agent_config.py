@@ -39,9 +39,9 @@ team = "vision"
 [probes]
 enabled = true
 collective = { interval_s = 3600 }
-[[jobs.rules]]
-name = "trainer"
-cmdline_regex = "train\\\\.py"
+[jobs]
+cmdline_regex = ["train\\\\.py"]
+step_socket = "/tmp/x.sock"
 """)
     env = {"GPUAGENT_COLLECTOR": "env-host:7100", "GPUAGENT_INTERVAL": "3", "GPUAGENT_LABELS": "region=eu-west,pool=h100"}
     cfg = load_config(path, env=env, interval_s=0.5)
@@ -53,7 +53,7 @@ cmdline_regex = "train\\\\.py"
     assert cfg.collector.token == "from-file"
     assert dict(cfg.labels) == {"pool": "h100", "price_per_gpu_hour": "2.25", "team": "vision", "region": "eu-west"}
     assert cfg.probes["enabled"] is True and cfg.probes["collective"]["interval_s"] == 3600
-    assert cfg.job_rules[0].name == "trainer" and cfg.job_rules[0].cmdline_regex == r"train\.py"
+    assert cfg.jobs["cmdline_regex"] == (r"train\.py",) and cfg.jobs["step_socket"] == "/tmp/x.sock"
     cfg2 = load_config(path, env=env, collector="flag-host:7200", state_dir=str(tmp_path))
     assert cfg2.collector.address == "flag-host:7200" and cfg2.state_dir == str(tmp_path)
     with pytest.raises(AttributeError):
@@ -80,7 +80,8 @@ def test_config_file_from_env_and_token_file(tmp_path):
     ("[collector]\naddress = \"nohost\"\n", {}, "collector.address (from config file"),
     ("[agent]\nspool_max_bytes = \"lots\"\n", {}, "agent.spool_max_bytes"),
     ("[labels]\nprice_per_gpu_hour = \"cheap\"\n", {}, "labels.price_per_gpu_hour"),
-    ("[[jobs.rules]]\nname = \"x\"\ncmdline_regex = \"(\"\n", {}, "jobs.rules[0]"),
+    ("[jobs]\ncmdline_regex = [\"(\"]\n", {}, "jobs.cmdline_regex (from config file"),
+    ("[jobs]\nrulez = 1\n", {}, "unknown key 'jobs.rulez'"),
     ("interval_s = [1\n", {}, "is not valid TOML"),
     ("", {"GPUAGENT_INTERVAL": "soon"}, "agent.interval_s (from environment GPUAGENT_INTERVAL)"),
     ("", {"GPUAGENT_LABELS": "justtext"}, "GPUAGENT_LABELS"),
