@@ -102,6 +102,9 @@ class Sender(threading.Thread):
     def stop(self, grace_s: float = 1.5) -> None:
         """Stop sending: half-close the stream, give in-flight acks ``grace_s``, then cancel."""
         self._draining.set()
+        with self._lock:
+            if not self._inflight:
+                self._halt.set()     # nothing to wait for (also interrupts a backoff wait)
         self.spool.wake()
         self.join(timeout=grace_s)
         self._halt.set()
