@@ -226,7 +226,11 @@ class ProbeScheduler:
         if "disk" in spec.resources:
             target = os.path.dirname(os.path.abspath(params["file"])) if params.get("file") else params.get("path", "/")
             device = blockdev.device_for_path(target)
-            act = self.disk_activity(device) if device else None
+            act = None
+            if device:
+                act = self.disk_activity(device)
+                if act is None and self.disk_activity is not self._diskstats_activity:
+                    act = self._diskstats_activity(device)  # the given source had nothing fresh
             if act is not None:
                 busy_pct, iops = act
                 c = self.config
@@ -289,3 +293,55 @@ class ProbeScheduler:
         if forced:
             result.env.setdefault("forced", 1)
         return self._emit(result)
+
+
+# ---------------------------------------------------------------- wiring into the daemon
+
+def _busy_gpus_from(samplers: Iterable[Any]) -> Callable[[], list[int]]:
+    """GPUs held by the jobs that job discovery currently sees."""
+    disc = next((s for s in samplers if hasattr(s, "active_jobs")), None)
+
+    def busy() -> list[int]:
+        if disc is None:
+            return []
+        for _ in range(3):  # the sampling thread may be updating the job table
+            try:
+                return sorted({g for j in disc.active_jobs() for g in j.get("gpus", ()) if g >= 0})
+            except RuntimeError:
+                time.sleep(0.01)
+        return [-1]  # could not read it: treat the GPUs as busy rather than disturb a job
+    return busy
+
+
+def _disk_activity_from(batcher: Any, max_age_s: float = 30.0) -> DiskActivity:
+    """(busy %, IOPS) of a device from the host sampler's latest values, when fresh; else None."""
+    def activity(device: str) -> tuple[float, float] | None:
+        latest = getattr(batcher, "latest", None)
+        if not latest:
+            return None
+        labels = (("device", device),)
+        now = time.time_ns()
+        vals = {}
+        for metric in ("disk_busy_percent", "disk_read_iops", "disk_write_iops"):
+            got = latest.get((metric, -1, labels))
+            if got is None or now - got[0] > max_age_s * 1e9:
+                return None
+            vals[metric] = got[1]
+        return vals["disk_busy_percent"], vals["disk_read_iops"] + vals["disk_write_iops"]
+    return activity
+
+
+def start_probe_scheduler(agent: Any) -> ProbeScheduler | None:
+    """The daemon's EXTRA_FACTORIES hook: build from ``[probes]`` and start (None when disabled)."""
+    cfg = ProbeSchedulerConfig.from_mapping(agent.cfg.probes, state_dir=str(agent.cfg.state_dir))
+    if not cfg.enabled:
+        log.info("probes disabled ([probes] enabled = false)")
+        return None
+    gpus = len(agent.node_info.gpus)
+    sched = ProbeScheduler(agent.batcher, cfg, busy_gpus=_busy_gpus_from(agent.samplers),
+                           gpu_count=lambda: gpus, disk_activity=_disk_activity_from(agent.batcher))
+    sched.start()
+    log.info("probe scheduler started: %s; budget %.0f s per %.0f s",
+             ", ".join(f"{s.name} every {s.interval_s:g} s" for s in cfg.schedules if s.enabled),
+             sched.budget_s, cfg.budget_window_s)
+    return sched

@@ -9,6 +9,7 @@ skipped, 1 for failed and timeout.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
@@ -16,7 +17,7 @@ import click
 
 from gpuagent.probes import registry
 from gpuagent.probes.format import format_result
-from gpuagent.probes.lock import ProbeLock
+from gpuagent.probes.lock import LOCK_NAME, ProbeLock
 from gpuagent.probes.runner import run_probe
 
 SPINNER = "|/-\\"
@@ -58,6 +59,15 @@ def _spinner(name: str):
     return show
 
 
+def _agent_lock_path() -> str | None:
+    """The running agent's lock: <state_dir>/probe.lock from its config (flag-less: file/env/default)."""
+    try:
+        from gpuagent.agent.config import load_config
+        return os.path.join(str(load_config(None).state_dir), LOCK_NAME)
+    except Exception:  # noqa: BLE001 - no readable agent config: the documented default
+        return None
+
+
 @probe.command("run")
 @click.argument("name")
 @click.option("--param", "params", multiple=True, metavar="K=V", help="probe parameter (repeatable)")
@@ -65,7 +75,7 @@ def _spinner(name: str):
 @click.option("--timeout", "timeout_s", type=float, default=None, help="seconds (default: the probe's)")
 @click.option("--lock-wait", type=float, default=60.0, show_default=True,
               help="seconds to wait for another probe run to finish")
-@click.option("--lock-path", default=None, help="node-wide probe lock file (default: state dir/probe.lock)")
+@click.option("--lock-path", default=None, help="node-wide probe lock file (default: the agent's state_dir/probe.lock)")
 def run_cmd(name: str, params: tuple[str, ...], as_json: bool, timeout_s: float | None, lock_wait: float,
             lock_path: str | None) -> None:
     """Run probe NAME now and print its result."""
@@ -76,7 +86,7 @@ def run_cmd(name: str, params: tuple[str, ...], as_json: bool, timeout_s: float 
     if timeout_s is not None and timeout_s <= 0:
         raise click.ClickException("--timeout must be positive")
     tty = sys.stderr.isatty()
-    lock = ProbeLock(lock_path)
+    lock = ProbeLock(lock_path or _agent_lock_path())
     try:
         if not lock.acquire(0):
             if tty:
