@@ -162,3 +162,25 @@ def test_stop_kills_an_inflight_probe(tmp_path):
     assert sink.probe_results[0]["status"] == "failed"
     assert sink.probe_results[0]["reason"] == "cancelled: the agent is stopping"
     assert os.listdir(tmp_path) == ["probe.lock"]
+
+
+def test_agent_daemon_runs_the_scheduler_and_reports_results(tmp_path):
+    """The real agent (subprocess) with a [probes] table: the host probe's result reaches its status."""
+    from agent_helpers import free_port, read_status, start_agent, stop, wait_running
+
+    cfg = tmp_path / "agent.toml"
+    cfg.write_text(
+        "[probes]\ninitial_delay_s = 0\njitter_fraction = 0\n"
+        "[probes.host]\ninterval_s = 3600\n[probes.host.params]\nrepeats = 1\npipe_iters = 200\n"
+        "[probes.storage]\nenabled = false\n[probes.pcie]\nenabled = false\n"
+        "[probes.gpu_compute]\nenabled = false\n[probes.collective]\nenabled = false\n")
+    state = tmp_path / "state"
+    proc = start_agent(tmp_path, f"127.0.0.1:{free_port()}", state, GPUAGENT_CONFIG=str(cfg))
+    try:
+        wait_running(state, proc)
+        st = wait_for(lambda: (read_status(state) or {}).get("probes", {}).get("host"), timeout=60,
+                      what="host probe result in the agent status")
+    finally:
+        stop(proc)
+    assert st["status"] == "ok"
+    assert (state / "probe.lock").exists()
