@@ -77,7 +77,7 @@ def cpu_percents(prev: list[int], cur: list[int]) -> dict[str, float] | None:
 
     user includes nice (guest time is already inside user); system includes irq and softirq.
     """
-    d = [c - p for c, p in zip(cur, prev)]
+    d = [max(0, c - p) for c, p in zip(cur, prev)]   # a CPU going offline/online can reset counters
     d += [0] * (8 - len(d))
     total = sum(d[:8])
     if total <= 0:
