@@ -74,6 +74,7 @@ class _Proc:
     prev_t: float | None = None
     prev_cpu: int = 0
     prev_io: tuple[int, int] | None = None
+    stat: tuple[int, int, int] | None = None   # the latest /proc/<pid>/stat read (reused within a tick)
 
 
 @dataclass
@@ -171,6 +172,7 @@ class JobDiscovery:
             return None
         cached = self._procs.get(pid)
         if cached is not None and cached.start == st[1]:
+            cached.stat = st
             return cached
         ident = None
         matched = False
@@ -191,7 +193,7 @@ class JobDiscovery:
             env = self._environ(pid)
             cg = (self._read_bytes(pid, "cgroup") or b"").decode("utf-8", "replace")
             ident = identify(pid, env, cg, st[2], False, self._own_container)
-        p = _Proc(start=st[1], ident=ident)
+        p = _Proc(start=st[1], ident=ident, stat=st)
         self._procs[pid] = p
         return p
 
@@ -280,7 +282,7 @@ class JobDiscovery:
     def _usage(self, pid: int, p: _Proc | None, t: float) -> tuple[float, float, float, float]:
         if p is None:
             return 0.0, 0.0, 0.0, 0.0
-        st = self._stat(pid)
+        st = p.stat
         if st is None:
             return 0.0, 0.0, 0.0, 0.0
         io = self._io(pid)
