@@ -3,7 +3,7 @@
 
 1. storage vs fio (Debian fio) on the same file, size, block size, O_DIRECT and queue depth:
    * sequential read: fio rw=read bs=1M direct=1 ioengine=psync numjobs=1 vs the probe's seq_read_gbps;
-   * random read: fio rw=randread bs=4k direct=1 ioengine=psync numjobs=QD (QD threads, each with one
+   * random read: fio rw=randread bs=4k direct=1 ioengine=psync numjobs=QD (QD processes, each with one
      blocking read in flight: the probe's own concurrency model) time_based, vs rand_read_iops and
      p50/p99 latency; fio io_uring iodepth=QD is printed for information (another concurrency model);
    * sequential write (informational): fio rw=write bs=1M direct=1 end_fsync=1 on a fresh file vs
@@ -52,7 +52,7 @@ def fio(args: list[str]) -> dict:
 
 def storage_vs_fio(directory: str, size_mib: int, qd: int, rand_s: float, rounds: int) -> dict:
     path = os.path.join(directory, f"gpuagent-accuracy-{os.getpid()}.dat")
-    common = [f"--filename={path}", f"--size={size_mib}M", "--direct=1", "--ioengine=psync", "--thread"]
+    common = [f"--filename={path}", f"--size={size_mib}M", "--direct=1", "--ioengine=psync"]
     res: dict = {"fio_seq_read_gbps": [], "probe_seq_read_gbps": [], "fio_rand_read_iops": [],
                  "probe_rand_read_iops": [], "fio_rand_p50_us": [], "probe_rand_p50_us": [],
                  "fio_rand_p99_us": [], "probe_rand_p99_us": [], "fio_iouring_iops": [],
