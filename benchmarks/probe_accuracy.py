@@ -6,8 +6,8 @@
    * random read: fio rw=randread bs=4k direct=1 ioengine=psync numjobs=QD (QD processes, each with one
      blocking read in flight: the probe's own concurrency model) time_based, vs rand_read_iops and
      p50/p99 latency; fio io_uring iodepth=QD is printed for information (another concurrency model);
-   * sequential write (informational): fio rw=write bs=1M direct=1 end_fsync=1 on a fresh file vs
-     seq_write_gbps (the probe writes its own fresh file).
+   * sequential write (informational): fio rw=write bs=1M direct=1 end_fsync=1 overwriting the laid-out
+     file vs seq_write_gbps (the probe writes, i.e. extends, its own fresh file: not the same operation).
    Runs are interleaved (fio, probe, fio, probe, ...) and medians compared; target ratio 0.9-1.1.
 2. collective (gloo, 2 local processes) vs a plain torch.distributed all_reduce loop written here, same
    sizes and iterations, interleaved; target ratio 0.9-1.1 for algbw at each size.
@@ -59,8 +59,9 @@ def storage_vs_fio(directory: str, size_mib: int, qd: int, rand_s: float, rounds
                  "fio_seq_write_gbps": [], "probe_seq_write_gbps": []}
     try:
         for _ in range(rounds):
-            if os.path.exists(path):
-                os.unlink(path)
+            if not os.path.exists(path):  # lay the file out once, flushed, so no writeback lands in a timed run
+                fio(["--name=layout", "--rw=write", "--bs=1M", "--end_fsync=1", *common])
+                os.sync()
             w = fio(["--name=seqwrite", "--rw=write", "--bs=1M", "--end_fsync=1", *common])
             res["fio_seq_write_gbps"].append(w["write"]["bw_bytes"] / 1e9)
             r = fio(["--name=seqread", "--rw=read", "--bs=1M", "--numjobs=1", *common])
@@ -92,8 +93,13 @@ def storage_vs_fio(directory: str, size_mib: int, qd: int, rand_s: float, rounds
         if os.path.exists(path):
             os.unlink(path)
     m = {k: med(v) for k, v in res.items()}
+
+    def paired(a: str, b: str) -> float:  # median of per-round ratios: robust to drift between rounds
+        return med([x / y for x, y in zip(res[a], res[b]) if y])
     return {
         "medians": m, "runs": res,
+        "paired_ratio_seq_read": paired("probe_seq_read_gbps", "fio_seq_read_gbps"),
+        "paired_ratio_rand_read_iops": paired("probe_rand_read_iops", "fio_rand_read_iops"),
         "ratio_seq_read": m["probe_seq_read_gbps"] / m["fio_seq_read_gbps"],
         "ratio_rand_read_iops": m["probe_rand_read_iops"] / m["fio_rand_read_iops"],
         "ratio_rand_p50_latency": m["probe_rand_p50_us"] / m["fio_rand_p50_us"],
@@ -161,6 +167,7 @@ def collective_vs_plain(rounds: int, iters: int) -> dict:
             "probe_algbw_gbps": {s: med(v) for s, v in probe_runs.items()},
             "plain_algbw_gbps": {s: med(v) for s, v in plain_runs.items()},
             "ratio_algbw": {s: med(probe_runs[s]) / med(plain_runs[s]) for s in probe_runs},
+            "paired_ratio_algbw": {s: med([a / b for a, b in zip(probe_runs[s], plain_runs[s])]) for s in probe_runs},
             "runs": {"probe": probe_runs, "plain": plain_runs}}
 
 
@@ -218,8 +225,10 @@ def main() -> int:
     if "medians" in s:
         m = s["medians"]
         print(f"storage vs fio ({s['fio_jobs']}):")
-        print(f"  seq read   probe {m['probe_seq_read_gbps']:.3f} GB/s  fio {m['fio_seq_read_gbps']:.3f}  ratio {s['ratio_seq_read']:.3f}")
+        print(f"  seq read   probe {m['probe_seq_read_gbps']:.3f} GB/s  fio {m['fio_seq_read_gbps']:.3f}  ratio {s['ratio_seq_read']:.3f}"
+              f" (paired {s['paired_ratio_seq_read']:.3f})")
         print(f"  rand IOPS  probe {m['probe_rand_read_iops']:.0f}  fio {m['fio_rand_read_iops']:.0f}  ratio {s['ratio_rand_read_iops']:.3f}"
+              f" (paired {s['paired_ratio_rand_read_iops']:.3f})"
               f"  (fio io_uring {m['fio_iouring_iops']:.0f})")
         print(f"  p50/p99 us probe {m['probe_rand_p50_us']:.1f}/{m['probe_rand_p99_us']:.1f}  fio {m['fio_rand_p50_us']:.1f}/{m['fio_rand_p99_us']:.1f}")
         print(f"  seq write  probe {m['probe_seq_write_gbps']:.3f} GB/s  fio {m['fio_seq_write_gbps']:.3f}  ratio {s['ratio_seq_write_informational']:.3f}")
