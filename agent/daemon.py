@@ -380,7 +380,13 @@ def start_job_step_receiver(agent: Agent) -> None:
 
 
 # Callables taking the Agent and returning an object with stop() (or None when not applicable).
-EXTRA_FACTORIES: list[Callable[[Agent], Any]] = [start_job_step_receiver]
+def start_probe_scheduler(agent: Agent) -> Any:
+    """Active probes on their schedule (gpuagent.agent.probe_scheduler; [probes] config table)."""
+    from gpuagent.agent.probe_scheduler import start_probe_scheduler as start
+    return start(agent)
+
+
+EXTRA_FACTORIES: list[Callable[[Agent], Any]] = [start_job_step_receiver, start_probe_scheduler]
 
 
 def setup_logging(level: str = "info") -> None:
