@@ -107,7 +107,8 @@ class GpuSampler:
 
     # ------------------------------------------------------------------ per-process usage
     def processes(self) -> list[dict[str, Any]]:
-        """Processes on each GPU: {pid, gpu, gpu_memory_bytes, gpu_util_percent} (util -1 = unknown).
+        """Processes on each GPU: {pid, gpu, gpu_memory_bytes, gpu_util_percent, gpu_instance_id}
+        (util -1 = unknown, e.g. under MIG where NVML has no per-process utilization).
 
         For job discovery. Utilization comes from nvmlDeviceGetProcessUtilization (samples newer
         than the last call); a process without a new sample keeps its previous value.
@@ -131,9 +132,12 @@ class GpuSampler:
                 pid = int(p.pid)
                 alive.add(pid)
                 used = getattr(p, "usedGpuMemory", None)
+                gi = getattr(p, "gpuInstanceId", 0xFFFFFFFF)
                 out.append({"pid": pid, "gpu": i,
                             "gpu_memory_bytes": float(used) if used is not None else 0.0,
-                            "gpu_util_percent": self._proc_util.get((i, pid), -1.0)})
+                            "gpu_util_percent": self._proc_util.get((i, pid), -1.0),
+                            # MIG: the GPU instance the process runs in (-1 when MIG is off)
+                            "gpu_instance_id": -1 if gi in (None, 0xFFFFFFFF) else int(gi)})
             for key in [k for k in self._proc_util if k[0] == i and k[1] not in alive]:
                 del self._proc_util[key]
         return out

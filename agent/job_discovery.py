@@ -13,7 +13,9 @@ pod uid, container id (not the agent's own container), torchelastic ``none-<ppid
 attrs carry ``container_id`` / ``pod_uid`` when the cgroup shows them.
 
 Each tick emits one ``sink.job_sample(...)`` per (process, GPU) with the JobSample proto field names;
-CPU % (of one core) and I/O rates are deltas of /proc/<pid>/stat and /proc/<pid>/io.
+CPU % (of one core) and I/O rates are deltas of /proc/<pid>/stat and /proc/<pid>/io. When NVML has
+no per-process utilization (MIG) the sample carries 0 with attrs ``gpu_util_known=false`` and the tick
+does not count toward the job's mean; a MIG process carries ``mig_gpu_instance``.
 
 Lifecycle events (the ``gpuagent.jobs`` tracker and the analyzer rely on these):
 - ``job_start``: a job id seen for the first time; attrs {job_id, job_name, source}.
@@ -225,20 +227,21 @@ class JobDiscovery:
 
     def sample(self, ts_ns: int, sink) -> None:
         t = ts_ns / 1e9
-        rows: list[tuple[int, int, float, float]] = []   # (pid, gpu, gpu_util, gpu_mem)
+        rows: list[tuple[int, int, float, float, int]] = []   # (pid, gpu, gpu_util, gpu_mem, mig gi)
         if self._gpu_mode():
             for p in self.gpu.processes():
-                rows.append((p["pid"], p["gpu"], p["gpu_util_percent"], p["gpu_memory_bytes"]))
+                rows.append((p["pid"], p["gpu"], p["gpu_util_percent"], p["gpu_memory_bytes"],
+                             p.get("gpu_instance_id", -1)))
         else:
             if self._last_scan_ns is None or ts_ns - self._last_scan_ns >= self.scan_interval_ns:
                 self._last_scan_ns = ts_ns
                 self._scan()
-            rows = [(pid, -1, -1.0, 0.0) for pid in sorted(self._rule_pids)]
+            rows = [(pid, -1, -1.0, 0.0, -1) for pid in sorted(self._rule_pids)]
 
         seen_jobs: dict[str, list[tuple[int, float]]] = {}
         seen_pids: dict[str, set[int]] = {}
         per_pid_done: dict[int, tuple[float, float, float, float]] = {}
-        for pid, gpu, gutil, gmem in rows:
+        for pid, gpu, gutil, gmem, gi in rows:
             p = self._proc_for(pid, rule_check=not self._gpu_mode())
             if p is None and not self._gpu_mode():
                 self._rule_pids.discard(pid)
@@ -249,12 +252,17 @@ class JobDiscovery:
             if pid not in per_pid_done:
                 per_pid_done[pid] = self._usage(pid, p, t)
             cpu, rss, rd, wr = per_pid_done[pid]
+            attrs = dict(ident["attrs"])
+            if gpu >= 0 and gutil < 0:
+                attrs["gpu_util_known"] = "false"   # sent as 0; NVML had no per-process figure
+            if gi >= 0:
+                attrs["mig_gpu_instance"] = str(gi)
             sink.job_sample(ts_ns=ts_ns, job_id=ident["job_id"], job_name=ident["job_name"],
                             source=ident["source"], pid=pid, rank=ident["rank"],
                             local_rank=ident["local_rank"], world_size=ident["world_size"], gpu=gpu,
                             gpu_util_percent=max(0.0, gutil), gpu_memory_bytes=gmem, cpu_percent=cpu,
                             rss_bytes=rss, read_bytes_per_s=rd, write_bytes_per_s=wr,
-                            attrs=dict(ident["attrs"]))
+                            attrs=attrs)
             seen_jobs.setdefault(ident["job_id"], []).append((gpu, gutil))
             job = self._jobs.get(ident["job_id"])
             if job is None:

@@ -78,9 +78,11 @@ class FakeNvmlBackend:
         for g in self.gpus:
             g["processes"] = [p for p in g["processes"] if p["pid"] != pid]
 
-    def add_process(self, gpu: int, pid: int, used_memory_bytes: int, sm_util_percent: int) -> None:
+    def add_process(self, gpu: int, pid: int, used_memory_bytes: int, sm_util_percent: int,
+                    gpu_instance_id: int = 0) -> None:
         self.gpus[gpu]["processes"].append({"pid": pid, "used_memory_bytes": used_memory_bytes,
-                                            "sm_util_percent": sm_util_percent, "mem_util_percent": 0})
+                                            "sm_util_percent": sm_util_percent, "mem_util_percent": 0,
+                                            "gpu_instance_id": gpu_instance_id})
 
     def lose_gpu(self, gpu: int) -> None:
         """The GPU falls off the bus: every call on it answers GPU_IS_LOST from now on."""
@@ -244,8 +246,10 @@ class FakeNvmlBackend:
 
     def nvmlDeviceGetComputeRunningProcesses(self, h):
         g = self._g(h, "nvmlDeviceGetComputeRunningProcesses")
+        mig = g["mig_mode"] is not None and g["mig_mode"][0] == 1
         return [SimpleNamespace(pid=p["pid"], usedGpuMemory=p["used_memory_bytes"],
-                                gpuInstanceId=0xFFFFFFFF, computeInstanceId=0xFFFFFFFF)
+                                gpuInstanceId=p.get("gpu_instance_id", 0) if mig else 0xFFFFFFFF,
+                                computeInstanceId=0 if mig else 0xFFFFFFFF)
                 for p in g["processes"]]
 
     def nvmlDeviceGetProcessUtilization(self, h, last_seen_us):

@@ -178,3 +178,27 @@ def test_gpu_mode_uses_nvml_processes_and_reports_mean_util(procs):
     assert end[0].value == pytest.approx((3 * 70 + 20) / 4)
     assert end[0].attrs["gpu_util_samples"] == "4"
     assert jd.active_jobs() == []
+
+
+def test_mig_process_without_per_process_util(procs):
+    """GPU 5 of the fixture runs in MIG mode, where NVML has no per-process utilization."""
+    worker = _spawn(IDLE, TORCHELASTIC_RUN_ID="mig-run", RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
+    procs.append(worker)
+    backend = FakeNvmlBackend(H100_8GPU)
+    for g in backend.gpus:
+        g["processes"] = []
+    backend.add_process(5, worker.pid, 9 << 30, 55, gpu_instance_id=3)
+    jd = JobDiscovery(gpu_sampler=GpuSampler(Nvml(backend=backend)), end_grace_s=1.0)
+    sink = ListSink()
+    t = 3_000 * 1_000_000_000
+    for k in range(2):
+        backend.advance(1)
+        jd.sample(t + k * 1_000_000_000, sink)
+    row = sink.job_samples[-1]
+    assert (row["job_id"], row["gpu"], row["gpu_memory_bytes"]) == ("torchelastic:mig-run", 5, 9 << 30)
+    assert row["gpu_util_percent"] == 0.0 and row["attrs"]["gpu_util_known"] == "false"
+    assert row["attrs"]["mig_gpu_instance"] == "3"
+    backend.remove_process(worker.pid)
+    jd.sample(t + 3 * 1_000_000_000, sink)
+    end = [e for e in sink.events if e.kind == "job_end"]
+    assert len(end) == 1 and end[0].value == 0.0 and end[0].attrs["gpu_util_samples"] == "0"
