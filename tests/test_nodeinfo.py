@@ -35,7 +35,7 @@ def test_gpus_and_versions_from_nvml():
     node = build_node_info({}, gpu)
     assert len(node.gpus) == 8 and node.gpus[5].mig_mode == "enabled"
     assert node.gpus[0].name == "NVIDIA H100 80GB HBM3" and node.gpus[7].numa_node == 1
-    assert (node.driver_version, node.cuda_version) == ("535.129.03", "12.2")
+    assert (node.driver_version, node.cuda_version) == ("550.54.15", "12.4")
     assert node.fingerprint.nvml_virtualization_mode == "passthrough" and node.fingerprint.virtualized
 
 
