@@ -23,6 +23,7 @@ from gpuagent.agent.nvml import EVENT_TYPE_XID, VIRT_MODES, Nvml, decode_throttl
 log = logging.getLogger("gpuagent.gpu_sampler")
 
 _NVLINK_RECHECK_S = 60.0  # link state rarely changes; re-count active links this often
+_STATIC_RECHECK_S = 60.0  # max clocks and max PCIe link: re-read this often
 _MAX_EVENTS_PER_TICK = 256
 
 
@@ -52,6 +53,7 @@ class GpuSampler:
         self._announced_off = False
         self._prev_reasons: dict[int, frozenset[str]] = {}
         self._counter_prev: dict[tuple[str, int], tuple[float, int, int]] = {}
+        self._static: dict[int, dict[str, Any]] = {}
         self._pcie_counters: dict[int, bool] = {}
         self._pcie_fallback_tick: dict[int, int] = {}
         self.pcie_fallback_every = pcie_fallback_every
@@ -227,10 +229,11 @@ class GpuSampler:
         lim = q("nvmlDeviceGetEnforcedPowerLimit", h, gpu=i)
         put("gpu_power_limit_watts", lim / 1000.0 if lim is not None else None)
         put("gpu_temperature_celsius", q("nvmlDeviceGetTemperature", h, self._temp_gpu, gpu=i))
+        static = self._static_values(i, h)
         put("gpu_sm_clock_mhz", q("nvmlDeviceGetClockInfo", h, self._sm, gpu=i))
-        put("gpu_sm_clock_max_mhz", q("nvmlDeviceGetMaxClockInfo", h, self._sm, gpu=i))
+        put("gpu_sm_clock_max_mhz", static["sm_max"])
         put("gpu_mem_clock_mhz", q("nvmlDeviceGetClockInfo", h, self._mem, gpu=i))
-        put("gpu_mem_clock_max_mhz", q("nvmlDeviceGetMaxClockInfo", h, self._mem, gpu=i))
+        put("gpu_mem_clock_max_mhz", static["mem_max"])
 
         mask = self._throttle_mask(i, h)
         if mask is not None:
@@ -243,13 +246,27 @@ class GpuSampler:
 
         put("gpu_pcie_link_gen", q("nvmlDeviceGetCurrPcieLinkGeneration", h, gpu=i))
         put("gpu_pcie_link_width", q("nvmlDeviceGetCurrPcieLinkWidth", h, gpu=i))
-        put("gpu_pcie_link_gen_max", q("nvmlDeviceGetMaxPcieLinkGeneration", h, gpu=i))
-        put("gpu_pcie_link_width_max", q("nvmlDeviceGetMaxPcieLinkWidth", h, gpu=i))
+        put("gpu_pcie_link_gen_max", static["gen_max"])
+        put("gpu_pcie_link_width_max", static["width_max"])
         put("gpu_pcie_replay_count", q("nvmlDeviceGetPcieReplayCounter", h, gpu=i))
         put("gpu_ecc_corrected_total", q("nvmlDeviceGetTotalEccErrors", h, self._ecc_corr, self._ecc_vol, gpu=i))
         put("gpu_ecc_uncorrected_total", q("nvmlDeviceGetTotalEccErrors", h, self._ecc_unc, self._ecc_vol, gpu=i))
         self._counters(i, h, ts, put)
         self.last[i] = cur
+
+    def _static_values(self, i: int, h: Any) -> dict[str, Any]:
+        """Maxima that do not change while the driver is loaded: asked once a minute, sent every tick."""
+        now = time.monotonic()
+        got = self._static.get(i)
+        if got is None or now - got["at"] > _STATIC_RECHECK_S:
+            q = self.nvml.query
+            got = {"at": now,
+                   "sm_max": q("nvmlDeviceGetMaxClockInfo", h, self._sm, gpu=i),
+                   "mem_max": q("nvmlDeviceGetMaxClockInfo", h, self._mem, gpu=i),
+                   "gen_max": q("nvmlDeviceGetMaxPcieLinkGeneration", h, gpu=i),
+                   "width_max": q("nvmlDeviceGetMaxPcieLinkWidth", h, gpu=i)}
+            self._static[i] = got
+        return got
 
     def _throttle_mask(self, i: int, h: Any) -> Any:
         """Clock-event reasons; drivers before R535 only have the older ThrottleReasons name."""
