@@ -214,3 +214,23 @@ def test_mig_process_without_per_process_util(procs):
     jd.sample(t + 3 * 1_000_000_000, sink)
     end = [e for e in sink.events if e.kind == "job_end"]
     assert len(end) == 1 and end[0].value == 0.0 and end[0].attrs["gpu_util_samples"] == "0"
+
+
+def test_gpu_process_that_matches_no_rule_is_still_a_job(procs):
+    """The /proc scan runs on GPU nodes too; a process it saw first as "not a job" must still count
+    once NVML lists it on a GPU."""
+    plain = _spawn(IDLE)
+    procs.append(plain)
+    backend = FakeNvmlBackend(H100_8GPU)
+    for g in backend.gpus:
+        g["processes"] = []
+    jd = JobDiscovery(gpu_sampler=GpuSampler(Nvml(backend=backend)), scan_interval_s=0)
+    sink = ListSink()
+    t = 4_000 * 1_000_000_000
+    jd.sample(t, sink)                               # the scan sees it, no rule matches
+    assert plain.pid not in {s["pid"] for s in sink.job_samples}
+    backend.add_process(2, plain.pid, 1 << 30, 70)
+    backend.advance(1)
+    jd.sample(t + 1_000_000_000, sink)
+    rows = [s for s in sink.job_samples if s["pid"] == plain.pid]
+    assert rows and (rows[-1]["job_id"], rows[-1]["source"], rows[-1]["gpu"]) == (f"pid:{plain.pid}", "process", 2)
