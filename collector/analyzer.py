@@ -154,6 +154,7 @@ class AnalyzerConfig:
     baseline_lookback_s: float = 86400.0
     min_baseline_nodes: int = 3
     theoretical_threshold_percent: float = 40.0
+    significance_z: float = 2.0
     min_runs: int = 5
     noise_k: float = 3.0
     min_fleet_nodes: int = 3
@@ -306,6 +307,7 @@ class PassResult:
     opened: int
     updated: int
     closed: int
+    step_s: Mapping[str, float] = field(default_factory=dict)   # seconds per analysis SQL file
 
     @property
     def total_s(self) -> float:
@@ -315,7 +317,8 @@ class PassResult:
         return {"now": self.now.isoformat(), "rollup_rows_in": self.rollup_rows_in,
                 "rollup_s": round(self.rollup_s, 4), "flags_s": round(self.flags_s, 4),
                 "total_s": round(self.total_s, 4), "conditions": self.conditions, "opened": self.opened,
-                "updated": self.updated, "closed": self.closed}
+                "updated": self.updated, "closed": self.closed,
+                "step_s": {k: round(v, 4) for k, v in self.step_s.items()}}
 
 
 def utcnow() -> dt.datetime:
@@ -405,7 +408,7 @@ class Analyzer:
             "lookback_start": now - dt.timedelta(seconds=max(cfg.baseline_lookback_s, cfg.window_s)),
             "window_hours": cfg.window_s / 3600.0,
             "min_baseline_nodes": cfg.min_baseline_nodes,
-            "theoretical_threshold": cfg.theoretical_threshold_percent,
+            "theoretical_threshold": cfg.theoretical_threshold_percent, "vo_z": cfg.significance_z,
             "min_runs": cfg.min_runs, "noise_k": cfg.noise_k, "min_fleet_nodes": cfg.min_fleet_nodes,
             "corr_steal": cfg.corroboration_steal_percent, "corr_psi": cfg.corroboration_psi_percent,
             "min_minutes": cfg.min_minutes, "idle_util": cfg.idle_util_percent,
@@ -421,10 +424,12 @@ class Analyzer:
         t1 = time.perf_counter()
         params = self.params(now)
         self._lookup_tables(con)
-        counts = {}
+        counts: dict[int, int] = {}
+        step_s: dict[str, float] = {}
         for name, stmts in self.steps:
             if name.startswith("1"):
                 continue
+            ts = time.perf_counter()
             for stmt in stmts:
                 try:
                     res = _run(con, stmt, params)
@@ -432,10 +437,11 @@ class Analyzer:
                     raise AnalyzerError(f"analysis step {name} failed: {exc}") from exc
                 if name.startswith("90_"):
                     counts[len(counts)] = res.fetchone()[0]
+            step_s[name] = time.perf_counter() - ts
         conditions = con.execute("SELECT count(*) FROM _conditions").fetchone()[0]
         t2 = time.perf_counter()
         result = PassResult(now, rows_in, t1 - t0, t2 - t1, int(conditions),
-                            int(counts.get(1, 0)), int(counts.get(0, 0)), int(counts.get(2, 0)))
+                            int(counts.get(1, 0)), int(counts.get(0, 0)), int(counts.get(2, 0)), step_s)
         con.execute("INSERT INTO analysis_runs VALUES (?,?,?,?,?,?,?,?,?,?)", [
             now, utcnow(), self.config.window_s, rows_in, result.rollup_s, result.flags_s, result.conditions,
             result.opened, result.updated, result.closed])
@@ -491,15 +497,16 @@ def migrate(con) -> None:
     if schema is not None and hasattr(schema, "migrate"):
         schema.migrate(con)
         return
-    # Until the collector's schema module is present: apply every migration once, in order.
-    con.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, applied_at TIMESTAMP)")
-    done = {r[0] for r in con.execute("SELECT version FROM schema_version").fetchall()}
+    # Until the collector's schema module is present: the same bookkeeping table, every migration once.
+    con.execute("CREATE TABLE IF NOT EXISTS schema_migrations ("
+                "version INTEGER PRIMARY KEY, name VARCHAR NOT NULL, applied_at TIMESTAMP NOT NULL)")
+    done = {r[0] for r in con.execute("SELECT version FROM schema_migrations").fetchall()}
     mig = resources.files("gpuagent.collector").joinpath("migrations")
     for entry in sorted(mig.iterdir(), key=lambda p: p.name):
-        if entry.name.endswith(".sql") and int(entry.name.split("_")[0]) not in done:
-            for stmt in split_sql(entry.read_text()):
-                con.execute(stmt)
-            con.execute("INSERT INTO schema_version VALUES (?, ?)", [int(entry.name.split("_")[0]), utcnow()])
+        if entry.name.endswith(".sql") and int(entry.name[:3]) not in done:
+            con.execute(entry.read_text())
+            con.execute("INSERT INTO schema_migrations VALUES (?, ?, ?)",
+                        [int(entry.name[:3]), entry.name[4:-4], utcnow()])
 
 
 def open_flags(con, limit: int = 1000) -> list[dict[str, Any]]:

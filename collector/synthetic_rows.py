@@ -108,7 +108,7 @@ def fill_gpu_fleet_samples(con, *, nodes: int, gpus: int, start: dt.datetime, se
             INSERT INTO samples
             SELECT $start::TIMESTAMP + to_seconds(s.range), '{node_prefix}' || lpad(n.range::VARCHAR, 5, '0'),
                    g.range::SMALLINT, m.metric, '',
-                   CASE m.metric WHEN 'gpu_util_percent' THEN 50 + 45 * sin(n.range + g.range + s.range / 600.0)
+                   CASE m.metric WHEN 'gpu_util_percent' THEN 75 + 20 * sin(n.range + g.range + s.range / 600.0)
                                  WHEN 'gpu_power_watts' THEN 400 + 200 * random()
                                  ELSE 40 + 30 * random() END
             FROM range($first, $last) s, range($nodes) n, range($gpus) g, (VALUES {metric_list}) m(metric)""",

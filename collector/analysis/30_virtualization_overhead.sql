@@ -6,7 +6,8 @@
 -- The window's value per virtualized node (per GPU for per-GPU components): median of ok runs.
 CREATE OR REPLACE TEMP TABLE _vo_values AS
 SELECT m.node_id, CASE WHEN c.per_gpu THEN m.gpu END AS gpu, c.component, m.params_key,
-       median(m.value) AS value, count(*) AS runs, min(m.started_at) AS first_run, max(m.started_at) AS last_run
+       median(m.value) AS value, count(*) AS runs, min(m.started_at) AS first_run, max(m.started_at) AS last_run,
+       coalesce(stddev_samp(m.value), 0) AS sd
 FROM _ok_metrics m
 JOIN _components c ON c.kind = 'virtualization_overhead' AND c.probe = m.probe AND c.metric = m.metric
 JOIN _node_class nc ON nc.node_id = m.node_id AND nc.virtualized
@@ -72,11 +73,15 @@ LEFT JOIN _vo_ref r ON r.node_id = v.node_id AND r.gpu IS NOT DISTINCT FROM v.gp
 LEFT JOIN _vo_declared d ON d.node_id = v.node_id AND d.gpu IS NOT DISTINCT FROM v.gpu AND d.component = v.component AND d.params_key = v.params_key;
 
 -- Overhead: % below (higher-is-better), % above (lower-is-better), or points above (steal).
+-- margin: $vo_z standard errors of the median (1.2533 sd / sqrt(runs)) in the same unit, so that a node whose
+-- own runs scatter widely (a noisy neighbor) is not called slow on the luck of a few runs.
 CREATE OR REPLACE TEMP TABLE _vo_scored AS
 SELECT *,
        CASE better WHEN 'higher' THEN (baseline - value) / nullif(baseline, 0) * 100
                    WHEN 'lower' THEN (value - baseline) / nullif(baseline, 0) * 100
-                   ELSE value - baseline END AS overhead
+                   ELSE value - baseline END AS overhead,
+       $vo_z * 1.2533 * sd / sqrt(runs)
+         * CASE WHEN better = 'points' THEN 1 ELSE 100 / nullif(abs(baseline), 0) END AS margin
 FROM _vo;
 
 -- Every evaluated (node, gpu, component): a flag that no longer holds closes.
@@ -91,7 +96,7 @@ SELECT node_id, gpu, 'virtualization_overhead' AS kind, component,
        json_object(
            'overhead', round(overhead, 2),
            'overhead_unit', CASE WHEN better = 'points' THEN 'percentage_points' ELSE 'percent' END,
-           'threshold', threshold, 'better', better,
+           'threshold', threshold, 'margin', round(margin, 2), 'better', better, 'runs_sd', sd,
            'params_key', params_key, 'runs', runs, 'first_run', first_run, 'last_run', last_run,
            'class', class_label, 'baseline_nodes', coalesce(fleet_nodes, 0),
            'reference', CASE WHEN baseline_source = 'reference_table'
@@ -122,6 +127,6 @@ SELECT node_id, gpu, 'virtualization_overhead' AS kind, component,
            || ' on this ' || coalesce(virt_type, 'virtualized') || ' VM: ' || advice || '.'
        END AS sentence
 FROM _vo_scored
-WHERE baseline_source = 'none' OR overhead > threshold
+WHERE baseline_source = 'none' OR overhead - coalesce(margin, 0) > threshold
 QUALIFY row_number() OVER (PARTITION BY node_id, gpu, component
                            ORDER BY (baseline_source <> 'none')::INT DESC, overhead DESC NULLS LAST) = 1;
