@@ -1,0 +1,243 @@
+"""The batcher: a thread-safe ``SampleSink`` that turns samples into columnar ``Batch`` messages.
+
+Samples accumulate as three parallel columns plus a per-batch series dictionary (ids are local to the
+batch, so any batch stands on its own even when the spool dropped the ones before it). A batch is cut
+every ``batch_interval_s`` or when it reaches ``batch_max_samples``; each cut gets the next per-node
+sequence number from :class:`SeqAllocator`, which persists it before it is used so a number is never
+reused, even after SIGKILL.
+
+The batcher also keeps the latest value of every series, the last result of every probe and the latest
+job samples/steps: ``gpuagent status`` shows them without a second path to the data sources.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+from gpuagent.agent.sampling import now_ns, sorted_labels
+from gpuagent.proto import pb
+
+_JOB_SAMPLE_FIELDS = {f.name for f in pb.JobSample.DESCRIPTOR.fields}
+_JOB_STEP_FIELDS = {f.name for f in pb.JobStep.DESCRIPTOR.fields}
+
+
+def atomic_write(path: Path, data: bytes, fsync: bool = True, mode: int = 0o644) -> None:
+    """Write to a temp file in the same folder, then rename over ``path``.
+
+    With ``fsync`` the file and the folder are synced, so after a crash ``path`` holds either the old
+    or the new content, never a torn mix.
+    """
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}.{threading.get_ident()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        view = memoryview(data)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+        if fsync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    if fsync:
+        dfd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+
+class SeqAllocator:
+    """Per-node batch sequence numbers: start at 1, strictly increasing, never reused.
+
+    The file ``seq`` in the state dir holds the highest number handed out. It is written (fsync +
+    rename) *before* the number is returned, so a crash can only skip numbers, never repeat one.
+    """
+
+    def __init__(self, state_dir: str | os.PathLike, floor: int = 0):
+        self.path = Path(state_dir) / "seq"
+        self._lock = threading.Lock()
+        self._last = max(self._read(), floor)
+
+    def _read(self) -> int:
+        try:
+            return int(self.path.read_text().strip() or 0)
+        except FileNotFoundError:
+            return 0
+        except (ValueError, OSError):
+            # Unreadable: the spool floor and the collector's last_committed_seq still move us past
+            # anything already used (see raise_floor).
+            return 0
+
+    @property
+    def last(self) -> int:
+        return self._last
+
+    def next(self) -> int:
+        with self._lock:
+            seq = self._last + 1
+            atomic_write(self.path, f"{seq}\n".encode(), fsync=True)
+            self._last = seq
+            return seq
+
+    def raise_floor(self, seq: int) -> None:
+        """Never hand out ``seq`` or below (e.g. the collector already holds it)."""
+        with self._lock:
+            if seq > self._last:
+                atomic_write(self.path, f"{seq}\n".encode(), fsync=True)
+                self._last = seq
+
+
+def _ns(v: Any) -> int:
+    """Timestamps from probe results: ns ints pass through, float/int seconds are scaled."""
+    if v is None or v == "":
+        return 0
+    x = float(v)
+    return int(x) if abs(x) > 1e14 else int(x * 1e9)
+
+
+def probe_result_message(result: Mapping[str, Any]) -> pb.ProbeResult:
+    """A probe's JSON result (see sampling.SampleSink.probe_result) as a ProbeResult message."""
+    msg = pb.ProbeResult(
+        probe=str(result.get("probe", "")),
+        status=str(result.get("status", "")),
+        reason=str(result.get("reason", "") or ""),
+        started_ns=_ns(result.get("started_ns", result.get("started_at"))),
+        ended_ns=_ns(result.get("ended_ns", result.get("ended_at"))),
+        gpu=int(result.get("gpu", -1) if result.get("gpu") is not None else -1),
+    )
+    for k, v in (result.get("params") or {}).items():
+        msg.params[str(k)] = v if isinstance(v, str) else json.dumps(v)
+    for k, v in (result.get("env") or {}).items():
+        msg.env[str(k)] = v if isinstance(v, str) else json.dumps(v)
+    for k, v in (result.get("metrics") or {}).items():
+        try:
+            msg.metrics[str(k)] = float(v)
+        except (TypeError, ValueError):
+            continue  # a non-numeric metric is not a metric; the probe's params/env carry text
+    return msg
+
+
+class Batcher:
+    """Implements SampleSink. Thread-safe: samplers, the probe scheduler and the job listener share it."""
+
+    def __init__(self, seq: SeqAllocator, batch_interval_s: float = 5.0, max_samples: int = 50_000,
+                 clock=time.monotonic):
+        self._seq = seq
+        self.batch_interval_s = batch_interval_s
+        self.max_samples = max_samples
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._reset()
+        self._last_cut = clock()
+        # For `gpuagent status`.
+        self.latest: dict[tuple[str, int, tuple[tuple[str, str], ...]], tuple[int, float]] = {}
+        self.last_probe: dict[str, dict[str, Any]] = {}
+        self.latest_jobs: dict[tuple[str, int], dict[str, Any]] = {}
+        self.latest_steps: dict[tuple[str, int], dict[str, Any]] = {}
+        self.recent_events: list[dict[str, Any]] = []
+        self.total_samples = 0
+        self.total_batches = 0
+
+    def _reset(self) -> None:
+        self._series: dict[tuple[str, int, tuple[tuple[str, str], ...]], int] = {}
+        self._ts: list[int] = []
+        self._sid: list[int] = []
+        self._val: list[float] = []
+        self._probes: list[pb.ProbeResult] = []
+        self._job_samples: list[pb.JobSample] = []
+        self._job_steps: list[pb.JobStep] = []
+        self._events: list[pb.Event] = []
+
+    # ---------------------------------------------------------------- SampleSink
+    def add(self, metric: str, value: float, gpu: int = -1, labels: Mapping[str, str] | None = None,
+            ts_ns: int | None = None) -> None:
+        key = (metric, int(gpu), sorted_labels(labels))
+        ts = ts_ns if ts_ns is not None else now_ns()
+        v = float(value)
+        with self._lock:
+            sid = self._series.get(key)
+            if sid is None:
+                sid = self._series[key] = len(self._series)
+            self._ts.append(ts)
+            self._sid.append(sid)
+            self._val.append(v)
+            self.latest[key] = (ts, v)
+
+    def event(self, kind: str, message: str, gpu: int = -1, value: float = 0.0,
+              attrs: Mapping[str, str] | None = None, ts_ns: int | None = None) -> None:
+        ts = ts_ns if ts_ns is not None else now_ns()
+        ev = pb.Event(ts_ns=ts, kind=kind, gpu=int(gpu), message=message, value=float(value),
+                      attrs={str(k): str(v) for k, v in (attrs or {}).items()})
+        with self._lock:
+            self._events.append(ev)
+            self.recent_events.append({"ts_ns": ts, "kind": kind, "gpu": int(gpu), "message": message})
+            del self.recent_events[:-20]
+
+    def job_sample(self, **f: Any) -> None:
+        f = {k: v for k, v in f.items() if k in _JOB_SAMPLE_FIELDS and v is not None}
+        f.setdefault("ts_ns", now_ns())
+        if "attrs" in f:
+            f["attrs"] = {str(k): str(v) for k, v in f["attrs"].items()}
+        msg = pb.JobSample(**f)
+        with self._lock:
+            self._job_samples.append(msg)
+            self.latest_jobs[(msg.job_id, msg.pid)] = dict(f)
+
+    def job_step(self, **f: Any) -> None:
+        f = {k: v for k, v in f.items() if k in _JOB_STEP_FIELDS and v is not None}
+        f.setdefault("ts_ns", now_ns())
+        msg = pb.JobStep(**f)
+        with self._lock:
+            self._job_steps.append(msg)
+            self.latest_steps[(msg.job_id, msg.rank)] = dict(f)
+
+    def probe_result(self, result: Mapping[str, Any]) -> None:
+        msg = probe_result_message(result)
+        with self._lock:
+            self._probes.append(msg)
+            key = msg.probe if msg.gpu < 0 else f"{msg.probe}[gpu{msg.gpu}]"
+            self.last_probe[key] = {"probe": msg.probe, "gpu": msg.gpu, "status": msg.status,
+                                    "reason": msg.reason, "metrics": dict(msg.metrics),
+                                    "ended_ns": msg.ended_ns}
+
+    # ---------------------------------------------------------------- cutting
+    @property
+    def pending_samples(self) -> int:
+        return len(self._ts)
+
+    def _pending(self) -> bool:
+        return bool(self._ts or self._probes or self._job_samples or self._job_steps or self._events)
+
+    def due(self) -> bool:
+        """Time to cut: the batch interval passed, or the size cap is reached."""
+        return (self._clock() - self._last_cut >= self.batch_interval_s) or len(self._ts) >= self.max_samples
+
+    def cut(self) -> pb.Batch | None:
+        """Take everything pending as one Batch with a fresh seq; None when nothing is pending."""
+        with self._lock:
+            self._last_cut = self._clock()
+            if not self._pending():
+                return None
+            series, ts, sid, val = self._series, self._ts, self._sid, self._val
+            probes, jsamples, jsteps, events = self._probes, self._job_samples, self._job_steps, self._events
+            self._reset()
+        batch = pb.Batch(seq=self._seq.next(), created_ns=now_ns())
+        cols = batch.samples
+        for (metric, gpu, labels), i in series.items():
+            cols.series.add(id=i, metric=metric, gpu=gpu, labels=dict(labels))
+        cols.ts_ns.extend(ts)
+        cols.series_id.extend(sid)
+        cols.value.extend(val)
+        batch.probe_results.extend(probes)
+        batch.job_samples.extend(jsamples)
+        batch.job_steps.extend(jsteps)
+        batch.events.extend(events)
+        self.total_samples += len(ts)
+        self.total_batches += 1
+        return batch

@@ -1,0 +1,390 @@
+"""Agent configuration: frozen dataclasses built from flag > environment (``GPUAGENT_*``) > TOML > default.
+
+One function, :func:`load_config`, resolves everything so the daemon, the CLI and the tests agree on
+precedence. Any bad value raises :class:`ConfigError` with one sentence naming the key and its source,
+which the CLI turns into a ``click.ClickException``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Mapping
+
+DEFAULT_CONFIG_PATH = "/etc/gpuagent/agent.toml"
+DEFAULT_STATE_DIR = "/var/lib/gpuagent"
+DEFAULT_COLLECTOR = "127.0.0.1:7443"
+DEFAULT_SPOOL_MAX_BYTES = 512 * 1024 * 1024
+
+# Labels that the collector stores in their own `nodes` columns (see collector/migrations/001_initial.sql).
+KNOWN_LABELS = ("pool", "provider", "region", "price_per_gpu_hour")
+
+
+class ConfigError(ValueError):
+    """A configuration value is wrong; the message is one sentence naming the key and where it came from."""
+
+
+def _freeze(value: Any) -> Any:
+    """Read-only views of nested tables so a frozen config cannot be changed through its mappings."""
+    if isinstance(value, Mapping):
+        return MappingProxyType({str(k): _freeze(v) for k, v in value.items()})
+    if isinstance(value, list):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+def thaw(value: Any) -> Any:
+    """Plain dicts/lists again (for JSON output and for consumers that want to copy a section)."""
+    if isinstance(value, Mapping):
+        return {k: thaw(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return [thaw(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class CollectorConfig:
+    address: str = DEFAULT_COLLECTOR   # host:port of the collector's gRPC endpoint
+    token: str = ""                    # bearer token; empty = none sent
+    token_file: str = ""               # read the token from this file (wins over an empty `token`)
+    tls_ca: str = ""                   # PEM file of the CA that signed the collector's certificate; empty = plaintext
+    rpc_timeout_s: float = 10.0        # deadline of Register and of each batch's ack
+    backoff_initial_s: float = 0.5
+    backoff_max_s: float = 30.0
+    max_in_flight: int = 8             # batches sent but not yet acked
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    collector: CollectorConfig = field(default_factory=CollectorConfig)
+    interval_s: float = 1.0             # sampling interval
+    batch_interval_s: float = 5.0       # a batch is cut at least this often
+    batch_max_samples: int = 50_000     # ...or when it holds this many samples
+    state_dir: str = DEFAULT_STATE_DIR
+    spool_max_bytes: int = DEFAULT_SPOOL_MAX_BYTES
+    log_level: str = "info"
+    labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    # The [probes] table, passed through untouched (gpuagent.agent.probe_scheduler reads it).
+    probes: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    # The [jobs] table (validated keys, see JOBS_KEYS): job discovery rules and the step listener.
+    jobs: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    config_file: str = ""               # the file that was read ("" when none)
+
+    @property
+    def spool_dir(self) -> Path:
+        return Path(self.state_dir) / "spool"
+
+    @property
+    def status_path(self) -> Path:
+        return Path(self.state_dir) / "status.json"
+
+    def resolved_token(self) -> str:
+        """The bearer token, read from `token_file` when `token` is empty."""
+        if self.collector.token:
+            return self.collector.token
+        if self.collector.token_file:
+            try:
+                return Path(self.collector.token_file).read_text().strip()
+            except OSError as exc:
+                raise ConfigError(f"collector.token_file {self.collector.token_file!r} cannot be read: "
+                                  f"{exc.strerror or exc}.") from None
+        return ""
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: thaw(getattr(self, f.name)) for f in fields(self) if f.name != "collector"}
+        out["collector"] = {f.name: getattr(self.collector, f.name) for f in fields(self.collector)}
+        if out["collector"]["token"]:
+            out["collector"]["token"] = "***"
+        return out
+
+
+# ------------------------------------------------------------------ value parsing
+
+_HOSTPORT = re.compile(r"^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.\-]+):(\d{1,5})$")
+
+
+def _where(src: str, key: str) -> str:
+    return f"{key} (from {src})"
+
+
+def _as_float(v: Any, key: str, src: str, minimum: float | None = None, maximum: float | None = None) -> float:
+    if isinstance(v, bool):
+        raise ConfigError(f"{_where(src, key)} must be a number, not {v!r}.")
+    try:
+        out = float(v)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{_where(src, key)} must be a number, not {v!r}.") from None
+    if out != out or (minimum is not None and out < minimum) or (maximum is not None and out > maximum):
+        lo = "" if minimum is None else f" >= {minimum:g}"
+        hi = "" if maximum is None else f" <= {maximum:g}"
+        raise ConfigError(f"{_where(src, key)} must be{lo}{' and' if lo and hi else ''}{hi}, not {v!r}.")
+    return out
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+
+
+def _as_bytes(v: Any, key: str, src: str) -> int:
+    """An integer byte count, or a string like "512MiB" / "2G" (binary units)."""
+    if isinstance(v, bool):
+        raise ConfigError(f"{_where(src, key)} must be a byte count like 536870912 or \"512MiB\", not {v!r}.")
+    if isinstance(v, (int, float)):
+        n = int(v)
+    else:
+        m = _SIZE.match(str(v))
+        if not m:
+            raise ConfigError(f"{_where(src, key)} must be a byte count like 536870912 or \"512MiB\", not {v!r}.")
+        n = int(float(m.group(1)) * _UNITS[(m.group(2) or "")[:1].lower()])
+    if n < 64 * 1024:
+        raise ConfigError(f"{_where(src, key)} must be at least 64KiB, not {v!r}.")
+    return n
+
+
+def _as_str(v: Any, key: str, src: str) -> str:
+    if not isinstance(v, (str, int, float)) or isinstance(v, bool):
+        raise ConfigError(f"{_where(src, key)} must be a string, not {v!r}.")
+    return str(v)
+
+
+def _as_address(v: Any, key: str, src: str) -> str:
+    s = _as_str(v, key, src).strip()
+    m = _HOSTPORT.match(s)
+    if not m or not 0 < int(m.group(2)) < 65536:
+        raise ConfigError(f"{_where(src, key)} must be HOST:PORT (e.g. collector.example:7443), not {v!r}.")
+    return s
+
+
+def _as_bool(v: Any, key: str, src: str) -> bool:
+    if isinstance(v, bool):
+        return v
+    s = str(v).strip().lower()
+    if s in ("1", "true", "yes", "on"):
+        return True
+    if s in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{_where(src, key)} must be true or false, not {v!r}.")
+
+
+def _parse_labels(text: str, key: str, src: str) -> dict[str, str]:
+    """``pool=a100,region=eu-west`` (env form)."""
+    out: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        if "=" not in part:
+            raise ConfigError(f"{_where(src, key)} must be comma-separated key=value pairs, not {text!r}.")
+        k, v = part.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out
+
+
+def _check_labels(labels: Mapping[str, Any], src: str) -> dict[str, str]:
+    out = {}
+    for k, v in labels.items():
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.\-]*", str(k)):
+            raise ConfigError(f"labels key {k!r} (from {src}) must be letters, digits, '_', '.', or '-'.")
+        if isinstance(v, (Mapping, list)):
+            raise ConfigError(f"labels.{k} (from {src}) must be a plain value, not a table or list.")
+        out[str(k)] = str(v).lower() if isinstance(v, bool) else str(v)
+    if "price_per_gpu_hour" in out:
+        _as_float(out["price_per_gpu_hour"], "labels.price_per_gpu_hour", src, minimum=0)
+    return out
+
+
+# [jobs] keys: job discovery (gpuagent.agent.job_discovery.JobRules and JobDiscovery) and the
+# training-step listener (gpuagent.agent.job_steps).
+JOBS_KEYS = {"cmdline_regex": list, "env_keys": list, "env_argv0_regex": str, "scan_interval_s": float,
+             "end_grace_s": float, "step_listener": bool, "step_socket": str, "step_window_s": float}
+
+
+def _check_jobs(table: dict[str, Any], src: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in table.items():
+        kind = JOBS_KEYS.get(k)
+        name = f"jobs.{k}"
+        if kind is None:
+            raise ConfigError(f"unknown key {name!r} (from {src}); expected one of {', '.join(sorted(JOBS_KEYS))}.")
+        if kind is list:
+            if isinstance(v, str):
+                v = [v]
+            if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+                raise ConfigError(f"{name} (from {src}) must be a list of strings.")
+            if k == "cmdline_regex":
+                for x in v:
+                    try:
+                        re.compile(x)
+                    except re.error as exc:
+                        raise ConfigError(f"{name} (from {src}): {x!r} is not a valid regular expression "
+                                          f"({exc}).") from None
+            out[k] = tuple(v)
+        elif kind is float:
+            out[k] = _as_float(v, name, src, minimum=0.1)
+        elif kind is bool:
+            out[k] = _as_bool(v, name, src)
+        else:
+            s = _as_str(v, name, src)
+            if k == "env_argv0_regex":
+                try:
+                    re.compile(s)
+                except re.error as exc:
+                    raise ConfigError(f"{name} (from {src}) is not a valid regular expression ({exc}).") from None
+            out[k] = s
+    return out
+
+
+# ------------------------------------------------------------------ sources
+
+_AGENT_KEYS = {"interval_s", "batch_interval_s", "batch_max_samples", "state_dir", "spool_max_bytes", "log_level"}
+_COLLECTOR_KEYS = {f.name for f in fields(CollectorConfig)}
+_TOP_TABLES = {"agent", "collector", "labels", "probes", "jobs"}
+
+# Environment variable -> (section, key). GPUAGENT_LABELS and GPUAGENT_CONFIG are handled apart.
+ENV_VARS = {
+    "GPUAGENT_COLLECTOR": ("collector", "address"),
+    "GPUAGENT_TOKEN": ("collector", "token"),
+    "GPUAGENT_TOKEN_FILE": ("collector", "token_file"),
+    "GPUAGENT_TLS_CA": ("collector", "tls_ca"),
+    "GPUAGENT_RPC_TIMEOUT": ("collector", "rpc_timeout_s"),
+    "GPUAGENT_INTERVAL": ("agent", "interval_s"),
+    "GPUAGENT_BATCH_INTERVAL": ("agent", "batch_interval_s"),
+    "GPUAGENT_STATE_DIR": ("agent", "state_dir"),
+    "GPUAGENT_SPOOL_MAX_BYTES": ("agent", "spool_max_bytes"),
+    "GPUAGENT_LOG_LEVEL": ("agent", "log_level"),
+}
+
+
+def read_toml(path: str | os.PathLike) -> dict[str, Any]:
+    p = Path(path)
+    try:
+        with p.open("rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {str(p)!r} does not exist.") from None
+    except PermissionError:
+        raise ConfigError(f"config file {str(p)!r} is not readable by this user.") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {str(p)!r} is not valid TOML: {exc}.") from None
+    unknown = set(data) - _TOP_TABLES
+    if unknown:
+        raise ConfigError(f"config file {str(p)!r} has unknown table or key {sorted(unknown)[0]!r} "
+                          f"(expected {', '.join(sorted(_TOP_TABLES))}).")
+    for table in _TOP_TABLES:
+        if table in data and not isinstance(data[table], dict):
+            raise ConfigError(f"config file {str(p)!r}: {table!r} must be a table ([{table}]).")
+    for table, allowed in (("agent", _AGENT_KEYS), ("collector", _COLLECTOR_KEYS)):
+        extra = set(data.get(table, {})) - allowed
+        if extra:
+            raise ConfigError(f"config file {str(p)!r}: unknown key {table}.{sorted(extra)[0]!r} "
+                              f"(expected one of {', '.join(sorted(allowed))}).")
+    return data
+
+
+def load_config(
+    config_file: str | None = None,
+    *,
+    collector: str | None = None,
+    state_dir: str | None = None,
+    interval_s: float | None = None,
+    batch_interval_s: float | None = None,
+    token: str | None = None,
+    labels: Mapping[str, str] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> AgentConfig:
+    """Resolve the configuration. Flags are the keyword arguments (None = not given).
+
+    The file is ``config_file``, else ``$GPUAGENT_CONFIG``, else /etc/gpuagent/agent.toml when it
+    exists. An explicitly named file that does not exist is an error; the default path is optional.
+    """
+    env = os.environ if env is None else env
+    explicit = config_file or env.get("GPUAGENT_CONFIG")
+    path = explicit or (DEFAULT_CONFIG_PATH if Path(DEFAULT_CONFIG_PATH).exists() else "")
+    data = read_toml(path) if path else {}
+    fsrc = f"config file {path}" if path else "defaults"
+
+    # (value, source) per key, lowest precedence first.
+    merged: dict[tuple[str, str], tuple[Any, str]] = {}
+    for section in ("agent", "collector"):
+        for k, v in data.get(section, {}).items():
+            merged[(section, k)] = (v, f"{fsrc} [{section}]")
+    for var, key in ENV_VARS.items():
+        if env.get(var, "") != "":
+            merged[key] = (env[var], f"environment {var}")
+    flags = {("collector", "address"): collector, ("agent", "state_dir"): state_dir,
+             ("agent", "interval_s"): interval_s, ("agent", "batch_interval_s"): batch_interval_s,
+             ("collector", "token"): token}
+    flag_names = {("collector", "address"): "--collector", ("agent", "state_dir"): "--state-dir",
+                  ("agent", "interval_s"): "--interval", ("agent", "batch_interval_s"): "--batch-interval",
+                  ("collector", "token"): "--token"}
+    for key, v in flags.items():
+        if v is not None:
+            merged[key] = (v, f"flag {flag_names[key]}")
+
+    coll_kw: dict[str, Any] = {}
+    agent_kw: dict[str, Any] = {}
+    for (section, k), (v, src) in merged.items():
+        name = f"{section}.{k}"
+        if section == "collector":
+            if k == "address":
+                coll_kw[k] = _as_address(v, name, src)
+            elif k in ("token", "token_file", "tls_ca"):
+                coll_kw[k] = _as_str(v, name, src)
+            elif k == "max_in_flight":
+                coll_kw[k] = int(_as_float(v, name, src, minimum=1, maximum=1024))
+            else:
+                coll_kw[k] = _as_float(v, name, src, minimum=0.01)
+        else:
+            if k == "interval_s":
+                agent_kw[k] = _as_float(v, name, src, minimum=0.05, maximum=3600)
+            elif k == "batch_interval_s":
+                agent_kw[k] = _as_float(v, name, src, minimum=0.05, maximum=3600)
+            elif k == "batch_max_samples":
+                agent_kw[k] = int(_as_float(v, name, src, minimum=1))
+            elif k == "spool_max_bytes":
+                agent_kw[k] = _as_bytes(v, name, src)
+            elif k == "state_dir":
+                s = _as_str(v, name, src)
+                if not s:
+                    raise ConfigError(f"{_where(src, name)} must not be empty.")
+                agent_kw[k] = s
+            elif k == "log_level":
+                s = _as_str(v, name, src).lower()
+                if s not in ("debug", "info", "warning", "error"):
+                    raise ConfigError(f"{_where(src, name)} must be debug, info, warning or error, not {v!r}.")
+                agent_kw[k] = s
+
+    lab = _check_labels(data.get("labels", {}), f"{fsrc} [labels]")
+    if env.get("GPUAGENT_LABELS"):
+        lab.update(_check_labels(_parse_labels(env["GPUAGENT_LABELS"], "labels", "environment GPUAGENT_LABELS"),
+                                 "environment GPUAGENT_LABELS"))
+    if labels:
+        lab.update(_check_labels(labels, "flag --label"))
+
+    jobs_table = _check_jobs(dict(data.get("jobs", {})), f"{fsrc} [jobs]")
+
+    probes_table = data.get("probes", {})
+    if "enabled" in probes_table:
+        _as_bool(probes_table["enabled"], "probes.enabled", f"{fsrc} [probes]")
+    if env.get("GPUAGENT_PROBES_ENABLED"):
+        probes_table = {**probes_table,
+                        "enabled": _as_bool(env["GPUAGENT_PROBES_ENABLED"], "probes.enabled",
+                                            "environment GPUAGENT_PROBES_ENABLED")}
+
+    cfg = AgentConfig(
+        collector=CollectorConfig(**coll_kw),
+        labels=MappingProxyType(lab),
+        probes=_freeze(probes_table),
+        jobs=_freeze(jobs_table),
+        config_file=str(path) if path else "",
+        **agent_kw,
+    )
+    if cfg.collector.tls_ca and not Path(cfg.collector.tls_ca).is_file():
+        raise ConfigError(f"collector.tls_ca {cfg.collector.tls_ca!r} is not a readable file.")
+    return cfg
+
+
+def with_overrides(cfg: AgentConfig, **kw: Any) -> AgentConfig:
+    """A copy with some top-level fields replaced (tests, local_run)."""
+    return replace(cfg, **kw)

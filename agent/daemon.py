@@ -1,0 +1,394 @@
+"""The resident daemon: a ticker that calls the samplers, cuts batches into the spool, and keeps the
+sender thread and the local status file going.
+
+The ticker runs on ``time.monotonic``: tick k is due at ``t0 + k * interval`` so the period does not
+drift with the work done inside a tick; when it falls more than a whole interval behind (a stalled
+host), it skips to the next due tick instead of bursting. SIGTERM/SIGINT: the current batch is cut into
+the spool, the stream is half-closed, in-flight acks get a short grace, and the process exits well
+within 5 s. This module never imports torch (tests check ``sys.modules`` of a running daemon).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from gpuagent import __version__
+from gpuagent.agent.batcher import Batcher, SeqAllocator
+from gpuagent.agent.config import AgentConfig
+from gpuagent.agent.sampling import Sampler
+from gpuagent.agent.sdnotify import Notifier, WatchdogPinger
+from gpuagent.agent.sender import Sender
+from gpuagent.agent.spool import Spool
+from gpuagent.agent.status import write_status
+from gpuagent.proto import pb
+
+log = logging.getLogger("gpuagent.daemon")
+
+SHUTDOWN_SEND_GRACE_S = 1.0   # in-flight acks may arrive this long after SIGTERM
+
+
+class StartupError(Exception):
+    """The daemon cannot start; one sentence (e.g. the state dir is not writable)."""
+
+
+class Agent:
+    """Everything the daemon runs, wired together. ``run()`` blocks until ``stop()`` or a signal."""
+
+    def __init__(self, cfg: AgentConfig, samplers: list[Sampler] | None = None,
+                 node_info: pb.NodeInfo | None = None, notifier: Notifier | None = None):
+        self.cfg = cfg
+        self.state_dir = Path(cfg.state_dir)
+        try:
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            os.chmod(self.state_dir, 0o755)   # `gpuagent status` works for users who can read it
+            probe = self.state_dir / ".writable"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except PermissionError:
+            raise StartupError(f"state dir {self.state_dir} is not writable by this user "
+                               "(run as root, or pass --state-dir / GPUAGENT_STATE_DIR).") from None
+        except OSError as exc:
+            raise StartupError(f"state dir {self.state_dir} cannot be used: {exc.strerror or exc}.") from None
+        self.token = cfg.resolved_token()
+        self.stop_event = threading.Event()
+        self.notifier = notifier or Notifier()
+        self._pinger = WatchdogPinger(self.notifier)
+        self.started_ns = time.time_ns()
+
+        self.seq = SeqAllocator(self.state_dir)
+        self.batcher = Batcher(self.seq, cfg.batch_interval_s, cfg.batch_max_samples)
+        self.spool = Spool(cfg.spool_dir, cfg.spool_max_bytes, on_event=self._spool_event)
+        self.seq.raise_floor(max(self.spool.seqs(), default=0))
+
+        self.samplers: list[Sampler] = list(samplers) if samplers is not None else default_samplers(cfg)
+        self.node_info = node_info if node_info is not None else build_node_info(cfg, self.samplers)
+        self.sender = Sender(cfg.collector, self.spool, lambda: self.node_info, token=self.token,
+                             on_registered=self._on_registered)
+        self.extras: list[Any] = []          # probe scheduler and other parts with stop()
+        self.job_steps: Any = None           # the JobStepReceiver when listening
+        self.unavailable: list[str] = []     # optional parts that could not start (for status)
+        self._sampler_errors: set[tuple[str, str]] = set()
+        self.ticks = 0
+        self.late_ticks = 0
+        self.skipped_ticks = 0
+        self._stopped = threading.Event()
+
+    # ---------------------------------------------------------------- wiring callbacks
+    def _spool_event(self, kind: str, message: str, attrs: dict) -> None:
+        self.batcher.event(kind, message, attrs=attrs)
+
+    def _on_registered(self, resp: pb.RegisterResponse) -> None:
+        """The collector may know seqs we never issued (the state dir was reset): move past them and
+        renumber what is spooled so it is not mistaken for already-stored batches."""
+        lc = resp.last_committed_seq
+        if lc <= self.seq.last:
+            return
+        log.warning("collector already holds seq %d for this node but the local state only reached %d "
+                    "(was %s reset?); continuing from %d", lc, self.seq.last, self.state_dir, lc + 1)
+        self.seq.raise_floor(lc)
+        for old in self.spool.seqs():
+            if old > lc:
+                continue
+            payload = self.spool.read(old)
+            if payload is None:
+                continue
+            batch = pb.Batch.FromString(payload)
+            batch.seq = self.seq.next()
+            self.spool.put(batch.seq, batch.SerializeToString(), len(batch.samples.ts_ns),
+                           _n_items(batch))
+            self.spool.ack(old)
+
+    # ---------------------------------------------------------------- main loop
+    def install_signal_handlers(self) -> None:
+        def _term(signum, frame):
+            log.info("received %s: flushing and stopping", signal.Signals(signum).name)
+            self.stop_event.set()
+
+        def _hup(signum, frame):
+            log.info("SIGHUP: configuration reload is not supported; restart the service to apply changes")
+
+        signal.signal(signal.SIGTERM, _term)
+        signal.signal(signal.SIGINT, _term)
+        signal.signal(signal.SIGHUP, _hup)
+
+    def stop(self) -> None:
+        self.stop_event.set()
+
+    def run(self) -> None:
+        cfg = self.cfg
+        fp = self.node_info.fingerprint
+        self.batcher.event("agent_start", f"gpuagent {__version__} started (pid {os.getpid()}, "
+                           f"interval {cfg.interval_s:g} s)",
+                           attrs={"version": __version__, "pid": str(os.getpid()),
+                                  "interval_s": f"{cfg.interval_s:g}", "virt_type": fp.virt_type,
+                                  "in_container": str(fp.in_container).lower()})
+        self.sender.start()
+        self._start_extras()
+        self.notifier.ready(f"sampling every {cfg.interval_s:g} s, collector {cfg.collector.address}")
+        log.info("gpuagent %s running: %d samplers, interval %g s, batch %g s, collector %s, state %s",
+                 __version__, len(self.samplers), cfg.interval_s, cfg.batch_interval_s,
+                 cfg.collector.address, self.state_dir)
+        interval = cfg.interval_s
+        t0 = time.monotonic()
+        k = 0
+        try:
+            while not self.stop_event.is_set():
+                self.tick()
+                k += 1
+                now = time.monotonic()
+                due = t0 + k * interval
+                if now - due > interval:
+                    # More than a whole tick late: skip ahead instead of bursting to catch up.
+                    missed = int((now - due) // interval)
+                    self.skipped_ticks += missed
+                    k += missed
+                    due = t0 + k * interval
+                elif now > due:
+                    self.late_ticks += 1
+                self.stop_event.wait(max(0.0, due - now))
+        finally:
+            self.shutdown()
+
+    def tick(self) -> None:
+        ts = time.time_ns()
+        for s in self.samplers:
+            try:
+                s.sample(ts, self.batcher)
+            except Exception as exc:  # noqa: BLE001 - one broken source must not stop the others
+                key = (getattr(s, "name", type(s).__name__), type(exc).__name__)
+                if key not in self._sampler_errors:
+                    self._sampler_errors.add(key)
+                    log.exception("sampler %s failed (reported once per error type)", key[0])
+                    self.batcher.event("sampler_error", f"sampler {key[0]} failed: {type(exc).__name__}: {exc}")
+        self.ticks += 1
+        if self.batcher.due():
+            self.flush()
+        self.write_status()
+        self._pinger.maybe_ping()
+
+    def flush(self) -> None:
+        batch = self.batcher.cut()
+        if batch is not None:
+            self.spool.put(batch.seq, batch.SerializeToString(), len(batch.samples.ts_ns), _n_items(batch))
+
+    def shutdown(self) -> None:
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        t = time.monotonic()
+        self.notifier.stopping()
+        for x in self.extras:
+            try:
+                x.stop()
+            except Exception:  # noqa: BLE001
+                log.exception("stopping %r failed", x)
+        try:
+            self.flush()
+        except Exception:  # noqa: BLE001
+            log.exception("final flush to the spool failed")
+        self.sender.stop(grace_s=SHUTDOWN_SEND_GRACE_S)
+        for s in self.samplers:
+            try:
+                s.close()
+            except Exception:  # noqa: BLE001
+                log.exception("closing sampler %s failed", getattr(s, "name", s))
+        self.write_status(state="stopped")
+        self.notifier.close()
+        sp = self.spool.stats()
+        log.info("stopped in %.2f s; %d batches (%d bytes) remain spooled for the next start",
+                 time.monotonic() - t, sp["backlog_batches"], sp["backlog_bytes"])
+
+    # ---------------------------------------------------------------- extras (probe scheduler, job listener)
+    def _start_extras(self) -> None:
+        """Start the optional parts that live in other modules, when present.
+
+        HOOK: gpuagent.agent.probe_scheduler and the jobs step listener plug in here."""
+        for factory in EXTRA_FACTORIES:
+            try:
+                x = factory(self)
+            except Exception as exc:  # noqa: BLE001 - an optional part failing leaves the rest running
+                log.exception("optional component %s failed to start", getattr(factory, "__name__", factory))
+                self.batcher.event("component_error", f"{getattr(factory, '__name__', factory)}: {exc}")
+                continue
+            if x is not None:
+                self.extras.append(x)
+
+    # ---------------------------------------------------------------- status
+    def status_dict(self, state: str = "running") -> dict[str, Any]:
+        from google.protobuf.json_format import MessageToDict
+        b = self.batcher
+        now = time.time_ns()
+        node = self.node_info
+        gpus: dict[int, dict[str, Any]] = {g.index: {"index": g.index, "name": g.name, "uuid": g.uuid,
+                                                       "memory_total_bytes": g.memory_total_bytes or None,
+                                                       "throttle_reasons": []}
+                                           for g in node.gpus}
+        host: dict[str, Any] = {}
+        gmap = {"gpu_util_percent": "util_percent", "gpu_mem_util_percent": "mem_util_percent",
+                "gpu_memory_used_bytes": "memory_used_bytes", "gpu_memory_total_bytes": "memory_total_bytes",
+                "gpu_temperature_celsius": "temperature_celsius", "gpu_power_watts": "power_watts",
+                "gpu_power_limit_watts": "power_limit_watts", "gpu_sm_clock_mhz": "sm_clock_mhz"}
+        hmap = {"cpu_idle_percent", "cpu_steal_percent", "cpu_iowait_percent", "load1", "mem_used_bytes",
+                "mem_total_bytes", "mem_available_bytes"}
+        for (metric, gpu, labels), (ts, v) in list(b.latest.items()):
+            if gpu >= 0:
+                g = gpus.setdefault(gpu, {"index": gpu, "throttle_reasons": []})
+                if metric in gmap:
+                    g[gmap[metric]] = v
+                elif metric == "gpu_throttle_active" and v >= 1 and labels:
+                    g["throttle_reasons"].append(dict(labels).get("reason", "?"))
+            elif not labels and metric in hmap:
+                host[metric] = v
+        if "cpu_idle_percent" in host:
+            host["cpu_busy_percent"] = max(0.0, 100.0 - host["cpu_idle_percent"])
+        horizon = now - int(3 * self.cfg.interval_s * 1e9) - 2_000_000_000
+        jobs = []
+        for (job_id, pid), j in sorted(b.latest_jobs.items()):
+            if j.get("ts_ns", 0) < horizon:
+                continue
+            row = {k: j.get(k) for k in ("job_id", "job_name", "source", "pid", "rank", "gpu",
+                                          "gpu_util_percent", "cpu_percent", "rss_bytes")}
+            step = b.latest_steps.get((job_id, j.get("rank", -1)))
+            if step:
+                row.update({k: step.get(k) for k in ("steps_per_s", "samples_per_s", "tokens_per_s",
+                                                       "step_time_p50_s", "data_wait_fraction")})
+            jobs.append(row)
+        for key in [k for k, v in b.latest_jobs.items() if v.get("ts_ns", 0) < horizon - 60_000_000_000]:
+            b.latest_jobs.pop(key, None)
+        if self.job_steps is not None:
+            seen = {j["job_id"] for j in jobs}
+            for live in self.job_steps.live():
+                row = next((j for j in jobs if j["job_id"] == live["job_id"]), None)
+                fields = {k: live.get(k) for k in ("steps_per_s", "samples_per_s", "tokens_per_s",
+                                                    "step_time_p50_s", "data_wait_fraction", "ranks")}
+                if row is None:
+                    jobs.append({"job_id": live["job_id"], "job_name": live.get("job_name"), **fields})
+                elif live["job_id"] in seen:
+                    row.update(fields)
+        unavailable = list(self.unavailable)
+        for s in self.samplers:
+            for attr in ("unavailable",):
+                unavailable.extend(getattr(s, attr, None) or [])
+            nv = getattr(s, "nvml", None)
+            unavailable.extend(getattr(nv, "unavailable", None) or [])
+        return {
+            "version": 1,
+            "state": state,
+            "pid": os.getpid(),
+            "agent_version": __version__,
+            "started_ns": self.started_ns,
+            "updated_ns": now,
+            "interval_s": self.cfg.interval_s,
+            "batch_interval_s": self.cfg.batch_interval_s,
+            "state_dir": str(self.state_dir),
+            "config_file": self.cfg.config_file,
+            "node": {"hostname": node.hostname, "machine_id": node.machine_id, "node_id": self.sender.state.node_id,
+                     "labels": dict(node.labels), "cpu_model": node.cpu_model, "kernel": node.kernel,
+                     "driver_version": node.driver_version, "gpu_count": len(node.gpus)},
+            "fingerprint": MessageToDict(node.fingerprint, preserving_proto_field_name=True,
+                                         always_print_fields_with_no_presence=True),
+            "host": host,
+            "gpus": [gpus[i] for i in sorted(gpus)],
+            "jobs": jobs,
+            "probes": dict(b.last_probe),
+            "collector": self.sender.snapshot(),
+            "spool": self.spool.stats(),
+            "unavailable": sorted(set(map(str, unavailable))),
+            "recent_events": list(b.recent_events[-10:]),
+            "counters": {"ticks": self.ticks, "late_ticks": self.late_ticks, "skipped_ticks": self.skipped_ticks,
+                         "batches": b.total_batches, "samples": b.total_samples},
+            "torch_loaded": "torch" in sys.modules,
+        }
+
+    def write_status(self, state: str = "running") -> None:
+        try:
+            write_status(self.state_dir, self.status_dict(state))
+        except Exception:  # noqa: BLE001 - status is best effort; the data path matters more
+            if ("status", "write") not in self._sampler_errors:
+                self._sampler_errors.add(("status", "write"))
+                log.exception("writing the status file failed (reported once)")
+
+
+def _n_items(batch: pb.Batch) -> int:
+    return len(batch.probe_results) + len(batch.job_samples) + len(batch.job_steps) + len(batch.events)
+
+
+# -------------------------------------------------------------------- data sources and node info
+
+def default_samplers(cfg: AgentConfig) -> list[Sampler]:
+    """The node's data sources: host (psutil + /proc), GPU (NVML, one choke point), job discovery."""
+    from gpuagent.agent.gpu_sampler import GpuSampler
+    from gpuagent.agent.host_sampler import HostSampler
+    from gpuagent.agent.job_discovery import JobDiscovery, JobRules
+
+    gpu = GpuSampler()
+    jobs = cfg.jobs
+    rules = JobRules(**{k: jobs[k] for k in ("cmdline_regex", "env_keys", "env_argv0_regex") if k in jobs})
+    disc_kw = {k: float(jobs[k]) for k in ("scan_interval_s", "end_grace_s") if k in jobs}
+    return [HostSampler(), gpu, JobDiscovery(gpu_sampler=gpu, rules=rules, **disc_kw)]
+
+
+def build_node_info(cfg: AgentConfig, samplers: list[Sampler]) -> pb.NodeInfo:
+    """Who this node is, sent with Register: inventory, GPUs and the virtualization fingerprint,
+    taken once at start."""
+    from gpuagent.agent.nodeinfo import build_node_info as build
+    gpu = next((s for s in samplers if getattr(s, "name", "") == "gpu"), None)
+    return build(labels=dict(cfg.labels), gpu_sampler=gpu)
+
+
+def start_job_step_receiver(agent: Agent) -> None:
+    """The opt-in training-step tracker's listener (gpuagent.agent.job_steps); a sampler once started.
+
+    ``[jobs] step_socket`` (or $GPUAGENT_JOBS_SOCKET, default /run/gpuagent/jobs.sock) is where it
+    listens; ``[jobs] step_listener = false`` turns it off. A socket that cannot be created (e.g. not
+    root and /run/gpuagent not writable) leaves the rest of the agent running and is reported once."""
+    jobs = agent.cfg.jobs
+    if str(jobs.get("step_listener", True)).lower() in ("false", "0", "no", "off"):
+        return None
+    from gpuagent.agent.job_steps import JobSocketError, JobStepReceiver
+    receiver = JobStepReceiver(socket_path=jobs.get("step_socket") or None,
+                               window_s=float(jobs.get("step_window_s", agent.cfg.batch_interval_s)))
+    try:
+        receiver.start()
+    except JobSocketError as exc:
+        msg = f"{exc}; training-step tracking is off (set [jobs] step_socket or GPUAGENT_JOBS_SOCKET)"
+        log.warning(msg)
+        agent.batcher.event("component_unavailable", msg, attrs={"component": "job_steps"})
+        agent.unavailable.append(msg)
+        return None
+    agent.samplers.append(receiver)
+    agent.job_steps = receiver
+    log.info("listening for training-step trackers on %s", receiver.socket_path)
+    return None       # closed with the samplers
+
+
+# Callables taking the Agent and returning an object with stop() (or None when not applicable).
+def start_probe_scheduler(agent: Agent) -> Any:
+    """Active probes on their schedule (gpuagent.agent.probe_scheduler; [probes] config table)."""
+    from gpuagent.agent.probe_scheduler import start_probe_scheduler as start
+    return start(agent)
+
+
+EXTRA_FACTORIES: list[Callable[[Agent], Any]] = [start_job_step_receiver, start_probe_scheduler]
+
+
+def setup_logging(level: str = "info") -> None:
+    # Under systemd, journald adds timestamps; in a terminal they help.
+    fmt = "%(levelname)s %(name)s: %(message)s" if os.environ.get("JOURNAL_STREAM") else \
+        "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), format=fmt, stream=sys.stderr)
+
+
+def run_agent(cfg: AgentConfig) -> None:
+    """Entry point of `gpuagent run`: build the agent, install signal handlers, run until stopped."""
+    setup_logging(cfg.log_level)
+    agent = Agent(cfg)
+    agent.install_signal_handlers()
+    agent.run()

@@ -1,0 +1,334 @@
+"""GPU sampler: per-GPU NVML telemetry, XID and throttle-change events, per-process GPU usage.
+
+All NVML access goes through :class:`gpuagent.agent.nvml.Nvml` (one choke point). A metric the driver
+does not offer is skipped after being reported once (as a ``metric_unavailable`` event and in
+``Nvml.unavailable``); without NVML at all the sampler emits one ``nvml_unavailable`` event and then
+does nothing, so the agent runs host-only. Metric names: docs/METRICS.md ("GPU sampler").
+
+Events:
+- ``xid``: value = the XID number, from nvmlEventSetWait with a 0 ms timeout each tick (never blocks).
+- ``gpu_lost``: the GPU answered GPU_IS_LOST (fell off the bus); it is not queried again.
+- ``throttle_change``: the decoded set of clock-event reasons changed (``gpu_idle`` alone does not
+  trigger it: an idle GPU is not throttled in any way that matters); attrs carry old/new names.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Mapping
+
+from gpuagent.agent.nvml import EVENT_TYPE_XID, VIRT_MODES, Nvml, decode_throttle
+
+log = logging.getLogger("gpuagent.gpu_sampler")
+
+_NVLINK_RECHECK_S = 60.0  # link state rarely changes; re-count active links this often
+_MAX_EVENTS_PER_TICK = 256
+
+
+def mig_mode_text(mode: Any) -> str:
+    if mode is None:
+        return "unsupported"
+    try:
+        current = mode[0]
+    except (TypeError, IndexError):
+        current = mode
+    return "enabled" if int(current) == 1 else "disabled"
+
+
+def virt_mode_text(mode: Any) -> str:
+    if mode is None:
+        return "unknown"
+    return VIRT_MODES.get(int(mode), "unknown")
+
+
+class GpuSampler:
+    """Sampler (agent/sampling.py) over all GPUs NVML sees."""
+
+    name = "gpu"
+
+    def __init__(self, nvml: Nvml | None = None) -> None:
+        self.nvml = nvml if nvml is not None else Nvml()
+        self._announced_off = False
+        self._prev_reasons: dict[int, frozenset[str]] = {}
+        self._nvlink_prev: dict[int, tuple[float, int, int]] = {}
+        self._nvlink_links: dict[int, int | None] = {}
+        self._nvlink_checked: dict[int, float] = {}
+        self._proc_last_seen_us: dict[int, int] = {}
+        self._proc_util: dict[tuple[int, int], float] = {}
+        self._event_set: Any = None
+        self._event_gpus: set[int] = set()
+        self._events_ready = False
+        self.last: dict[int, dict[str, Any]] = {}   # latest values per GPU, for `gpuagent status`
+        n = self.nvml
+        if n.available:
+            self._sm = n.const("NVML_CLOCK_SM", 1)
+            self._mem = n.const("NVML_CLOCK_MEM", 2)
+            self._temp_gpu = n.const("NVML_TEMPERATURE_GPU", 0)
+            self._tx = n.const("NVML_PCIE_UTIL_TX_BYTES", 0)
+            self._rx = n.const("NVML_PCIE_UTIL_RX_BYTES", 1)
+            self._ecc_corr = n.const("NVML_MEMORY_ERROR_TYPE_CORRECTED", 0)
+            self._ecc_unc = n.const("NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1)
+            self._ecc_vol = n.const("NVML_VOLATILE_ECC", 0)
+            self._fi_nvl_tx = n.const("NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX", 138)
+            self._fi_nvl_rx = n.const("NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX", 139)
+            self._nvl_max = n.const("NVML_NVLINK_MAX_LINKS", 18)
+            self._feature_on = n.const("NVML_FEATURE_ENABLED", 1)
+            self._setup_events()
+
+    # ------------------------------------------------------------------ inventory
+    def gpu_inventory(self) -> list[dict[str, Any]]:
+        """One dict per GPU with the proto GpuInfo field names (for Register and `status`)."""
+        n = self.nvml
+        out = []
+        for i in range(n.device_count):
+            h = n.handle(i)
+            pci = n.query("nvmlDeviceGetPciInfo", h, gpu=i)
+            mem = n.query("nvmlDeviceGetMemoryInfo", h, gpu=i)
+            numa = n.query("nvmlDeviceGetNumaNodeId", h, gpu=i)
+            bus = _bus_id(pci)
+            if numa is None:
+                numa = _numa_from_sysfs(bus)
+            out.append({
+                "index": i,
+                "uuid": n.text("nvmlDeviceGetUUID", i),
+                "name": n.text("nvmlDeviceGetName", i),
+                "pci_bus_id": bus,
+                "pcie_gen_max": _int(n.query("nvmlDeviceGetMaxPcieLinkGeneration", h, gpu=i)),
+                "pcie_gen_current": _int(n.query("nvmlDeviceGetCurrPcieLinkGeneration", h, gpu=i)),
+                "pcie_width_max": _int(n.query("nvmlDeviceGetMaxPcieLinkWidth", h, gpu=i)),
+                "pcie_width_current": _int(n.query("nvmlDeviceGetCurrPcieLinkWidth", h, gpu=i)),
+                "memory_total_bytes": int(mem.total) if mem is not None else 0,
+                "mig_mode": mig_mode_text(n.query("nvmlDeviceGetMigMode", h, gpu=i)),
+                "virtualization_mode": virt_mode_text(n.query("nvmlDeviceGetVirtualizationMode", h, gpu=i)),
+                "numa_node": int(numa) if numa is not None else -1,
+            })
+        return out
+
+    # ------------------------------------------------------------------ per-process usage
+    def processes(self) -> list[dict[str, Any]]:
+        """Processes on each GPU: {pid, gpu, gpu_memory_bytes, gpu_util_percent} (util -1 = unknown).
+
+        For job discovery. Utilization comes from nvmlDeviceGetProcessUtilization (samples newer
+        than the last call); a process without a new sample keeps its previous value.
+        """
+        n = self.nvml
+        out: list[dict[str, Any]] = []
+        for i in range(n.device_count):
+            h = n.handle(i)
+            procs = n.query("nvmlDeviceGetComputeRunningProcesses", h, gpu=i)
+            if not procs:
+                continue
+            last = self._proc_last_seen_us.get(i, 0)
+            samples = n.query("nvmlDeviceGetProcessUtilization", h, last, gpu=i)
+            if samples:
+                for s in samples:
+                    self._proc_util[(i, int(s.pid))] = float(s.smUtil)
+                    last = max(last, int(s.timeStamp))
+                self._proc_last_seen_us[i] = last
+            alive = set()
+            for p in procs:
+                pid = int(p.pid)
+                alive.add(pid)
+                used = getattr(p, "usedGpuMemory", None)
+                out.append({"pid": pid, "gpu": i,
+                            "gpu_memory_bytes": float(used) if used is not None else 0.0,
+                            "gpu_util_percent": self._proc_util.get((i, pid), -1.0)})
+            for key in [k for k in self._proc_util if k[0] == i and k[1] not in alive]:
+                del self._proc_util[key]
+        return out
+
+    # ------------------------------------------------------------------ events
+    def _setup_events(self) -> None:
+        n = self.nvml
+        if n.device_count == 0:
+            return
+        es = n.query("nvmlEventSetCreate")
+        if es is None:
+            return
+        xid_type = n.const("nvmlEventTypeXidCriticalError", EVENT_TYPE_XID)
+        for i in range(n.device_count):
+            ok, code = n.query_raw("nvmlDeviceRegisterEvents", n.handle(i), xid_type, es)
+            if code is None:
+                self._event_gpus.add(i)
+            else:
+                n.mark_unsupported("nvmlDeviceRegisterEvents", i, f"XID events not available (NVML error {code})")
+        self._event_set = es
+        self._events_ready = bool(self._event_gpus)
+
+    def _poll_events(self, ts_ns: int, sink) -> None:
+        n = self.nvml
+        timeout_code = n.const("NVML_ERROR_TIMEOUT", 10)
+        for _ in range(_MAX_EVENTS_PER_TICK):
+            data, code = n.query_raw("nvmlEventSetWait", self._event_set, 0)
+            if code is not None:
+                if code != timeout_code:
+                    n.mark_unsupported("nvmlEventSetWait", -1, f"event wait failed (NVML error {code})")
+                    self._events_ready = False
+                return
+            gpu = n.query("nvmlDeviceGetIndex", data.device)
+            gpu = int(gpu) if gpu is not None else -1
+            xid = int(data.eventData)
+            sink.event("xid", f"XID {xid} on GPU {gpu}", gpu=gpu, value=float(xid),
+                       attrs={"xid": str(xid), "event_type": hex(int(data.eventType))}, ts_ns=ts_ns)
+
+    # ------------------------------------------------------------------ the tick
+    def sample(self, ts_ns: int, sink) -> None:
+        n = self.nvml
+        if not n.available:
+            if not self._announced_off:
+                self._announced_off = True
+                sink.event("nvml_unavailable", n.reason or "NVML unavailable; running host-only",
+                           ts_ns=ts_ns)
+                n.drain_new_unavailable()
+            return
+        for i in range(n.device_count):
+            if i not in n.lost:
+                self._sample_gpu(i, ts_ns, sink)
+        if self._events_ready:
+            self._poll_events(ts_ns, sink)
+        for gpu, why in n.drain_new_unavailable():
+            kind = "gpu_lost" if gpu in n.lost and why.startswith(f"GPU {gpu}: lost") else "metric_unavailable"
+            sink.event(kind, why, gpu=gpu, ts_ns=ts_ns)
+
+    def _sample_gpu(self, i: int, ts: int, sink) -> None:
+        n = self.nvml
+        h = n.handle(i)
+        q = n.query
+        cur: dict[str, Any] = {}
+
+        def put(metric: str, value: Any, labels: Mapping[str, str] | None = None) -> None:
+            if value is None:
+                return
+            v = float(value)
+            sink.add(metric, v, gpu=i, labels=labels, ts_ns=ts)
+            if labels is None:
+                cur[metric] = v
+
+        util = q("nvmlDeviceGetUtilizationRates", h, gpu=i)
+        if util is not None:
+            put("gpu_util_percent", util.gpu)
+            put("gpu_mem_util_percent", util.memory)
+        mem = q("nvmlDeviceGetMemoryInfo", h, gpu=i)
+        if mem is not None:
+            put("gpu_memory_used_bytes", mem.used)
+            put("gpu_memory_total_bytes", mem.total)
+        pw = q("nvmlDeviceGetPowerUsage", h, gpu=i)
+        put("gpu_power_watts", pw / 1000.0 if pw is not None else None)
+        lim = q("nvmlDeviceGetEnforcedPowerLimit", h, gpu=i)
+        put("gpu_power_limit_watts", lim / 1000.0 if lim is not None else None)
+        put("gpu_temperature_celsius", q("nvmlDeviceGetTemperature", h, self._temp_gpu, gpu=i))
+        put("gpu_sm_clock_mhz", q("nvmlDeviceGetClockInfo", h, self._sm, gpu=i))
+        put("gpu_sm_clock_max_mhz", q("nvmlDeviceGetMaxClockInfo", h, self._sm, gpu=i))
+        put("gpu_mem_clock_mhz", q("nvmlDeviceGetClockInfo", h, self._mem, gpu=i))
+        put("gpu_mem_clock_max_mhz", q("nvmlDeviceGetMaxClockInfo", h, self._mem, gpu=i))
+
+        mask = self._throttle_mask(i, h)
+        if mask is not None:
+            put("gpu_throttle_reasons_bitmask", mask)
+            names = decode_throttle(int(mask))
+            for name in names:
+                put("gpu_throttle_active", 1, {"reason": name})
+            cur["throttle_reasons"] = names
+            self._throttle_event(i, frozenset(names), int(mask), ts, sink)
+
+        put("gpu_pcie_link_gen", q("nvmlDeviceGetCurrPcieLinkGeneration", h, gpu=i))
+        put("gpu_pcie_link_width", q("nvmlDeviceGetCurrPcieLinkWidth", h, gpu=i))
+        put("gpu_pcie_link_gen_max", q("nvmlDeviceGetMaxPcieLinkGeneration", h, gpu=i))
+        put("gpu_pcie_link_width_max", q("nvmlDeviceGetMaxPcieLinkWidth", h, gpu=i))
+        tx = q("nvmlDeviceGetPcieThroughput", h, self._tx, gpu=i)   # KB/s over a 20 ms window
+        put("gpu_pcie_tx_bytes_per_s", tx * 1024.0 if tx is not None else None)
+        rx = q("nvmlDeviceGetPcieThroughput", h, self._rx, gpu=i)
+        put("gpu_pcie_rx_bytes_per_s", rx * 1024.0 if rx is not None else None)
+        put("gpu_pcie_replay_count", q("nvmlDeviceGetPcieReplayCounter", h, gpu=i))
+        put("gpu_ecc_corrected_total", q("nvmlDeviceGetTotalEccErrors", h, self._ecc_corr, self._ecc_vol, gpu=i))
+        put("gpu_ecc_uncorrected_total", q("nvmlDeviceGetTotalEccErrors", h, self._ecc_unc, self._ecc_vol, gpu=i))
+        self._nvlink(i, h, ts, put)
+        self.last[i] = cur
+
+    def _throttle_mask(self, i: int, h: Any) -> Any:
+        """Clock-event reasons; drivers before R535 only have the older ThrottleReasons name."""
+        n = self.nvml
+        new_fn = "nvmlDeviceGetCurrentClocksEventReasons"
+        if not n.is_unsupported(new_fn, i):
+            v = n.query(new_fn, h, gpu=i, report=False)
+            if v is not None or not n.is_unsupported(new_fn, i):
+                return v
+        return n.query("nvmlDeviceGetCurrentClocksThrottleReasons", h, gpu=i)
+
+    def _throttle_event(self, i: int, names: frozenset[str], mask: int, ts: int, sink) -> None:
+        relevant = names - {"gpu_idle"}
+        prev = self._prev_reasons.get(i, frozenset())
+        if relevant != prev:
+            added = sorted(relevant - prev)
+            removed = sorted(prev - relevant)
+            msg = (f"GPU {i} clock-event reasons now {', '.join(sorted(relevant)) or 'none'}"
+                   + (f" (added {', '.join(added)})" if added else "")
+                   + (f" (cleared {', '.join(removed)})" if removed else ""))
+            sink.event("throttle_change", msg, gpu=i, value=float(mask),
+                       attrs={"reasons": ",".join(sorted(relevant)), "previous": ",".join(sorted(prev)),
+                              "added": ",".join(added), "removed": ",".join(removed)}, ts_ns=ts)
+        self._prev_reasons[i] = relevant
+
+    def _nvlink(self, i: int, h: Any, ts: int, put) -> None:
+        n = self.nvml
+        now = time.monotonic()
+        if i not in self._nvlink_links or now - self._nvlink_checked.get(i, 0.0) > _NVLINK_RECHECK_S:
+            self._nvlink_checked[i] = now
+            active = None
+            for link in range(self._nvl_max):
+                st, code = n.query_raw("nvmlDeviceGetNvLinkState", h, link)
+                if code is not None:
+                    if link == 0:   # no NVLink on this GPU (PCIe card, vGPU): say so once
+                        n.mark_unsupported("nvmlDeviceGetNvLinkState", i, f"no NVLink (NVML error {code})")
+                    break
+                active = (active or 0) + (1 if int(st) == self._feature_on else 0)
+            self._nvlink_links[i] = active
+        links = self._nvlink_links.get(i)
+        if links is None:
+            return
+        put("gpu_nvlink_active_links", links)
+        # scopeId UINT_MAX: the sum over all links (nvml.h, NVLink throughput field values)
+        vals = n.query("nvmlDeviceGetFieldValues", h,
+                       [(self._fi_nvl_tx, 0xFFFFFFFF), (self._fi_nvl_rx, 0xFFFFFFFF)], gpu=i)
+        if not vals or len(vals) < 2 or any(int(v.nvmlReturn) != 0 for v in vals):
+            return
+        tx_kib, rx_kib = int(vals[0].value.ullVal), int(vals[1].value.ullVal)
+        t = ts / 1e9
+        prev = self._nvlink_prev.get(i)
+        self._nvlink_prev[i] = (t, tx_kib, rx_kib)
+        if prev is not None and t > prev[0] and tx_kib >= prev[1] and rx_kib >= prev[2]:
+            dt = t - prev[0]
+            put("gpu_nvlink_tx_bytes_per_s", (tx_kib - prev[1]) * 1024.0 / dt)
+            put("gpu_nvlink_rx_bytes_per_s", (rx_kib - prev[2]) * 1024.0 / dt)
+
+    def close(self) -> None:
+        if self._event_set is not None:
+            self.nvml.query("nvmlEventSetFree", self._event_set)
+            self._event_set = None
+        self.nvml.shutdown()
+
+
+def _int(v: Any) -> int:
+    return int(v) if v is not None else 0
+
+
+def _bus_id(pci: Any) -> str:
+    if pci is None:
+        return ""
+    b = getattr(pci, "busId", "")
+    return b.decode() if isinstance(b, bytes) else str(b)
+
+
+def _numa_from_sysfs(bus_id: str, sys_root: str = "/sys") -> int | None:
+    """NUMA node of a PCI device from sysfs (NVML's bus id has 8 domain digits, sysfs has 4)."""
+    if not bus_id:
+        return None
+    dom, _, rest = bus_id.lower().partition(":")
+    path = f"{sys_root}/bus/pci/devices/{dom[-4:]}:{rest}/numa_node"
+    try:
+        with open(path) as f:
+            v = int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+    return v if v >= 0 else None

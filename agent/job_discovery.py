@@ -1,0 +1,318 @@
+"""Job discovery: which processes belong to which training job, and what each one uses.
+
+Where processes come from:
+- on a GPU node, NVML's per-GPU process lists (GpuSampler.processes(): pid, GPU memory, SM util);
+- on a node without GPUs (or without NVML), a /proc scan every ``scan_interval_s`` for processes that
+  match :class:`JobRules`: a command-line regex (default: torchrun / torch.distributed.run / launch) or,
+  for python processes, one of the env keys (default TORCHELASTIC_RUN_ID, RANK, LOCAL_RANK, SLURM_JOB_ID).
+
+Identity: the shared rule in :mod:`gpuagent.agent.job_identity` (the step tracker uses the same one, so
+``job_samples`` and ``job_steps`` join on ``job_id``): GPUAGENT_JOB_ID, Slurm, torchelastic run id, k8s
+pod uid, container id (not the agent's own container), torchelastic ``none-<ppid>``, else ``pid:<pid>``
+(source ``rule`` when a rule matched it, ``process`` for a GPU process). Cached per (pid, start time);
+attrs carry ``container_id`` / ``pod_uid`` when the cgroup shows them.
+
+Each tick emits one ``sink.job_sample(...)`` per (process, GPU) with the JobSample proto field names;
+CPU % (of one core) and I/O rates are deltas of /proc/<pid>/stat and /proc/<pid>/io.
+
+Lifecycle events (the ``gpuagent.jobs`` tracker and the analyzer rely on these):
+- ``job_start``: a job id seen for the first time; attrs {job_id, job_name, source}.
+- ``job_end``: a job id unseen for ``end_grace_s``; **value = mean GPU utilization over its life**
+  (per tick, the mean over the GPUs it used of its processes' SM util; 0 when it used no GPU);
+  attrs {job_id, job_name, source, duration_s, gpus, gpu_util_samples}.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuagent.agent.job_identity import cgroup_ids, job_identity, own_container_id
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+DEFAULT_CMDLINE = (r"(^|/)torchrun(\s|$)", r"torch\.distributed\.(run|launch)(\s|$)",
+                   r"torch/distributed/(run|launch)\.py")
+DEFAULT_ENV_KEYS = ("TORCHELASTIC_RUN_ID", "RANK", "LOCAL_RANK", "SLURM_JOB_ID")
+_ENV_WANTED = ("GPUAGENT_JOB_ID", "GPUAGENT_JOB_NAME", "SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_ARRAY_JOB_ID",
+               "SLURM_ARRAY_TASK_ID", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "TORCHELASTIC_RUN_ID",
+               "RANK", "LOCAL_RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
+               "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "HOSTNAME")
+
+@dataclass(frozen=True)
+class JobRules:
+    """Which processes count as job processes on a GPU-less node."""
+
+    cmdline_regex: tuple[str, ...] = DEFAULT_CMDLINE
+    env_keys: tuple[str, ...] = DEFAULT_ENV_KEYS
+    env_argv0_regex: str = r"^python"   # env keys only count for these executables ('' = any)
+
+
+def identify(pid: int, env: dict[str, str], cgroup_text: str, ppid: int, matched_by_rule: bool,
+             own_container: str = "") -> dict[str, Any]:
+    """JobSample identity fields + attrs for a process, via the shared job identity rule."""
+    ji = job_identity(env, pid, ppid, cgroup_text, own_container)
+    pod, container = cgroup_ids(cgroup_text) if cgroup_text else ("", "")
+    attrs: dict[str, str] = {}
+    if container and container != own_container[:12]:
+        attrs["container_id"] = container
+    if pod:
+        attrs["pod_uid"] = pod
+    source = "rule" if (ji.source == "process" and matched_by_rule) else ji.source
+    name = ji.job_name or (env.get("HOSTNAME", "") if ji.source == "kubernetes" else "")
+    return {"job_id": ji.job_id, "job_name": name, "source": source, "rank": ji.rank,
+            "local_rank": ji.local_rank, "world_size": ji.world_size, "attrs": attrs}
+
+
+@dataclass
+class _Proc:
+    start: int
+    ident: dict[str, Any] | None            # None: not a job process
+    prev_t: float | None = None
+    prev_cpu: int = 0
+    prev_io: tuple[int, int] | None = None
+    stat: tuple[int, int, int] | None = None   # the latest /proc/<pid>/stat read (reused within a tick)
+
+
+@dataclass
+class _Job:
+    job_id: str
+    job_name: str
+    source: str
+    first_ns: int
+    last_ns: int
+    util_sum: float = 0.0
+    util_n: int = 0
+    pids: set[int] = field(default_factory=set)
+    gpus: set[int] = field(default_factory=set)
+
+
+class JobDiscovery:
+    """Sampler (agent/sampling.py) that emits JobSamples and job_start/job_end events."""
+
+    name = "jobs"
+
+    def __init__(self, gpu_sampler: Any = None, rules: JobRules | None = None, proc_root: str = "/proc",
+                 scan_interval_s: float = 5.0, end_grace_s: float = 3.0) -> None:
+        self.gpu = gpu_sampler
+        self.rules = rules or JobRules()
+        self._cmd_res = [re.compile(p) for p in self.rules.cmdline_regex]
+        self._argv0_re = re.compile(self.rules.env_argv0_regex) if self.rules.env_argv0_regex else None
+        self.proc = proc_root.rstrip("/")
+        self.scan_interval_ns = int(scan_interval_s * 1e9)
+        self.end_grace_ns = int(end_grace_s * 1e9)
+        self._procs: dict[int, _Proc] = {}
+        self._rule_pids: set[int] = set()
+        self._last_scan_ns: int | None = None
+        self._jobs: dict[str, _Job] = {}
+        self._self_pid = os.getpid()
+        self._own_container = own_container_id()   # the agent's own container is not a job boundary
+
+    # ------------------------------------------------------------------ /proc readers
+    def _stat(self, pid: int) -> tuple[int, int, int] | None:
+        """(utime+stime ticks, start time ticks, parent pid) or None when the process is gone."""
+        try:
+            with open(f"{self.proc}/{pid}/stat", "rb") as f:
+                raw = f.read()
+        except OSError:
+            return None
+        rest = raw[raw.rfind(b")") + 2:].split()
+        if rest[:1] == [b"Z"]:   # a zombie has exited; only its parent has not reaped it yet
+            return None
+        try:
+            return int(rest[11]) + int(rest[12]), int(rest[19]), int(rest[1])
+        except (IndexError, ValueError):
+            return None
+
+    def _read_bytes(self, pid: int, name: str) -> bytes | None:
+        try:
+            with open(f"{self.proc}/{pid}/{name}", "rb") as f:
+                return f.read()
+        except OSError:
+            return None
+
+    def _environ(self, pid: int) -> dict[str, str]:
+        raw = self._read_bytes(pid, "environ") or b""
+        out = {}
+        for item in raw.split(b"\0"):
+            k, sep, v = item.partition(b"=")
+            if sep:
+                key = k.decode("utf-8", "replace")
+                if key in _ENV_WANTED or key in self.rules.env_keys:
+                    out[key] = v.decode("utf-8", "replace")
+        return out
+
+    def _rss(self, pid: int) -> float:
+        raw = self._read_bytes(pid, "statm")
+        try:
+            return float(int(raw.split()[1]) * _PAGE) if raw else 0.0
+        except (IndexError, ValueError):
+            return 0.0
+
+    def _io(self, pid: int) -> tuple[int, int] | None:
+        raw = self._read_bytes(pid, "io")   # needs same uid or CAP_SYS_PTRACE; None otherwise
+        if not raw:
+            return None
+        r = w = 0
+        for line in raw.split(b"\n"):
+            if line.startswith(b"read_bytes:"):
+                r = int(line.split()[1])
+            elif line.startswith(b"write_bytes:"):
+                w = int(line.split()[1])
+        return r, w
+
+    # ------------------------------------------------------------------ identity
+    def _proc_for(self, pid: int, rule_check: bool) -> _Proc | None:
+        st = self._stat(pid)
+        if st is None:
+            self._procs.pop(pid, None)
+            return None
+        cached = self._procs.get(pid)
+        if cached is not None and cached.start == st[1]:
+            cached.stat = st
+            return cached
+        ident = None
+        matched = False
+        if rule_check:
+            cmd = (self._read_bytes(pid, "cmdline") or b"").replace(b"\0", b" ").decode("utf-8", "replace").strip()
+            if any(r.search(cmd) for r in self._cmd_res):
+                matched = True
+            argv0 = os.path.basename(cmd.split(" ", 1)[0]) if cmd else ""
+            env = None
+            if not matched and cmd and (self._argv0_re is None or self._argv0_re.search(argv0)):
+                env = self._environ(pid)
+                matched = any(k in env for k in self.rules.env_keys)
+            if matched:
+                env = env if env is not None else self._environ(pid)
+                cg = (self._read_bytes(pid, "cgroup") or b"").decode("utf-8", "replace")
+                ident = identify(pid, env, cg, st[2], True, self._own_container)
+        else:
+            env = self._environ(pid)
+            cg = (self._read_bytes(pid, "cgroup") or b"").decode("utf-8", "replace")
+            ident = identify(pid, env, cg, st[2], False, self._own_container)
+        p = _Proc(start=st[1], ident=ident, stat=st)
+        self._procs[pid] = p
+        return p
+
+    def _scan(self) -> None:
+        try:
+            names = os.listdir(self.proc)
+        except OSError:
+            return
+        live = set()
+        for n in names:
+            if not n.isdigit():
+                continue
+            pid = int(n)
+            if pid == self._self_pid:
+                continue
+            live.add(pid)
+            p = self._procs.get(pid)
+            if p is None:
+                p = self._proc_for(pid, rule_check=True)
+            if p is not None and p.ident is not None:
+                self._rule_pids.add(pid)
+        for pid in [p for p in self._procs if p not in live]:
+            del self._procs[pid]
+        self._rule_pids &= live
+
+    # ------------------------------------------------------------------ the tick
+    def _gpu_mode(self) -> bool:
+        return self.gpu is not None and self.gpu.nvml.available and self.gpu.nvml.device_count > 0
+
+    def sample(self, ts_ns: int, sink) -> None:
+        t = ts_ns / 1e9
+        rows: list[tuple[int, int, float, float]] = []   # (pid, gpu, gpu_util, gpu_mem)
+        if self._gpu_mode():
+            for p in self.gpu.processes():
+                rows.append((p["pid"], p["gpu"], p["gpu_util_percent"], p["gpu_memory_bytes"]))
+        else:
+            if self._last_scan_ns is None or ts_ns - self._last_scan_ns >= self.scan_interval_ns:
+                self._last_scan_ns = ts_ns
+                self._scan()
+            rows = [(pid, -1, -1.0, 0.0) for pid in sorted(self._rule_pids)]
+
+        seen_jobs: dict[str, list[tuple[int, float]]] = {}
+        seen_pids: dict[str, set[int]] = {}
+        per_pid_done: dict[int, tuple[float, float, float, float]] = {}
+        for pid, gpu, gutil, gmem in rows:
+            p = self._proc_for(pid, rule_check=not self._gpu_mode())
+            if p is None and not self._gpu_mode():
+                self._rule_pids.discard(pid)
+                continue
+            if p is not None and p.ident is None:
+                continue
+            ident = p.ident if p is not None else identify(pid, {}, "", 0, False)
+            if pid not in per_pid_done:
+                per_pid_done[pid] = self._usage(pid, p, t)
+            cpu, rss, rd, wr = per_pid_done[pid]
+            sink.job_sample(ts_ns=ts_ns, job_id=ident["job_id"], job_name=ident["job_name"],
+                            source=ident["source"], pid=pid, rank=ident["rank"],
+                            local_rank=ident["local_rank"], world_size=ident["world_size"], gpu=gpu,
+                            gpu_util_percent=max(0.0, gutil), gpu_memory_bytes=gmem, cpu_percent=cpu,
+                            rss_bytes=rss, read_bytes_per_s=rd, write_bytes_per_s=wr,
+                            attrs=dict(ident["attrs"]))
+            seen_jobs.setdefault(ident["job_id"], []).append((gpu, gutil))
+            job = self._jobs.get(ident["job_id"])
+            if job is None:
+                job = self._jobs[ident["job_id"]] = _Job(ident["job_id"], ident["job_name"], ident["source"],
+                                                         ts_ns, ts_ns)
+                sink.event("job_start", f"job {job.job_id} started ({job.source})", ts_ns=ts_ns,
+                           attrs={"job_id": job.job_id, "job_name": job.job_name, "source": job.source})
+            job.last_ns = ts_ns
+            seen_pids.setdefault(job.job_id, set()).add(pid)
+            if gpu >= 0:
+                job.gpus.add(gpu)
+        for job_id, pids in seen_pids.items():
+            self._jobs[job_id].pids = pids
+        for job_id, pairs in seen_jobs.items():
+            per_gpu: dict[int, float] = {}
+            for gpu, util in pairs:
+                if gpu >= 0 and util >= 0:
+                    per_gpu[gpu] = per_gpu.get(gpu, 0.0) + util
+            if per_gpu:
+                job = self._jobs[job_id]
+                job.util_sum += sum(min(100.0, u) for u in per_gpu.values()) / len(per_gpu)
+                job.util_n += 1
+        self._end_jobs(ts_ns, sink)
+
+    def _usage(self, pid: int, p: _Proc | None, t: float) -> tuple[float, float, float, float]:
+        if p is None:
+            return 0.0, 0.0, 0.0, 0.0
+        st = p.stat
+        if st is None:
+            return 0.0, 0.0, 0.0, 0.0
+        io = self._io(pid)
+        cpu = rd = wr = 0.0
+        if p.prev_t is not None and t > p.prev_t:
+            dt = t - p.prev_t
+            cpu = max(0, st[0] - p.prev_cpu) / _CLK_TCK / dt * 100.0
+            if io is not None and p.prev_io is not None:
+                rd = max(0, io[0] - p.prev_io[0]) / dt
+                wr = max(0, io[1] - p.prev_io[1]) / dt
+        p.prev_t, p.prev_cpu, p.prev_io = t, st[0], io
+        return cpu, self._rss(pid), rd, wr
+
+    def _end_jobs(self, ts_ns: int, sink) -> None:
+        for job_id in [j for j, job in self._jobs.items() if ts_ns - job.last_ns >= self.end_grace_ns]:
+            job = self._jobs.pop(job_id)
+            mean = job.util_sum / job.util_n if job.util_n else 0.0
+            dur = (job.last_ns - job.first_ns) / 1e9
+            sink.event("job_end", f"job {job_id} ended after {dur:.0f} s, mean GPU util {mean:.1f} %",
+                       value=mean, ts_ns=ts_ns,
+                       attrs={"job_id": job_id, "job_name": job.job_name, "source": job.source,
+                              "duration_s": f"{dur:.3f}", "gpus": ",".join(map(str, sorted(job.gpus))),
+                              "gpu_util_samples": str(job.util_n)})
+
+    def active_jobs(self) -> list[dict[str, Any]]:
+        """Jobs currently seen (for `gpuagent status`)."""
+        return [{"job_id": j.job_id, "job_name": j.job_name, "source": j.source, "pids": sorted(j.pids),
+                 "gpus": sorted(j.gpus), "started_ns": j.first_ns,
+                 "mean_gpu_util_percent": (j.util_sum / j.util_n) if j.util_n else None}
+                for j in self._jobs.values()]
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,195 @@
+"""`make run`: a local collector with a DuckDB file plus this node's agent, showing real data in a minute.
+
+Starts ``gpuagent-collector serve`` (DuckDB file under ./run/, loopback only) and ``gpuagent run``
+(state dir under ./run/) as subprocesses, waits until the collector has stored the first samples
+from this machine, prints ``gpuagent status`` and a first SQL query through ``gpuagent-collector sql``,
+then keeps both running until Ctrl-C and stops them cleanly (agent first, so its last batch lands).
+``--once`` (or ``GPUAGENT_RUN_ONCE=1``) stops right after showing the numbers; the tests use it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import click
+
+
+class LocalRunError(Exception):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _tail(path: Path, n: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return "(no log)"
+
+
+def start_collector(db: Path, port: int, log: Path, extra_env: dict | None = None) -> subprocess.Popen:
+    """``gpuagent-collector serve`` on 127.0.0.1:port, in its own session (Ctrl-C reaches only us)."""
+    cmd = [sys.executable, "-m", "gpuagent.collector.cli", "serve", "--db", str(db), "--listen", f"127.0.0.1:{port}"]
+    env = {**os.environ, **(extra_env or {})}
+    return subprocess.Popen(cmd, stdout=open(log, "ab"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def start_agent(collector: str, state_dir: Path, log: Path, interval: float = 1.0, batch_interval: float = 2.0,
+                extra_env: dict | None = None, extra_args: tuple[str, ...] = ()) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "gpuagent.agent.cli", "run", "--collector", collector, "--state-dir", str(state_dir),
+           "--interval", f"{interval:g}", "--batch-interval", f"{batch_interval:g}", *extra_args]
+    env = {**os.environ, "MALLOC_ARENA_MAX": "2", **(extra_env or {})}
+    return subprocess.Popen(cmd, stdout=open(log, "ab"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def wait_port(port: int, proc: subprocess.Popen, log: Path, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise LocalRunError(f"the collector exited with code {proc.returncode}:\n{_tail(log)}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise LocalRunError(f"the collector did not listen on 127.0.0.1:{port} within {timeout:.0f} s:\n{_tail(log)}")
+
+
+def query(address: str, sql: str, timeout: float = 10.0) -> tuple[list[str], list[list]]:
+    """Read-only SQL through the live collector's Query RPC (what `gpuagent-collector sql` uses)."""
+    import grpc
+
+    from gpuagent.proto import pb, pb_grpc
+    token = os.environ.get("GPUAGENT_TOKEN", "")
+    md = (("authorization", f"Bearer {token}"),) if token else None
+    with grpc.insecure_channel(address) as ch:
+        resp = pb_grpc.CollectorStub(ch).Query(pb.QueryRequest(sql=sql), timeout=timeout, metadata=md)
+    return list(resp.columns), json.loads(resp.rows_json or "[]")
+
+
+def wait_samples(address: str, agent: subprocess.Popen, agent_log: Path, timeout: float = 60.0,
+                 min_ticks: int = 2) -> int:
+    """Wait until the collector holds host samples from at least ``min_ticks`` distinct ticks."""
+    import grpc
+    deadline = time.monotonic() + timeout
+    last = 0
+    while time.monotonic() < deadline:
+        if agent.poll() is not None:
+            raise LocalRunError(f"the agent exited with code {agent.returncode}:\n{_tail(agent_log)}")
+        try:
+            _, rows = query(address, "SELECT count(DISTINCT ts) FROM samples WHERE gpu IS NULL")
+            last = int(rows[0][0]) if rows else 0
+            if last >= min_ticks:
+                return last
+        except grpc.RpcError:
+            pass
+        time.sleep(0.5)
+    raise LocalRunError(f"no samples stored within {timeout:.0f} s (ticks stored: {last}); agent log:\n"
+                        f"{_tail(agent_log)}")
+
+
+def stop_process(proc: subprocess.Popen, timeout: float = 10.0) -> int | None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+    return proc.returncode
+
+
+FIRST_SQL = """
+SELECT metric, count(*) AS samples, round(min(value), 2) AS min, round(avg(value), 2) AS avg,
+       round(max(value), 2) AS max
+FROM samples
+WHERE labels = '' AND metric IN ('cpu_user_percent', 'cpu_system_percent', 'cpu_iowait_percent',
+      'cpu_steal_percent', 'load1', 'mem_used_bytes', 'mem_available_bytes', 'context_switches_per_s',
+      'psi_cpu_some_avg10_percent', 'gpu_util_percent', 'gpu_power_watts', 'gpu_temperature_celsius')
+GROUP BY metric ORDER BY metric
+""".strip()
+
+NODE_SQL = ("SELECT hostname, virt_type, virtualized, in_container, container_runtime, cpu_model, gpu_count "
+            "FROM nodes")
+
+
+def _run_cli(args: list[str]) -> int:
+    res = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, timeout=120)
+    sys.stdout.write(res.stdout)
+    if res.returncode != 0:
+        sys.stdout.write(res.stderr)
+    sys.stdout.flush()
+    return res.returncode
+
+
+@click.command()
+@click.option("--run-dir", default="run", show_default=True, help="Where the DuckDB file, agent state and logs go.")
+@click.option("--port", type=int, default=0, help="Collector port on 127.0.0.1 (default: a free one).")
+@click.option("--interval", type=float, default=1.0, show_default=True, help="Sampling interval, seconds.")
+@click.option("--once", is_flag=True, envvar="GPUAGENT_RUN_ONCE",
+              help="Stop after showing the first numbers (env GPUAGENT_RUN_ONCE=1).")
+@click.option("--timeout", type=float, default=60.0, show_default=True, help="How long to wait for the first samples.")
+def main(run_dir: str, port: int, interval: float, once: bool, timeout: float) -> None:
+    """Run a local collector and this node's agent; show real numbers from this machine."""
+    rd = Path(run_dir).resolve()
+    rd.mkdir(parents=True, exist_ok=True)
+    port = port or free_port()
+    address = f"127.0.0.1:{port}"
+    db, state = rd / "gpuagent.duckdb", rd / "agent-state"
+    clog, alog = rd / "collector.log", rd / "agent.log"
+    host = socket.gethostname()
+    t0 = time.monotonic()
+    click.echo(f"gpuagent local run: collector on {address} (DuckDB {db}), agent on this machine ({host}).")
+    click.echo(f"Logs: {clog}, {alog}")
+    collector = start_collector(db, port, clog)
+    agent = None
+    try:
+        wait_port(port, collector, clog)
+        agent = start_agent(address, state, alog, interval=interval, batch_interval=2.0,
+                            extra_env={"GPUAGENT_JOBS_SOCKET": str(rd / "jobs.sock")})
+        ticks = wait_samples(address, agent, alog, timeout=timeout)
+        # A couple more ticks so rates (which need two readings) and averages have something in them.
+        wait_samples(address, agent, alog, timeout=timeout, min_ticks=ticks + 2)
+        click.echo(f"\nFirst samples stored after {time.monotonic() - t0:.1f} s. Everything below is REAL data "
+                   f"measured on this machine ({host}) by the agent, sent over gRPC and stored in {db}.\n")
+        click.echo("$ gpuagent status --state-dir " + str(state))
+        _run_cli(["gpuagent.agent.cli", "status", "--state-dir", str(state)])
+        click.echo(f"\n$ gpuagent-collector sql --collector {address} \"{NODE_SQL}\"")
+        _run_cli(["gpuagent.collector.cli", "sql", "--collector", address, NODE_SQL])
+        click.echo(f"\n$ gpuagent-collector sql --collector {address} \"<host metrics so far>\"")
+        click.echo(FIRST_SQL)
+        _run_cli(["gpuagent.collector.cli", "sql", "--collector", address, FIRST_SQL])
+        if once:
+            click.echo("\n--once: stopping the agent and the collector.")
+            return
+        click.echo(f"\nRunning. Ctrl-C stops both. Meanwhile, in another shell:\n"
+                   f"  .venv/bin/gpuagent status --state-dir {state}\n"
+                   f"  .venv/bin/gpuagent-collector sql --collector {address} "
+                   f"\"SELECT metric, count(*) FROM samples GROUP BY 1 ORDER BY 2 DESC LIMIT 10\"")
+        while agent.poll() is None and collector.poll() is None:
+            time.sleep(0.5)
+        raise LocalRunError(f"{'the agent' if agent.poll() is not None else 'the collector'} exited unexpectedly; "
+                            f"see {alog if agent.poll() is not None else clog}")
+    except KeyboardInterrupt:
+        click.echo("\nCtrl-C: stopping the agent, then the collector.")
+    except LocalRunError as exc:
+        raise click.ClickException(str(exc)) from None
+    finally:
+        if agent is not None:
+            stop_process(agent)
+        stop_process(collector, timeout=30)
+
+
+if __name__ == "__main__":
+    main()

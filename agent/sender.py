@@ -1,0 +1,319 @@
+"""The sender: the only network code on the node.
+
+It registers with the collector, then opens one bidirectional ``Stream`` and sends the spooled batches
+oldest first, deleting each one from the spool when its ``Ack`` arrives (the collector acks only after
+the DuckDB commit). It never parses batches: the spooled bytes go out as they are, with the node id
+appended as one more encoding of field 1 (a protobuf parser keeps the last value of a singular field).
+
+Reconnects use exponential backoff with full jitter. Every RPC has a deadline: ``Register`` directly,
+the long-lived stream through an ack watchdog (a batch not acked within ``rpc_timeout_s`` cancels the
+call). ``stop()`` interrupts the backoff through ``threading.Event.wait`` (the pattern of the
+OpenTelemetry OTLP gRPC exporter). Error mapping:
+
+* UNAUTHENTICATED / PERMISSION_DENIED: one clear log line naming the token setting; retried with backoff.
+* INVALID_ARGUMENT on the stream: the collector refused a batch as malformed; that batch is moved to
+  ``spool/rejected/`` and counted, never retried forever; the others are resent at once.
+* Anything else (UNAVAILABLE, DEADLINE_EXCEEDED, ...): reconnect with backoff, resend unacked batches.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import re
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable, Iterator
+
+import grpc
+
+from gpuagent.agent.config import CollectorConfig
+from gpuagent.agent.spool import Spool
+from gpuagent.proto import pb
+
+log = logging.getLogger("gpuagent.sender")
+
+STREAM_METHOD = "/gpuagent.v1.Collector/Stream"
+REGISTER_METHOD = "/gpuagent.v1.Collector/Register"
+_SEQ_IN_DETAILS = re.compile(r"\bseq\D{0,3}(\d+)")
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def with_node_id(payload: bytes, node_id: str) -> bytes:
+    """``payload`` (a serialized Batch) with ``node_id`` set, without parsing the batch."""
+    raw = node_id.encode()
+    return payload + b"\x0a" + _varint(len(raw)) + raw
+
+
+@dataclass
+class LinkState:
+    """What `gpuagent status` shows about the collector link."""
+    collector: str = ""
+    connected: bool = False
+    node_id: str = ""
+    since_ns: int = 0                 # when the current state (connected or not) began
+    last_ack_ns: int = 0
+    last_ack_seq: int = 0
+    highest_committed_seq: int = 0
+    sent_batches: int = 0
+    acked_batches: int = 0
+    duplicate_acks: int = 0
+    reconnects: int = 0
+    consecutive_failures: int = 0
+    last_error: str = ""
+    last_error_ns: int = 0
+    next_retry_ns: int = 0
+
+
+class Sender(threading.Thread):
+    def __init__(self, cfg: CollectorConfig, spool: Spool, node_info: Callable[[], pb.NodeInfo],
+                 token: str = "", on_registered: Callable[[pb.RegisterResponse], None] | None = None,
+                 rng: random.Random | None = None):
+        super().__init__(name="gpuagent-sender", daemon=True)
+        self.cfg = cfg
+        self.spool = spool
+        self._node_info = node_info
+        self._token = token
+        self._on_registered = on_registered or (lambda r: None)
+        self._rng = rng or random.Random()
+        self._halt = threading.Event()
+        self._draining = threading.Event()
+        self._lock = threading.Lock()
+        self._call = None
+        self._channel: grpc.Channel | None = None
+        self._inflight: dict[int, float] = {}      # seq -> monotonic send time
+        self.state = LinkState(collector=cfg.address, since_ns=time.time_ns())
+        self._logged_error = ""
+        self._registered = False
+
+    # ---------------------------------------------------------------- lifecycle
+    def stop(self, grace_s: float = 1.5) -> None:
+        """Stop sending: half-close the stream, give in-flight acks ``grace_s``, then cancel."""
+        self._draining.set()
+        with self._lock:
+            if not self._inflight:
+                self._halt.set()     # nothing to wait for (also interrupts a backoff wait)
+        self.spool.wake()
+        self.join(timeout=grace_s)
+        self._halt.set()
+        with self._lock:
+            call, channel = self._call, self._channel
+        if call is not None:
+            call.cancel()
+        if channel is not None:
+            channel.close()
+        self.spool.wake()
+        self.join(timeout=2.0)
+
+    @property
+    def stopping(self) -> bool:
+        return self._halt.is_set() or self._draining.is_set()
+
+    def snapshot(self) -> dict:
+        with self._lock:
+            d = asdict(self.state)
+            d["in_flight"] = len(self._inflight)
+            return d
+
+    # ---------------------------------------------------------------- main loop
+    def run(self) -> None:
+        delay = self.cfg.backoff_initial_s
+        while not self.stopping:
+            self._registered = False
+            retry_now = False
+            try:
+                self._session()
+                retry_now = True          # the collector closed the stream cleanly
+            except grpc.RpcError as exc:
+                retry_now = self._handle_rpc_error(exc)
+            except Exception as exc:  # noqa: BLE001 - the sender thread must survive anything
+                log.exception("sender session failed unexpectedly")
+                self._set_error(f"{type(exc).__name__}: {exc}")
+            finally:
+                self._close_channel()
+            if self.stopping:
+                break
+            if self._registered:
+                delay = self.cfg.backoff_initial_s
+            if retry_now:
+                continue   # e.g. a rejected batch was set aside: resend the rest at once
+            # Jitter: anywhere in [delay/2, delay], so a fleet does not reconnect in lockstep.
+            wait = delay * (0.5 + 0.5 * self._rng.random())
+            with self._lock:
+                self.state.next_retry_ns = time.time_ns() + int(wait * 1e9)
+            if self._halt.wait(wait) or self._draining.is_set():
+                break
+            delay = min(delay * 2, self.cfg.backoff_max_s)
+        with self._lock:
+            self._set_connected(False)
+
+    def _metadata(self):
+        return (("authorization", f"Bearer {self._token}"),) if self._token else None
+
+    def _open_channel(self) -> grpc.Channel:
+        opts = [("grpc.enable_retries", 0), ("grpc.max_send_message_length", 64 * 1024 * 1024)]
+        if self.cfg.tls_ca:
+            with open(self.cfg.tls_ca, "rb") as fh:
+                creds = grpc.ssl_channel_credentials(root_certificates=fh.read())
+            return grpc.secure_channel(self.cfg.address, creds, options=opts)
+        return grpc.insecure_channel(self.cfg.address, options=opts)
+
+    def _close_channel(self) -> None:
+        with self._lock:
+            channel, self._channel, self._call = self._channel, None, None
+            self._inflight.clear()
+        if channel is not None:
+            channel.close()
+
+    def _session(self) -> None:
+        """One connection: Register, then stream until the stream breaks or we stop."""
+        channel = self._open_channel()
+        with self._lock:
+            self._channel = channel
+        if self.stopping:
+            return
+        register = channel.unary_unary(REGISTER_METHOD, request_serializer=pb.RegisterRequest.SerializeToString,
+                                       response_deserializer=pb.RegisterResponse.FromString)
+        resp = register(pb.RegisterRequest(node=self._node_info()), timeout=self.cfg.rpc_timeout_s,
+                        metadata=self._metadata())
+        self._registered = True
+        self._on_registered(resp)     # may renumber spooled batches when the collector is ahead of us
+        removed = self.spool.ack_upto(resp.last_committed_seq)
+        with self._lock:
+            self.state.node_id = resp.node_id
+            self.state.highest_committed_seq = max(self.state.highest_committed_seq, resp.last_committed_seq)
+            self._set_connected(True)
+            self.state.last_error = ""
+        if self.state.consecutive_failures or self._logged_error:
+            log.info("connected to collector %s again as node %s (after %d failed attempts)",
+                     self.cfg.address, resp.node_id, self.state.consecutive_failures)
+        else:
+            log.info("connected to collector %s as node %s", self.cfg.address, resp.node_id)
+        self._logged_error = ""
+        self.state.consecutive_failures = 0
+        if removed:
+            log.info("collector already holds %d spooled batches (<= seq %d); dropped them from the spool",
+                     removed, resp.last_committed_seq)
+
+        stream = channel.stream_stream(STREAM_METHOD, request_serializer=lambda b: b,
+                                       response_deserializer=pb.Ack.FromString)
+        call = stream(self._requests(resp.node_id), metadata=self._metadata())
+        with self._lock:
+            self._call = call
+        for ack in call:
+            self._on_ack(ack)
+        # The server closed the stream without an error (we half-closed while draining).
+
+    def _requests(self, node_id: str) -> Iterator[bytes]:
+        """Spooled batches oldest first, at most ``max_in_flight`` unacked; runs on a gRPC thread."""
+        sent_upto = 0
+        while not self.stopping:
+            with self._lock:
+                call = self._call
+                oldest = min(self._inflight.values(), default=None)
+                full = len(self._inflight) >= self.cfg.max_in_flight
+            if oldest is not None and time.monotonic() - oldest > self.cfg.rpc_timeout_s and call is not None:
+                self._set_error(f"no ack within {self.cfg.rpc_timeout_s:g}s (deadline exceeded)")
+                call.cancel()
+                return
+            if full:
+                self._halt.wait(0.05)
+                continue
+            seq = self.spool.wait_after(sent_upto, timeout=0.25)
+            if seq is None:
+                continue
+            payload = self.spool.read(seq)
+            sent_upto = seq
+            if payload is None:
+                continue   # acked meanwhile, or corrupt (set aside and counted by the spool)
+            with self._lock:
+                self._inflight[seq] = time.monotonic()
+                self.state.sent_batches += 1
+            yield with_node_id(payload, node_id)
+        # Draining: wait (bounded by stop()'s grace) for the acks of what is in flight, then half-close.
+        while self._inflight and not self._halt.is_set():
+            self._halt.wait(0.02)
+
+    def _on_ack(self, ack: pb.Ack) -> None:
+        self.spool.ack(ack.seq)
+        with self._lock:
+            self._inflight.pop(ack.seq, None)
+            st = self.state
+            st.last_ack_ns = time.time_ns()
+            st.last_ack_seq = ack.seq
+            st.highest_committed_seq = max(st.highest_committed_seq, ack.highest_committed_seq, ack.seq)
+            st.acked_batches += 1
+            st.duplicate_acks += int(ack.duplicate)
+
+    # ---------------------------------------------------------------- errors
+    def _set_connected(self, value: bool) -> None:
+        if self.state.connected != value:
+            self.state.connected = value
+            self.state.since_ns = time.time_ns()
+            if value:
+                self.state.reconnects += 1
+
+    def _set_error(self, text: str) -> None:
+        with self._lock:
+            self._set_connected(False)
+            self.state.last_error = text
+            self.state.last_error_ns = time.time_ns()
+            self.state.consecutive_failures += 1
+
+    def _handle_rpc_error(self, exc: grpc.RpcError) -> bool:
+        """Record/log the failure; True when the cause was dealt with and a resend may start at once."""
+        code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+        details = (exc.details() if hasattr(exc, "details") else "") or ""
+        if self.stopping and code == grpc.StatusCode.CANCELLED:
+            return False
+        if code == grpc.StatusCode.INVALID_ARGUMENT and self.state.connected:
+            seq = self._rejected_seq(exc, details)
+            if seq is not None:
+                self.spool.reject(seq, details or "INVALID_ARGUMENT")
+                with self._lock:
+                    self._set_connected(False)
+                    self.state.last_error = ""
+                return True
+        if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+            text = (f"collector {self.cfg.address} refused this agent's credentials ({code.name}: {details}); "
+                    "check collector.token / collector.token_file (GPUAGENT_TOKEN) against the collector's tokens")
+        elif code == grpc.StatusCode.UNAVAILABLE:
+            text = f"collector {self.cfg.address} unavailable: {details}"
+        else:
+            text = f"collector {self.cfg.address}: {code.name}: {details}"
+        if self.state.last_error.startswith("no ack within"):
+            text = self.state.last_error
+        self._set_error(text)
+        if text.split(":")[0] != self._logged_error:
+            # One line per kind of failure; the status file carries the rest.
+            (log.error if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
+             else log.warning)("%s; spooling and retrying with backoff", text)
+            self._logged_error = text.split(":")[0]
+        return False
+
+    def _rejected_seq(self, exc: grpc.RpcError, details: str) -> int | None:
+        """Which batch the collector refused: trailing metadata ``gpuagent-seq``, a ``seq N`` in the
+        message, or else the oldest batch in flight (the collector handles batches in order)."""
+        try:
+            for key, value in exc.trailing_metadata() or ():
+                if key == "gpuagent-seq":
+                    return int(value)
+        except Exception:  # noqa: BLE001
+            pass
+        m = _SEQ_IN_DETAILS.search(details)
+        if m:
+            return int(m.group(1))
+        with self._lock:
+            return min(self._inflight, default=None)

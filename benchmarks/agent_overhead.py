@@ -1,0 +1,223 @@
+#!/usr/bin/env python3
+"""Resident cost of the agent at 1 s sampling, next to prometheus-node-exporter scraped at 1 Hz.
+
+Runs the real agent (``gpuagent run``, probes off: this measures the resident daemon, not the probe
+subprocesses it spawns) against a real local collector for ``--duration`` seconds (default 60) after
+a warm-up, and reads /proc/<pid>/stat and /proc/<pid>/status once a second:
+
+* ``agent_rss_bytes``: peak RSS (VmHWM, includes start-up) and ``agent_rss_steady_bytes``: median VmRSS;
+* ``agent_cpu_percent``: user+system CPU time over the window, as % of one core.
+
+Where ``prometheus-node-exporter`` is installed it runs on 127.0.0.1 over the same window, is scraped
+once a second, and the same figures are reported for it. It also checks that torch is not loaded in
+the daemon (no libtorch in /proc/<pid>/maps; ``torch_loaded`` false in its status file) and that the
+collector stored what the agent sent. Targets (DESIGN.md): RSS <= 64 MiB, CPU <= 1 % of one core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+from gpuagent.agent import local_run
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK      # utime + stime
+
+
+def mem(pid: int) -> dict[str, int]:
+    out = {}
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith(("VmRSS:", "VmHWM:")):
+                k, v = line.split(":", 1)
+                out[k] = int(v.split()[0]) * 1024
+    return out
+
+
+def maps_have(pid: int, needle: str) -> bool:
+    with open(f"/proc/{pid}/maps") as fh:
+        return any(needle in line for line in fh)
+
+
+class Watch:
+    """Per-second samples of one process."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.rss: list[int] = []
+        self.hwm = 0
+        self.cpu0 = self.t0 = None
+        self.cpu1 = self.t1 = None
+
+    def start(self):
+        self.cpu0, self.t0 = cpu_seconds(self.pid), time.monotonic()
+
+    def tick(self):
+        m = mem(self.pid)
+        self.rss.append(m.get("VmRSS", 0))
+        self.hwm = max(self.hwm, m.get("VmHWM", 0))
+
+    def end(self):
+        self.cpu1, self.t1 = cpu_seconds(self.pid), time.monotonic()
+
+    def result(self, prefix: str) -> dict:
+        return {
+            f"{prefix}_rss_bytes": self.hwm,
+            f"{prefix}_rss_steady_bytes": int(statistics.median(self.rss)) if self.rss else 0,
+            f"{prefix}_cpu_percent": round(100.0 * (self.cpu1 - self.cpu0) / (self.t1 - self.t0), 3),
+            f"{prefix}_cpu_seconds": round(self.cpu1 - self.cpu0, 3),
+        }
+
+
+def node_exporter(port: int, log: Path) -> subprocess.Popen | None:
+    exe = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
+    if not exe:
+        return None
+    return subprocess.Popen([exe, f"--web.listen-address=127.0.0.1:{port}"], stdout=open(log, "ab"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def scraper(url: str, stop: threading.Event, stats: dict) -> None:
+    """Scrape once a second, as a Prometheus server with scrape_interval: 1s would."""
+    nxt = time.monotonic()
+    while not stop.is_set():
+        t = time.monotonic()
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                body = r.read()
+            stats["scrapes"] += 1
+            stats["bytes"] = len(body)
+            stats["scrape_s"].append(time.monotonic() - t)
+        except OSError:
+            stats["errors"] += 1
+        nxt += 1.0
+        stop.wait(max(0.0, nxt - time.monotonic()))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--duration", type=float, default=60.0, help="measurement window, seconds (default 60)")
+    ap.add_argument("--warmup", type=float, default=5.0, help="seconds after start before measuring")
+    ap.add_argument("--interval", type=float, default=1.0, help="agent sampling interval (default 1 s)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    args = ap.parse_args()
+
+    tmp = Path(tempfile.mkdtemp(prefix="gpuagent-bench-"))
+    port = local_run.free_port()
+    address = f"127.0.0.1:{port}"
+    cfg = tmp / "agent.toml"
+    cfg.write_text("[probes]\nenabled = false\n")
+    procs: list[subprocess.Popen] = []
+    try:
+        collector = local_run.start_collector(tmp / "bench.duckdb", port, tmp / "collector.log")
+        procs.append(collector)
+        local_run.wait_port(port, collector, tmp / "collector.log")
+        agent = local_run.start_agent(address, tmp / "state", tmp / "agent.log", interval=args.interval,
+                                      batch_interval=5.0, extra_args=("--config", str(cfg)),
+                                      extra_env={"GPUAGENT_JOBS_SOCKET": str(tmp / "jobs.sock")})
+        procs.append(agent)
+        local_run.wait_samples(address, agent, tmp / "agent.log", timeout=60, min_ticks=1)
+
+        ne_port = local_run.free_port()
+        ne = node_exporter(ne_port, tmp / "node_exporter.log")
+        if ne is not None:
+            procs.append(ne)
+            local_run.wait_port(ne_port, ne, tmp / "node_exporter.log")
+        stop = threading.Event()
+        scrape = {"scrapes": 0, "errors": 0, "bytes": 0, "scrape_s": []}
+        t_scrape = None
+        if ne is not None:
+            t_scrape = threading.Thread(target=scraper, args=(f"http://127.0.0.1:{ne_port}/metrics", stop, scrape),
+                                        daemon=True)
+            t_scrape.start()
+        deadline = time.monotonic() + args.warmup
+        while time.monotonic() < deadline:
+            time.sleep(0.2)
+
+        watches = {"agent": Watch(agent.pid)}
+        if ne is not None:
+            watches["node_exporter"] = Watch(ne.pid)
+        for w in watches.values():
+            w.start()
+        _, rows = local_run.query(address, "SELECT count(*) FROM samples")
+        stored0 = int(rows[0][0])
+        t_end = time.monotonic() + args.duration
+        nxt = time.monotonic()
+        while time.monotonic() < t_end:
+            for w in watches.values():
+                w.tick()
+            nxt += 1.0
+            time.sleep(max(0.0, nxt - time.monotonic()))
+        for w in watches.values():
+            w.end()
+        stop.set()
+        if t_scrape is not None:
+            t_scrape.join(timeout=10)
+        torch_mapped = maps_have(agent.pid, "libtorch")
+        status = json.loads((tmp / "state" / "status.json").read_text())
+        _, rows = local_run.query(address, "SELECT count(*) FROM samples")
+        stored1 = int(rows[0][0])
+
+        out = {
+            "benchmark": "agent_overhead",
+            "duration_s": args.duration,
+            "interval_s": args.interval,
+            "cpu_count": os.cpu_count(),
+            **watches["agent"].result("agent"),
+            "agent_samples_stored_in_window": stored1 - stored0,
+            "agent_ticks": status["counters"]["ticks"],
+            "agent_late_ticks": status["counters"]["late_ticks"],
+            "agent_skipped_ticks": status["counters"]["skipped_ticks"],
+            "agent_torch_in_maps": torch_mapped,
+            "agent_torch_loaded": status.get("torch_loaded"),
+            "target_rss_bytes": 64 * 1024 * 1024,
+            "target_cpu_percent": 1.0,
+        }
+        out["agent_rss_within_target"] = out["agent_rss_bytes"] <= out["target_rss_bytes"]
+        out["agent_cpu_within_target"] = out["agent_cpu_percent"] <= out["target_cpu_percent"]
+        if ne is not None:
+            out.update(watches["node_exporter"].result("node_exporter"))
+            out["node_exporter_scrapes"] = scrape["scrapes"]
+            out["node_exporter_scrape_errors"] = scrape["errors"]
+            out["node_exporter_scrape_bytes"] = scrape["bytes"]
+            if scrape["scrape_s"]:
+                out["node_exporter_scrape_median_ms"] = round(1000 * statistics.median(scrape["scrape_s"]), 2)
+            out["rss_ratio_agent_over_node_exporter"] = round(out["agent_rss_bytes"] / out["node_exporter_rss_bytes"], 2)
+            if out["node_exporter_cpu_percent"] > 0:
+                out["cpu_ratio_agent_over_node_exporter"] = round(
+                    out["agent_cpu_percent"] / out["node_exporter_cpu_percent"], 2)
+        else:
+            out["node_exporter"] = "not installed (prometheus-node-exporter not on PATH)"
+    finally:
+        for p in reversed(procs):
+            local_run.stop_process(p)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        for k, v in out.items():
+            print(f"{k:40s} {v}")
+    ok = out["agent_torch_in_maps"] is False and out["agent_torch_loaded"] is False
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""`gpuagent-collector`: run the collector and query it.
+
+Each command parses its options, calls one library function and turns domain errors into one-line
+``click.ClickException``s. Other commands join the ``main`` group with ``@main.command()``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import click
+
+from gpuagent.collector.client import DEFAULT_TARGET
+
+TOKEN_ENV = "GPUAGENT_COLLECTOR_TOKEN"
+TARGET_ENV = "GPUAGENT_COLLECTOR"
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="gpuagent")
+def main() -> None:
+    """Central collector for gpuagent: gRPC ingest into DuckDB, SQL, analysis."""
+
+
+def _token(token: str | None, token_file: str | None) -> str | None:
+    from gpuagent.collector.auth import TokenError, load_token
+
+    try:
+        return load_token(token, token_file)
+    except TokenError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _write_port_file(path: str, port: int) -> None:
+    tmp = Path(f"{path}.tmp")
+    tmp.write_text(f"{port}\n")
+    os.replace(tmp, path)
+
+
+@main.command()
+@click.option("--listen", default=DEFAULT_TARGET, show_default=True, metavar="HOST:PORT",
+              help="Address to bind; port 0 picks a free one (see --port-file).")
+@click.option("--db", "db_path", required=True, type=click.Path(dir_okay=False),
+              help="DuckDB database file (created and migrated as needed).")
+@click.option("--token", envvar=TOKEN_ENV, default=None, help=f"Bearer token clients must send [env {TOKEN_ENV}].")
+@click.option("--token-file", type=click.Path(dir_okay=False), default=None, help="Read the token from this file.")
+@click.option("--tls-cert", type=click.Path(dir_okay=False), default=None, help="PEM certificate for TLS.")
+@click.option("--tls-key", type=click.Path(dir_okay=False), default=None, help="PEM private key for TLS.")
+@click.option("--insecure", is_flag=True, help="Allow plaintext when listening beyond loopback.")
+@click.option("--reflection", is_flag=True, help="Serve gRPC reflection (off by default).")
+@click.option("--port-file", type=click.Path(dir_okay=False), default=None,
+              help="Write the bound port to this file once listening.")
+@click.option("--max-samples-per-batch", type=click.IntRange(1), default=1_000_000, show_default=True)
+@click.option("--max-message-bytes", type=click.IntRange(1024), default=64 * 1024 * 1024, show_default=True)
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
+              show_default=True)
+def serve(listen, db_path, token, token_file, tls_cert, tls_key, insecure, reflection, port_file,
+          max_samples_per_batch, max_message_bytes, log_level):
+    """Receive agent batches over gRPC and store them in DuckDB until SIGTERM/SIGINT."""
+    logging.basicConfig(level=getattr(logging, log_level.upper()), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from gpuagent.collector.server import CollectorError, ServerOptions, start_collector
+    from gpuagent.collector.writer import Limits
+
+    tok = _token(None, token_file) if token_file else _token(token, None)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        handle = start_collector(db_path, listen, tok, tls_cert=tls_cert, tls_key=tls_key, insecure=insecure,
+                                 reflection=reflection, limits=Limits(max_samples_per_batch=max_samples_per_batch),
+                                 options=ServerOptions(max_message_bytes=max_message_bytes))
+    except CollectorError as exc:
+        raise click.ClickException(str(exc)) from None
+    try:
+        if port_file:
+            _write_port_file(port_file, handle.port)
+        logging.getLogger("gpuagent.collector").info(
+            "listening on %s (db %s, %s, %s)", handle.address, os.path.abspath(db_path),
+            "token required" if tok else "no token", "tls" if tls_cert else "plaintext")
+        notifier = _notifier()
+        if notifier is not None:
+            notifier.ready(f"listening on {handle.address}")
+        interval = notifier.watchdog_interval_s if notifier is not None and notifier.watchdog_interval_s else 3600.0
+        while not stop.wait(interval):
+            if notifier is not None:
+                notifier.watchdog()
+        if notifier is not None:
+            notifier.stopping()
+        logging.getLogger("gpuagent.collector").info("stopping: draining the writer queue")
+    finally:
+        handle.stop()
+    stats = handle.writer.stats
+    logging.getLogger("gpuagent.collector").info(
+        "stopped; stored %d batches (%d samples) and ignored %d duplicates since start",
+        stats["batches"], stats["samples"], stats["duplicates"])
+
+
+def _notifier():
+    """sd_notify(3) support shared with the agent, when that module is present."""
+    try:
+        from gpuagent.agent.sdnotify import Notifier
+    except ImportError:
+        return None
+    n = Notifier()
+    return n if n.enabled else None
+
+
+@main.command()
+@click.argument("query")
+@click.option("--target", envvar=TARGET_ENV, default=DEFAULT_TARGET, show_default=True, metavar="HOST:PORT",
+              help=f"The live collector [env {TARGET_ENV}].")
+@click.option("--token", envvar=TOKEN_ENV, default=None, help=f"Bearer token [env {TOKEN_ENV}].")
+@click.option("--token-file", type=click.Path(dir_okay=False), default=None)
+@click.option("--tls-ca", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="PEM of the CA that signed the collector's certificate (TLS).")
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True)
+@click.option("--max-rows", type=click.IntRange(0), default=0, help="Row cap (0: the collector's default).")
+def sql(query, target, token, token_file, tls_ca, fmt, max_rows):
+    """Run a read-only SQL QUERY on the live collector (writes, files and extensions are refused)."""
+    from gpuagent.collector.client import QueryError, format_result
+    from gpuagent.collector.client import query as run_query
+
+    tok = _token(None, token_file) if token_file else _token(token, None)
+    try:
+        result = run_query(target, query, token=tok, max_rows=max_rows, tls_ca=tls_ca)
+    except QueryError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(format_result(result, fmt))
+    if result.truncated and fmt != "table":
+        click.echo(f"warning: result truncated to {len(result.rows)} rows", err=True)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,107 @@
+"""A tiny DDP training job (gloo, CPU) with the gpuagent step tracker: the one-line integration.
+
+Run it with torchrun (2 processes on this machine)::
+
+    python -m torch.distributed.run --standalone --nproc-per-node 2 examples/train_ddp.py --steps 60
+
+``--data-sleep-ms`` slows the (synthetic) data loader on purpose, so the agent should see the
+data-wait fraction rise. ``--no-tracker`` runs the same job without the tracker (passive metrics only).
+The data is random tensors: the job exists to produce real steps, not a useful model.
+
+Each rank measures its own step times with ``time.perf_counter`` (independently of the tracker) and
+prints one line ``GPUAGENT_TRAIN_RESULT {json}``; ``--results-dir`` also writes ``rank<R>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import gpuagent.jobs
+
+
+class SyntheticLoader:
+    """Random batches; sleeps ``sleep_s`` before each one to stand in for a slow input pipeline."""
+
+    def __init__(self, steps: int, batch_size: int, features: int, sleep_s: float, seed: int) -> None:
+        self.steps, self.batch_size, self.features, self.sleep_s = steps, batch_size, features, sleep_s
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def __iter__(self):
+        for _ in range(self.steps):
+            if self.sleep_s > 0:
+                time.sleep(self.sleep_s)
+            x = torch.randn(self.batch_size, self.features, generator=self.gen)
+            y = torch.randint(0, 10, (self.batch_size,), generator=self.gen)
+            yield x, y
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--features", type=int, default=256)
+    ap.add_argument("--hidden", type=int, default=512)
+    ap.add_argument("--data-sleep-ms", type=float, default=0.0, help="sleep before each batch (slow input)")
+    ap.add_argument("--name", default="train_ddp_example", help="job name reported to the agent")
+    ap.add_argument("--no-tracker", action="store_true", help="run without gpuagent.jobs")
+    ap.add_argument("--results-dir", default="", help="write rank<R>.json with this rank's own step times")
+    args = ap.parse_args()
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = nn.parallel.DistributedDataParallel(
+        nn.Sequential(nn.Linear(args.features, args.hidden), nn.ReLU(), nn.Linear(args.hidden, 10)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loss_fn = nn.CrossEntropyLoss()
+    batches = SyntheticLoader(args.steps, args.batch_size, args.features, args.data_sleep_ms / 1000.0, seed=rank)
+
+    # The integration: one line to create the tracker, one call per step (wrap_loader is optional
+    # and splits each step into data wait and compute).
+    tracker = None if args.no_tracker else gpuagent.jobs.track(name=args.name, samples_per_step=args.batch_size)
+    if tracker is not None:
+        batches = tracker.wrap_loader(batches)
+
+    own_steps: list[float] = []
+    dist.barrier()
+    prev = time.perf_counter()
+    for x, y in batches:
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        if tracker is not None:
+            tracker.step()
+        now = time.perf_counter()
+        own_steps.append(now - prev)
+        prev = now
+
+    result = {"rank": rank, "world_size": world, "pid": os.getpid(), "steps": len(own_steps),
+              "step_median_s": statistics.median(own_steps), "step_times_s": own_steps,
+              "job_id": tracker.job_id if tracker else None,
+              "tracker_sent": tracker.sent if tracker else 0,
+              "tracker_dropped": tracker.dropped if tracker else 0,
+              "final_loss": loss.item()}
+    if tracker is not None:
+        tracker.close()
+        result["tracker_sent"], result["tracker_dropped"] = tracker.sent, tracker.dropped
+    print("GPUAGENT_TRAIN_RESULT " + json.dumps({k: v for k, v in result.items() if k != "step_times_s"}),
+          flush=True)
+    if args.results_dir:
+        with open(os.path.join(args.results_dir, f"rank{rank}.json"), "w", encoding="utf-8") as f:
+            json.dump(result, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

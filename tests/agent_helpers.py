@@ -1,0 +1,76 @@
+"""Helpers for tests that run the real agent (and collector) as subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import wait_for
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def agent_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUAGENT_") and k != "NOTIFY_SOCKET"}
+    env["GPUAGENT_JOBS_SOCKET"] = str(tmp_path / "jobs.sock")
+    env["GPUAGENT_CONFIG"] = str(_empty_config(tmp_path))
+    env["MALLOC_ARENA_MAX"] = "2"
+    env.update(extra)
+    return env
+
+
+def _empty_config(tmp_path: Path) -> Path:
+    p = tmp_path / "agent-test.toml"
+    if not p.exists():
+        p.write_text("# test config: everything from flags/env\n")
+    return p
+
+
+def start_agent(tmp_path: Path, collector: str, state_dir: Path, interval: float = 1.0,
+                batch_interval: float = 1.0, extra_args: tuple[str, ...] = (), log_name: str = "agent.log",
+                **env_extra: str) -> subprocess.Popen:
+    log = open(tmp_path / log_name, "ab")
+    cmd = [sys.executable, "-m", "gpuagent.agent.cli", "run", "--collector", collector,
+           "--state-dir", str(state_dir), "--interval", str(interval), "--batch-interval", str(batch_interval),
+           *extra_args]
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=agent_env(tmp_path, **env_extra),
+                            cwd=ROOT)
+
+
+def read_status(state_dir: Path) -> dict | None:
+    try:
+        return json.loads((state_dir / "status.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def wait_running(state_dir: Path, proc: subprocess.Popen, timeout: float = 30.0) -> dict:
+    def ok():
+        if proc.poll() is not None:
+            raise AssertionError(f"agent exited early with {proc.returncode}")
+        st = read_status(state_dir)
+        return st if st and st.get("pid") == proc.pid and st.get("counters", {}).get("ticks", 0) >= 1 else None
+    return wait_for(ok, timeout=timeout, what="agent status file")
+
+
+def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+            raise
+    return proc.returncode

@@ -1,0 +1,110 @@
+"""Config precedence (flag > env > TOML > default) and one-sentence errors for bad values."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuagent.agent.config import ConfigError, load_config
+
+
+def _toml(tmp_path, text):
+    p = tmp_path / "agent.toml"
+    p.write_text(text)
+    return str(p)
+
+
+def test_defaults_without_file():
+    cfg = load_config(None, env={})
+    assert cfg.interval_s == 1.0
+    assert cfg.batch_interval_s == 5.0
+    assert cfg.state_dir == "/var/lib/gpuagent"
+    assert cfg.spool_max_bytes == 512 * 1024 * 1024
+    assert cfg.config_file in ("", "/etc/gpuagent/agent.toml")
+
+
+def test_precedence_flag_over_env_over_file(tmp_path):
+    path = _toml(tmp_path, """
+[collector]
+address = "file-host:7000"
+token = "from-file"
+[agent]
+interval_s = 2.5
+batch_interval_s = 7
+state_dir = "/srv/file-state"
+spool_max_bytes = "64MiB"
+[labels]
+pool = "a100-cloud"
+price_per_gpu_hour = 2.25
+team = "vision"
+[probes]
+enabled = true
+collective = { interval_s = 3600 }
+[jobs]
+cmdline_regex = ["train\\\\.py"]
+step_socket = "/tmp/x.sock"
+""")
+    env = {"GPUAGENT_COLLECTOR": "env-host:7100", "GPUAGENT_INTERVAL": "3", "GPUAGENT_LABELS": "region=eu-west,pool=h100"}
+    cfg = load_config(path, env=env, interval_s=0.5)
+    assert cfg.collector.address == "env-host:7100"         # env beats file
+    assert cfg.interval_s == 0.5                              # flag beats env
+    assert cfg.batch_interval_s == 7.0                        # file beats default
+    assert cfg.state_dir == "/srv/file-state"
+    assert cfg.spool_max_bytes == 64 * 1024 * 1024
+    assert cfg.collector.token == "from-file"
+    assert dict(cfg.labels) == {"pool": "h100", "price_per_gpu_hour": "2.25", "team": "vision", "region": "eu-west"}
+    assert cfg.probes["enabled"] is True and cfg.probes["collective"]["interval_s"] == 3600
+    assert cfg.jobs["cmdline_regex"] == (r"train\.py",) and cfg.jobs["step_socket"] == "/tmp/x.sock"
+    cfg2 = load_config(path, env=env, collector="flag-host:7200", state_dir=str(tmp_path))
+    assert cfg2.collector.address == "flag-host:7200" and cfg2.state_dir == str(tmp_path)
+    with pytest.raises(AttributeError):
+        cfg2.interval_s = 9           # frozen
+    with pytest.raises(TypeError):
+        cfg2.labels["pool"] = "x"     # read-only mapping
+
+
+def test_config_file_from_env_and_token_file(tmp_path):
+    tok = tmp_path / "token"
+    tok.write_text("s3cret\n")
+    path = _toml(tmp_path, f'[collector]\ntoken_file = "{tok}"\n')
+    cfg = load_config(None, env={"GPUAGENT_CONFIG": path})
+    assert cfg.config_file == path
+    assert cfg.resolved_token() == "s3cret"
+    assert cfg.to_dict()["collector"]["token"] == ""
+
+
+@pytest.mark.parametrize("text, env, needle", [
+    ("[agent]\ninterval_s = -1\n", {}, "agent.interval_s (from config file"),
+    ("[agent]\ninterval_s = \"fast\"\n", {}, "must be a number"),
+    ("[agent]\nintervall_s = 1\n", {}, "unknown key agent.'intervall_s'"),
+    ("[colector]\naddress = 'x:1'\n", {}, "unknown table or key 'colector'"),
+    ("[collector]\naddress = \"nohost\"\n", {}, "collector.address (from config file"),
+    ("[agent]\nspool_max_bytes = \"lots\"\n", {}, "agent.spool_max_bytes"),
+    ("[labels]\nprice_per_gpu_hour = \"cheap\"\n", {}, "labels.price_per_gpu_hour"),
+    ("[jobs]\ncmdline_regex = [\"(\"]\n", {}, "jobs.cmdline_regex (from config file"),
+    ("[jobs]\nrulez = 1\n", {}, "unknown key 'jobs.rulez'"),
+    ("interval_s = [1\n", {}, "is not valid TOML"),
+    ("", {"GPUAGENT_INTERVAL": "soon"}, "agent.interval_s (from environment GPUAGENT_INTERVAL)"),
+    ("", {"GPUAGENT_LABELS": "justtext"}, "GPUAGENT_LABELS"),
+])
+def test_bad_config_is_one_sentence_naming_the_key(tmp_path, text, env, needle):
+    path = _toml(tmp_path, text)
+    with pytest.raises(ConfigError) as ei:
+        load_config(path, env=env)
+    msg = str(ei.value)
+    assert needle in msg
+    assert "\n" not in msg and msg.endswith(".")
+
+
+def test_missing_named_file_is_an_error(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(str(tmp_path / "nope.toml"), env={})
+
+
+def test_cli_run_bad_config_exits_with_sentence(tmp_path):
+    from click.testing import CliRunner
+
+    from gpuagent.agent.cli import main
+    path = _toml(tmp_path, "[agent]\ninterval_s = 0\n")
+    res = CliRunner().invoke(main, ["run", "--config", path, "--state-dir", str(tmp_path / "s")])
+    assert res.exit_code == 1
+    assert "agent.interval_s" in res.output and "Traceback" not in res.output

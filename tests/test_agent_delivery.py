@@ -1,0 +1,232 @@
+"""The real agent (subprocess) streaming to the real collector (subprocess, DuckDB file) over loopback:
+delivery, a 30 s collector outage, agent SIGKILL, corrupt and malformed spool files, bad credentials."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("gpuagent.collector.cli", reason="the collector is not in this tree yet")
+
+from agent_helpers import free_port, read_status, start_agent, stop, wait_running
+from conftest import wait_for
+
+from gpuagent.agent import local_run
+from gpuagent.agent.spool import encode_record
+from gpuagent.proto import pb
+
+TICK_METRIC = "mem_used_bytes"     # a host metric the host sampler emits once per tick, no labels
+
+
+class Collector:
+    """`gpuagent-collector serve` on a fixed loopback port and DuckDB file; can be stopped and restarted."""
+
+    def __init__(self, tmp_path: Path, port: int | None = None, token: str | None = None):
+        self.tmp = tmp_path
+        self.port = port or free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.db = tmp_path / "collector.duckdb"
+        self.token = token
+        self.proc = None
+
+    def start(self):
+        env = {"GPUAGENT_COLLECTOR_TOKEN": self.token} if self.token else None
+        self.proc = local_run.start_collector(self.db, self.port, self.tmp / "collector.log", extra_env=env)
+        local_run.wait_port(self.port, self.proc, self.tmp / "collector.log")
+        return self
+
+    def stop(self):
+        if self.proc is not None:
+            local_run.stop_process(self.proc, timeout=30)
+            self.proc = None
+
+    def sql(self, q: str):
+        return local_run.query(self.address, q)[1]
+
+
+@pytest.fixture
+def collector(tmp_path):
+    c = Collector(tmp_path)
+    yield c
+    c.stop()
+
+
+def _drained(state: Path, connected: bool = True):
+    st = read_status(state) or {}
+    return st.get("spool", {}).get("backlog_batches", -1) == 0 and st.get("collector", {}).get("connected") == connected
+
+
+def test_agent_streams_real_samples_to_collector(tmp_path, collector):
+    collector.start()
+    state = tmp_path / "state"
+    agent = start_agent(tmp_path, collector.address, state, interval=0.5, batch_interval=1.0)
+    try:
+        wait_running(state, agent)
+        n = wait_for(lambda: (collector.sql(f"SELECT count(DISTINCT ts) FROM samples WHERE metric = '{TICK_METRIC}'")
+                              [0][0] >= 3) and True, timeout=60, what="three ticks stored")
+        assert n
+        st = wait_for(lambda: (s := read_status(state)) and s["collector"]["last_ack_seq"] > 0 and s, timeout=30,
+                      what="an ack in the status file")
+        assert st["collector"]["connected"] is True and st["node"]["node_id"]
+        node = collector.sql("SELECT node_id, hostname, virt_type FROM nodes")
+        assert node[0][0] == st["node"]["node_id"]
+        cpu = collector.sql("SELECT count(*), min(value), max(value) FROM samples "
+                            "WHERE metric = 'cpu_user_percent' AND labels = ''")[0]
+        assert cpu[0] >= 1 and 0.0 <= cpu[1] <= cpu[2] <= 100.0
+        kinds = {r[0] for r in collector.sql("SELECT DISTINCT kind FROM events")}
+        assert "agent_start" in kinds
+    finally:
+        stop(agent)
+
+
+@pytest.mark.slow
+def test_collector_outage_30s_no_gap_no_duplicate(tmp_path, collector):
+    collector.start()
+    state = tmp_path / "state"
+    agent = start_agent(tmp_path, collector.address, state, interval=1.0, batch_interval=1.0)
+    try:
+        wait_running(state, agent)
+        wait_for(lambda: collector.sql(f"SELECT count(*) FROM samples WHERE metric = '{TICK_METRIC}'")[0][0] >= 3,
+                 timeout=60, what="samples before the outage")
+        collector.stop()
+        down_ns = time.time_ns()
+        t_down = time.monotonic()
+        # Collector down for 30 s: the agent keeps sampling into the spool.
+        wait_for(lambda: time.monotonic() - t_down >= 30.0, timeout=40, interval=0.5, what="30 s of outage")
+        st = read_status(state)
+        assert st["collector"]["connected"] is False
+        assert st["spool"]["backlog_batches"] >= 25, st["spool"]
+        collector.start()
+        up_ns = time.time_ns()
+        wait_for(lambda: _drained(state) and (read_status(state)["collector"]["last_ack_ns"] > up_ns), timeout=60,
+                 what="spool drained after the restart")
+        wait_for(lambda: collector.sql(f"SELECT count(*) FROM samples WHERE metric = '{TICK_METRIC}' "
+                                       f"AND epoch_ns(ts) > {up_ns + 2_000_000_000}")[0][0] >= 1,
+                 timeout=30, what="samples after the restart")
+        rows = collector.sql(f"SELECT epoch_ns(ts) FROM samples WHERE metric = '{TICK_METRIC}' AND labels = '' "
+                             f"ORDER BY ts")
+        ts = [r[0] for r in rows]
+        assert len(ts) == len(set(ts)), "duplicate samples stored"
+        window = [t for t in ts if down_ns - 2_000_000_000 <= t <= up_ns + 2_000_000_000]
+        assert len(window) >= 30, f"only {len(window)} samples in the 30 s outage window"
+        gaps = [(b - a) / 1e9 for a, b in zip(ts, ts[1:])]
+        skipped = read_status(state)["counters"]["skipped_ticks"]
+        assert skipped == 0, f"the ticker skipped {skipped} ticks (host overloaded?)"
+        assert max(gaps) < 1.9, f"gap of {max(gaps):.2f} s between consecutive per-second samples"
+        dup_batches = collector.sql("SELECT count(*) - count(DISTINCT seq) FROM ingest_log")[0][0]
+        assert dup_batches == 0
+        assert read_status(state)["spool"]["dropped_batches"] == 0
+    finally:
+        stop(agent)
+
+
+def test_agent_sigkill_spooled_batches_delivered_after_restart(tmp_path):
+    port = free_port()
+    state = tmp_path / "state"
+    agent = start_agent(tmp_path, f"127.0.0.1:{port}", state, interval=0.3, batch_interval=0.5)
+    try:
+        wait_running(state, agent)
+        wait_for(lambda: read_status(state)["spool"]["backlog_batches"] >= 4, timeout=30, what="4 spooled batches")
+    finally:
+        stop(agent, signal.SIGKILL)
+    killed_at = time.time_ns()
+    spooled = sorted(int(p.name.split(".")[0]) for p in (state / "spool").glob("*.batch"))
+    assert len(spooled) >= 4
+    c = Collector(tmp_path, port=port).start()
+    agent2 = start_agent(tmp_path, c.address, state, interval=0.3, batch_interval=0.5, log_name="agent2.log")
+    try:
+        wait_for(lambda: _drained(state) and read_status(state)["pid"] == agent2.pid, timeout=60,
+                 what="the spool of the killed agent delivered")
+        stored = {r[0] for r in c.sql("SELECT seq FROM ingest_log")}
+        assert set(spooled) <= stored, f"lost batches {sorted(set(spooled) - stored)}"
+        new = stored - set(spooled)
+        assert new and min(new) > max(spooled), "a sequence number was reused after SIGKILL"
+        before = c.sql(f"SELECT count(*) FROM samples WHERE epoch_ns(ts) < {killed_at}")[0][0]
+        assert before > 0
+    finally:
+        stop(agent2)
+        c.stop()
+
+
+def _make_spool(tmp_path, state, n=4):
+    """Run an agent with no collector until it has spooled ``n`` batches, then stop it."""
+    agent = start_agent(tmp_path, f"127.0.0.1:{free_port()}", state, interval=0.3, batch_interval=0.5,
+                        log_name="agent-offline.log")
+    try:
+        wait_running(state, agent)
+        wait_for(lambda: read_status(state)["spool"]["backlog_batches"] >= n, timeout=30, what=f"{n} spooled")
+    finally:
+        assert stop(agent) == 0
+    return sorted((state / "spool").glob("*.batch"))
+
+
+def test_corrupt_spool_file_set_aside_counted_and_reported(tmp_path, collector):
+    state = tmp_path / "state"
+    files = _make_spool(tmp_path, state)
+    flipped, truncated = files[0], files[1]
+    data = bytearray(flipped.read_bytes())
+    data[len(data) // 2] ^= 0x55
+    flipped.write_bytes(bytes(data))
+    truncated.write_bytes(truncated.read_bytes()[:10])
+    good = [int(p.name.split(".")[0]) for p in files[2:]]
+    collector.start()
+    agent = start_agent(tmp_path, collector.address, state, interval=0.5, batch_interval=0.5)
+    try:
+        wait_for(lambda: _drained(state), timeout=60, what="the good spooled batches delivered")
+        st = read_status(state)
+        assert agent.poll() is None
+        assert st["spool"]["corrupt_files"] == 2
+        assert len(list((state / "spool" / "corrupt").iterdir())) == 2
+        stored = {r[0] for r in collector.sql("SELECT seq FROM ingest_log")}
+        assert set(good) <= stored
+        wait_for(lambda: collector.sql("SELECT count(*) FROM events WHERE kind = 'spool_corrupt'")[0][0] == 2,
+                 timeout=30, what="two spool_corrupt events stored")
+    finally:
+        stop(agent)
+
+
+def test_malformed_batch_rejected_not_retried_forever(tmp_path, collector):
+    """The collector answers INVALID_ARGUMENT for a batch whose series ids do not resolve; the agent
+    moves it to spool/rejected/, counts it and delivers the others."""
+    state = tmp_path / "state"
+    spool = state / "spool"
+    spool.mkdir(parents=True)
+    (state / "seq").write_text("10\n")
+    bad = pb.Batch(seq=5, created_ns=time.time_ns())
+    bad.samples.series.add(id=0, metric="load1", gpu=-1)
+    bad.samples.ts_ns.extend([time.time_ns()])
+    bad.samples.series_id.extend([7])          # no series 7 in this batch's dictionary
+    bad.samples.value.extend([1.0])
+    good = pb.Batch(seq=6, created_ns=time.time_ns())
+    good.events.add(ts_ns=time.time_ns(), kind="synthetic_test_event", message="hand-made test batch")
+    for b in (bad, good):
+        payload = b.SerializeToString()
+        (spool / f"{b.seq:020d}.batch").write_bytes(encode_record(b.seq, payload, len(b.samples.ts_ns), 1))
+    collector.start()
+    agent = start_agent(tmp_path, collector.address, state, interval=0.5, batch_interval=0.5)
+    try:
+        wait_for(lambda: _drained(state) and read_status(state)["spool"]["rejected_batches"] == 1, timeout=60,
+                 what="bad batch rejected, others delivered")
+        assert (spool / "rejected" / f"{5:020d}.batch").exists()
+        stored = {r[0] for r in collector.sql("SELECT seq FROM ingest_log")}
+        assert 6 in stored and 5 not in stored and min(stored - {6}) > 10
+        assert collector.sql("SELECT count(*) FROM events WHERE kind = 'synthetic_test_event'")[0][0] == 1
+    finally:
+        stop(agent)
+
+
+def test_wrong_token_is_a_clear_status_line(tmp_path):
+    c = Collector(tmp_path, token="right-token").start()
+    state = tmp_path / "state"
+    agent = start_agent(tmp_path, c.address, state, interval=0.5, GPUAGENT_TOKEN="wrong-token")
+    try:
+        st = wait_for(lambda: (s := read_status(state)) and "UNAUTHENTICATED" in s["collector"]["last_error"] and s,
+                      timeout=30, what="UNAUTHENTICATED in status")
+        assert "collector.token" in st["collector"]["last_error"]
+        assert "UNAUTHENTICATED" in (tmp_path / "agent.log").read_text()
+    finally:
+        stop(agent)
+        c.stop()

@@ -1,0 +1,180 @@
+"""Job discovery with real subprocesses (env and torchrun rules), a fixture procfs for k8s/docker
+cgroups, and GPU-mode discovery through the fake NVML backend."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import wait_for
+from fake_nvml import H100_8GPU, FakeNvmlBackend
+from gpuagent.agent.gpu_sampler import GpuSampler
+from gpuagent.agent.job_discovery import JobDiscovery, identify
+from gpuagent.agent.nvml import Nvml
+from gpuagent.agent.sampling import ListSink, now_ns
+
+DATA = Path(__file__).parent / "data"
+BUSY = "import time\nend = time.time() + 120\nwhile time.time() < end: sum(range(10000))\n"
+IDLE = "import time\ntime.sleep(120)\n"
+
+
+def _spawn(code: str, **env):
+    e = {k: v for k, v in os.environ.items()
+         if k not in ("SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    e.update(env)
+    return subprocess.Popen([sys.executable, "-c", code], env=e)
+
+
+@pytest.fixture
+def procs():
+    started: list[subprocess.Popen] = []
+    yield started
+    for p in started:
+        p.kill()
+        p.wait(timeout=10)
+
+
+def _tick_until(jd, sink, pred, what, timeout=20.0):
+    def step():
+        jd.sample(now_ns(), sink)
+        return pred()
+    return wait_for(step, timeout=timeout, interval=0.2, what=what)
+
+
+def test_env_rules_find_real_processes(procs):
+    slurm = _spawn(BUSY, SLURM_JOB_ID="4242", SLURM_JOB_NAME="pretrain", SLURM_PROCID="3", SLURM_LOCALID="1",
+                   SLURM_NTASKS="8")
+    elastic = _spawn(IDLE, TORCHELASTIC_RUN_ID="run-abc", RANK="1", LOCAL_RANK="1", WORLD_SIZE="2")
+    ranked = _spawn(IDLE, RANK="0", WORLD_SIZE="1")
+    plain = _spawn(IDLE)
+    procs.extend([slurm, elastic, ranked, plain])
+    jd = JobDiscovery(scan_interval_s=0, end_grace_s=0.5)
+    sink = ListSink()
+
+    def by_pid():
+        return {s["pid"]: s for s in sink.job_samples}
+    _tick_until(jd, sink, lambda: {slurm.pid, elastic.pid, ranked.pid} <= set(by_pid()), "3 job processes")
+    # a second look gives CPU rates for the busy one
+    _tick_until(jd, sink, lambda: by_pid()[slurm.pid]["cpu_percent"] > 20, "slurm rank busy")
+    s = by_pid()
+    assert plain.pid not in s
+    assert (s[slurm.pid]["job_id"], s[slurm.pid]["job_name"], s[slurm.pid]["source"]) == ("slurm:4242", "pretrain", "slurm")
+    assert (s[slurm.pid]["rank"], s[slurm.pid]["local_rank"], s[slurm.pid]["world_size"]) == (3, 1, 8)
+    assert s[slurm.pid]["rss_bytes"] > 1 << 20 and s[slurm.pid]["gpu"] == -1
+    assert (s[elastic.pid]["job_id"], s[elastic.pid]["rank"], s[elastic.pid]["world_size"]) == ("torchelastic:run-abc", 1, 2)
+    assert s[ranked.pid]["source"] == "rule" and s[ranked.pid]["job_id"] == f"pid:{ranked.pid}"
+    starts = {e.attrs["job_id"] for e in sink.events if e.kind == "job_start"}
+    assert {"slurm:4242", "torchelastic:run-abc"} <= starts
+    assert {j["job_id"] for j in jd.active_jobs()} >= {"slurm:4242", "torchelastic:run-abc"}
+    # the slurm job ends: one job_end with its attrs, the others stay
+    slurm.kill()
+    slurm.wait(timeout=10)
+    _tick_until(jd, sink, lambda: any(e.kind == "job_end" for e in sink.events), "job_end")
+    ends = [e for e in sink.events if e.kind == "job_end"]
+    assert [e.attrs["job_id"] for e in ends] == ["slurm:4242"]
+    assert ends[0].attrs["job_name"] == "pretrain" and ends[0].value == 0.0
+    assert "torchelastic:run-abc" in {j["job_id"] for j in jd.active_jobs()}
+
+
+def test_torchrun_launcher_and_workers_share_a_job(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text("import time\ntime.sleep(120)\n")
+    # its own session, so the whole tree (launcher + workers) is killed at the end
+    p = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    jd = JobDiscovery(scan_interval_s=0)
+    sink = ListSink()
+    try:
+        _check_torchrun(p, jd, sink)
+    finally:
+        # torchrun starts each worker in its own session; SIGTERM makes it stop them, then make sure
+        p.terminate()
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=10)
+        for pid in {s["pid"] for s in sink.job_samples if s["pid"] != p.pid}:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _check_torchrun(p, jd, sink):
+
+    def ranks():
+        return {s["rank"] for s in sink.job_samples if s["job_id"].startswith("torchelastic:")}
+    _tick_until(jd, sink, lambda: {0, 1} <= ranks(), "2 torchrun workers", timeout=90)
+    launcher = [s for s in sink.job_samples if s["pid"] == p.pid]
+    assert launcher and launcher[-1]["source"] == "rule"      # matched by the torchrun cmdline rule
+    workers = [s for s in sink.job_samples if s["job_id"].startswith("torchelastic:")]
+    assert len({s["job_id"] for s in workers}) == 1
+    assert {s["world_size"] for s in workers} == {2} and {s["local_rank"] for s in workers} == {0, 1}
+
+
+def test_fixture_procfs_k8s_docker_and_rules():
+    jd = JobDiscovery(proc_root=str(DATA / "proc_jobs"), scan_interval_s=0)
+    sink = ListSink()
+    jd.sample(1_000_000_000_000, sink)
+    got = {s["pid"]: s for s in sink.job_samples}
+    assert set(got) == {100, 200, 400}           # 300: no job env; 500: bash, not python
+    pod = got[100]
+    assert (pod["job_id"], pod["source"], pod["job_name"]) == ("k8s:7f1e6c52-9a3b-4d8e-b1f0-2c6d8e9a0b14", "kubernetes", "llama-train-worker-1")
+    assert pod["attrs"]["container_id"] == "4b9f0c1e2d3a" and (pod["rank"], pod["world_size"]) == (4, 16)
+    assert pod["rss_bytes"] == 25600 * os.sysconf("SC_PAGE_SIZE")
+    assert (got[200]["job_id"], got[200]["source"]) == ("container:e3b0c44298fc", "container")
+    assert got[400]["job_id"] == "torchelastic:none-77"      # run id "none": grouped by the elastic agent (ppid)
+
+
+def test_identity_from_cgroup_variants():
+    cid = "a" * 64
+    docker = identify(10, {}, f"0::/system.slice/docker-{cid}.scope\n", 1, True)
+    assert (docker["job_id"], docker["attrs"]) == (f"container:{cid[:12]}", {"container_id": cid[:12]})
+    k8s = identify(10, {"HOSTNAME": "pod-a"}, f"4:memory:/kubepods/burstable/pod0a1b2c3d-0000-4000-8000-00000000abcd/{cid}\n", 1, False)
+    assert (k8s["job_id"], k8s["source"], k8s["job_name"]) == ("k8s:0a1b2c3d-0000-4000-8000-00000000abcd", "kubernetes", "pod-a")
+    # the agent's own container is not a job boundary
+    own = identify(10, {}, f"0::/docker/{cid}\n", 1, True, own_container=cid[:12])
+    assert (own["job_id"], own["source"], own["attrs"]) == ("pid:10", "rule", {})
+    assert identify(10, {}, "0::/user.slice\n", 1, False)["source"] == "process"
+
+
+def test_gpu_mode_uses_nvml_processes_and_reports_mean_util(procs):
+    worker = _spawn(IDLE, SLURM_JOB_ID="99", RANK="0", LOCAL_RANK="0", WORLD_SIZE="2")
+    procs.append(worker)
+    backend = FakeNvmlBackend(H100_8GPU)
+    for g in backend.gpus:
+        g["processes"] = []
+    backend.add_process(0, worker.pid, 40 << 30, 80)
+    backend.add_process(1, worker.pid, 40 << 30, 60)
+    gpu = GpuSampler(Nvml(backend=backend))
+    jd = JobDiscovery(gpu_sampler=gpu, end_grace_s=1.0)
+    sink = ListSink()
+    t = 2_000 * 1_000_000_000
+    for k in range(3):
+        backend.advance(1)
+        jd.sample(t + k * 1_000_000_000, sink)
+    rows = [s for s in sink.job_samples if s["ts_ns"] == t + 2 * 1_000_000_000]
+    assert sorted((r["gpu"], r["gpu_util_percent"], r["job_id"]) for r in rows) == [(0, 80.0, "slurm:99"), (1, 60.0, "slurm:99")]
+    assert all(r["gpu_memory_bytes"] == 40 << 30 for r in rows)
+    backend.set_throttle(0, 0)
+    for g in backend.gpus:
+        g["processes"] = [p for p in g["processes"] if p["sm_util_percent"] != 60]
+    backend.gpus[0]["processes"][0]["sm_util_percent"] = 20
+    backend.advance(1)
+    jd.sample(t + 3 * 1_000_000_000, sink)      # one tick at 20 % on GPU 0 only
+    backend.remove_process(worker.pid)
+    backend.advance(1)
+    jd.sample(t + 5 * 1_000_000_000, sink)
+    end = [e for e in sink.events if e.kind == "job_end"]
+    assert len(end) == 1 and end[0].attrs["job_id"] == "slurm:99" and end[0].attrs["gpus"] == "0,1"
+    # ticks: 3 x mean(80, 60) = 70, then 1 x 20  -> (3*70 + 20) / 4
+    assert end[0].value == pytest.approx((3 * 70 + 20) / 4)
+    assert end[0].attrs["gpu_util_samples"] == "4"
+    assert jd.active_jobs() == []
