@@ -509,6 +509,17 @@ def migrate(con) -> None:
                         [int(entry.name[:3]), entry.name[4:-4], utcnow()])
 
 
+def open_flags_in(path: str | Path, limit: int = 1000) -> list[dict[str, Any]]:
+    """Open flags of a database file no collector holds (read-only)."""
+    import duckdb  # noqa: PLC0415
+
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        return open_flags(con, limit)
+    finally:
+        con.close()
+
+
 def open_flags(con, limit: int = 1000) -> list[dict[str, Any]]:
     """Open flags, worst first, as dicts (for the CLI and the RPC)."""
     cur = con.execute("SELECT * FROM v_open_flags LIMIT ?", [limit])
