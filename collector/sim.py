@@ -24,12 +24,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
+import multiprocessing
 import time
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
-import multiprocessing
 
 import click
 import grpc
@@ -51,7 +50,7 @@ class SimError(RuntimeError):
 
 @dataclass(frozen=True)
 class SimConfig:
-    collector: str = "127.0.0.1:50051"
+    collector: str = "127.0.0.1:7443"
     token: str | None = None
     nodes: int = 10
     scenario: str = "mixed"
@@ -328,8 +327,9 @@ def _describe(fleet: list[NodeSpec]) -> list[str]:
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
-@click.option("--collector", envvar="GPUAGENT_COLLECTOR", default="127.0.0.1:50051", help="collector HOST:PORT")
-@click.option("--token", envvar="GPUAGENT_TOKEN", default=None, help="bearer token for the collector")
+@click.option("--collector", envvar="GPUAGENT_COLLECTOR", default="127.0.0.1:7443", help="collector HOST:PORT")
+@click.option("--token", envvar=["GPUAGENT_TOKEN", "GPUAGENT_COLLECTOR_TOKEN"], default=None,
+              help="bearer token for the collector [env GPUAGENT_TOKEN or GPUAGENT_COLLECTOR_TOKEN]")
 @click.option("--nodes", type=int, default=10, help="number of simulated nodes (named scenarios)")
 @click.option("--scenario", default="mixed", help="named mix: mixed or healthy")
 @click.option("--scenario-file", type=click.Path(dir_okay=False), default=None,
