@@ -17,7 +17,7 @@ FROM nodes n
 LEFT JOIN gpus g ON g.node_id = n.node_id AND g.gpu = 0
 LEFT JOIN _pool_prices p ON p.pool = n.pool;
 
--- The ok probe runs in the baseline lookback (which contains the window), one row per metric value.
+-- The ok probe runs in the window, one row per metric value.
 CREATE OR REPLACE TEMP TABLE _ok_metrics AS
 SELECT m.node_id, m.probe, m.gpu, coalesce(m.params_key, '') AS params_key, m.started_at, m.metric, m.value
 FROM probe_metrics m
@@ -25,8 +25,8 @@ JOIN probe_results r
   ON r.node_id = m.node_id AND r.probe = m.probe AND r.gpu IS NOT DISTINCT FROM m.gpu
  AND r.started_at = m.started_at
 WHERE r.status = 'ok' AND m.value IS NOT NULL AND isfinite(m.value)
-  AND m.started_at > $lookback_start AND m.started_at <= $now
-  AND r.started_at > $lookback_start AND r.started_at <= $now;
+  AND m.started_at > $window_start AND m.started_at <= $now
+  AND r.started_at > $window_start AND r.started_at <= $now;
 
 -- Host pressure per node over the window, from the 1-minute rollups: the evidence for noisy neighbors.
 CREATE OR REPLACE TEMP TABLE _pressure AS

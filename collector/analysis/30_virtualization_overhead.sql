@@ -11,20 +11,12 @@ SELECT m.node_id, CASE WHEN c.per_gpu THEN m.gpu END AS gpu, c.component, m.para
 FROM _ok_metrics m
 JOIN _components c ON c.kind = 'virtualization_overhead' AND c.probe = m.probe AND c.metric = m.metric
 JOIN _node_class nc ON nc.node_id = m.node_id AND nc.virtualized
-WHERE m.started_at > $window_start
 GROUP BY ALL;
 
--- Bare-metal baselines per class, component and params_key.
+-- Bare-metal baselines per class, component and params_key: fleet_baselines, refreshed by
+-- 25_fleet_baselines.sql at most every baseline_refresh (the lookback is long; the window is not).
 CREATE OR REPLACE TEMP TABLE _vo_fleet AS
-WITH per_node AS (
-    SELECT nc.class_label, c.component, m.params_key, m.node_id, median(m.value) AS v
-    FROM _ok_metrics m
-    JOIN _components c ON c.kind = 'virtualization_overhead' AND c.probe = m.probe AND c.metric = m.metric
-    JOIN _node_class nc ON nc.node_id = m.node_id AND nc.virtualized = false
-    GROUP BY ALL
-)
-SELECT class_label, component, params_key, median(v) AS baseline, count(*) AS nodes
-FROM per_node GROUP BY ALL;
+SELECT class_label, component, params_key, baseline, nodes FROM fleet_baselines;
 
 -- The most specific matching reference row and declared value for each value row.
 CREATE OR REPLACE TEMP TABLE _vo_ref AS
