@@ -150,7 +150,8 @@ class AnalyzerConfig:
     """Analyzer settings; the TOML sections are [analyzer], [baselines] and [pricing] (see README)."""
 
     interval_s: float = 60.0
-    window_s: float = 3600.0
+    window_s: float = 3600.0            # samples, jobs and step times
+    probe_window_s: float = 6 * 3600.0  # probe runs (VO values, noise series): probes run far less often
     baseline_lookback_s: float = 86400.0
     baseline_refresh_s: float = 900.0
     min_baseline_nodes: int = 3
@@ -182,7 +183,7 @@ class AnalyzerConfig:
         thresholds = section.pop("thresholds", {}) or {}
         for key, value in section.items():
             name = key
-            if key in ("interval", "window", "baseline_lookback", "baseline_refresh"):
+            if key in ("interval", "window", "probe_window", "baseline_lookback", "baseline_refresh"):
                 name = key + "_s"
             if name not in known:
                 raise AnalyzerError(f"unknown [analyzer] setting {key!r}")
@@ -412,7 +413,8 @@ class Analyzer:
         return {
             "now": now,
             "window_start": now - dt.timedelta(seconds=cfg.window_s),
-            "lookback_start": now - dt.timedelta(seconds=max(cfg.baseline_lookback_s, cfg.window_s)),
+            "probe_window_start": now - dt.timedelta(seconds=cfg.probe_window_s),
+            "lookback_start": now - dt.timedelta(seconds=cfg.baseline_lookback_s),
             "window_hours": cfg.window_s / 3600.0,
             "min_baseline_nodes": cfg.min_baseline_nodes,
             "theoretical_threshold": cfg.theoretical_threshold_percent, "vo_z": cfg.significance_z,
@@ -578,6 +580,11 @@ class AnalyzerThread:
 def config_with(config: AnalyzerConfig, **changes: Any) -> AnalyzerConfig:
     """A copy of config with some settings changed (frozen dataclasses)."""
     return replace(config, **changes)
+
+
+def with_window(config: AnalyzerConfig, window_s: float) -> AnalyzerConfig:
+    """An on-demand pass over one window: samples and probe runs alike (`analyze --window`)."""
+    return replace(config, window_s=window_s, probe_window_s=window_s)
 
 
 def dumps(obj: Any) -> str:
