@@ -137,5 +137,70 @@ def sql(query, target, token, token_file, tls_ca, fmt, max_rows):
         click.echo(f"warning: result truncated to {len(result.rows)} rows", err=True)
 
 
+def _source_args(ctx: click.Context, db_path: str | None, target: str | None) -> tuple[str | None, str | None]:
+    """--db wins over a --target that only came from the environment."""
+    if db_path and target and ctx.get_parameter_source("target") == click.core.ParameterSource.ENVIRONMENT:
+        target = None
+    return db_path, target or None
+
+
+def _source_options(fn):
+    opts = [
+        click.option("--db", "db_path", type=click.Path(dir_okay=False), default=None,
+                     help="Read this DuckDB file (read-only; not while a collector holds it)."),
+        click.option("--target", envvar=TARGET_ENV, default=None, metavar="HOST:PORT",
+                     help=f"Ask the live collector instead [env {TARGET_ENV}]."),
+        click.option("--token", envvar=TOKEN_ENV, default=None, help=f"Bearer token [env {TOKEN_ENV}]."),
+        click.option("--token-file", type=click.Path(dir_okay=False), default=None),
+        click.option("--tls-ca", type=click.Path(exists=True, dir_okay=False), default=None,
+                     help="PEM of the CA that signed the collector's certificate (TLS)."),
+        click.option("--window", default="24h", show_default=True,
+                     help="Window ending at the newest stored data: 30m, 24h, 7d, ..."),
+        click.option("--reference-pool", default=None,
+                     help="Pool the others are compared with (default: the largest all-bare-metal pool)."),
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
+
+
+@main.command()
+@click.option("--by", type=click.Choice(["pool"]), default="pool", show_default=True, help="Group nodes by this.")
+@_source_options
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True)
+@click.pass_context
+def compare(ctx, by, db_path, target, token, token_file, tls_ca, window, reference_pool, fmt):
+    """Pools side by side: probe medians and spread, utilization, flagged nodes, cost per effective GPU-hour."""
+    from gpuagent.collector.compare import CompareError, run_compare
+
+    db_path, target = _source_args(ctx, db_path, target)
+    tok = _token(None, token_file) if token_file else _token(token, None)
+    try:
+        click.echo(run_compare(db_path, target, window=window, fmt=fmt, token=tok, reference_pool=reference_pool,
+                               tls_ca=tls_ca))
+    except CompareError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@main.command()
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="HTML file to write.")
+@_source_options
+@click.pass_context
+def report(ctx, out, db_path, target, token, token_file, tls_ca, window, reference_pool):
+    """Write one self-contained HTML fleet report (opens offline: no CDN, no fetches)."""
+    from gpuagent.collector.compare import CompareError
+    from gpuagent.collector.report import write_report
+
+    db_path, target = _source_args(ctx, db_path, target)
+    tok = _token(None, token_file) if token_file else _token(token, None)
+    try:
+        info = write_report(out, db=db_path, target=target, window=window, token=tok,
+                            reference_pool=reference_pool, tls_ca=tls_ca)
+    except CompareError as exc:
+        raise click.ClickException(str(exc)) from None
+    note = " (includes SYNTHETIC nodes from gpuagent-sim)" if info["synthetic"] else ""
+    click.echo(f"wrote {info['out']}: {info['bytes']:,} bytes, {info['svg_plots']} plots{note}")
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -37,6 +37,8 @@ HEADLINE: tuple[tuple[str, str, str], ...] = (
     ("host", "clock_gettime_ns", "lower"),
     ("host", "cpu_steal_percent", "lower"),
 )
+# Metrics already in percent of something (CPU time): compared in percentage points, not relative %.
+POINT_METRICS = frozenset({"cpu_steal_percent"})
 FLAG_KINDS = ("virtualization_overhead", "noisy_neighbor_variance", "utilization_gap")
 NO_POOL = "(no pool)"
 
@@ -81,12 +83,22 @@ class RpcSource:
 
     MAX_ROWS = 500_000
 
-    def __init__(self, target: str, token: str | None = None, timeout_s: float = 60.0):
+    def __init__(self, target: str, token: str | None = None, timeout_s: float = 120.0,
+                 tls_ca: str | None = None):
         import grpc  # noqa: PLC0415
 
         from gpuagent.proto import pb, pb_grpc  # noqa: PLC0415
         self._grpc, self._pb = grpc, pb
-        self.channel = grpc.insecure_channel(target, options=[("grpc.max_receive_message_length", 256 << 20)])
+        opts = [("grpc.max_receive_message_length", 256 << 20)]
+        if tls_ca:
+            try:
+                with open(tls_ca, "rb") as fh:
+                    creds = grpc.ssl_channel_credentials(root_certificates=fh.read())
+            except OSError as exc:
+                raise CompareError(f"cannot read the CA file {tls_ca}: {exc.strerror}") from None
+            self.channel = grpc.secure_channel(target, creds, options=opts)
+        else:
+            self.channel = grpc.insecure_channel(target, options=opts)
         self.stub = pb_grpc.CollectorStub(self.channel)
         self.metadata = (("authorization", f"Bearer {token}"),) if token else None
         self.timeout_s = timeout_s
@@ -100,6 +112,9 @@ class RpcSource:
         except grpc.RpcError as exc:
             if exc.code() == grpc.StatusCode.UNAVAILABLE:
                 raise CompareError(f"cannot reach the collector at {self.label}: {exc.details()}") from None
+            if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+                raise CompareError(f"the collector at {self.label} refused the credentials: "
+                                   f"{exc.details()}") from None
             raise CompareError(f"the collector at {self.label} refused a query: "
                                f"{exc.code().name}: {exc.details()}") from None
         if resp.truncated:
@@ -110,10 +125,10 @@ class RpcSource:
         self.channel.close()
 
 
-def open_source(db: str | None, target: str | None, token: str | None = None):
+def open_source(db: str | None, target: str | None, token: str | None = None, tls_ca: str | None = None):
     if bool(db) == bool(target):
         raise CompareError("give exactly one of --db PATH or --target HOST:PORT")
-    return DbSource(db) if db else RpcSource(target, token)
+    return DbSource(db) if db else RpcSource(target, token, tls_ca=tls_ca)
 
 
 def has_table(src, name: str) -> bool:
@@ -351,17 +366,23 @@ def compare_pools(src, window_s: float = 86400.0, reference_pool: str | None = N
     for r in src.query(_fmt(SQL_PROBES, window, pairs=pairs)):
         med = _num(r["median"])
         p10, p90 = _num(r["p10"]), _num(r["p90"])
+        points = r["metric"] in POINT_METRICS
         result.probes.append({
             "pool": r["pool"], "probe": r["probe"], "metric": r["metric"], "better": better[(r["probe"], r["metric"])],
             "runs": int(r["runs"]), "nodes": int(r["nodes"]), "median": med, "p10": p10, "p90": p90,
-            "spread_percent": (p90 - p10) / abs(med) * 100 if med and p10 is not None and p90 is not None else None,
-            "vs_reference_percent": None})
+            "spread_percent": (p90 - p10) / abs(med) * 100
+            if med and not points and p10 is not None and p90 is not None else None,
+            "vs_reference_percent": None, "vs_reference_points": None})
     order = {(p, m): i for i, (p, m, _) in enumerate(HEADLINE)}
     result.probes.sort(key=lambda r: (order[(r["probe"], r["metric"])], r["pool"]))
     if reference_pool:
         for r in result.probes:
             ref = result.probe(reference_pool, r["probe"], r["metric"])
-            if ref and ref["median"]:
+            if ref is None or ref["median"] is None or r["median"] is None:
+                continue
+            if r["metric"] in POINT_METRICS:
+                r["vs_reference_points"] = r["median"] - ref["median"]
+            elif ref["median"]:
                 r["vs_reference_percent"] = (r["median"] - ref["median"]) / abs(ref["median"]) * 100
 
     util_sql = SQL_UTIL_RAW
@@ -458,8 +479,11 @@ def probe_cell(r: dict[str, Any] | None, reference_pool: str | None) -> str:
     text = f"{fmt_value(r['median'])} [{fmt_value(r['p10'])}–{fmt_value(r['p90'])}]"
     if r["spread_percent"] is not None:
         text += f" ±{r['spread_percent'] / 2:.0f}%"
-    if r["vs_reference_percent"] is not None and r["pool"] != reference_pool:
-        text += f" ({r['vs_reference_percent']:+.0f}%)"
+    if r["pool"] != reference_pool:
+        if r["vs_reference_percent"] is not None:
+            text += f" ({round(r['vs_reference_percent']) or 0:+d}%)"
+        elif r.get("vs_reference_points") is not None:
+            text += f" ({r['vs_reference_points']:+.1f} pp)"
     return text
 
 
@@ -509,7 +533,8 @@ def format_csv(c: PoolComparison) -> str:
             if k != "pool":
                 w.writerow(["pool", p["pool"], "", k, "" if v is None else v])
     for r in c.probes:
-        for k in ("runs", "nodes", "median", "p10", "p90", "spread_percent", "vs_reference_percent"):
+        for k in ("runs", "nodes", "median", "p10", "p90", "spread_percent", "vs_reference_percent",
+                  "vs_reference_points"):
             w.writerow(["probe", r["pool"], f"{r['probe']}.{r['metric']}", k, "" if r[k] is None else r[k]])
     for j in c.jobs:
         for k in ("ranks", "windows", "tokens_per_s_per_gpu", "samples_per_s_per_gpu", "step_time_p50_s"):
@@ -522,10 +547,10 @@ def format_json(c: PoolComparison) -> str:
 
 
 def run_compare(db: str | None, target: str | None, window: str = "24h", fmt: str = "table",
-                token: str | None = None, reference_pool: str | None = None) -> str:
+                token: str | None = None, reference_pool: str | None = None, tls_ca: str | None = None) -> str:
     """The library call behind ``gpuagent-collector compare``: returns the formatted text."""
     seconds = parse_window(window)
-    src = open_source(db, target, token)
+    src = open_source(db, target, token, tls_ca)
     try:
         c = compare_pools(src, seconds, reference_pool)
     finally:

@@ -141,7 +141,7 @@ def _bucket_s(span_s: float) -> int:
     if span_s >= 6 * 3600:
         return 3600
     for b in (60, 300, 600, 900, 1800):
-        if span_s / b <= 24:
+        if span_s / b <= 30:
             return b
     return 3600
 
@@ -425,13 +425,14 @@ def render_report(src, window_s: float = 86400.0, reference_pool: str | None = N
 
 
 def write_report(out: str, db: str | None = None, target: str | None = None, window: str = "24h",
-                 token: str | None = None, reference_pool: str | None = None) -> dict[str, Any]:
+                 token: str | None = None, reference_pool: str | None = None,
+                 tls_ca: str | None = None) -> dict[str, Any]:
     """The library call behind ``gpuagent-collector report``: writes ``out`` atomically, returns a summary."""
     seconds = parse_window(window)
     out_dir = os.path.dirname(os.path.abspath(out))
     if not os.path.isdir(out_dir):
         raise ReportError(f"cannot write {out}: directory {out_dir} does not exist")
-    src = open_source(db, target, token)
+    src = open_source(db, target, token, tls_ca)
     try:
         html = render_report(src, seconds, reference_pool, source_label=src.label)
     finally:
@@ -443,4 +444,5 @@ def write_report(out: str, db: str | None = None, target: str | None = None, win
         os.replace(tmp, out)
     except OSError as exc:
         raise ReportError(f"cannot write {out}: {exc.strerror}") from None
-    return {"out": out, "bytes": len(html.encode()), "svg_plots": html.count("<svg class=\"plot")}
+    return {"out": out, "bytes": len(html.encode()), "svg_plots": html.count("<svg class=\"plot"),
+            "synthetic": "id='synthetic-banner'" in html}

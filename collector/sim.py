@@ -51,7 +51,7 @@ class SimError(RuntimeError):
 
 @dataclass(frozen=True)
 class SimConfig:
-    collector: str = "127.0.0.1:50051"
+    collector: str = "127.0.0.1:7443"
     token: str | None = None
     nodes: int = 10
     scenario: str = "mixed"
@@ -328,8 +328,9 @@ def _describe(fleet: list[NodeSpec]) -> list[str]:
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
-@click.option("--collector", envvar="GPUAGENT_COLLECTOR", default="127.0.0.1:50051", help="collector HOST:PORT")
-@click.option("--token", envvar="GPUAGENT_TOKEN", default=None, help="bearer token for the collector")
+@click.option("--collector", envvar="GPUAGENT_COLLECTOR", default="127.0.0.1:7443", help="collector HOST:PORT")
+@click.option("--token", envvar=["GPUAGENT_TOKEN", "GPUAGENT_COLLECTOR_TOKEN"], default=None,
+              help="bearer token for the collector [env GPUAGENT_TOKEN or GPUAGENT_COLLECTOR_TOKEN]")
 @click.option("--nodes", type=int, default=10, help="number of simulated nodes (named scenarios)")
 @click.option("--scenario", default="mixed", help="named mix: mixed or healthy")
 @click.option("--scenario-file", type=click.Path(dir_okay=False), default=None,

@@ -201,3 +201,74 @@ def test_config_defaults_match_cli():
     assert cfg.interval_s == 1.0 and cfg.batch_s == 300.0 and cfg.scenario == "mixed"
     assert "SYNTHETIC fleet: 3 nodes" in res.output and "backfilling 1 h at 1 s" in res.output
     assert sim_fleet.HEALTHY_CV == pytest.approx(0.02)
+
+
+@pytest.fixture
+def live_collector(tmp_path):
+    """`gpuagent-collector serve` (subprocess) on a loopback port with a token and a DuckDB file."""
+    from gpuagent.agent import local_run
+
+    port = local_run.free_port()
+    proc = local_run.start_collector(tmp_path / "c.duckdb", port, tmp_path / "collector.log",
+                                     extra_env={"GPUAGENT_COLLECTOR_TOKEN": "t0ken"})
+    try:
+        local_run.wait_port(port, proc, tmp_path / "collector.log")
+        yield f"127.0.0.1:{port}", tmp_path / "c.duckdb"
+    finally:
+        local_run.stop_process(proc, timeout=30)
+
+
+def _sql(address, q):
+    from gpuagent.collector.client import query
+    return query(address, q, token="t0ken").rows
+
+
+def _run_sim_cli(address, *args, token="t0ken"):
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("GPUAGENT_")}
+    return subprocess.run([sys.executable, "-m", "gpuagent.collector.sim", "--collector", address, "--token", token,
+                           *args], capture_output=True, text=True, timeout=120, env=env)
+
+
+def test_small_fleet_lands_in_a_real_collector(live_collector):
+    address, db = live_collector
+    args = ("--nodes", "5", "--sim-hours", "0.25", "--interval-s", "5", "--probe-interval-s", "120", "--seed", "3")
+    res = _run_sim_cli(address, *args, "--json")
+    assert res.returncode == 0, res.stderr
+    assert res.stderr.startswith("SYNTHETIC fleet: 5 nodes")
+    summary = json.loads(res.stdout)
+    assert summary["synthetic"] is True and summary["nodes_ok"] == 5 and summary["duplicates"] == 0
+    assert summary["batches_acked"] == 5 * 3                                   # 15 min in 300 s batches
+
+    nodes = _sql(address, "SELECT hostname, synthetic, pool, labels['inject_virt_penalty_h2d'], "
+                          "labels['synthetic'], virtualized FROM nodes ORDER BY hostname")
+    fleet = scenario_fleet("mixed", 5, seed=3)
+    assert [r[0] for r in nodes] == [n.hostname for n in fleet]
+    for row, n in zip(nodes, fleet):
+        assert row[1] is True and row[2] == n.pool and row[4] == "true" and row[5] == n.virtualized
+        pen = n.inject.get("virt_penalty_h2d")
+        assert row[3] == (None if pen is None else f"{pen:g}")
+    counts = _sql(address, "SELECT (SELECT count(*) FROM samples), (SELECT count(*) FROM probe_results), "
+                           "(SELECT count(*) FROM job_samples), (SELECT count(*) FROM job_steps), "
+                           "(SELECT count(*) FROM ingest_log)")[0]
+    assert counts == [summary["samples"], summary["probe_results"], summary["job_samples"], summary["job_steps"],
+                      summary["batches_acked"]]
+    assert summary["samples"] == 5 * 180 * (9 + 8 * 4)                        # 180 ticks x 41 series
+
+    # A second run is the same machines: same node ids, seqs continue, nothing counted twice.
+    res = _run_sim_cli(address, *args)
+    assert res.returncode == 0, res.stderr
+    assert "SYNTHETIC data acknowledged by the collector: 5/5 nodes, 15 batches (0 duplicates)" in res.stdout
+    assert _sql(address, "SELECT count(*), max(seq) FROM ingest_log")[0] == [30, 6]
+    assert _sql(address, "SELECT count(*) FROM nodes")[0][0] == 5
+
+    # The file is held by the running collector: compare --db says so in one sentence.
+    from gpuagent.collector.cli import main as collector_main
+    out = CliRunner().invoke(collector_main, ["compare", "--db", str(db)])
+    assert out.exit_code == 1 and "held by a running collector" in out.output
+
+
+def test_wrong_token_is_one_sentence(live_collector):
+    address, _ = live_collector
+    res = _run_sim_cli(address, "--nodes", "2", "--sim-hours", "0.05", token="wrong")
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    assert f"Error: the collector at {address} refused the credentials" in res.stderr
