@@ -13,7 +13,6 @@ from :mod:`gpuagent.collector.svgplot`) are inside the file; nothing is fetched.
 
 from __future__ import annotations
 
-import math
 import os
 import tempfile
 from datetime import datetime, timezone
