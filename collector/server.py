@@ -204,7 +204,7 @@ class CollectorServicer(pb_grpc.CollectorServicer):
     def _deliver(self, state: _StreamState, n_samples: int, ack, exc) -> None:
         """Runs on the event loop: the writer finished a batch of this stream."""
         if exc is not None:
-            state.out.put_nowait(("UNAVAILABLE", f"{exc}; resend later"))
+            state.out.put_nowait(("UNAVAILABLE", f"{exc}; resend it later"))
         else:
             state.out.put_nowait(ack)
         state.pending -= 1
@@ -239,7 +239,10 @@ class CollectorServicer(pb_grpc.CollectorServicer):
                 state.idle.clear()
 
                 def callback(ack, exc, _state=state, _n=n):
-                    loop.call_soon_threadsafe(self._deliver, _state, _n, ack, exc)
+                    try:
+                        loop.call_soon_threadsafe(self._deliver, _state, _n, ack, exc)
+                    except RuntimeError:
+                        pass    # the server has stopped: nobody waits for this ack; the agent resends
 
                 self._writer.submit(prepared, callback)
         except asyncio.CancelledError:
