@@ -26,6 +26,17 @@ _NVLINK_RECHECK_S = 60.0  # link state rarely changes; re-count active links thi
 _STATIC_RECHECK_S = 60.0  # max clocks and max PCIe link: re-read this often
 _MAX_EVENTS_PER_TICK = 256
 
+# Common XIDs and their meaning, from NVIDIA's "XID Errors" table (docs.nvidia.com/deploy/xid-errors).
+XID_DESCRIPTIONS = {
+    13: "graphics engine exception", 31: "GPU memory page fault", 43: "GPU stopped processing",
+    45: "preemptive cleanup, due to previous errors", 48: "double bit ECC error",
+    61: "internal micro-controller breakpoint/warning", 62: "internal micro-controller halt",
+    63: "ECC page retirement or row remapping recording event",
+    64: "ECC page retirement or row remapper recording failure", 74: "NVLink error",
+    79: "GPU has fallen off the bus", 92: "high single-bit ECC error rate", 94: "contained ECC error",
+    95: "uncontained ECC error", 119: "GSP RPC timeout", 120: "GSP error",
+}
+
 
 def mig_mode_text(mode: Any) -> str:
     if mode is None:
@@ -180,8 +191,10 @@ class GpuSampler:
             gpu = n.query("nvmlDeviceGetIndex", data.device)
             gpu = int(gpu) if gpu is not None else -1
             xid = int(data.eventData)
-            sink.event("xid", f"XID {xid} on GPU {gpu}", gpu=gpu, value=float(xid),
-                       attrs={"xid": str(xid), "event_type": hex(int(data.eventType))}, ts_ns=ts_ns)
+            what = XID_DESCRIPTIONS.get(xid, "")
+            sink.event("xid", f"XID {xid} on GPU {gpu}" + (f" ({what})" if what else ""), gpu=gpu,
+                       value=float(xid), attrs={"xid": str(xid), "description": what,
+                                                "event_type": hex(int(data.eventType))}, ts_ns=ts_ns)
 
     # ------------------------------------------------------------------ the tick
     def sample(self, ts_ns: int, sink) -> None:

@@ -87,6 +87,8 @@ def test_xid_events_through_event_set_without_blocking(h100):
     _tick(s, sink, 0)
     xids = sorted((e.gpu, e.value) for e in sink.events if e.kind == "xid")
     assert xids == [(3, 79.0), (6, 48.0)]
+    msg79 = next(e.message for e in sink.events if e.kind == "xid" and e.value == 79)
+    assert msg79 == "XID 79 on GPU 3 (GPU has fallen off the bus)"
     assert b.wait_timeouts_ms and set(b.wait_timeouts_ms) == {0}
     _tick(s, sink, 1, b)
     assert len([e for e in sink.events if e.kind == "xid"]) == 2     # delivered once, not repeated
