@@ -8,6 +8,7 @@ import json
 import click
 
 from gpuagent import __version__
+from gpuagent.probes.cli import probe
 
 
 def _label_pairs(values: tuple[str, ...]) -> dict[str, str]:
@@ -62,6 +63,9 @@ def status(state_dir, config_file, as_json) -> None:
     except (ConfigError, StatusError) as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(json.dumps(data, indent=2, sort_keys=True) if as_json else render(data))
+
+
+main.add_command(probe)
 
 
 if __name__ == "__main__":

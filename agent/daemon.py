@@ -191,6 +191,11 @@ class Agent:
                 x.stop()
             except Exception:  # noqa: BLE001
                 log.exception("stopping %r failed", x)
+        if self.job_steps is not None:
+            try:   # the training steps of the open window would otherwise be lost
+                self.job_steps.flush_window(time.time_ns(), self.batcher)
+            except Exception:  # noqa: BLE001
+                log.exception("closing the job-step window failed")
         try:
             self.flush()
         except Exception:  # noqa: BLE001
@@ -299,6 +304,8 @@ class Agent:
             "host": host,
             "gpus": [gpus[i] for i in sorted(gpus)],
             "jobs": jobs,
+            # Per job (all its tracked ranks on this node), last closed window of gpuagent.jobs steps.
+            "job_throughput": self.job_steps.live() if self.job_steps is not None else [],
             "probes": dict(b.last_probe),
             "collector": self.sender.snapshot(),
             "spool": self.spool.stats(),
@@ -367,12 +374,21 @@ def start_job_step_receiver(agent: Agent) -> None:
         return None
     agent.samplers.append(receiver)
     agent.job_steps = receiver
+    for s in agent.samplers:   # tracked processes are jobs too, under the id the receiver uses
+        if hasattr(s, "tracked_pids"):
+            s.tracked_pids = receiver.tracked_pids
     log.info("listening for training-step trackers on %s", receiver.socket_path)
     return None       # closed with the samplers
 
 
 # Callables taking the Agent and returning an object with stop() (or None when not applicable).
-EXTRA_FACTORIES: list[Callable[[Agent], Any]] = [start_job_step_receiver]
+def start_probe_scheduler(agent: Agent) -> Any:
+    """Active probes on their schedule (gpuagent.agent.probe_scheduler; [probes] config table)."""
+    from gpuagent.agent.probe_scheduler import start_probe_scheduler as start
+    return start(agent)
+
+
+EXTRA_FACTORIES: list[Callable[[Agent], Any]] = [start_job_step_receiver, start_probe_scheduler]
 
 
 def setup_logging(level: str = "info") -> None:

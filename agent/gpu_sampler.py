@@ -7,6 +7,7 @@ does nothing, so the agent runs host-only. Metric names: docs/METRICS.md ("GPU s
 
 Events:
 - ``xid``: value = the XID number, from nvmlEventSetWait with a 0 ms timeout each tick (never blocks).
+- ``gpu_lost``: the GPU answered GPU_IS_LOST (fell off the bus); it is not queried again.
 - ``throttle_change``: the decoded set of clock-event reasons changed (``gpu_idle`` alone does not
   trigger it: an idle GPU is not throttled in any way that matters); attrs carry old/new names.
 """
@@ -182,11 +183,13 @@ class GpuSampler:
                 n.drain_new_unavailable()
             return
         for i in range(n.device_count):
-            self._sample_gpu(i, ts_ns, sink)
+            if i not in n.lost:
+                self._sample_gpu(i, ts_ns, sink)
         if self._events_ready:
             self._poll_events(ts_ns, sink)
         for gpu, why in n.drain_new_unavailable():
-            sink.event("metric_unavailable", why, gpu=gpu, ts_ns=ts_ns)
+            kind = "gpu_lost" if gpu in n.lost and why.startswith(f"GPU {gpu}: lost") else "metric_unavailable"
+            sink.event(kind, why, gpu=gpu, ts_ns=ts_ns)
 
     def _sample_gpu(self, i: int, ts: int, sink) -> None:
         n = self.nvml
@@ -244,12 +247,13 @@ class GpuSampler:
         self.last[i] = cur
 
     def _throttle_mask(self, i: int, h: Any) -> Any:
+        """Clock-event reasons; drivers before R535 only have the older ThrottleReasons name."""
         n = self.nvml
-        if not n.is_unsupported("nvmlDeviceGetCurrentClocksEventReasons", i):
-            fn = getattr(n.backend, "nvmlDeviceGetCurrentClocksEventReasons", None)
-            if fn is not None:
-                return n.query("nvmlDeviceGetCurrentClocksEventReasons", h, gpu=i)
-            n.mark_unsupported("nvmlDeviceGetCurrentClocksEventReasons", i, "old binding, using ThrottleReasons")
+        new_fn = "nvmlDeviceGetCurrentClocksEventReasons"
+        if not n.is_unsupported(new_fn, i):
+            v = n.query(new_fn, h, gpu=i, report=False)
+            if v is not None or not n.is_unsupported(new_fn, i):
+                return v
         return n.query("nvmlDeviceGetCurrentClocksThrottleReasons", h, gpu=i)
 
     def _throttle_event(self, i: int, names: frozenset[str], mask: int, ts: int, sink) -> None:
@@ -284,7 +288,9 @@ class GpuSampler:
         if links is None:
             return
         put("gpu_nvlink_active_links", links)
-        vals = n.query("nvmlDeviceGetFieldValues", h, [self._fi_nvl_tx, self._fi_nvl_rx], gpu=i)
+        # scopeId UINT_MAX: the sum over all links (nvml.h, NVLink throughput field values)
+        vals = n.query("nvmlDeviceGetFieldValues", h,
+                       [(self._fi_nvl_tx, 0xFFFFFFFF), (self._fi_nvl_rx, 0xFFFFFFFF)], gpu=i)
         if not vals or len(vals) < 2 or any(int(v.nvmlReturn) != 0 for v in vals):
             return
         tx_kib, rx_kib = int(vals[0].value.ullVal), int(vals[1].value.ullVal)

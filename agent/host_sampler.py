@@ -27,12 +27,57 @@ def _read(path: str) -> str | None:
         return None
 
 
+class _ProcFiles:
+    """Keeps /proc files open and re-reads them with pread at offset 0 (as procps does for /proc/stat):
+    it saves an open/close pair per file per tick, about half the sampler's cost."""
+
+    def __init__(self, keep_open: bool) -> None:
+        self._fds: dict[str, int] = {}
+        self.keep_open = keep_open   # only for procfs: a regular file (a fixture) is read afresh
+
+    def read(self, path: str) -> str | None:
+        if not self.keep_open:
+            return _read(path)
+        fd = self._fds.get(path)
+        if fd is None:
+            try:
+                fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            except OSError:
+                return None
+            self._fds[path] = fd
+        try:
+            chunks = []
+            off = 0
+            while True:
+                b = os.pread(fd, 65536, off)
+                chunks.append(b)
+                if len(b) < 65536:
+                    break
+                off += len(b)
+        except OSError:      # e.g. the file went away (fixture swapped): reopen next time
+            self._close(path)
+            return None
+        return b"".join(chunks).decode("ascii", "replace")
+
+    def _close(self, path: str) -> None:
+        fd = self._fds.pop(path, None)
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        for path in list(self._fds):
+            self._close(path)
+
+
 def cpu_percents(prev: list[int], cur: list[int]) -> dict[str, float] | None:
     """user/system/iowait/steal/idle shares (0-100) between two /proc/stat cpu lines.
 
     user includes nice (guest time is already inside user); system includes irq and softirq.
     """
-    d = [c - p for c, p in zip(cur, prev)]
+    d = [max(0, c - p) for c, p in zip(cur, prev)]   # a CPU going offline/online can reset counters
     d += [0] * (8 - len(d))
     total = sum(d[:8])
     if total <= 0:
@@ -96,6 +141,8 @@ class HostSampler:
         self._disk_ok: dict[str, bool] = {}
         self._psi_files = [r for r in ("cpu", "io", "memory") if os.path.exists(f"{self.proc}/pressure/{r}")]
         self.last: dict[str, float] = {}   # latest node-wide values, for `gpuagent status`
+        self._files = _ProcFiles(keep_open=os.path.realpath(self.proc) == "/proc")
+        self._read = self._files.read
 
     def sample(self, ts_ns: int, sink) -> None:
         t = ts_ns / 1e9
@@ -124,7 +171,7 @@ class HostSampler:
 
     # ------------------------------------------------------------------ sources
     def _stat(self, put, dt: float | None) -> None:
-        text = _read(f"{self.proc}/stat")
+        text = self._read(f"{self.proc}/stat")
         if text is None:
             return
         for line in text.splitlines():
@@ -155,7 +202,7 @@ class HostSampler:
                 self._prev_intr = v
 
     def _loadavg(self, put) -> None:
-        text = _read(f"{self.proc}/loadavg")
+        text = self._read(f"{self.proc}/loadavg")
         if text:
             a = text.split()
             put("load1", float(a[0]))
@@ -163,7 +210,7 @@ class HostSampler:
             put("load15", float(a[2]))
 
     def _meminfo(self, put) -> None:
-        text = _read(f"{self.proc}/meminfo")
+        text = self._read(f"{self.proc}/meminfo")
         if text is None:
             return
         kv: dict[str, int] = {}
@@ -194,7 +241,7 @@ class HostSampler:
         return ok
 
     def _disks(self, put, dt: float) -> None:
-        text = _read(f"{self.proc}/diskstats")
+        text = self._read(f"{self.proc}/diskstats")
         if text is None:
             return
         seen = {}
@@ -221,7 +268,7 @@ class HostSampler:
         self._prev_disk = seen
 
     def _net(self, put, dt: float) -> None:
-        text = _read(f"{self.proc}/net/dev")
+        text = self._read(f"{self.proc}/net/dev")
         if text is None:
             return
         seen = {}
@@ -248,7 +295,7 @@ class HostSampler:
 
     def _psi(self, put, dt: float | None) -> None:
         for res in self._psi_files:
-            text = _read(f"{self.proc}/pressure/{res}")
+            text = self._read(f"{self.proc}/pressure/{res}")
             if not text:
                 continue
             psi = parse_psi(text)
@@ -267,4 +314,4 @@ class HostSampler:
                             min(100.0, max(0.0, row["total"] - prev) / (dt * 1e6) * 100.0))
 
     def close(self) -> None:
-        pass
+        self._files.close()

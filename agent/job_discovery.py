@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from gpuagent.agent.job_identity import cgroup_ids, job_identity, own_container_id
 
@@ -74,6 +74,7 @@ class _Proc:
     prev_t: float | None = None
     prev_cpu: int = 0
     prev_io: tuple[int, int] | None = None
+    stat: tuple[int, int, int] | None = None   # the latest /proc/<pid>/stat read (reused within a tick)
 
 
 @dataclass
@@ -109,6 +110,8 @@ class JobDiscovery:
         self._jobs: dict[str, _Job] = {}
         self._self_pid = os.getpid()
         self._own_container = own_container_id()   # the agent's own container is not a job boundary
+        # Set by the daemon to JobStepReceiver.tracked_pids (pid -> job_id of processes sending steps).
+        self.tracked_pids: Callable[[], dict[int, str]] | None = None
 
     # ------------------------------------------------------------------ /proc readers
     def _stat(self, pid: int) -> tuple[int, int, int] | None:
@@ -164,14 +167,17 @@ class JobDiscovery:
         return r, w
 
     # ------------------------------------------------------------------ identity
-    def _proc_for(self, pid: int, rule_check: bool) -> _Proc | None:
+    def _proc_for(self, pid: int, rule_check: bool, force: bool = False) -> _Proc | None:
         st = self._stat(pid)
         if st is None:
             self._procs.pop(pid, None)
             return None
         cached = self._procs.get(pid)
-        if cached is not None and cached.start == st[1]:
+        if cached is not None and cached.start == st[1] and (cached.ident is not None or not force):
+            cached.stat = st
             return cached
+        if force:
+            rule_check = False
         ident = None
         matched = False
         if rule_check:
@@ -191,7 +197,7 @@ class JobDiscovery:
             env = self._environ(pid)
             cg = (self._read_bytes(pid, "cgroup") or b"").decode("utf-8", "replace")
             ident = identify(pid, env, cg, st[2], False, self._own_container)
-        p = _Proc(start=st[1], ident=ident)
+        p = _Proc(start=st[1], ident=ident, stat=st)
         self._procs[pid] = p
         return p
 
@@ -224,26 +230,44 @@ class JobDiscovery:
     def sample(self, ts_ns: int, sink) -> None:
         t = ts_ns / 1e9
         rows: list[tuple[int, int, float, float]] = []   # (pid, gpu, gpu_util, gpu_mem)
-        if self._gpu_mode():
+        gpu_mode = self._gpu_mode()
+        if gpu_mode:
             for p in self.gpu.processes():
                 rows.append((p["pid"], p["gpu"], p["gpu_util_percent"], p["gpu_memory_bytes"]))
+        if self._last_scan_ns is None or ts_ns - self._last_scan_ns >= self.scan_interval_ns:
+            self._last_scan_ns = ts_ns
+            self._scan()
+        listed = {r[0] for r in rows}
+        if gpu_mode:
+            # A GPU job's launcher and data-loader workers use no GPU, but their CPU, memory and I/O
+            # are part of the job (an input-bound job shows there): add the rule-matched processes
+            # that belong to a job holding a GPU now (identity cached from earlier ticks).
+            gpu_jobs = {c.ident["job_id"] for c in (self._procs.get(pid) for pid in listed)
+                        if c is not None and c.ident is not None}
+            rows += [(pid, -1, -1.0, 0.0) for pid in sorted(self._rule_pids) if pid not in listed
+                     and self._procs.get(pid) is not None and self._procs[pid].ident is not None
+                     and self._procs[pid].ident["job_id"] in gpu_jobs]
         else:
-            if self._last_scan_ns is None or ts_ns - self._last_scan_ns >= self.scan_interval_ns:
-                self._last_scan_ns = ts_ns
-                self._scan()
-            rows = [(pid, -1, -1.0, 0.0) for pid in sorted(self._rule_pids)]
+            rows += [(pid, -1, -1.0, 0.0) for pid in sorted(self._rule_pids) if pid not in listed]
+        # Processes that report steps through gpuagent.jobs are jobs even when no rule matches them,
+        # under the job id the step receiver uses (so job_samples and job_steps join).
+        tracked = self.tracked_pids() if self.tracked_pids is not None else {}
+        listed = {r[0] for r in rows}
+        rows += [(pid, -1, -1.0, 0.0) for pid in sorted(tracked) if pid not in listed]
 
         seen_jobs: dict[str, list[tuple[int, float]]] = {}
         seen_pids: dict[str, set[int]] = {}
         per_pid_done: dict[int, tuple[float, float, float, float]] = {}
         for pid, gpu, gutil, gmem in rows:
-            p = self._proc_for(pid, rule_check=not self._gpu_mode())
-            if p is None and not self._gpu_mode():
+            p = self._proc_for(pid, rule_check=gpu < 0, force=pid in tracked)
+            if p is None and gpu < 0:
                 self._rule_pids.discard(pid)
                 continue
             if p is not None and p.ident is None:
                 continue
             ident = p.ident if p is not None else identify(pid, {}, "", 0, False)
+            if pid in tracked and tracked[pid] != ident["job_id"]:
+                ident = dict(ident, job_id=tracked[pid], source="tracker")
             if pid not in per_pid_done:
                 per_pid_done[pid] = self._usage(pid, p, t)
             cpu, rss, rd, wr = per_pid_done[pid]
@@ -280,7 +304,7 @@ class JobDiscovery:
     def _usage(self, pid: int, p: _Proc | None, t: float) -> tuple[float, float, float, float]:
         if p is None:
             return 0.0, 0.0, 0.0, 0.0
-        st = self._stat(pid)
+        st = p.stat
         if st is None:
             return 0.0, 0.0, 0.0, 0.0
         io = self._io(pid)

@@ -88,6 +88,7 @@ class Nvml:
         self.available = False
         self.reason = ""
         self._handles: list[Any] = []
+        self.lost: set[int] = set()            # GPUs that answered GPU_IS_LOST
         if backend is None:
             try:
                 import pynvml  # noqa: PLC0415  (only here: the one module that touches NVML)
@@ -112,19 +113,21 @@ class Nvml:
             self._note(-1, "NVML reports no GPUs on this node; running host-only")
 
     # ------------------------------------------------------------------ the choke point
-    def query(self, fn: str, *args: Any, gpu: int = -1) -> Any:
+    def query(self, fn: str, *args: Any, gpu: int = -1, report: bool = True) -> Any:
         """Call ``backend.fn(*args)``; return its value, or None when it is not available.
 
         A permanent failure (NotSupported, FunctionNotFound, NoPermission) for ``(fn, gpu)`` is
-        reported once and the call is never made again for that GPU.
+        reported once and the call is never made again for that GPU. ``report=False`` for a call
+        that has a fallback: its failure is remembered but not reported.
         """
         key = (fn, gpu)
-        if key in self._unsupported or self.backend is None:
+        if key in self._unsupported or gpu in self.lost or self.backend is None:
             return None
         func: Callable[..., Any] | None = getattr(self.backend, fn, None)
         if func is None:
             self._unsupported.add(key)
-            self._note(gpu, f"{fn}: not in this NVML binding")
+            if report:
+                self._note(gpu, f"{fn}: not in this NVML binding")
             return None
         try:
             return func(*args)
@@ -132,9 +135,15 @@ class Nvml:
             code = getattr(exc, "value", None)
             if code in _QUIET:
                 return None
+            if code == ERROR_GPU_IS_LOST and gpu >= 0:
+                # fell off the bus (often with XID 79): every call would fail; stop asking this GPU
+                self.lost.add(gpu)
+                self._note(gpu, f"lost (NVML GPU_IS_LOST during {fn}); not queried again until restart")
+                return None
             if code in _PERMANENT:
                 self._unsupported.add(key)
-            self._note(gpu, f"{fn}: {self._describe(exc)}")
+            if report:
+                self._note(gpu, f"{fn}: {self._describe(exc)}")
             return None
 
     def query_raw(self, fn: str, *args: Any) -> tuple[Any, int | None]:

@@ -165,6 +165,20 @@ def render(data: dict[str, Any], now_ns: int | None = None) -> str:
         out.append(_table(["job", "pid", "rank", "gpu", "gpu util", "cpu", "rss", "steps/s"], rows))
     else:
         out.append("Jobs      none active")
+    throughput = data.get("job_throughput") or []
+    if throughput:
+        out.append("")
+        out.append("Training throughput (gpuagent.jobs tracker, last window)")
+        rows = [[t.get("job_id", "?"), (t.get("job_name") or "-")[:24],
+                 ",".join(str(r) for r in t.get("ranks") or []) or "-",
+                 _fmt(t.get("steps_per_s"), ".2f"), _fmt(t.get("samples_per_s"), ".1f"),
+                 _fmt(t.get("tokens_per_s"), ".0f") if t.get("tokens_per_s") else "-",
+                 _fmt((t.get("step_time_p50_s") or 0) * 1000, ".1f", " ms"),
+                 _fmt((t.get("data_wait_fraction") or 0) * 100, ".0f", "%")
+                 if (t.get("data_wait_fraction") is not None and t.get("data_wait_fraction") >= 0) else "-"]
+                for t in throughput]
+        out.append(_table(["job", "name", "ranks", "steps/s", "samples/s", "tokens/s", "step p50", "data wait"],
+                          rows))
 
     probes = data.get("probes") or {}
     out.append("")

@@ -51,6 +51,7 @@ class FakeNvmlBackend:
         self.nvlink_rx_kib = [0] * len(self.gpus)
         self._event_sets: list[dict[str, Any]] = []
         self.wait_timeouts_ms: list[int] = []
+        self.lost: set[int] = set()
         self._pending_events = [dict(e) for e in doc.get("events", [])]
 
     # Constants and error classes come from the real binding.
@@ -81,6 +82,10 @@ class FakeNvmlBackend:
         self.gpus[gpu]["processes"].append({"pid": pid, "used_memory_bytes": used_memory_bytes,
                                             "sm_util_percent": sm_util_percent, "mem_util_percent": 0})
 
+    def lose_gpu(self, gpu: int) -> None:
+        """The GPU falls off the bus: every call on it answers GPU_IS_LOST from now on."""
+        self.lost.add(gpu)
+
     def _deliver(self, ev: dict[str, Any]) -> None:
         delivered = False
         for s in self._event_sets:
@@ -96,6 +101,8 @@ class FakeNvmlBackend:
         if not self.initialized:
             raise _err(pynvml.NVML_ERROR_UNINITIALIZED)
         g = self.gpus[handle.index]
+        if handle.index in self.lost:
+            raise _err(pynvml.NVML_ERROR_GPU_IS_LOST)
         if fn in g.get("not_supported", ()):
             raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return g
@@ -209,14 +216,19 @@ class FakeNvmlBackend:
     def nvmlDeviceGetFieldValues(self, h, field_ids):
         self._g(h, "nvmlDeviceGetFieldValues")
         out = []
-        for fid in field_ids:
+        links = max(1, self.gpus[h.index]["nvlink_links"])
+        for item in field_ids:
+            # like pynvml: an int, or a (fieldId, scopeId) pair; NVLink throughput fields take the
+            # link id as scopeId (0 when not given), UINT_MAX for the sum over all links
+            fid, scope = item if isinstance(item, tuple) else (item, 0)
+            share = 1 if scope == 0xFFFFFFFF else (1 / links if scope < links else 0)
             if fid == pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX:
-                v, rc = self.nvlink_tx_kib[h.index], pynvml.NVML_SUCCESS
+                v, rc = int(self.nvlink_tx_kib[h.index] * share), pynvml.NVML_SUCCESS
             elif fid == pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX:
-                v, rc = self.nvlink_rx_kib[h.index], pynvml.NVML_SUCCESS
+                v, rc = int(self.nvlink_rx_kib[h.index] * share), pynvml.NVML_SUCCESS
             else:
                 v, rc = 0, pynvml.NVML_ERROR_NOT_SUPPORTED
-            out.append(SimpleNamespace(fieldId=fid, scopeId=0, timestamp=self.now_us, latencyUsec=0,
+            out.append(SimpleNamespace(fieldId=fid, scopeId=scope, timestamp=self.now_us, latencyUsec=0,
                                        valueType=pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, nvmlReturn=rc,
                                        value=SimpleNamespace(ullVal=v)))
         return out

@@ -196,3 +196,42 @@ def test_driver_not_loaded_and_exceptions_never_escape():
     # a transient (non-NotSupported) error is reported once per GPU but still retried
     assert len([u for u in s.nvml.unavailable if "driver exploded" in u]) == 8
     assert not s.nvml.is_unsupported("nvmlDeviceGetTemperature", 0)
+
+
+def test_old_driver_without_clocks_event_reasons_falls_back_quietly():
+    """A driver before R535 lacks nvmlDeviceGetCurrentClocksEventReasons (FunctionNotFound)."""
+
+    class OldDriver(FakeNvmlBackend):
+        def nvmlDeviceGetCurrentClocksEventReasons(self, h):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+
+        def nvmlDeviceGetCurrentClocksThrottleReasons(self, h):
+            return self._g(h, "nvmlDeviceGetCurrentClocksThrottleReasons")["throttle_mask"]
+
+    b = OldDriver(H100_8GPU)
+    s = GpuSampler(Nvml(backend=b))
+    sink = ListSink()
+    _tick(s, sink, 0)
+    _tick(s, sink, 1, b)
+    assert _at(sink, "gpu_throttle_reasons_bitmask", 3) == 0x4 | 0x8
+    assert not any("ClocksEventReasons" in u for u in s.nvml.unavailable)
+    assert b.calls["nvmlDeviceGetCurrentClocksThrottleReasons"] == 16
+
+
+def test_gpu_lost_is_reported_once_and_no_longer_queried(h100):
+    b, s = h100
+    sink = ListSink()
+    _tick(s, sink, 0)
+    b.lose_gpu(2)
+    b.inject_xid(2, 79)
+    for k in range(1, 5):
+        _tick(s, sink, k, b)
+    lost = [e for e in sink.events if e.kind == "gpu_lost"]
+    assert [(e.gpu) for e in lost] == [2]
+    assert not [e for e in sink.events if e.kind == "metric_unavailable" and e.gpu == 2]
+    assert [e.value for e in sink.events if e.kind == "xid" and e.gpu == 2] == [79.0]
+    last_ts = T0 + 4 * SEC
+    assert _at(sink, "gpu_power_watts", 2, ts=last_ts) is None
+    assert _at(sink, "gpu_power_watts", 1, ts=last_ts) is not None   # the others carry on
+    # the first failing call of tick 1 marks GPU 2 lost: no power query reaches it afterwards
+    assert b.calls["nvmlDeviceGetPowerUsage"] == 8 + 4 * 7

@@ -183,3 +183,38 @@ CREATE TABLE ingest_log (
     n_events      INTEGER,
     PRIMARY KEY (node_id, seq)
 );
+
+-- Views for the common questions (read-only conveniences over the tables above).
+
+-- Each GPU with its node's pool, provider and virtualization verdict.
+CREATE VIEW v_node_gpus AS
+SELECT n.node_id, n.hostname, n.pool, n.provider, n.region, n.synthetic, n.virtualized, n.virt_type,
+       n.in_container, n.price_per_gpu_hour, n.gpu_count, g.gpu, g.uuid, g.name AS gpu_name, g.pci_bus_id,
+       g.pcie_gen_max, g.pcie_gen_current, g.pcie_width_max, g.pcie_width_current, g.memory_total_bytes,
+       g.mig_mode, g.virtualization_mode, g.numa_node, n.last_seen
+FROM nodes n JOIN gpus g USING (node_id);
+
+-- Every probe metric with its run's status and the node facts used to compare like with like.
+CREATE VIEW v_probe_metrics AS
+SELECT m.node_id, n.pool, n.virtualized, n.virt_type, n.gpu_model, n.gpu_count, m.probe, m.gpu, m.params_key,
+       m.started_at, r.status, r.duration_s, m.metric, m.value
+FROM probe_metrics m
+JOIN probe_results r USING (node_id, probe, params_key, started_at)
+LEFT JOIN nodes n USING (node_id)
+WHERE m.gpu IS NOT DISTINCT FROM r.gpu;
+
+-- Latest value of every series (metric, gpu, labels) of every node.
+CREATE VIEW v_latest_samples AS
+SELECT node_id, gpu, metric, labels, max(ts) AS ts, arg_max(value, ts) AS value
+FROM samples GROUP BY node_id, gpu, metric, labels;
+
+-- Ingest volume per node and minute, from the dedupe log.
+CREATE VIEW v_ingest_per_minute AS
+SELECT node_id, date_trunc('minute', committed_at) AS minute, count(*) AS batches, sum(n_samples) AS samples,
+       max(seq) AS highest_seq
+FROM ingest_log GROUP BY node_id, minute;
+
+-- Jobs with their node's pool; running = no job_end seen yet.
+CREATE VIEW v_jobs AS
+SELECT j.*, n.pool, n.hostname, j.ended_at IS NULL AS running
+FROM jobs j LEFT JOIN nodes n USING (node_id);

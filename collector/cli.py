@@ -1,0 +1,284 @@
+"""`gpuagent-collector`: run the collector and query it.
+
+Each command parses its options, calls one library function and turns domain errors into one-line
+``click.ClickException``s. Other commands join the ``main`` group with ``@main.command()``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import click
+
+from gpuagent.collector.client import DEFAULT_TARGET
+
+TOKEN_ENV = "GPUAGENT_COLLECTOR_TOKEN"
+TARGET_ENV = "GPUAGENT_COLLECTOR"
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="gpuagent")
+def main() -> None:
+    """Central collector for gpuagent: gRPC ingest into DuckDB, SQL, analysis."""
+
+
+def _token(token: str | None, token_file: str | None) -> str | None:
+    from gpuagent.collector.auth import TokenError, load_token
+
+    try:
+        return load_token(token, token_file)
+    except TokenError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _write_port_file(path: str, port: int) -> None:
+    tmp = Path(f"{path}.tmp")
+    tmp.write_text(f"{port}\n")
+    os.replace(tmp, path)
+
+
+@main.command()
+@click.option("--listen", default=DEFAULT_TARGET, show_default=True, metavar="HOST:PORT",
+              help="Address to bind; port 0 picks a free one (see --port-file).")
+@click.option("--db", "db_path", required=True, type=click.Path(dir_okay=False),
+              help="DuckDB database file (created and migrated as needed).")
+@click.option("--token", envvar=TOKEN_ENV, default=None, help=f"Bearer token clients must send [env {TOKEN_ENV}].")
+@click.option("--token-file", type=click.Path(dir_okay=False), default=None, help="Read the token from this file.")
+@click.option("--tls-cert", type=click.Path(dir_okay=False), default=None, help="PEM certificate for TLS.")
+@click.option("--tls-key", type=click.Path(dir_okay=False), default=None, help="PEM private key for TLS.")
+@click.option("--insecure", is_flag=True, help="Allow plaintext when listening beyond loopback.")
+@click.option("--reflection", is_flag=True, help="Serve gRPC reflection (off by default).")
+@click.option("--port-file", type=click.Path(dir_okay=False), default=None,
+              help="Write the bound port to this file once listening.")
+@click.option("--max-samples-per-batch", type=click.IntRange(1), default=1_000_000, show_default=True)
+@click.option("--max-message-bytes", type=click.IntRange(1024), default=64 * 1024 * 1024, show_default=True)
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
+              show_default=True)
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              help="Collector TOML config: [analyzer], [baselines], [pricing] (see README).")
+@click.option("--no-analyze", is_flag=True, help="Do not run the scheduled analysis passes.")
+def serve(listen, db_path, token, token_file, tls_cert, tls_key, insecure, reflection, port_file,
+          max_samples_per_batch, max_message_bytes, log_level, config_path, no_analyze):
+    """Receive agent batches over gRPC and store them in DuckDB until SIGTERM/SIGINT."""
+    logging.basicConfig(level=getattr(logging, log_level.upper()), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from gpuagent.collector.server import CollectorError, ServerOptions, start_collector
+    from gpuagent.collector.writer import Limits
+
+    tok = _token(None, token_file) if token_file else _token(token, None)
+    analyzer_config = _analyzer_config(config_path)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        handle = start_collector(db_path, listen, tok, tls_cert=tls_cert, tls_key=tls_key, insecure=insecure,
+                                 reflection=reflection, limits=Limits(max_samples_per_batch=max_samples_per_batch),
+                                 options=ServerOptions(max_message_bytes=max_message_bytes),
+                                 analyzer_config=analyzer_config, analyze=not no_analyze)
+    except CollectorError as exc:
+        raise click.ClickException(str(exc)) from None
+    try:
+        if port_file:
+            _write_port_file(port_file, handle.port)
+        logging.getLogger("gpuagent.collector").info(
+            "listening on %s (db %s, %s, %s)", handle.address, os.path.abspath(db_path),
+            "token required" if tok else "no token", "tls" if tls_cert else "plaintext")
+        notifier = _notifier()
+        if notifier is not None:
+            notifier.ready(f"listening on {handle.address}")
+        interval = notifier.watchdog_interval_s if notifier is not None and notifier.watchdog_interval_s else 3600.0
+        while not stop.wait(interval):
+            if notifier is not None:
+                notifier.watchdog()
+        if notifier is not None:
+            notifier.stopping()
+        logging.getLogger("gpuagent.collector").info("stopping: draining the writer queue")
+    finally:
+        handle.stop()
+    stats = handle.writer.stats
+    logging.getLogger("gpuagent.collector").info(
+        "stopped; stored %d batches (%d samples) and ignored %d duplicates since start",
+        stats["batches"], stats["samples"], stats["duplicates"])
+
+
+def _notifier():
+    """sd_notify(3) support shared with the agent, when that module is present."""
+    try:
+        from gpuagent.agent.sdnotify import Notifier
+    except ImportError:
+        return None
+    n = Notifier()
+    return n if n.enabled else None
+
+
+@main.command()
+@click.argument("query")
+@click.option("--target", envvar=TARGET_ENV, default=DEFAULT_TARGET, show_default=True, metavar="HOST:PORT",
+              help=f"The live collector [env {TARGET_ENV}].")
+@click.option("--token", envvar=TOKEN_ENV, default=None, help=f"Bearer token [env {TOKEN_ENV}].")
+@click.option("--token-file", type=click.Path(dir_okay=False), default=None)
+@click.option("--tls-ca", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="PEM of the CA that signed the collector's certificate (TLS).")
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True)
+@click.option("--max-rows", type=click.IntRange(0), default=0, help="Row cap (0: the collector's default).")
+def sql(query, target, token, token_file, tls_ca, fmt, max_rows):
+    """Run a read-only SQL QUERY on the live collector (writes, files and extensions are refused)."""
+    from gpuagent.collector.client import QueryError, format_result
+    from gpuagent.collector.client import query as run_query
+
+    tok = _token(None, token_file) if token_file else _token(token, None)
+    try:
+        result = run_query(target, query, token=tok, max_rows=max_rows, tls_ca=tls_ca)
+    except QueryError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(format_result(result, fmt))
+    if result.truncated and fmt != "table":
+        click.echo(f"warning: result truncated to {len(result.rows)} rows", err=True)
+
+
+def _analyzer_config(config_path: str | None, window: str | None = None):
+    from gpuagent.collector.analyzer import AnalyzerConfig, AnalyzerError, config_with, parse_duration
+
+    try:
+        config = AnalyzerConfig.from_toml(config_path) if config_path else AnalyzerConfig()
+        if window:
+            config = config_with(config, window_s=parse_duration(window))
+        return config
+    except AnalyzerError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _print_analysis(run: dict, flags: list[dict], fmt: str, truncated: bool) -> None:
+    import json
+
+    if fmt == "json":
+        click.echo(json.dumps({"pass": run, "open_flags": flags, "truncated": truncated}, default=str))
+        return
+    click.echo(f"analysis pass at {run['now']}: rolled up {run['rollup_rows_in']} new raw rows in "
+               f"{run['rollup_s']:.2f} s, flags in {run['flags_s']:.2f} s; {run['conditions']} conditions, "
+               f"{run['opened']} opened, {run['updated']} updated, {run['closed']} closed")
+    if not flags:
+        click.echo("no open flags")
+    for f in flags:
+        gpu = "" if f.get("gpu") is None else f" gpu {f['gpu']}"
+        click.echo(f"[{f['severity']}] {f['kind']}/{f['component']} {f['node_id']}{gpu}: {f['sentence']}")
+    if truncated:
+        click.echo(f"(showing the first {len(flags)} open flags)")
+
+
+@main.command()
+@click.option("--db", "db_path", type=click.Path(dir_okay=False), default=None,
+              help="Analyse this database file directly (only while no collector holds it).")
+@click.option("--target", envvar=TARGET_ENV, default=DEFAULT_TARGET, show_default=True, metavar="HOST:PORT",
+              help=f"Ask this live collector to run the pass [env {TARGET_ENV}] (ignored with --db).")
+@click.option("--window", default=None, help="Analysis window for this pass, e.g. 15m, 1h (default: config, 1h).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              help="Collector TOML config with [analyzer]/[baselines]/[pricing] (with --db).")
+@click.option("--token", envvar=TOKEN_ENV, default=None, help=f"Bearer token [env {TOKEN_ENV}].")
+@click.option("--token-file", type=click.Path(dir_okay=False), default=None)
+@click.option("--tls-ca", type=click.Path(exists=True, dir_okay=False), default=None)
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--max-flags", type=click.IntRange(1), default=200, show_default=True)
+def analyze(db_path, target, window, config_path, token, token_file, tls_ca, fmt, max_flags):
+    """Run one analysis pass now (rollups + flags) and print the open flags."""
+    if db_path:
+        from gpuagent.collector.analyzer import AnalyzerError, analyze_db, open_flags_in
+
+        config = _analyzer_config(config_path, window)
+        try:
+            result = analyze_db(db_path, config)
+            flags = open_flags_in(db_path, max_flags + 1)
+        except AnalyzerError as exc:
+            raise click.ClickException(str(exc)) from None
+        _print_analysis(result.as_dict(), flags[:max_flags], fmt, len(flags) > max_flags)
+        return
+    from gpuagent.collector.analyzer import AnalyzerError, parse_duration
+    from gpuagent.collector.client import QueryError
+    from gpuagent.collector.client import analyze as run_analyze
+
+    if config_path:
+        raise click.ClickException("--config applies with --db; a live collector uses its own serve --config")
+    try:
+        window_s = parse_duration(window) if window else 0.0
+    except AnalyzerError as exc:
+        raise click.ClickException(str(exc)) from None
+    tok = _token(None, token_file) if token_file else _token(token, None)
+    try:
+        res = run_analyze(target, window_s, token=tok, max_flags=max_flags, tls_ca=tls_ca)
+    except QueryError as exc:
+        raise click.ClickException(str(exc)) from None
+    _print_analysis(res.run, res.flags, fmt, res.truncated)
+
+
+def _source_args(ctx: click.Context, db_path: str | None, target: str | None) -> tuple[str | None, str | None]:
+    """--db wins over a --target that only came from the environment."""
+    if db_path and target and ctx.get_parameter_source("target") == click.core.ParameterSource.ENVIRONMENT:
+        target = None
+    return db_path, target or None
+
+
+def _source_options(fn):
+    opts = [
+        click.option("--db", "db_path", type=click.Path(dir_okay=False), default=None,
+                     help="Read this DuckDB file (read-only; not while a collector holds it)."),
+        click.option("--target", envvar=TARGET_ENV, default=None, metavar="HOST:PORT",
+                     help=f"Ask the live collector instead [env {TARGET_ENV}]."),
+        click.option("--token", envvar=TOKEN_ENV, default=None, help=f"Bearer token [env {TOKEN_ENV}]."),
+        click.option("--token-file", type=click.Path(dir_okay=False), default=None),
+        click.option("--tls-ca", type=click.Path(exists=True, dir_okay=False), default=None,
+                     help="PEM of the CA that signed the collector's certificate (TLS)."),
+        click.option("--window", default="24h", show_default=True,
+                     help="Window ending at the newest stored data: 30m, 24h, 7d, ..."),
+        click.option("--reference-pool", default=None,
+                     help="Pool the others are compared with (default: the largest all-bare-metal pool)."),
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
+
+
+@main.command()
+@click.option("--by", type=click.Choice(["pool"]), default="pool", show_default=True, help="Group nodes by this.")
+@_source_options
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True)
+@click.pass_context
+def compare(ctx, by, db_path, target, token, token_file, tls_ca, window, reference_pool, fmt):
+    """Pools side by side: probe medians and spread, utilization, flagged nodes, cost per effective GPU-hour."""
+    from gpuagent.collector.compare import CompareError, run_compare
+
+    db_path, target = _source_args(ctx, db_path, target)
+    tok = _token(None, token_file) if token_file else _token(token, None)
+    try:
+        click.echo(run_compare(db_path, target, window=window, fmt=fmt, token=tok, reference_pool=reference_pool,
+                               tls_ca=tls_ca))
+    except CompareError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@main.command()
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="HTML file to write.")
+@_source_options
+@click.pass_context
+def report(ctx, out, db_path, target, token, token_file, tls_ca, window, reference_pool):
+    """Write one self-contained HTML fleet report (opens offline: no CDN, no fetches)."""
+    from gpuagent.collector.compare import CompareError
+    from gpuagent.collector.report import write_report
+
+    db_path, target = _source_args(ctx, db_path, target)
+    tok = _token(None, token_file) if token_file else _token(token, None)
+    try:
+        info = write_report(out, db=db_path, target=target, window=window, token=tok,
+                            reference_pool=reference_pool, tls_ca=tls_ca)
+    except CompareError as exc:
+        raise click.ClickException(str(exc)) from None
+    note = " (includes SYNTHETIC nodes from gpuagent-sim)" if info["synthetic"] else ""
+    click.echo(f"wrote {info['out']}: {info['bytes']:,} bytes, {info['svg_plots']} plots{note}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,113 @@
+"""A small client for the collector's Query RPC (used by `gpuagent-collector sql` and tests)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from gpuagent.collector.auth import bearer_metadata
+from gpuagent.proto import pb, pb_grpc
+
+DEFAULT_TARGET = "127.0.0.1:7443"
+
+
+class QueryError(RuntimeError):
+    """The collector refused or failed the query, or could not be reached; the message says which."""
+
+
+@dataclass(frozen=True)
+class QueryResult:
+    columns: list[str]
+    column_types: list[str]
+    rows: list[list]
+    truncated: bool
+
+
+def channel(target: str, tls_ca: str | None = None) -> grpc.Channel:
+    """A channel to ``target``: TLS when ``tls_ca`` (PEM of the CA) is given, plaintext otherwise."""
+    if tls_ca:
+        creds = grpc.ssl_channel_credentials(root_certificates=Path(tls_ca).read_bytes())
+        return grpc.secure_channel(target, creds)
+    return grpc.insecure_channel(target)
+
+
+def query(target: str, sql: str, token: str | None = None, max_rows: int = 0, timeout_s: float = 120.0,
+          tls_ca: str | None = None) -> QueryResult:
+    """Run read-only ``sql`` on the live collector at ``target``."""
+    with channel(target, tls_ca) as ch:
+        stub = pb_grpc.CollectorStub(ch)
+        try:
+            resp = stub.Query(pb.QueryRequest(sql=sql, max_rows=max_rows), timeout=timeout_s,
+                              metadata=bearer_metadata(token))
+        except grpc.RpcError as exc:
+            code = exc.code()
+            if code == grpc.StatusCode.UNAVAILABLE:
+                raise QueryError(f"no collector answers at {target} ({exc.details()})") from None
+            if code == grpc.StatusCode.UNAUTHENTICATED:
+                raise QueryError(f"the collector refused the credentials: {exc.details()}") from None
+            raise QueryError(exc.details() or code.name) from None
+    return QueryResult(list(resp.columns), list(resp.column_types), json.loads(resp.rows_json or "[]"),
+                       resp.truncated)
+
+
+def _cell(v) -> str:
+    if v is None:
+        return "NULL"
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    if isinstance(v, (dict, list)):
+        return json.dumps(v)
+    return str(v)
+
+
+def format_result(result: QueryResult, fmt: str = "table") -> str:
+    """Render ``result`` as an aligned text table, CSV, or JSON (a list of objects)."""
+    if fmt == "json":
+        return json.dumps([dict(zip(result.columns, r)) for r in result.rows], indent=None)
+    if fmt == "csv":
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        w.writerow(result.columns)
+        for r in result.rows:
+            w.writerow(["" if v is None else (json.dumps(v) if isinstance(v, (dict, list)) else v) for v in r])
+        return buf.getvalue().rstrip("\n")
+    cells = [[_cell(v) for v in r] for r in result.rows]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(result.columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(result.columns, widths)),
+             "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
+    n = len(result.rows)
+    lines.append(f"({n} row{'s' if n != 1 else ''}{', truncated' if result.truncated else ''})")
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class AnalyzeResult:
+    run: dict          # what the pass did (analyzer.PassResult.as_dict())
+    flags: list[dict]  # open flags, worst first
+    truncated: bool
+
+
+def analyze(target: str, window_s: float = 0.0, token: str | None = None, max_flags: int = 0,
+            timeout_s: float = 300.0, tls_ca: str | None = None) -> AnalyzeResult:
+    """Ask the live collector at ``target`` to run one analysis pass now; returns it and the open flags."""
+    with channel(target, tls_ca) as ch:
+        stub = pb_grpc.CollectorStub(ch)
+        try:
+            resp = stub.Analyze(pb.AnalyzeRequest(window_s=window_s, max_flags=max_flags), timeout=timeout_s,
+                                metadata=bearer_metadata(token))
+        except grpc.RpcError as exc:
+            code = exc.code()
+            if code == grpc.StatusCode.UNAVAILABLE and "no collector" not in (exc.details() or ""):
+                raise QueryError(f"no collector answers at {target} ({exc.details()})") from None
+            if code == grpc.StatusCode.UNAUTHENTICATED:
+                raise QueryError(f"the collector refused the credentials: {exc.details()}") from None
+            if code == grpc.StatusCode.UNIMPLEMENTED:
+                raise QueryError(f"the collector at {target} is too old for Analyze; upgrade it") from None
+            raise QueryError(exc.details() or code.name) from None
+    return AnalyzeResult(json.loads(resp.pass_json or "{}"), json.loads(resp.flags_json or "[]"), resp.truncated)

@@ -1,0 +1,558 @@
+"""Pools side by side (``gpuagent-collector compare --by pool``): the bare-metal-versus-cloud answer.
+
+For each pool, over a window that ends at the newest stored data:
+
+- per probe headline metric: median, p10/p90 and spread ((p90 - p10) / median) of the ``ok`` runs, and
+  the difference of the median from a reference pool (default: the largest all-bare-metal pool);
+- effective GPU utilization (mean ``gpu_util_percent`` over every sampled GPU-minute, idle ones included);
+- share of nodes with an open flag, overall and per kind;
+- cost per effective GPU-hour = price paid for the sampled GPU-hours / (GPU-hours × utilization);
+- throughput per GPU for the same job name across pools (median ``tokens_per_s`` / ``samples_per_s`` of
+  a rank's step windows; one rank drives one GPU).
+
+Reads a DuckDB file (read-only) or a live collector through its Query RPC; the SQL below is plain
+DuckDB and runs unchanged either way (only literals, no bind parameters, for the RPC path).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+# (probe, metric, better) — the headline metric of each probe (docs/METRICS.md).
+HEADLINE: tuple[tuple[str, str, str], ...] = (
+    ("collective", "busbw_gbps", "higher"),
+    ("pcie", "h2d_gbps", "higher"),
+    ("pcie", "d2h_gbps", "higher"),
+    ("gpu_compute", "bf16_tflops", "higher"),
+    ("gpu_compute", "launch_latency_us", "lower"),
+    ("storage", "seq_read_gbps", "higher"),
+    ("storage", "rand_read_iops", "higher"),
+    ("host", "syscall_ns", "lower"),
+    ("host", "clock_gettime_ns", "lower"),
+    ("host", "cpu_steal_percent", "lower"),
+)
+# Metrics already in percent of something (CPU time): compared in percentage points, not relative %.
+POINT_METRICS = frozenset({"cpu_steal_percent"})
+FLAG_KINDS = ("virtualization_overhead", "noisy_neighbor_variance", "utilization_gap")
+NO_POOL = "(no pool)"
+
+
+class CompareError(RuntimeError):
+    """The comparison cannot be made (no database, unreachable collector, ...): one sentence."""
+
+
+# ------------------------------------------------------------------------------------------ sources
+
+
+class DbSource:
+    """A DuckDB file opened read-only (the collector must not hold it open for writing)."""
+
+    def __init__(self, path: str):
+        import duckdb  # noqa: PLC0415 - collector extra
+
+        import os  # noqa: PLC0415
+        if not os.path.exists(path):
+            raise CompareError(f"database {path} does not exist")
+        try:
+            self.con = duckdb.connect(path, read_only=True)
+        except duckdb.Error as exc:
+            text = str(exc)
+            if "lock" in text.lower():
+                raise CompareError(f"database {path} is held by a running collector: use "
+                                   f"--target HOST:PORT to ask the collector instead") from None
+            raise CompareError(f"cannot open database {path}: {text.splitlines()[0]}") from None
+        self.label = path
+
+    def query(self, sql: str) -> list[dict[str, Any]]:
+        cur = self.con.execute(sql)
+        cols = [d[0] for d in cur.description]
+        return [dict(zip(cols, r)) for r in cur.fetchall()]
+
+    def close(self) -> None:
+        self.con.close()
+
+
+class RpcSource:
+    """A live collector, through the read-only Query RPC."""
+
+    MAX_ROWS = 500_000
+
+    def __init__(self, target: str, token: str | None = None, timeout_s: float = 120.0,
+                 tls_ca: str | None = None):
+        import grpc  # noqa: PLC0415
+
+        from gpuagent.proto import pb, pb_grpc  # noqa: PLC0415
+        self._grpc, self._pb = grpc, pb
+        opts = [("grpc.max_receive_message_length", 256 << 20)]
+        if tls_ca:
+            try:
+                with open(tls_ca, "rb") as fh:
+                    creds = grpc.ssl_channel_credentials(root_certificates=fh.read())
+            except OSError as exc:
+                raise CompareError(f"cannot read the CA file {tls_ca}: {exc.strerror}") from None
+            self.channel = grpc.secure_channel(target, creds, options=opts)
+        else:
+            self.channel = grpc.insecure_channel(target, options=opts)
+        self.stub = pb_grpc.CollectorStub(self.channel)
+        self.metadata = (("authorization", f"Bearer {token}"),) if token else None
+        self.timeout_s = timeout_s
+        self.label = target
+
+    def query(self, sql: str) -> list[dict[str, Any]]:
+        grpc = self._grpc
+        try:
+            resp = self.stub.Query(self._pb.QueryRequest(sql=sql, max_rows=self.MAX_ROWS),
+                                   metadata=self.metadata, timeout=self.timeout_s)
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                raise CompareError(f"cannot reach the collector at {self.label}: {exc.details()}") from None
+            if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+                raise CompareError(f"the collector at {self.label} refused the credentials: "
+                                   f"{exc.details()}") from None
+            raise CompareError(f"the collector at {self.label} refused a query: "
+                               f"{exc.code().name}: {exc.details()}") from None
+        if resp.truncated:
+            raise CompareError(f"the collector truncated a result at its row limit; narrow --window or use --db")
+        return [dict(zip(resp.columns, r)) for r in json.loads(resp.rows_json or "[]")]
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+def open_source(db: str | None, target: str | None, token: str | None = None, tls_ca: str | None = None):
+    if bool(db) == bool(target):
+        raise CompareError("give exactly one of --db PATH or --target HOST:PORT")
+    return DbSource(db) if db else RpcSource(target, token, tls_ca=tls_ca)
+
+
+def has_table(src, name: str) -> bool:
+    rows = src.query("SELECT count(*) AS n FROM information_schema.tables "
+                     f"WHERE table_schema = 'main' AND table_name = {_lit(name)}")
+    return bool(rows and rows[0]["n"])
+
+
+def _lit(text: str) -> str:
+    return "'" + str(text).replace("'", "''") + "'"
+
+
+def parse_window(text: str) -> float:
+    """'90m', '24h', '7d', '3600s' or a number of seconds -> seconds."""
+    t = str(text).strip().lower()
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+    try:
+        value = float(t[:-1]) * units[t[-1]] if t and t[-1] in units else float(t)
+    except ValueError:
+        value = -1
+    if not value > 0 or math.isinf(value):
+        raise CompareError(f"window {text!r} is not a positive duration like 30m, 24h or 7d")
+    return value
+
+
+# ------------------------------------------------------------------------------------------ window
+
+
+@dataclass(frozen=True)
+class Window:
+    start: float    # epoch seconds
+    end: float
+    seconds: float
+
+    @property
+    def start_sql(self) -> str:
+        return f"to_timestamp({self.start:.6f})::TIMESTAMP"
+
+    @property
+    def end_sql(self) -> str:
+        return f"to_timestamp({self.end:.6f})::TIMESTAMP"
+
+    def iso(self, which: str) -> str:
+        t = self.start if which == "start" else self.end
+        return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+# The newest stored data anchors the window, so an old database file still compares its last day.
+SQL_NEWEST = """
+SELECT max(t) AS newest FROM (
+    SELECT epoch(max(ts)) AS t FROM samples
+    UNION ALL SELECT epoch(max(started_at)) FROM probe_results
+    UNION ALL SELECT epoch(max(ts)) FROM job_steps
+)
+"""
+
+
+def resolve_window(src, seconds: float) -> Window | None:
+    rows = src.query(SQL_NEWEST)
+    newest = rows[0]["newest"] if rows else None
+    if newest is None:
+        return None
+    newest = float(newest)
+    return Window(newest - seconds, newest + 1e-6, seconds)
+
+
+# ------------------------------------------------------------------------------------------ SQL
+
+SQL_POOLS = """
+SELECT coalesce(pool, '{no_pool}') AS pool,
+       count(*) AS nodes,
+       count(*) FILTER (WHERE virtualized) AS virtualized_nodes,
+       count(*) FILTER (WHERE synthetic) AS synthetic_nodes,
+       sum(coalesce(gpu_count, 0)) AS gpus,
+       string_agg(DISTINCT gpu_model, ', ' ORDER BY gpu_model) AS gpu_models,
+       median(price_per_gpu_hour) AS price_per_gpu_hour
+FROM nodes
+GROUP BY 1
+ORDER BY 1
+"""
+
+SQL_PROBES = """
+SELECT coalesce(n.pool, '{no_pool}') AS pool, m.probe, m.metric,
+       count(*) AS runs,
+       count(DISTINCT m.node_id) AS nodes,
+       quantile_cont(m.value, 0.5) AS median,
+       quantile_cont(m.value, 0.1) AS p10,
+       quantile_cont(m.value, 0.9) AS p90
+FROM probe_metrics m
+JOIN nodes n USING (node_id)
+WHERE m.started_at >= {start} AND m.started_at < {end}
+  AND (m.probe, m.metric) IN ({pairs})
+  AND m.value IS NOT NULL AND isfinite(m.value)
+GROUP BY ALL
+"""
+
+# GPU-minutes per pool: from the analyzer's 1-minute rollups when they exist, else from raw samples.
+SQL_UTIL_ROLLUP = """
+WITH per_minute AS (
+    SELECT node_id, gpu, minute, sum(sum) / sum(n) AS util
+    FROM samples_1m
+    WHERE metric = 'gpu_util_percent' AND gpu IS NOT NULL AND minute >= {start} AND minute < {end}
+    GROUP BY ALL
+)
+{util_tail}
+"""
+
+SQL_UTIL_RAW = """
+WITH per_minute AS (
+    SELECT node_id, gpu, date_trunc('minute', ts) AS minute, avg(value) AS util
+    FROM samples
+    WHERE metric = 'gpu_util_percent' AND gpu IS NOT NULL AND ts >= {start} AND ts < {end}
+    GROUP BY ALL
+)
+{util_tail}
+"""
+
+UTIL_TAIL = """
+SELECT coalesce(n.pool, '{no_pool}') AS pool,
+       count(*) / 60.0 AS gpu_hours,
+       avg(p.util) AS effective_util_percent,
+       sum(p.util) / 100.0 / 60.0 AS effective_gpu_hours,
+       avg(CASE WHEN p.util < 10 THEN 1.0 ELSE 0.0 END) * 100 AS idle_minutes_percent,
+       sum(n.price_per_gpu_hour / 60.0) AS cost,
+       count(*) FILTER (WHERE n.price_per_gpu_hour IS NULL) AS unpriced_gpu_minutes
+FROM per_minute p
+JOIN nodes n USING (node_id)
+GROUP BY 1
+"""
+
+SQL_FLAGS = """
+SELECT coalesce(n.pool, '{no_pool}') AS pool, f.kind,
+       count(DISTINCT f.node_id) AS nodes_flagged,
+       count(*) AS open_flags
+FROM flags f
+JOIN nodes n USING (node_id)
+WHERE f.state = 'open'
+GROUP BY GROUPING SETS ((1, f.kind), (1))
+"""
+
+SQL_JOBS = """
+SELECT coalesce(n.pool, '{no_pool}') AS pool, s.job_name,
+       count(DISTINCT s.node_id || ':' || s.rank) AS ranks,
+       count(*) AS windows,
+       quantile_cont(s.tokens_per_s, 0.5) AS tokens_per_s_per_gpu,
+       quantile_cont(s.samples_per_s, 0.5) AS samples_per_s_per_gpu,
+       quantile_cont(s.step_time_p50_s, 0.5) AS step_time_p50_s
+FROM job_steps s
+JOIN nodes n USING (node_id)
+WHERE s.ts >= {start} AND s.ts < {end} AND s.job_name IS NOT NULL AND s.job_name <> ''
+GROUP BY ALL
+ORDER BY s.job_name, pool
+"""
+
+
+def _fmt(sql: str, window: Window | None = None, **kw: str) -> str:
+    args = {"no_pool": NO_POOL.replace("'", "''"), **kw}
+    if window is not None:
+        args.update(start=window.start_sql, end=window.end_sql)
+    return sql.format(**args)
+
+
+# ------------------------------------------------------------------------------------------ result
+
+
+@dataclass
+class PoolComparison:
+    window: Window | None
+    reference_pool: str | None
+    pools: list[dict[str, Any]] = field(default_factory=list)      # one row per pool
+    probes: list[dict[str, Any]] = field(default_factory=list)     # pool x headline metric
+    jobs: list[dict[str, Any]] = field(default_factory=list)       # pool x job name
+    synthetic_nodes: int = 0
+    total_nodes: int = 0
+
+    @property
+    def pool_names(self) -> list[str]:
+        return [p["pool"] for p in self.pools]
+
+    def probe(self, pool: str, probe: str, metric: str) -> dict[str, Any] | None:
+        for r in self.probes:
+            if r["pool"] == pool and r["probe"] == probe and r["metric"] == metric:
+                return r
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["window"] = None if self.window is None else {
+            "start": self.window.iso("start"), "end": self.window.iso("end"), "seconds": self.window.seconds}
+        return d
+
+
+def _num(v) -> float | None:
+    if v is None:
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def compare_pools(src, window_s: float = 86400.0, reference_pool: str | None = None) -> PoolComparison:
+    """Compute the pool comparison from ``src`` (a DbSource or RpcSource)."""
+    pools = src.query(_fmt(SQL_POOLS))
+    result = PoolComparison(window=None, reference_pool=None)
+    result.total_nodes = sum(int(p["nodes"]) for p in pools)
+    result.synthetic_nodes = sum(int(p["synthetic_nodes"] or 0) for p in pools)
+    window = resolve_window(src, window_s)
+    result.window = window
+    by_pool: dict[str, dict[str, Any]] = {}
+    for p in pools:
+        row = {"pool": p["pool"], "nodes": int(p["nodes"]), "virtualized_nodes": int(p["virtualized_nodes"] or 0),
+               "synthetic_nodes": int(p["synthetic_nodes"] or 0), "gpus": int(p["gpus"] or 0),
+               "gpu_models": p["gpu_models"] or "", "price_per_gpu_hour": _num(p["price_per_gpu_hour"]),
+               "gpu_hours": 0.0, "effective_util_percent": None, "effective_gpu_hours": 0.0,
+               "idle_minutes_percent": None, "cost": None, "cost_per_effective_gpu_hour": None,
+               "nodes_flagged": 0, "nodes_flagged_percent": 0.0,
+               **{f"{k}_nodes": 0 for k in FLAG_KINDS}}
+        by_pool[row["pool"]] = row
+    result.pools = list(by_pool.values())
+    if reference_pool is not None and reference_pool not in by_pool:
+        raise CompareError(f"reference pool {reference_pool!r} has no nodes "
+                           f"(pools: {', '.join(by_pool) or 'none'})")
+    if reference_pool is None:
+        bare = [p for p in result.pools if p["virtualized_nodes"] == 0 and p["nodes"] > 0]
+        if bare and len(result.pools) > 1:
+            reference_pool = max(bare, key=lambda p: (p["nodes"], p["pool"]))["pool"]
+    result.reference_pool = reference_pool
+    if window is None:
+        return result
+
+    pairs = ", ".join(f"({_lit(p)}, {_lit(m)})" for p, m, _ in HEADLINE)
+    better = {(p, m): b for p, m, b in HEADLINE}
+    for r in src.query(_fmt(SQL_PROBES, window, pairs=pairs)):
+        med = _num(r["median"])
+        p10, p90 = _num(r["p10"]), _num(r["p90"])
+        points = r["metric"] in POINT_METRICS
+        result.probes.append({
+            "pool": r["pool"], "probe": r["probe"], "metric": r["metric"], "better": better[(r["probe"], r["metric"])],
+            "runs": int(r["runs"]), "nodes": int(r["nodes"]), "median": med, "p10": p10, "p90": p90,
+            "spread_percent": (p90 - p10) / abs(med) * 100
+            if med and not points and p10 is not None and p90 is not None else None,
+            "vs_reference_percent": None, "vs_reference_points": None})
+    order = {(p, m): i for i, (p, m, _) in enumerate(HEADLINE)}
+    result.probes.sort(key=lambda r: (order[(r["probe"], r["metric"])], r["pool"]))
+    if reference_pool:
+        for r in result.probes:
+            ref = result.probe(reference_pool, r["probe"], r["metric"])
+            if ref is None or ref["median"] is None or r["median"] is None:
+                continue
+            if r["metric"] in POINT_METRICS:
+                r["vs_reference_points"] = r["median"] - ref["median"]
+            elif ref["median"]:
+                r["vs_reference_percent"] = (r["median"] - ref["median"]) / abs(ref["median"]) * 100
+
+    util_sql = SQL_UTIL_RAW
+    if has_table(src, "samples_1m"):
+        got = src.query(_fmt("SELECT count(*) AS n FROM samples_1m WHERE metric = 'gpu_util_percent' "
+                             "AND minute >= {start} AND minute < {end}", window))
+        if got and got[0]["n"]:
+            util_sql = SQL_UTIL_ROLLUP
+    tail = _fmt(UTIL_TAIL)
+    for r in src.query(_fmt(util_sql.replace("{util_tail}", tail), window)):
+        row = by_pool.get(r["pool"])
+        if row is None:
+            continue
+        row["gpu_hours"] = _num(r["gpu_hours"]) or 0.0
+        row["effective_util_percent"] = _num(r["effective_util_percent"])
+        row["effective_gpu_hours"] = _num(r["effective_gpu_hours"]) or 0.0
+        row["idle_minutes_percent"] = _num(r["idle_minutes_percent"])
+        if not r["unpriced_gpu_minutes"]:
+            row["cost"] = _num(r["cost"])
+            if row["cost"] is not None and row["effective_gpu_hours"] > 0:
+                row["cost_per_effective_gpu_hour"] = row["cost"] / row["effective_gpu_hours"]
+
+    if has_table(src, "flags"):
+        for r in src.query(_fmt(SQL_FLAGS)):
+            row = by_pool.get(r["pool"])
+            if row is None:
+                continue
+            if r["kind"] is None:
+                row["nodes_flagged"] = int(r["nodes_flagged"])
+                row["nodes_flagged_percent"] = 100.0 * row["nodes_flagged"] / row["nodes"] if row["nodes"] else 0.0
+            elif r["kind"] in FLAG_KINDS:
+                row[f"{r['kind']}_nodes"] = int(r["nodes_flagged"])
+
+    for r in src.query(_fmt(SQL_JOBS, window)):
+        result.jobs.append({"pool": r["pool"], "job_name": r["job_name"], "ranks": int(r["ranks"]),
+                            "windows": int(r["windows"]),
+                            "tokens_per_s_per_gpu": _num(r["tokens_per_s_per_gpu"]),
+                            "samples_per_s_per_gpu": _num(r["samples_per_s_per_gpu"]),
+                            "step_time_p50_s": _num(r["step_time_p50_s"])})
+    return result
+
+
+# ------------------------------------------------------------------------------------------ output
+
+
+def fmt_value(v: float | None, digits: int = 3) -> str:
+    """A compact human number: 3 significant digits, thousands grouped."""
+    if v is None:
+        return "-"
+    a = abs(v)
+    if a >= 1000:
+        return f"{v:,.0f}"
+    if a >= 100:
+        return f"{v:.0f}"
+    if a >= 10:
+        return f"{v:.1f}"
+    if a >= 1:
+        return f"{v:.2f}"
+    return f"{v:.{digits}f}"
+
+
+def pool_rows(c: PoolComparison) -> list[tuple[str, list[str]]]:
+    """(label, one cell per pool) rows of the summary table; shared by the text table and the report."""
+    def cells(fn):
+        return [fn(p) for p in c.pools]
+
+    def pct(v):
+        return "-" if v is None else f"{v:.1f} %"
+
+    def money(v):
+        return "no price" if v is None else f"${v:,.2f}"
+
+    rows = [
+        ("nodes (virtualized)", cells(lambda p: f"{p['nodes']} ({p['virtualized_nodes']})")),
+        ("GPUs", cells(lambda p: str(p["gpus"]))),
+        ("GPU model", cells(lambda p: p["gpu_models"] or "-")),
+        ("GPU-hours sampled", cells(lambda p: f"{p['gpu_hours']:.1f}")),
+        ("effective GPU utilization", cells(lambda p: pct(p["effective_util_percent"]))),
+        ("GPU-minutes under 10 % util", cells(lambda p: pct(p["idle_minutes_percent"]))),
+        ("price per GPU-hour", cells(lambda p: money(p["price_per_gpu_hour"]))),
+        ("cost per effective GPU-hour", cells(lambda p: money(p["cost_per_effective_gpu_hour"]))),
+        ("nodes flagged (any open flag)", cells(lambda p: f"{p['nodes_flagged_percent']:.0f} % "
+                                                          f"({p['nodes_flagged']}/{p['nodes']})")),
+    ]
+    for k in FLAG_KINDS:
+        rows.append((f"  {k}", cells(lambda p, k=k: f"{100.0 * p[f'{k}_nodes'] / p['nodes']:.0f} %"
+                                     if p["nodes"] else "-")))
+    return rows
+
+
+def probe_cell(r: dict[str, Any] | None, reference_pool: str | None) -> str:
+    if r is None:
+        return "-"
+    text = f"{fmt_value(r['median'])} [{fmt_value(r['p10'])}–{fmt_value(r['p90'])}]"
+    if r["spread_percent"] is not None:
+        text += f" ±{r['spread_percent'] / 2:.0f}%"
+    if r["pool"] != reference_pool:
+        if r["vs_reference_percent"] is not None:
+            text += f" ({round(r['vs_reference_percent']) or 0:+d}%)"
+        elif r.get("vs_reference_points") is not None:
+            text += f" ({r['vs_reference_points']:+.1f} pp)"
+    return text
+
+
+def _aligned(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    out = ["  ".join(h.ljust(w) for h, w in zip(header, widths))]
+    out.append("  ".join("-" * w for w in widths))
+    out += ["  ".join(str(x).ljust(w) for x, w in zip(r, widths)) for r in rows]
+    return "\n".join(line.rstrip() for line in out)
+
+
+def format_table(c: PoolComparison) -> str:
+    lines = []
+    if c.synthetic_nodes:
+        lines.append(f"SYNTHETIC data: {c.synthetic_nodes} of {c.total_nodes} nodes are simulated (gpuagent-sim).")
+    if c.window is None:
+        lines.append("No data stored yet.")
+        return "\n".join(lines)
+    lines.append(f"Window: {c.window.iso('start')} to {c.window.iso('end')} (ends at the newest stored data)")
+    pools = c.pool_names
+    lines += ["", _aligned(["pool"] + pools, [[label] + cells for label, cells in pool_rows(c)])]
+    ref = f"; (±N%) vs {c.reference_pool}" if c.reference_pool else ""
+    lines += ["", f"Probes: median [p10–p90] ±half-spread{ref}"]
+    rows = []
+    for probe, metric, better in HEADLINE:
+        cells = [probe_cell(c.probe(p, probe, metric), c.reference_pool) for p in pools]
+        if any(x != "-" for x in cells):
+            rows.append([f"{probe} {metric} ({better} is better)"] + cells)
+    lines.append(_aligned(["metric"] + pools, rows) if rows else "no probe runs in the window")
+    lines += ["", "Throughput per GPU for the same job (median of step windows)"]
+    if c.jobs:
+        rows = [[j["job_name"], j["pool"], str(j["ranks"]), fmt_value(j["tokens_per_s_per_gpu"]),
+                 fmt_value(j["samples_per_s_per_gpu"]), fmt_value(j["step_time_p50_s"])] for j in c.jobs]
+        lines.append(_aligned(["job", "pool", "GPUs", "tokens/s/GPU", "samples/s/GPU", "step p50 s"], rows))
+    else:
+        lines.append("no job step data in the window")
+    return "\n".join(lines)
+
+
+def format_csv(c: PoolComparison) -> str:
+    """Long form: section, pool, item, field, value."""
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["section", "pool", "item", "field", "value"])
+    for p in c.pools:
+        for k, v in p.items():
+            if k != "pool":
+                w.writerow(["pool", p["pool"], "", k, "" if v is None else v])
+    for r in c.probes:
+        for k in ("runs", "nodes", "median", "p10", "p90", "spread_percent", "vs_reference_percent",
+                  "vs_reference_points"):
+            w.writerow(["probe", r["pool"], f"{r['probe']}.{r['metric']}", k, "" if r[k] is None else r[k]])
+    for j in c.jobs:
+        for k in ("ranks", "windows", "tokens_per_s_per_gpu", "samples_per_s_per_gpu", "step_time_p50_s"):
+            w.writerow(["job", j["pool"], j["job_name"], k, "" if j[k] is None else j[k]])
+    return buf.getvalue()
+
+
+def format_json(c: PoolComparison) -> str:
+    return json.dumps(c.to_dict(), indent=2, sort_keys=True, default=str)
+
+
+def run_compare(db: str | None, target: str | None, window: str = "24h", fmt: str = "table",
+                token: str | None = None, reference_pool: str | None = None, tls_ca: str | None = None) -> str:
+    """The library call behind ``gpuagent-collector compare``: returns the formatted text."""
+    seconds = parse_window(window)
+    src = open_source(db, target, token, tls_ca)
+    try:
+        c = compare_pools(src, seconds, reference_pool)
+    finally:
+        src.close()
+    return {"table": format_table, "csv": format_csv, "json": format_json}[fmt](c)

@@ -1,0 +1,448 @@
+"""The fleet report (``gpuagent-collector report --out report.html``): one self-contained HTML file.
+
+It opens offline: styles, the few lines of script (table sorting, flag filter) and every plot (inline SVG
+from :mod:`gpuagent.collector.svgplot`) are inside the file; nothing is fetched. Content:
+
+- fleet summary (nodes, pools, GPUs, open flags, lost GPU-hours), marked SYNTHETIC when simulated nodes
+  are in the data;
+- open flags with their sentences;
+- the pool comparison (:mod:`gpuagent.collector.compare`);
+- plots: per-probe distributions by pool (per-node medians), noisy nodes over time, and a GPU
+  utilization heatmap by node and time bucket (hourly when the data spans ≥ 6 h, finer otherwise).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from datetime import datetime, timezone
+from html import escape
+from typing import Any
+
+from gpuagent.collector import svgplot
+from gpuagent.collector.compare import (FLAG_KINDS, HEADLINE, NO_POOL, CompareError, PoolComparison, Window,
+                                        _lit, compare_pools, fmt_value, has_table, open_source, parse_window,
+                                        pool_rows, probe_cell)
+
+MAX_FLAGS = 500
+MAX_HEATMAP_ROWS = 60
+MAX_NOISY_SERIES = 6
+
+# noisy_neighbor_variance component -> (probe, metric) per docs/FLAGS.md; "step_time" reads job_steps.
+NOISY_SOURCES = {
+    "collective_busbw": ("collective", "busbw_gbps"), "h2d": ("pcie", "h2d_gbps"), "d2h": ("pcie", "d2h_gbps"),
+    "gpu_compute": ("gpu_compute", "bf16_tflops"), "storage_seq_read": ("storage", "seq_read_gbps"),
+    "storage_rand_read": ("storage", "rand_read_iops"),
+    "storage_rand_read_p99": ("storage", "rand_read_p99_latency_us"),
+    "host_syscall": ("host", "syscall_ns"), "host_pipe": ("host", "pipe_roundtrip_us"),
+    "host_memcpy": ("host", "memcpy_gbps"), "step_time": ("job_steps", "step_time_p50_s"),
+}
+
+UNITS = {"gbps": "GB/s", "tflops": "TFLOPS", "us": "µs", "ns": "ns", "iops": "IOPS", "percent": "%"}
+SEVERITY_ORDER = "CASE f.severity WHEN 'critical' THEN 0 WHEN 'warning' THEN 1 ELSE 2 END"
+
+
+class ReportError(CompareError):
+    """The report cannot be written (bad output path, no source); one sentence."""
+
+
+# ------------------------------------------------------------------------------------------ data
+
+
+def _flags(src) -> tuple[list[dict[str, Any]], int]:
+    if not has_table(src, "flags"):
+        return [], 0
+    total = src.query("SELECT count(*) AS n FROM flags WHERE state = 'open'")[0]["n"]
+    rows = src.query(f"""
+        SELECT f.flag_id, f.node_id, n.hostname, coalesce(n.pool, {_lit(NO_POOL)}) AS pool, f.gpu, f.kind,
+               f.component, f.severity, epoch(f.first_seen) AS first_seen, epoch(f.last_seen) AS last_seen,
+               f.value, f.unit, f.baseline, f.baseline_source, f.sentence
+        FROM flags f LEFT JOIN nodes n USING (node_id)
+        WHERE f.state = 'open'
+        ORDER BY {SEVERITY_ORDER}, f.kind, f.node_id, f.gpu NULLS FIRST, f.component
+        LIMIT {MAX_FLAGS}""")
+    return rows, int(total)
+
+
+def _distributions(src, w: Window) -> dict[tuple[str, str], list[tuple[str, list[tuple[str, float]]]]]:
+    """Per headline metric: [(pool, [(hostname, per-node median), ...]), ...]."""
+    pairs = ", ".join(f"({_lit(p)}, {_lit(m)})" for p, m, _ in HEADLINE)
+    rows = src.query(f"""
+        SELECT coalesce(n.pool, {_lit(NO_POOL)}) AS pool, n.hostname, m.probe, m.metric,
+               median(m.value) AS value
+        FROM probe_metrics m JOIN nodes n USING (node_id)
+        WHERE m.started_at >= {w.start_sql} AND m.started_at < {w.end_sql}
+          AND (m.probe, m.metric) IN ({pairs}) AND isfinite(m.value)
+        GROUP BY ALL ORDER BY pool, n.hostname""")
+    out: dict[tuple[str, str], dict[str, list[tuple[str, float]]]] = {}
+    for r in rows:
+        out.setdefault((r["probe"], r["metric"]), {}).setdefault(r["pool"], []).append(
+            (str(r["hostname"]), float(r["value"])))
+    return {k: sorted(v.items()) for k, v in out.items()}
+
+
+def _noisy(src, w: Window, flags: list[dict[str, Any]]) -> tuple[str, list[tuple[str, list[tuple[float, float]]]]]:
+    """Noisy nodes over time, each value as % of the fleet median of the same metric and GPU model."""
+    picks = [f for f in flags if f["kind"] == "noisy_neighbor_variance" and f["component"] in NOISY_SOURCES]
+    picks.sort(key=lambda f: -(f["value"] or 0))
+    chosen, seen = [], set()
+    for f in picks:
+        key = (f["node_id"], f["component"], f["gpu"])
+        if key not in seen:
+            seen.add(key)
+            chosen.append((f["node_id"], f["hostname"] or f["node_id"], f["component"], f["gpu"]))
+        if len(chosen) == MAX_NOISY_SERIES:
+            break
+    title = "Nodes with open noisy-neighbor flags: flagged metric over time (% of the fleet median)"
+    if not chosen:
+        rows = src.query(f"""
+            SELECT s.node_id, n.hostname, stddev_samp(s.step_time_p50_s) / avg(s.step_time_p50_s) AS cv
+            FROM job_steps s JOIN nodes n USING (node_id)
+            WHERE s.ts >= {w.start_sql} AND s.ts < {w.end_sql}
+            GROUP BY ALL HAVING count(*) >= 5 ORDER BY cv DESC NULLS LAST LIMIT {MAX_NOISY_SERIES}""")
+        chosen = [(r["node_id"], r["hostname"], "step_time", None) for r in rows]
+        title = ("No noisy-neighbor flags open: the nodes with the most variable step time "
+                 "(% of the fleet median)")
+    series = []
+    for node_id, host, comp, gpu in chosen:
+        probe, metric = NOISY_SOURCES[comp]
+        if probe == "job_steps":
+            sql = f"""
+                WITH ref AS (
+                    SELECT median(s.step_time_p50_s) AS ref FROM job_steps s
+                    WHERE s.ts >= {w.start_sql} AND s.ts < {w.end_sql}
+                      AND s.job_name IN (SELECT job_name FROM job_steps WHERE node_id = {_lit(node_id)}))
+                SELECT epoch(s.ts) AS t, median(s.step_time_p50_s) / any_value(ref.ref) * 100 AS v
+                FROM job_steps s, ref
+                WHERE s.node_id = {_lit(node_id)} AND s.ts >= {w.start_sql} AND s.ts < {w.end_sql}
+                GROUP BY 1 ORDER BY 1"""
+        else:
+            gpu_cond = "" if gpu is None else f" AND m.gpu = {int(gpu)}"
+            sql = f"""
+                WITH ref AS (
+                    SELECT median(m.value) AS ref FROM probe_metrics m JOIN nodes n USING (node_id)
+                    WHERE m.probe = {_lit(probe)} AND m.metric = {_lit(metric)}
+                      AND m.started_at >= {w.start_sql} AND m.started_at < {w.end_sql}
+                      AND n.gpu_model IS NOT DISTINCT FROM
+                          (SELECT gpu_model FROM nodes WHERE node_id = {_lit(node_id)}))
+                SELECT epoch(m.started_at) AS t, avg(m.value) / any_value(ref.ref) * 100 AS v
+                FROM probe_metrics m, ref
+                WHERE m.node_id = {_lit(node_id)} AND m.probe = {_lit(probe)} AND m.metric = {_lit(metric)}
+                  AND m.started_at >= {w.start_sql} AND m.started_at < {w.end_sql}{gpu_cond}
+                GROUP BY 1 ORDER BY 1"""
+        pts = [(float(r["t"]), float(r["v"])) for r in src.query(sql) if r["v"] is not None]
+        label = f"{host} {comp}" + ("" if gpu is None else f" gpu{gpu}")
+        series.append((label, pts))
+    return title, series
+
+
+def _bucket_s(span_s: float) -> int:
+    if span_s >= 6 * 3600:
+        return 3600
+    for b in (60, 300, 600, 900, 1800):
+        if span_s / b <= 30:
+            return b
+    return 3600
+
+
+def _heatmap(src, w: Window) -> tuple[str, list[str], list[float], list[list[float | None]], int]:
+    use_rollup = False
+    if has_table(src, "samples_1m"):
+        n = src.query(f"SELECT count(*) AS n FROM samples_1m WHERE metric = 'gpu_util_percent' "
+                      f"AND minute >= {w.start_sql} AND minute < {w.end_sql}")
+        use_rollup = bool(n and n[0]["n"])
+    if use_rollup:
+        base = (f"SELECT node_id, epoch(minute) AS t, sum AS s, n AS c FROM samples_1m "
+                f"WHERE metric = 'gpu_util_percent' AND gpu IS NOT NULL "
+                f"AND minute >= {w.start_sql} AND minute < {w.end_sql}")
+    else:
+        base = (f"SELECT node_id, epoch(ts) AS t, value AS s, 1 AS c FROM samples "
+                f"WHERE metric = 'gpu_util_percent' AND gpu IS NOT NULL AND ts >= {w.start_sql} AND ts < {w.end_sql}")
+    span = src.query(f"SELECT min(t) AS lo, max(t) AS hi FROM ({base})")
+    if not span or span[0]["lo"] is None:
+        return "GPU utilization by node", [], [], [], 0
+    lo, hi = float(span[0]["lo"]), float(span[0]["hi"])
+    b = _bucket_s(hi - lo + 60)
+    rows = src.query(f"""
+        SELECT b.node_id, n.hostname, coalesce(n.pool, {_lit(NO_POOL)}) AS pool,
+               floor(b.t / {b}) * {b} AS bucket, sum(b.s) / sum(b.c) AS util
+        FROM ({base}) b JOIN nodes n USING (node_id)
+        GROUP BY ALL""")
+    cols = sorted({float(r["bucket"]) for r in rows})
+    col_ix = {c: i for i, c in enumerate(cols)}
+    nodes: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        d = nodes.setdefault(r["node_id"], {"host": r["hostname"], "pool": r["pool"], "v": [None] * len(cols)})
+        d["v"][col_ix[float(r["bucket"])]] = float(r["util"])
+    def mean(vals):
+        vv = [v for v in vals if v is not None]
+        return sum(vv) / len(vv) if vv else 0.0
+    picked = list(nodes.values())
+    total = len(picked)
+    if total > MAX_HEATMAP_ROWS:
+        picked = sorted(picked, key=lambda d: mean(d["v"]))[:MAX_HEATMAP_ROWS]
+    picked.sort(key=lambda d: (d["pool"], d["host"]))
+    unit = "hour" if b == 3600 else f"{b // 60} min"
+    title = f"GPU utilization by node and {unit} (mean over the node's GPUs)"
+    if total > MAX_HEATMAP_ROWS:
+        title += f" — the {MAX_HEATMAP_ROWS} least-utilized of {total} nodes"
+    return title, [f"{d['host']} ({d['pool']})" for d in picked], cols, [d["v"] for d in picked], b
+
+
+# ------------------------------------------------------------------------------------------ HTML
+
+CSS = """
+:root { --fg:#1d2330; --muted:#667; --line:#dde1e7; --bg:#f6f7f9; --warn:#b7791f; --crit:#c53030; --info:#3b6fb6; }
+* { box-sizing: border-box; }
+body { margin:0; font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color:var(--fg); background:var(--bg); }
+header { background:#1d2330; color:#fff; padding:18px 28px; }
+header h1 { margin:0 0 4px; font-size:21px; }
+header .sub { color:#c8cfdb; font-size:13px; }
+main { padding:8px 28px 40px; max-width:1400px; }
+section { background:#fff; border:1px solid var(--line); border-radius:8px; padding:14px 18px; margin:16px 0; }
+h2 { font-size:17px; margin:0 0 10px; }
+h3 { font-size:14px; margin:14px 0 6px; }
+.synthetic { background:#fff4d6; border:1px solid #e5c46b; color:#6b4e00; padding:8px 12px; border-radius:6px; margin:14px 0 0; font-weight:600; }
+.cards { display:flex; flex-wrap:wrap; gap:10px; }
+.card { border:1px solid var(--line); border-radius:6px; padding:8px 14px; min-width:150px; }
+.card .v { font-size:22px; font-weight:650; }
+.card .k { color:var(--muted); font-size:12px; }
+table { border-collapse:collapse; width:100%; font-size:13px; }
+th, td { text-align:left; padding:5px 8px; border-bottom:1px solid var(--line); vertical-align:top; }
+th { background:#f0f2f5; position:sticky; top:0; }
+table.sortable th { cursor:pointer; user-select:none; }
+table.sortable th:after { content:" \\2195"; color:#aab; font-size:11px; }
+td.num { text-align:right; font-variant-numeric: tabular-nums; white-space:nowrap; }
+.sev { font-weight:600; text-transform:uppercase; font-size:11px; }
+.sev-critical { color:var(--crit); } .sev-warning { color:var(--warn); } .sev-info { color:var(--info); }
+.muted { color:var(--muted); }
+.grid { display:flex; flex-wrap:wrap; gap:10px; }
+.scroll { max-height:520px; overflow:auto; border:1px solid var(--line); border-radius:6px; }
+input[type=search] { padding:5px 8px; width:320px; border:1px solid #bbc; border-radius:5px; margin-bottom:8px; }
+svg.plot { background:#fff; border:1px solid var(--line); border-radius:6px; }
+footer { color:var(--muted); font-size:12px; padding:0 28px 24px; }
+"""
+
+# Table sorting and the flag filter. Written for this report; no library.
+SCRIPT = """
+(function () {
+  function cellValue(td) {
+    var s = td.getAttribute('data-sort');
+    if (s !== null && s !== '' && !isNaN(Number(s))) { return Number(s); }
+    return td.textContent.trim().toLowerCase();
+  }
+  var tables = document.querySelectorAll('table.sortable');
+  Array.prototype.forEach.call(tables, function (table) {
+    var heads = table.querySelectorAll('thead th');
+    Array.prototype.forEach.call(heads, function (th, col) {
+      th.addEventListener('click', function () {
+        var body = table.tBodies[0];
+        var rows = Array.prototype.slice.call(body.rows);
+        var dir = th.getAttribute('data-dir') === 'asc' ? -1 : 1;
+        th.setAttribute('data-dir', dir === 1 ? 'asc' : 'desc');
+        rows.sort(function (a, b) {
+          var x = cellValue(a.cells[col]), y = cellValue(b.cells[col]);
+          if (typeof x === 'number' && typeof y === 'number') { return (x - y) * dir; }
+          return String(x).localeCompare(String(y)) * dir;
+        });
+        rows.forEach(function (r) { body.appendChild(r); });
+      });
+    });
+  });
+  var filter = document.getElementById('flag-filter');
+  if (filter) {
+    filter.addEventListener('input', function () {
+      var q = filter.value.trim().toLowerCase();
+      var rows = document.querySelectorAll('#flags-table tbody tr');
+      var shown = 0;
+      Array.prototype.forEach.call(rows, function (r) {
+        var hit = !q || r.textContent.toLowerCase().indexOf(q) !== -1;
+        r.style.display = hit ? '' : 'none';
+        if (hit) { shown += 1; }
+      });
+      var count = document.getElementById('flag-count');
+      if (count) { count.textContent = shown + ' shown'; }
+    });
+  }
+  document.body.setAttribute('data-ready', '1');
+})();
+"""
+
+
+def _td(text: str, sort: Any = None, cls: str = "") -> str:
+    attrs = ""
+    if sort is not None:
+        attrs += f' data-sort="{escape(str(sort))}"'
+    if cls:
+        attrs += f' class="{cls}"'
+    return f"<td{attrs}>{escape(text)}</td>"
+
+
+def _ts(t: float | None) -> str:
+    if t is None:
+        return "-"
+    return datetime.fromtimestamp(float(t), timezone.utc).strftime("%Y-%m-%d %H:%M")
+
+
+def _summary_html(c: PoolComparison, flags_total: int, flags: list[dict[str, Any]]) -> str:
+    gpus = sum(p["gpus"] for p in c.pools)
+    virt = sum(p["virtualized_nodes"] for p in c.pools)
+    gpu_hours = sum(p["gpu_hours"] for p in c.pools)
+    eff = sum(p["effective_gpu_hours"] for p in c.pools)
+    by_kind = {k: 0 for k in FLAG_KINDS}
+    lost = 0.0
+    for f in flags:
+        by_kind[f["kind"]] = by_kind.get(f["kind"], 0) + 1
+        if f["kind"] == "utilization_gap" and f["unit"] in ("gpu_hours", "GPU-hours", "gpu-hours") and f["value"]:
+            lost += float(f["value"])
+    cards = [
+        (str(c.total_nodes), f"nodes ({virt} virtualized)"),
+        (str(len(c.pools)), "pools"),
+        (str(gpus), "GPUs"),
+        (f"{gpu_hours:,.1f}", "GPU-hours sampled in the window"),
+        (f"{(eff / gpu_hours * 100) if gpu_hours else 0:.1f} %", "effective GPU utilization"),
+        (str(flags_total), "open flags"),
+    ]
+    cards += [(str(by_kind.get(k, 0)), f"open {k}") for k in FLAG_KINDS]
+    if lost:
+        cards.append((f"{lost:,.1f}", "GPU-hours lost (open utilization_gap flags)"))
+    return "<div class='cards'>" + "".join(
+        f"<div class='card'><div class='v'>{escape(v)}</div><div class='k'>{escape(k)}</div></div>"
+        for v, k in cards) + "</div>"
+
+
+def _flags_html(flags: list[dict[str, Any]], total: int) -> str:
+    if not flags:
+        return "<p class='muted' id='no-flags'>No open flags.</p>"
+    head = ["severity", "kind", "component", "node", "pool", "GPU", "value", "baseline", "since", "sentence"]
+    rows = []
+    for f in flags:
+        sev = str(f["severity"])
+        val = "-" if f["value"] is None else f"{fmt_value(float(f['value']))} {f['unit'] or ''}".strip()
+        base = ("no baseline" if f["baseline"] is None
+                else f"{fmt_value(float(f['baseline']))} ({f['baseline_source'] or '?'})")
+        rank = {"critical": 0, "warning": 1}.get(sev, 2)
+        rows.append("<tr class='flag'>"
+                    f"<td data-sort='{rank}' class='sev sev-{escape(sev)}'>{escape(sev)}</td>"
+                    + _td(str(f["kind"])) + _td(str(f["component"] or "-"))
+                    + _td(str(f["hostname"] or f["node_id"])) + _td(str(f["pool"]))
+                    + _td("-" if f["gpu"] is None else str(f["gpu"]), -1 if f["gpu"] is None else f["gpu"], "num")
+                    + _td(val, f["value"], "num") + _td(base, f["baseline"], "num")
+                    + _td(_ts(f["first_seen"]), f["first_seen"]) + _td(str(f["sentence"])) + "</tr>")
+    more = f" (showing the first {len(flags)} of {total})" if total > len(flags) else ""
+    return (f"<input type='search' id='flag-filter' placeholder='filter flags (node, pool, kind, text)'> "
+            f"<span class='muted' id='flag-count'>{len(flags)} shown{more}</span>"
+            "<div class='scroll'><table class='sortable' id='flags-table'><thead><tr>"
+            + "".join(f"<th>{h}</th>" for h in head) + "</tr></thead><tbody>" + "".join(rows)
+            + "</tbody></table></div>")
+
+
+def _compare_html(c: PoolComparison) -> str:
+    if c.window is None:
+        return "<p class='muted'>No data stored yet.</p>"
+    pools = c.pool_names
+    out = ["<table id='pool-summary'><thead><tr><th>pool</th>" + "".join(f"<th>{escape(p)}</th>" for p in pools)
+           + "</tr></thead><tbody>"]
+    for label, cells in pool_rows(c):
+        out.append("<tr>" + _td(label) + "".join(_td(x, cls="num") for x in cells) + "</tr>")
+    out.append("</tbody></table>")
+    ref = f" In brackets: difference of the median from <b>{escape(c.reference_pool)}</b>." if c.reference_pool else ""
+    out.append(f"<h3>Probes</h3><p class='muted'>Median [p10–p90] ± half the p10–p90 spread, over the window's "
+               f"runs.{ref}</p>")
+    out.append("<table id='pool-probes'><thead><tr><th>probe metric</th>"
+               + "".join(f"<th>{escape(p)}</th>" for p in pools) + "</tr></thead><tbody>")
+    for probe, metric, better in HEADLINE:
+        cells = [probe_cell(c.probe(p, probe, metric), c.reference_pool) for p in pools]
+        if any(x != "-" for x in cells):
+            out.append("<tr>" + _td(f"{probe} {metric} ({better} is better)")
+                       + "".join(_td(x, cls="num") for x in cells) + "</tr>")
+    out.append("</tbody></table>")
+    out.append("<h3>Throughput per GPU for the same job</h3>")
+    if c.jobs:
+        out.append("<table class='sortable' id='pool-jobs'><thead><tr><th>job</th><th>pool</th><th>GPUs</th>"
+                   "<th>tokens/s per GPU</th><th>samples/s per GPU</th><th>step time p50 (s)</th></tr></thead><tbody>")
+        for j in c.jobs:
+            out.append("<tr>" + _td(j["job_name"]) + _td(j["pool"]) + _td(str(j["ranks"]), j["ranks"], "num")
+                       + _td(fmt_value(j["tokens_per_s_per_gpu"]), j["tokens_per_s_per_gpu"], "num")
+                       + _td(fmt_value(j["samples_per_s_per_gpu"]), j["samples_per_s_per_gpu"], "num")
+                       + _td(fmt_value(j["step_time_p50_s"]), j["step_time_p50_s"], "num") + "</tr>")
+        out.append("</tbody></table>")
+    else:
+        out.append("<p class='muted'>No job step data in the window.</p>")
+    return "".join(out)
+
+
+def render_report(src, window_s: float = 86400.0, reference_pool: str | None = None,
+                  source_label: str = "") -> str:
+    """Build the report HTML from a DbSource or RpcSource."""
+    c = compare_pools(src, window_s, reference_pool)
+    flags, flags_total = _flags(src)
+    w = c.window
+    plots_dist, noisy_svg, heat_svg = [], "", ""
+    if w is not None:
+        dists = _distributions(src, w)
+        for probe, metric, better in HEADLINE:
+            groups = dists.get((probe, metric), [])
+            unit = UNITS.get(metric.rsplit("_", 1)[-1], "")
+            plots_dist.append(svgplot.box_strip(f"dist-{probe}-{metric}", f"{probe}: {metric}", unit, groups,
+                                                note=f"{better} is better; one point per node"))
+        title, series = _noisy(src, w, flags)
+        noisy_svg = svgplot.lines("noisy-over-time", title, "% of fleet median", series, reference=100.0,
+                                  width=980)
+        htitle, rows, cols, values, b = _heatmap(src, w)
+        heat_svg = svgplot.heatmap("util-heatmap", htitle, rows, cols, values, b, width=980)
+    now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    window_text = "no data" if w is None else f"{w.iso('start')} to {w.iso('end')}"
+    synthetic = ""
+    if c.synthetic_nodes:
+        synthetic = (f"<div class='synthetic' id='synthetic-banner'>SYNTHETIC DATA: {c.synthetic_nodes} of "
+                     f"{c.total_nodes} nodes were simulated by gpuagent-sim; their figures are generated, "
+                     f"not measured.</div>")
+    body = [
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
+        "<meta name='viewport' content='width=device-width, initial-scale=1'>",
+        f"<title>gpuagent fleet report — {escape(window_text)}</title>",
+        f"<style>{CSS}</style></head><body>",
+        "<header><h1>gpuagent fleet report</h1>",
+        f"<div class='sub'>Window {escape(window_text)} (ends at the newest stored data) · source "
+        f"{escape(source_label)} · generated {now}</div></header><main>",
+        synthetic,
+        "<section id='summary'><h2>Fleet summary</h2>", _summary_html(c, flags_total, flags), "</section>",
+        "<section id='flags'><h2>Open flags</h2>", _flags_html(flags, flags_total), "</section>",
+        "<section id='compare'><h2>Pool comparison</h2>", _compare_html(c), "</section>",
+        "<section id='distributions'><h2>Probe results by pool</h2>"
+        "<p class='muted'>Each point is one node's median over the window; box p25–p75, whiskers p10–p90.</p>"
+        "<div class='grid'>", "".join(plots_dist) or "<p class='muted'>No data.</p>", "</div></section>",
+        "<section id='noisy'><h2>Noisy nodes over time</h2>", noisy_svg or "<p class='muted'>No data.</p>",
+        "</section>",
+        "<section id='utilization'><h2>GPU utilization</h2>", heat_svg or "<p class='muted'>No data.</p>",
+        "</section>",
+        "</main><footer>Written by gpuagent-collector report. Self-contained: no external resources.</footer>",
+        f"<script>{SCRIPT}</script></body></html>",
+    ]
+    return "\n".join(body)
+
+
+def write_report(out: str, db: str | None = None, target: str | None = None, window: str = "24h",
+                 token: str | None = None, reference_pool: str | None = None,
+                 tls_ca: str | None = None) -> dict[str, Any]:
+    """The library call behind ``gpuagent-collector report``: writes ``out`` atomically, returns a summary."""
+    seconds = parse_window(window)
+    out_dir = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(out_dir):
+        raise ReportError(f"cannot write {out}: directory {out_dir} does not exist")
+    src = open_source(db, target, token, tls_ca)
+    try:
+        html = render_report(src, seconds, reference_pool, source_label=src.label)
+    finally:
+        src.close()
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".report-", suffix=".html", dir=out_dir)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(html)
+        os.replace(tmp, out)
+    except OSError as exc:
+        raise ReportError(f"cannot write {out}: {exc.strerror}") from None
+    return {"out": out, "bytes": len(html.encode()), "svg_plots": html.count("<svg class=\"plot"),
+            "synthetic": "id='synthetic-banner'" in html}

@@ -1,0 +1,469 @@
+"""The collector's gRPC server: Register, Stream (batches in, acks out) and read-only Query.
+
+``start_collector`` is the library entry point (tests and other tools use it); the
+``gpuagent-collector serve`` command is a thin wrapper around it. The server runs grpc.aio on an
+event loop in its own thread, so hundreds of long-lived agent streams cost no thread each.
+Validation and Arrow conversion happen in the handlers; the single writer thread (writer.py) owns
+the DuckDB connection and group-commits. An Ack is sent only after the commit holding its batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import ipaddress
+import logging
+import re
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from gpuagent.collector import schema, sqlguard
+from gpuagent.collector.auth import BearerTokenInterceptor
+from gpuagent.collector.writer import BatchError, Limits, StorageError, Writer, prepare_batch, register_node
+from gpuagent.proto import pb, pb_grpc
+
+log = logging.getLogger("gpuagent.collector")
+
+SERVICE_NAME = "gpuagent.v1.Collector"
+
+
+class CollectorError(RuntimeError):
+    """The collector cannot start or keep running; the message is one sentence for a person."""
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    max_message_bytes: int = 64 * 1024 * 1024
+    max_inflight_samples: int = 4_000_000     # bound on samples validated but not yet committed (memory)
+    query_max_rows: int = 10_000
+    query_timeout_s: float = 60.0
+    stop_grace_s: float = 2.0
+
+
+# ------------------------------------------------------------------------------- listen policy
+
+def split_listen(listen: str) -> tuple[str, int]:
+    """'HOST:PORT' or '[v6]:PORT' -> (host, port)."""
+    m = re.fullmatch(r"\[([^\]]+)\]:(\d+)|([^:\[\]]+):(\d+)", listen.strip())
+    if not m:
+        raise CollectorError(f"--listen {listen!r} is not HOST:PORT (for example 127.0.0.1:50051)")
+    host = m.group(1) or m.group(3)
+    port = int(m.group(2) or m.group(4))
+    if port > 65535:
+        raise CollectorError(f"--listen {listen!r} has port {port}, above 65535")
+    return host, port
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_listen_policy(listen: str, token: str | None, tls: bool, insecure: bool) -> None:
+    """Refuse exposed setups that would let anyone on the network write or read the fleet's data."""
+    host, _ = split_listen(listen)
+    if is_loopback(host):
+        return
+    if not token:
+        raise CollectorError(
+            f"refusing to listen on {listen} without a token: beyond loopback anyone who can reach the port "
+            "could write data and read the database, so pass --token or --token-file "
+            "(or GPUAGENT_COLLECTOR_TOKEN)")
+    if not tls and not insecure:
+        raise CollectorError(
+            f"refusing to listen on {listen} in plaintext: the token and the data would cross the network "
+            "unencrypted, so pass --tls-cert/--tls-key, or --insecure if the network is trusted")
+
+
+# ------------------------------------------------------------------------------- database
+
+_LOCK_RE = re.compile(r"Conflicting lock is held in (?P<prog>.*?) \(PID (?P<pid>\d+)\)(?: by user (?P<user>\S+))?")
+
+
+def describe_open_error(db_path: str, exc: Exception) -> str:
+    """One sentence for why ``db_path`` could not be opened."""
+    text = str(exc)
+    m = _LOCK_RE.search(text)
+    if m:
+        pid = int(m.group("pid"))
+        who = m.group("prog")
+        try:
+            import psutil
+
+            who = " ".join(psutil.Process(pid).cmdline()) or who
+        except Exception:  # noqa: BLE001 - best effort: the PID alone is still useful
+            pass
+        user = f" (user {m.group('user')})" if m.group("user") else ""
+        return (f"the database {db_path} is already open in another process, PID {pid}{user}: {who}; "
+                "stop that collector first or use another --db")
+    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    return f"cannot open the database {db_path}: {first}"
+
+
+def open_database(db_path: str | Path) -> duckdb.DuckDBPyConnection:
+    """Open (creating if needed) and migrate the database, then close it to everything external.
+
+    After this, no connection or cursor of this database can read or write files other than its own,
+    load extensions or change settings; the SQL guard relies on it.
+    """
+    db_path = str(db_path)
+    parent = Path(db_path).expanduser().resolve().parent
+    if not parent.is_dir():
+        raise CollectorError(f"cannot open the database {db_path}: the folder {parent} does not exist")
+    try:
+        con = duckdb.connect(db_path)
+    except duckdb.Error as exc:
+        raise CollectorError(describe_open_error(db_path, exc)) from None
+    try:
+        schema.migrate(con)
+        con.execute("SET autoinstall_known_extensions = false")
+        con.execute("SET autoload_known_extensions = false")
+        con.execute("SET enable_external_access = false")
+        con.execute("SET lock_configuration = true")
+    except schema.SchemaError as exc:
+        con.close()
+        raise CollectorError(str(exc)) from None
+    except duckdb.Error as exc:
+        con.close()
+        first = str(exc).strip().splitlines()[0]
+        raise CollectorError(f"cannot prepare the database {db_path}: {first}") from None
+    return con
+
+
+# ------------------------------------------------------------------------------- servicer
+
+_END = object()
+
+
+class _StreamState:
+    __slots__ = ("out", "pending", "idle")
+
+    def __init__(self):
+        self.out: asyncio.Queue = asyncio.Queue()
+        self.pending = 0
+        self.idle = asyncio.Event()
+        self.idle.set()
+
+
+class CollectorServicer(pb_grpc.CollectorServicer):
+    def __init__(self, writer: Writer, cursor_factory, limits: Limits, options: ServerOptions,
+                 analyzer_config=None):
+        self._writer = writer
+        self._analyzer_config = analyzer_config
+        self._cursor_factory = cursor_factory
+        self._limits = limits
+        self._options = options
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._inflight = 0
+        self._space: asyncio.Event | None = None
+        self._query_pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="gpuagent-query")
+
+    def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._space = asyncio.Event()
+
+    def close(self) -> None:
+        self._query_pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- Register
+    async def Register(self, request: pb.RegisterRequest, context):
+        node = request.node
+        if not node.machine_id or not node.hostname:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                "Register needs node.hostname and node.machine_id")
+        writer = self._writer
+
+        def do(con):
+            node_id = register_node(con, node)
+            writer.known_nodes.add(node_id)
+            return node_id, writer.node_seqs(node_id).highest
+
+        try:
+            node_id, highest = await asyncio.wrap_future(writer.call(do))
+        except BatchError as exc:
+            await context.abort(grpc.StatusCode[exc.code], exc.message)
+        except duckdb.Error as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE,
+                                f"the collector could not store the registration: {str(exc).splitlines()[0]}")
+        log.info("registered node %s (machine_id %s, hostname %s)", node_id, node.machine_id, node.hostname)
+        return pb.RegisterResponse(node_id=node_id, last_committed_seq=highest)
+
+    # -- Stream
+    def _deliver(self, state: _StreamState, n_samples: int, ack, exc) -> None:
+        """Runs on the event loop: the writer finished a batch of this stream."""
+        if exc is not None:
+            state.out.put_nowait(("UNAVAILABLE", f"{exc}; resend later"))
+        else:
+            state.out.put_nowait(ack)
+        state.pending -= 1
+        if state.pending == 0:
+            state.idle.set()
+        self._inflight -= n_samples
+        self._space.set()
+
+    async def _reserve(self, n: int) -> None:
+        while self._inflight and self._inflight + n > self._options.max_inflight_samples:
+            self._space.clear()
+            await self._space.wait()
+        self._inflight += n
+
+    async def _read(self, request_iterator, state: _StreamState) -> None:
+        loop = self._loop
+        error = None
+        try:
+            async for batch in request_iterator:
+                try:
+                    if batch.node_id and batch.node_id not in self._writer.known_nodes:
+                        raise BatchError("FAILED_PRECONDITION",
+                                         f"node {batch.node_id!r} is not registered with this collector; "
+                                         "call Register first")
+                    prepared = prepare_batch(batch, self._limits)
+                except BatchError as exc:
+                    error = (exc.code, f"batch seq {batch.seq}: {exc.message}")
+                    break
+                n = prepared.n_samples
+                await self._reserve(n)
+                state.pending += 1
+                state.idle.clear()
+
+                def callback(ack, exc, _state=state, _n=n):
+                    loop.call_soon_threadsafe(self._deliver, _state, _n, ack, exc)
+
+                self._writer.submit(prepared, callback)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a broken request stream ends this stream only
+            error = ("INTERNAL", f"reading the stream failed: {exc}")
+        await state.idle.wait()
+        state.out.put_nowait(error if error else _END)
+
+    async def Stream(self, request_iterator, context):
+        state = _StreamState()
+        reader = asyncio.ensure_future(self._read(request_iterator, state))
+        try:
+            while True:
+                item = await state.out.get()
+                if item is _END:
+                    return
+                if isinstance(item, tuple):
+                    code, message = item
+                    await context.abort(grpc.StatusCode[code], message)
+                yield item
+        finally:
+            reader.cancel()
+
+    # -- Query
+    async def Query(self, request: pb.QueryRequest, context):
+        cap = self._options.query_max_rows
+        max_rows = min(request.max_rows, cap) if request.max_rows else cap
+        try:
+            result = await asyncio.get_running_loop().run_in_executor(
+                self._query_pool, sqlguard.run_readonly, self._cursor_factory, request.sql, max_rows,
+                self._options.query_timeout_s)
+        except sqlguard.QueryRefused as exc:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
+        except sqlguard.QueryFailed as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        return pb.QueryResponse(columns=result.columns, column_types=result.column_types,
+                                rows_json=result.rows_json(), truncated=result.truncated)
+
+
+    # -- Analyze
+    async def Analyze(self, request: pb.AnalyzeRequest, context):
+        """One analysis pass now, on the writer thread (the single-writer rule), then the open flags."""
+        from gpuagent.collector import analyzer as an  # noqa: PLC0415 - only the analyzer needs it
+
+        config = self._analyzer_config or an.AnalyzerConfig()
+        if request.window_s < 0:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "window_s must be positive (or 0 for the default)")
+        if request.window_s > 0:
+            config = an.config_with(config, window_s=request.window_s)
+        limit = request.max_flags or 1000
+        try:
+            analyzer = an.Analyzer(config)
+            result = await asyncio.wrap_future(
+                self._writer.call(lambda con: an.run_in_transaction(con, analyzer.run_pass)))
+            flags = await asyncio.get_running_loop().run_in_executor(
+                self._query_pool, lambda: an.open_flags(self._cursor_factory(), limit + 1))
+        except an.AnalyzerError as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        except duckdb.Error as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE,
+                                f"the analysis pass failed in the database: {str(exc).splitlines()[0]}")
+        return pb.AnalyzeResponse(pass_json=an.dumps(result.as_dict()), flags_json=an.dumps(flags[:limit]),
+                                  truncated=len(flags) > limit)
+
+
+# ------------------------------------------------------------------------------- lifecycle
+
+class CollectorHandle:
+    """A running collector: ``.port``, ``.address``, ``.stop()``. Also a context manager."""
+
+    def __init__(self, db_path: str, con: duckdb.DuckDBPyConnection, writer: Writer,
+                 servicer: CollectorServicer, options: ServerOptions):
+        self.db_path = db_path
+        self.port: int = 0
+        self.address: str = ""
+        self._con = con
+        self._writer = writer
+        self._servicer = servicer
+        self._options = options
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop_event: asyncio.Event | None = None
+        self._thread: threading.Thread | None = None
+        self._stopped = threading.Event()
+        self._lock = threading.Lock()
+        self._closed = False
+        self.analyzer = None   # the scheduled analysis thread (analyzer.AnalyzerThread), when running
+
+    @property
+    def writer(self) -> Writer:
+        return self._writer
+
+    def stop(self, grace: float | None = None) -> None:
+        """Stop accepting calls, store everything already queued, commit and close the database."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        if self._loop is not None and self._stop_event is not None and self._thread is not None:
+            grace = self._options.stop_grace_s if grace is None else grace
+            self._loop.call_soon_threadsafe(self._stop_event.set)
+            self._thread.join(grace + 30)
+        if self.analyzer is not None:
+            self.analyzer.stop()
+        self._writer.stop()
+        self._servicer.close()
+        try:
+            self._con.close()
+        except duckdb.Error as exc:  # pragma: no cover - closing after a disk error
+            log.error("closing the database failed: %s", str(exc).splitlines()[0])
+        self._stopped.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._stopped.wait(timeout)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def start_collector(db_path: str | Path, listen: str = "127.0.0.1:0", token: str | None = None, *,
+                    tls_cert: str | None = None, tls_key: str | None = None, insecure: bool = False,
+                    reflection: bool = False, limits: Limits = Limits(),
+                    options: ServerOptions = ServerOptions(), analyzer_config=None,
+                    analyze: bool = True) -> CollectorHandle:
+    """Open the database, start the writer and the gRPC server; return once it listens.
+
+    With ``analyze`` (the default) an analysis pass runs every ``analyzer_config.interval_s`` on the writer
+    (see collector/analyzer.py); ``analyzer_config`` also serves on-demand Analyze calls.
+
+    Raises CollectorError (one sentence) when it cannot start: policy, lock held, bind failure.
+    """
+    db_path = str(db_path)
+    tls = bool(tls_cert or tls_key)
+    if tls and not (tls_cert and tls_key):
+        raise CollectorError("TLS needs both --tls-cert and --tls-key")
+    check_listen_policy(listen, token, tls, insecure)
+    creds = None
+    if tls:
+        try:
+            creds = grpc.ssl_server_credentials([(Path(tls_key).read_bytes(), Path(tls_cert).read_bytes())])
+        except OSError as exc:
+            raise CollectorError(f"cannot read the TLS key or certificate: {exc.strerror}: {exc.filename}") from None
+    if reflection:
+        try:
+            from grpc_reflection.v1alpha import reflection as grpc_reflection
+        except ImportError:
+            raise CollectorError("--reflection needs the grpcio-reflection package "
+                                 "(pip install 'gpuagent[collector]')") from None
+    con = open_database(db_path)
+    reader_root = con.cursor()
+    cursor_lock = threading.Lock()
+
+    def cursor_factory():
+        with cursor_lock:
+            return reader_root.cursor()
+
+    writer = Writer(con)
+    servicer = CollectorServicer(writer, cursor_factory, limits, options, analyzer_config)
+    handle = CollectorHandle(db_path, con, writer, servicer, options)
+    started = threading.Event()
+    failure: list[BaseException] = []
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        servicer.bind_loop(loop)
+        handle._loop = loop
+        handle._stop_event = asyncio.Event()
+        interceptors = [BearerTokenInterceptor(token)] if token else []
+        server = grpc.aio.server(
+            interceptors=interceptors,
+            options=[("grpc.max_receive_message_length", options.max_message_bytes),
+                     ("grpc.max_send_message_length", options.max_message_bytes),
+                     ("grpc.so_reuseport", 0)])
+        pb_grpc.add_CollectorServicer_to_server(servicer, server)
+        health_servicer = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        if reflection:
+            grpc_reflection.enable_server_reflection(
+                (SERVICE_NAME, health.SERVICE_NAME, grpc_reflection.SERVICE_NAME), server)
+        try:
+            port = server.add_secure_port(listen, creds) if creds else server.add_insecure_port(listen)
+        except RuntimeError as exc:
+            raise CollectorError(f"cannot listen on {listen}: {exc}") from None
+        if not port:
+            raise CollectorError(f"cannot listen on {listen}: the address is in use or not available here")
+        await server.start()
+        for name in ("", SERVICE_NAME):
+            await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        host, _ = split_listen(listen)
+        handle.port = port
+        handle.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        started.set()
+        await handle._stop_event.wait()
+        for name in ("", SERVICE_NAME):
+            await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await server.stop(options.stop_grace_s)
+
+    def run():
+        try:
+            asyncio.run(main())
+        except BaseException as exc:  # noqa: BLE001 - reported to start_collector's caller
+            failure.append(exc)
+            started.set()
+
+    thread = threading.Thread(target=run, name="gpuagent-collector-grpc", daemon=True)
+    handle._thread = thread
+    thread.start()
+    started.wait()
+    if failure:
+        handle._loop = None
+        handle.stop()
+        exc = failure[0]
+        if isinstance(exc, CollectorError):
+            raise exc
+        raise CollectorError(f"the collector failed to start: {exc}") from exc
+    if analyze:
+        from gpuagent.collector import analyzer as an  # noqa: PLC0415
+
+        try:
+            analysis = an.Analyzer(analyzer_config)
+        except an.AnalyzerError as exc:
+            handle.stop()
+            raise CollectorError(str(exc)) from None
+        handle.analyzer = an.AnalyzerThread(
+            analysis, lambda fn: writer.call(lambda c: an.run_in_transaction(c, fn)).result(),
+            on_error=lambda exc: log.error("analysis pass failed: %s", exc)).start()
+    return handle

@@ -1,0 +1,176 @@
+"""Read-only SQL for the Query RPC (``gpuagent-collector sql``) against the live database.
+
+Three independent layers, so that one gap does not open the file to writes:
+
+1. the statement itself: DuckDB's own parser (``extract_statements``) must find exactly one
+   statement of a read kind (SELECT, or EXPLAIN of a SELECT), and the parsed tree
+   (``json_serialize_sql``) must not call functions that change state or reach outside the database;
+2. the database: the collector disables external access (no file, network or extension access at
+   all, including ``read_csv``, ``COPY``, ``ATTACH``, ``INSTALL``/``LOAD``) and locks the configuration
+   (no ``SET``) right after it opens the file;
+3. the transaction: every query runs in ``BEGIN TRANSACTION READ ONLY`` on its own cursor and is
+   rolled back afterwards, so DuckDB itself refuses any write that got this far.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import decimal
+import json
+import re
+import threading
+import uuid
+from dataclasses import dataclass
+
+import duckdb
+
+
+class QueryRefused(ValueError):
+    """The query is not allowed on the read-only endpoint (message says why)."""
+
+
+class QueryFailed(RuntimeError):
+    """DuckDB could not run the query (syntax error, unknown table, timeout, ...)."""
+
+
+_ALLOWED = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
+
+_REFUSE_REASON = {
+    "INSERT": "it writes", "UPDATE": "it writes", "DELETE": "it writes", "CREATE": "it writes",
+    "DROP": "it writes", "ALTER": "it writes", "COPY": "it reads or writes files",
+    "EXPORT": "it writes files", "ATTACH": "it attaches another database", "DETACH": "it detaches a database",
+    "LOAD": "it installs or loads an extension", "SET": "it changes settings", "PRAGMA": "it changes settings",
+    "TRANSACTION": "transactions are managed by the collector", "CALL": "it calls a procedure",
+    "VACUUM": "it writes", "ANALYZE": "it writes statistics", "PREPARE": "it prepares statements",
+    "EXECUTE": "it executes prepared statements", "VARIABLE_SET": "it changes settings",
+    "MULTI": "it writes", "MERGE_INTO": "it writes", "CREATE_FUNC": "it writes",
+    "COPY_DATABASE": "it copies a database", "EXTENSION": "it installs or loads an extension",
+}
+
+# Functions that change state, read outside the database, or run SQL text we did not inspect.
+_DENY_FUNCS = {
+    "nextval", "setseed", "query", "query_table", "glob", "getenv", "sniff_csv", "read_text", "read_blob",
+    "install", "load", "checkpoint", "force_checkpoint", "duckdb_secrets", "which_secret",
+}
+_DENY_PREFIXES = ("read_", "parquet_", "sqlite_", "postgres_", "mysql_", "iceberg_", "delta_", "json_execute",
+                  "csv_", "http", "s3", "ducklake")
+
+_EXPLAIN_HEAD = re.compile(r"^\s*explain\s+(analyze\s+)?", re.IGNORECASE)
+
+
+def _walk_functions(node, out: set[str]) -> None:
+    if isinstance(node, dict):
+        name = node.get("function_name")
+        if isinstance(name, str):
+            out.add(name.lower())
+        for v in node.values():
+            _walk_functions(v, out)
+    elif isinstance(node, list):
+        for v in node:
+            _walk_functions(v, out)
+
+
+def check(con: duckdb.DuckDBPyConnection, sql: str) -> str:
+    """Return the single statement's text if it may run read-only; raise QueryRefused otherwise."""
+    if not sql or not sql.strip():
+        raise QueryRefused("the query is empty")
+    try:
+        statements = con.extract_statements(sql)
+    except duckdb.Error as exc:
+        raise QueryFailed(str(exc).strip()) from None
+    if len(statements) != 1:
+        raise QueryRefused(f"send exactly one statement per query (found {len(statements)})")
+    stmt = statements[0]
+    text = stmt.query.strip()
+    if stmt.type not in _ALLOWED:
+        kind = stmt.type.name
+        reason = _REFUSE_REASON.get(kind, "it is not a read-only query")
+        raise QueryRefused(f"refused: {kind} statements are not allowed on the read-only SQL endpoint "
+                           f"because {reason}; only SELECT (and EXPLAIN SELECT) can run here")
+    inner = text
+    if stmt.type == duckdb.StatementType.EXPLAIN:
+        inner = _EXPLAIN_HEAD.sub("", text, count=1)
+        inner_stmts = con.extract_statements(inner)
+        if len(inner_stmts) != 1 or inner_stmts[0].type != duckdb.StatementType.SELECT:
+            raise QueryRefused("refused: only EXPLAIN of a SELECT is allowed on the read-only SQL endpoint")
+    tree = json.loads(con.execute("SELECT json_serialize_sql(?)", [inner]).fetchone()[0])
+    if tree.get("error"):
+        # json_serialize_sql handles SELECT only; PRAGMA-style reads (SHOW, DESCRIBE) land here. They are
+        # still covered by the read-only transaction and the disabled external access.
+        return text
+    funcs: set[str] = set()
+    _walk_functions(tree.get("statements", []), funcs)
+    denied = sorted(f for f in funcs if f in _DENY_FUNCS or f.startswith(_DENY_PREFIXES))
+    if denied:
+        raise QueryRefused(f"refused: the function {denied[0]}() changes state or reads outside the database, "
+                           f"which the read-only SQL endpoint does not allow")
+    return text
+
+
+def _jsonable(v):
+    if v is None or isinstance(v, (bool, int, float, str)):
+        if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):
+            return None
+        return v
+    if isinstance(v, (_dt.datetime, _dt.date, _dt.time)):
+        return v.isoformat()
+    if isinstance(v, _dt.timedelta):
+        return v.total_seconds()
+    if isinstance(v, decimal.Decimal):
+        return float(v)
+    if isinstance(v, uuid.UUID):
+        return str(v)
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return bytes(v).hex()
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    return str(v)
+
+
+@dataclass(frozen=True)
+class QueryResult:
+    columns: list[str]
+    column_types: list[str]
+    rows: list[list]
+    truncated: bool
+
+    def rows_json(self) -> str:
+        return json.dumps(self.rows, separators=(",", ":"))
+
+
+def run_readonly(cursor_factory, sql: str, max_rows: int, timeout_s: float) -> QueryResult:
+    """Check ``sql`` and run it read-only on a fresh cursor, returning at most ``max_rows`` rows."""
+    cur = cursor_factory()
+    timer = threading.Timer(timeout_s, cur.interrupt)
+    try:
+        text = check(cur, sql)
+        cur.execute("BEGIN TRANSACTION READ ONLY")
+        timer.start()
+        try:
+            cur.execute(text)
+            if cur.description is None:
+                return QueryResult([], [], [], False)
+            columns = [d[0] for d in cur.description]
+            types = [str(d[1]) for d in cur.description]
+            rows = cur.fetchmany(max_rows + 1)
+        except duckdb.InterruptException:
+            raise QueryFailed(f"the query ran longer than {timeout_s:g} s and was stopped") from None
+        except duckdb.PermissionException as exc:
+            raise QueryRefused("refused: the read-only SQL endpoint has no file, network or extension access "
+                               f"({str(exc).splitlines()[0]})") from None
+        except duckdb.TransactionException as exc:
+            raise QueryRefused(f"refused: the read-only SQL endpoint cannot write ({str(exc).splitlines()[0]})") \
+                from None
+        except duckdb.Error as exc:
+            raise QueryFailed(str(exc).strip()) from None
+        truncated = len(rows) > max_rows
+        return QueryResult(columns, types, [[_jsonable(v) for v in r] for r in rows[:max_rows]], truncated)
+    finally:
+        timer.cancel()
+        try:
+            cur.execute("ROLLBACK")
+        except duckdb.Error:
+            pass
+        cur.close()

@@ -1,0 +1,179 @@
+"""collective: all-reduce bandwidth and small-message latency through torch.distributed.
+
+One process per rank (spawned; MASTER_ADDR/MASTER_PORT rendezvous). Backends:
+  * nccl over all local GPUs, one process per GPU (``backend=auto`` on a node with >= 2 GPUs);
+  * gloo over ``nprocs`` local CPU processes (``backend=auto`` without CUDA, default 2), labelled
+    backend=gloo: it measures the host's loopback/shared-memory path, not a GPU fabric;
+  * a node with exactly one GPU is skipped (an all-reduce needs two ranks) unless ``backend=gloo``.
+For each message size (default 1 MiB..1 GiB on GPU, 64 KiB..16 MiB on CPU, x``factor``) every rank runs
+``warmup`` then ``iters`` in-place SUM all-reduces of float32, synchronises, and the slowest rank's wall
+time per iteration counts (as nccl-tests does): algbw = bytes / time, busbw = algbw x 2(n-1)/n (the
+nccl-tests all-reduce bus bandwidth, n = ranks). small_msg_latency_us is the time per all-reduce of
+``latency_bytes``. Across nodes, run the same command on every node with master_addr, master_port,
+nnodes and node_rank set (README, "Collective across nodes").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+import time
+from datetime import timedelta
+from typing import Any
+
+from gpuagent.probes.registry import ProbeSpec
+from gpuagent.probes.result import ProbeResult
+
+SPEC = ProbeSpec(
+    name="collective",
+    description="all-reduce algbw/busbw sweep and small-message latency (NCCL on GPUs, gloo on CPU)",
+    platform="multi-gpu",
+    defaults={"backend": "auto", "nprocs": 0, "min_bytes": 0, "max_bytes": 0, "factor": 4,
+              "iters": 20, "warmup": 5, "latency_bytes": 8, "latency_iters": 200,
+              "master_addr": "127.0.0.1", "master_port": 0, "nnodes": 1, "node_rank": 0,
+              "init_timeout_s": 120.0},
+    resources=frozenset({"gpu"}),
+    timeout_s=300.0,
+    interval_s=3600.0,
+    param_help={"backend": "auto | nccl | gloo", "nprocs": "ranks on this node (0: all GPUs, or 2 on CPU)",
+                "min_bytes": "0: 1 MiB on GPU, 64 KiB on CPU", "max_bytes": "0: 1 GiB on GPU, 16 MiB on CPU"},
+)
+
+GPU_SIZES = (1 << 20, 1 << 30)
+CPU_SIZES = (64 << 10, 16 << 20)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def sizes(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
+    out, s = [], max(4, min_bytes)
+    while s <= max_bytes:
+        out.append(s // 4 * 4)
+        s *= max(2, factor)
+    return out
+
+
+def _worker(local_rank: int, cfg: dict[str, Any], out_path: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    os.environ["MASTER_ADDR"] = cfg["master_addr"]
+    os.environ["MASTER_PORT"] = str(cfg["master_port"])
+    torch.set_num_threads(1)
+    world = cfg["nnodes"] * cfg["nprocs"]
+    rank = cfg["node_rank"] * cfg["nprocs"] + local_rank
+    if cfg["backend"] == "nccl":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+        sync = torch.cuda.synchronize
+    else:
+        device = torch.device("cpu")
+
+        def sync() -> None:
+            return None
+    dist.init_process_group(cfg["backend"], rank=rank, world_size=world,
+                            timeout=timedelta(seconds=cfg["init_timeout_s"]))
+
+    def timed(nbytes: int, iters: int, warmup: int) -> float:
+        t = torch.zeros(max(1, nbytes // 4), dtype=torch.float32, device=device)
+        for _ in range(warmup):
+            dist.all_reduce(t)
+        sync()
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            dist.all_reduce(t)
+        sync()
+        el = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=device)
+        dist.all_reduce(el, op=dist.ReduceOp.MAX)
+        return float(el.item()) / iters
+
+    try:
+        res: dict[str, Any] = {"sizes": {}}
+        for nbytes in cfg["sizes"]:
+            res["sizes"][str(nbytes)] = timed(nbytes, cfg["iters"], cfg["warmup"])
+        res["latency_s"] = timed(cfg["latency_bytes"], cfg["latency_iters"], cfg["warmup"])
+        if local_rank == 0:
+            with open(out_path, "w") as f:
+                json.dump(res, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def run(params: dict[str, Any]) -> ProbeResult:
+    import torch
+    import torch.multiprocessing as mp
+
+    started = time.time_ns()
+    p = dict(params)
+    cuda = torch.cuda.is_available()
+    ngpu = torch.cuda.device_count() if cuda else 0
+    backend = p["backend"]
+    if backend not in ("auto", "nccl", "gloo"):
+        return ProbeResult("collective", "failed", f"backend must be auto, nccl or gloo, got {backend!r}", p)
+    if backend == "auto":
+        backend = "nccl" if ngpu >= 1 else "gloo"
+    env: dict[str, Any] = {"backend": backend, "torch": torch.__version__}
+    if backend == "nccl":
+        if ngpu < 1:
+            return ProbeResult.skipped("collective", "backend nccl needs CUDA, which is not available here", p, env)
+        nprocs = p["nprocs"] or ngpu
+        if nprocs > ngpu:
+            return ProbeResult("collective", "failed", f"nprocs={nprocs} but only {ngpu} GPUs are visible", p, env=env)
+        env["devices"] = ",".join(torch.cuda.get_device_name(i) for i in range(nprocs))
+        lo, hi = GPU_SIZES
+    else:
+        nprocs = p["nprocs"] or 2
+        env["devices"] = f"cpu x{nprocs}"
+        lo, hi = CPU_SIZES
+    world = nprocs * p["nnodes"]
+    env.update(world_size=world, nnodes=p["nnodes"], nprocs_per_node=nprocs)
+    if world < 2:
+        why = ("only one GPU on this node and nnodes=1: an all-reduce needs two ranks "
+               "(pass --param backend=gloo to measure the host-side gloo path instead)"
+               if backend == "nccl" else "an all-reduce needs at least two ranks (nprocs x nnodes >= 2)")
+        return ProbeResult.skipped("collective", why, p, env)
+    if p["nnodes"] > 1 and not p["master_port"]:
+        return ProbeResult("collective", "failed", "master_port must be given when nnodes > 1", p, env=env)
+    if not 0 <= p["node_rank"] < p["nnodes"]:
+        return ProbeResult("collective", "failed", f"node_rank must be in [0, {p['nnodes']})", p, env=env)
+    size_list = sizes(p["min_bytes"] or lo, p["max_bytes"] or hi, p["factor"])
+    if not size_list:
+        return ProbeResult("collective", "failed", "min_bytes is larger than max_bytes", p, env=env)
+    cfg = {"backend": backend, "nprocs": nprocs, "nnodes": p["nnodes"], "node_rank": p["node_rank"],
+           "master_addr": p["master_addr"], "master_port": p["master_port"] or free_port(p["master_addr"]),
+           "sizes": size_list, "iters": max(1, p["iters"]), "warmup": max(0, p["warmup"]),
+           "latency_bytes": max(4, p["latency_bytes"]), "latency_iters": max(1, p["latency_iters"]),
+           "init_timeout_s": float(p["init_timeout_s"])}
+    env["master"] = f"{cfg['master_addr']}:{cfg['master_port']}"
+    fd, out_path = tempfile.mkstemp(prefix="gpuagent-collective-", suffix=".json")
+    os.close(fd)
+    try:
+        try:
+            mp.start_processes(_worker, args=(cfg, out_path), nprocs=nprocs, join=True, start_method="spawn")
+        except Exception as exc:  # a rank died: report why, in one line
+            last = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
+            return ProbeResult("collective", "failed", f"a rank failed: {last[-1] if last else exc}", p,
+                               started_ns=started, ended_ns=time.time_ns(), env=env)
+        with open(out_path) as f:
+            res = json.load(f)
+    finally:
+        os.unlink(out_path)
+    metrics: dict[str, float] = {}
+    factor = 2.0 * (world - 1) / world
+    for nbytes, per_iter in res["sizes"].items():
+        algbw = int(nbytes) / per_iter / 1e9
+        metrics[f"algbw_gbps_{nbytes}"] = algbw
+        metrics[f"busbw_gbps_{nbytes}"] = algbw * factor
+    largest = str(max(int(k) for k in res["sizes"]))
+    metrics["algbw_gbps"] = metrics[f"algbw_gbps_{largest}"]
+    metrics["busbw_gbps"] = metrics[f"busbw_gbps_{largest}"]
+    metrics["small_msg_latency_us"] = res["latency_s"] * 1e6
+    env["largest_bytes"] = int(largest)
+    return ProbeResult("collective", "ok", "", p, metrics, started, time.time_ns(), env)

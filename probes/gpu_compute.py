@@ -1,0 +1,113 @@
+"""gpu_compute: matmul throughput and the CPU-GPU coordination cost, per GPU.
+
+  * bf16_tflops / fp32_tflops: ``matmul_n``-square matmuls on random data, ``warmup`` then ``iters`` timed
+    with CUDA events; 2n^3 flops each. fp32 runs with TF32 disabled, so it is true FP32.
+  * launch_latency_us: host time to enqueue one tiny kernel (``x.add_(1)`` on a 1-element CUDA tensor,
+    queue kept far from full), i.e. PyTorch dispatch + cudaLaunchKernel. torch_cpu_op_us is the same op on
+    a CPU tensor (dispatch without a launch) measured alongside, so the launch part is the difference.
+  * sync_latency_us: median of one tiny kernel + torch.cuda.synchronize() round trips: the host<->GPU
+    coordination that virtualization (interrupt/doorbell paths) inflates.
+Skipped without CUDA.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+from gpuagent.probes.pcie import gpu_list
+from gpuagent.probes.registry import ProbeSpec
+from gpuagent.probes.result import ProbeResult
+
+SPEC = ProbeSpec(
+    name="gpu_compute",
+    description="per GPU bf16/fp32 matmul TFLOP/s, kernel-launch and launch+sync latency",
+    platform="cuda",
+    defaults={"gpus": "all", "matmul_n": 8192, "iters": 20, "warmup": 3, "launch_iters": 1000,
+              "sync_iters": 500},
+    resources=frozenset({"gpu"}),
+    timeout_s=180.0,
+    interval_s=3600.0,
+)
+
+
+def _measure(torch, i: int, p: dict[str, Any]) -> dict[str, Any]:
+    torch.cuda.set_device(i)
+    dev = f"cuda:{i}"
+    n = int(p["matmul_n"])
+    m: dict[str, float] = {}
+    prev_tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        for dtype, key in ((torch.bfloat16, "bf16_tflops"), (torch.float32, "fp32_tflops")):
+            a = torch.randn(n, n, dtype=dtype, device=dev)
+            b = torch.randn(n, n, dtype=dtype, device=dev)
+            c = torch.empty(n, n, dtype=dtype, device=dev)
+            for _ in range(max(1, p["warmup"])):
+                torch.matmul(a, b, out=c)
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            for _ in range(p["iters"]):
+                torch.matmul(a, b, out=c)
+            e.record()
+            e.synchronize()
+            m[key] = 2.0 * n ** 3 * p["iters"] / (s.elapsed_time(e) / 1e3) / 1e12
+            del a, b, c
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev_tf32
+    x = torch.zeros(1, device=dev)
+    xc = torch.zeros(1)
+    for t in (x, xc):
+        for _ in range(100):
+            t.add_(1)
+    torch.cuda.synchronize(i)
+    k = int(p["launch_iters"])
+    t0 = time.perf_counter_ns()
+    for _ in range(k):
+        x.add_(1)
+    t1 = time.perf_counter_ns()
+    torch.cuda.synchronize(i)
+    t2 = time.perf_counter_ns()
+    for _ in range(k):
+        xc.add_(1)
+    t3 = time.perf_counter_ns()
+    m["launch_latency_us"] = (t1 - t0) / k / 1e3
+    m["torch_cpu_op_us"] = (t3 - t2) / k / 1e3
+    sync = []
+    for _ in range(int(p["sync_iters"])):
+        a = time.perf_counter_ns()
+        x.add_(1)
+        torch.cuda.synchronize(i)
+        sync.append(time.perf_counter_ns() - a)
+    m["sync_latency_us"] = statistics.median(sync) / 1e3
+    props = torch.cuda.get_device_properties(i)
+    env = {"device": props.name, "sm_count": props.multi_processor_count, "matmul_tf32": 0}
+    torch.cuda.empty_cache()
+    return {"gpu": i, "status": "ok", "reason": "", "metrics": m, "env": env}
+
+
+def run(params: dict[str, Any]) -> ProbeResult:
+    import torch
+
+    started = time.time_ns()
+    p = dict(params)
+    if not torch.cuda.is_available():
+        return ProbeResult.skipped("gpu_compute", "CUDA is not available (no GPU or driver, or a CPU-only torch build)",
+                                   p, {"backend": "cuda", "torch": torch.__version__})
+    try:
+        gpus = gpu_list(torch, p["gpus"])
+    except ValueError as exc:
+        return ProbeResult("gpu_compute", "failed", str(exc), p)
+    per_gpu = []
+    for i in gpus:
+        try:
+            per_gpu.append(_measure(torch, i, p))
+        except Exception as exc:  # noqa: BLE001
+            per_gpu.append({"gpu": i, "status": "failed", "reason": f"{type(exc).__name__}: {exc}", "metrics": {}})
+    ok = [g for g in per_gpu if g["status"] == "ok"]
+    env = {"backend": "cuda", "torch": torch.__version__, "cuda": torch.version.cuda,
+           "devices": ",".join(str(g["gpu"]) for g in per_gpu)}
+    reason = "" if ok else "; ".join(f"gpu{g['gpu']}: {g['reason']}" for g in per_gpu)
+    return ProbeResult("gpu_compute", "ok" if ok else "failed", reason, p, {}, started, time.time_ns(), env,
+                       per_gpu=per_gpu)

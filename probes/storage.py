@@ -1,0 +1,261 @@
+"""storage: sequential read/write throughput and random-read IOPS/latency on a given path.
+
+How it measures (the fio equivalent in brackets, which benchmarks/probe_accuracy.py runs side by side):
+  * seq_write_gbps: writes a fresh file of ``size_mib`` in 1 MiB O_DIRECT blocks of random bytes, then
+    fdatasync; the time includes the fdatasync [fio rw=write bs=1M direct=1 ioengine=psync end_fsync=1];
+  * seq_read_gbps: reads it back in 1 MiB O_DIRECT blocks, one at a time [rw=read bs=1M direct=1 psync];
+  * rand_read_iops, p50/p99 latency: ``queue_depth`` threads, each issuing blocking os.preadv of 4 KiB at
+    random aligned offsets on one shared O_DIRECT descriptor for ``rand_seconds`` (preadv releases the
+    GIL, so QD requests really are in flight together) [rw=randread bs=4k direct=1 ioengine=psync
+    numjobs=QD time_based]. Latency is per request, measured around preadv (Python adds ~1-2 µs).
+Safety: it checks free space first and refuses (skipped, with the numbers) if writing the file would
+leave less than ``min_free_percent`` of the filesystem free; the file has a unique name, is removed in a
+finally block (SIGTERM from the runner unwinds into it), and files left by a killed run (SIGKILL) are
+removed by the next run once their pid is gone. With ``file=...`` it only reads that existing file
+(read-only, nothing written or removed; seq_write_gbps is then absent).
+Where O_DIRECT is refused (some FUSE/overlay filesystems, tmpfs before Linux 6.6) it falls back to
+buffered I/O, reports o_direct=0 and says that the page cache may be in play; on memory filesystems
+(tmpfs, ramfs) O_DIRECT may be accepted but bypasses nothing, so they too report o_direct=0.
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import random
+import re
+import threading
+import time
+import uuid
+from typing import Any
+
+from gpuagent.probes import blockdev
+from gpuagent.probes.registry import ProbeSpec
+from gpuagent.probes.result import ProbeResult
+
+SPEC = ProbeSpec(
+    name="storage",
+    description="O_DIRECT 1 MiB sequential read/write GB/s, 4 KiB random-read IOPS and p50/p99 latency",
+    platform="any",
+    defaults={"path": "/var/tmp", "size_mib": 256, "queue_depth": 4, "rand_seconds": 2.0,
+              "file": "", "min_free_percent": 5.0, "seed": 1},
+    resources=frozenset({"disk"}),
+    timeout_s=180.0,
+    interval_s=3600.0,
+    param_help={"path": "directory on the filesystem to test", "file": "existing file to read (read-only mode)",
+                "queue_depth": "concurrent 4 KiB reads in flight (threads)"},
+)
+
+MEMORY_FS = ("tmpfs", "ramfs", "devtmpfs", "hugetlbfs")
+SEQ_BLOCK = 1 << 20
+RAND_BLOCK = 4096
+PREFIX = ".gpuagent-probe-storage."
+_NAME_RE = re.compile(r"^\.gpuagent-probe-storage\.(\d+)\.[0-9a-f]+\.tmp$")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def cleanup_stale(directory: str) -> int:
+    """Remove probe files whose writer process is gone (a run killed with SIGKILL). Returns how many."""
+    removed = 0
+    try:
+        entries = os.listdir(directory)
+    except OSError:
+        return 0
+    for name in entries:
+        m = _NAME_RE.match(name)
+        if m and int(m.group(1)) != os.getpid() and not _pid_alive(int(m.group(1))):
+            try:
+                os.unlink(os.path.join(directory, name))
+                removed += 1
+            except OSError:
+                pass
+    return removed
+
+
+def _aligned(size: int) -> mmap.mmap:
+    return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # page aligned
+
+
+def _open(path: str, flags: int, direct: bool) -> int:
+    return os.open(path, flags | (os.O_DIRECT if direct else 0), 0o600)
+
+
+def _seq_write(fd: int, size: int) -> float:
+    buf = _aligned(SEQ_BLOCK)
+    buf.write(os.urandom(SEQ_BLOCK))  # incompressible, so thin/deduplicating disks cannot cheat
+    try:
+        t0 = time.perf_counter_ns()
+        for off in range(0, size, SEQ_BLOCK):
+            if os.pwritev(fd, [buf], off) != SEQ_BLOCK:
+                raise OSError(errno.EIO, "short write")
+        os.fdatasync(fd)
+        return (time.perf_counter_ns() - t0) / 1e9
+    finally:
+        buf.close()
+
+
+def _seq_read(fd: int, size: int) -> float:
+    buf = _aligned(SEQ_BLOCK)
+    try:
+        t0 = time.perf_counter_ns()
+        for off in range(0, size, SEQ_BLOCK):
+            if os.preadv(fd, [buf], off) <= 0:
+                raise OSError(errno.EIO, "unexpected end of file")
+        return (time.perf_counter_ns() - t0) / 1e9
+    finally:
+        buf.close()
+
+
+def _rand_read(fd: int, size: int, qd: int, seconds: float, seed: int) -> tuple[int, float, list[int]]:
+    """(completed reads, elapsed s, per-read latencies in ns) for ``qd`` threads for ``seconds``."""
+    nblocks = size // RAND_BLOCK
+    barrier = threading.Barrier(qd + 1)
+    lat_lists: list[list[int]] = [[] for _ in range(qd)]
+    errors: list[BaseException] = []
+    stop_at = [0.0]
+
+    def worker(i: int) -> None:
+        buf = _aligned(RAND_BLOCK)
+        rng = random.Random(seed * 1000 + i)
+        lats = lat_lists[i]
+        preadv, clock, pick = os.preadv, time.perf_counter_ns, rng.randrange
+        try:
+            barrier.wait()
+            deadline = stop_at[0]
+            while True:
+                off = pick(nblocks) * RAND_BLOCK
+                t0 = clock()
+                preadv(fd, [buf], off)
+                t1 = clock()
+                lats.append(t1 - t0)
+                if t1 >= deadline:
+                    break
+        except BaseException as exc:  # noqa: BLE001 - reported by the caller
+            errors.append(exc)
+        finally:
+            buf.close()
+
+    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(qd)]
+    for t in threads:
+        t.start()
+    t0 = time.perf_counter_ns()
+    stop_at[0] = t0 + int(seconds * 1e9)
+    barrier.wait()
+    for t in threads:
+        t.join()
+    elapsed = (time.perf_counter_ns() - t0) / 1e9
+    if errors:
+        raise errors[0]
+    lats = [x for lst in lat_lists for x in lst]
+    return len(lats), elapsed, lats
+
+
+def _pct(sorted_vals: list[int], q: float) -> float:
+    if not sorted_vals:
+        return float("nan")
+    idx = min(len(sorted_vals) - 1, max(0, int(round(q * (len(sorted_vals) - 1)))))
+    return float(sorted_vals[idx])
+
+
+def run(params: dict[str, Any]) -> ProbeResult:
+    started = time.time_ns()
+    p = dict(params)
+    qd = int(p["queue_depth"])
+    if qd < 1 or qd > 256:
+        return ProbeResult("storage", "failed", f"queue_depth must be between 1 and 256, got {qd}", p)
+    size = int(p["size_mib"]) * SEQ_BLOCK
+    if size <= 0:
+        return ProbeResult("storage", "failed", f"size_mib must be positive, got {p['size_mib']}", p)
+    read_only = bool(p["file"])
+    target_dir = os.path.dirname(os.path.abspath(p["file"])) if read_only else p["path"]
+    env: dict[str, Any] = {"backend": "cpu", "path": os.path.abspath(p["file"] or p["path"]),
+                           "device": blockdev.device_for_path(target_dir),
+                           "fs_type": blockdev.fs_type_for_path(target_dir),
+                           "concurrency": f"{qd} threads x blocking preadv (fio: ioengine=psync numjobs={qd})"}
+    if not os.path.isdir(target_dir):
+        return ProbeResult.skipped("storage", f"directory {target_dir} does not exist", p, env)
+
+    notes: list[str] = []
+    path = ""
+    created = False
+    direct = True
+    fd = -1
+    try:
+        if read_only:
+            path = os.path.abspath(p["file"])
+            if not os.path.isfile(path):
+                return ProbeResult.skipped("storage", f"file {path} does not exist", p, env)
+            size = min(size, os.path.getsize(path) // SEQ_BLOCK * SEQ_BLOCK)
+            if size < SEQ_BLOCK:
+                return ProbeResult.skipped("storage", f"file {path} is smaller than 1 MiB", p, env)
+            env["read_only"] = 1
+        else:
+            env["stale_files_removed"] = cleanup_stale(target_dir)
+            vfs = os.statvfs(target_dir)
+            avail = vfs.f_bavail * vfs.f_frsize
+            total = vfs.f_blocks * vfs.f_frsize
+            reserve = int(total * float(p["min_free_percent"]) / 100.0)
+            if avail - size < reserve:
+                return ProbeResult.skipped(
+                    "storage",
+                    f"not enough free space on {target_dir}: the probe writes {size >> 20} MiB and must "
+                    f"leave {reserve >> 20} MiB ({p['min_free_percent']:g} %) free, but only "
+                    f"{avail >> 20} MiB are available", p, env)
+            path = os.path.join(target_dir, f"{PREFIX}{os.getpid()}.{uuid.uuid4().hex[:12]}.tmp")
+            try:
+                fd = _open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, True)
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+                direct = False
+                fd = _open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, False)
+            created = True
+            write_s = _seq_write(fd, size)
+            os.close(fd)
+            fd = -1
+        if direct:
+            try:
+                fd = _open(path, os.O_RDONLY, True)
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+                direct = False
+        if direct and env["fs_type"] in MEMORY_FS:
+            direct = False  # accepted since Linux 6.6, but the data lives in RAM: it bypasses nothing
+            os.close(fd)
+            fd = -1
+        if not direct:
+            fd = _open(path, os.O_RDONLY, False)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # drops clean pages where it can
+            notes.append(f"O_DIRECT is not available or not effective on {env['fs_type'] or 'this filesystem'}; "
+                         "buffered I/O was used, so the page cache may be in play")
+        read_s = _seq_read(fd, size)
+        n, elapsed, lats = _rand_read(fd, size, qd, float(p["rand_seconds"]), int(p["seed"]))
+    finally:
+        if fd >= 0:
+            os.close(fd)
+        if created:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+    lats.sort()
+    metrics = {"seq_read_gbps": size / read_s / 1e9,
+               "rand_read_iops": n / elapsed,
+               "rand_read_p50_latency_us": _pct(lats, 0.50) / 1000.0,
+               "rand_read_p99_latency_us": _pct(lats, 0.99) / 1000.0,
+               "o_direct": 1.0 if direct else 0.0}
+    if not read_only:
+        metrics["seq_write_gbps"] = size / write_s / 1e9
+    env["rand_reads"] = n
+    return ProbeResult("storage", "ok", "; ".join(notes), p, metrics, started, time.time_ns(), env)

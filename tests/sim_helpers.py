@@ -1,0 +1,76 @@
+"""A small SYNTHETIC fleet stored by the real collector (subprocess, DuckDB file, loopback gRPC), shared by
+the compare and report tests. Built once per test session (a cache in this module)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuagent.agent import local_run
+from gpuagent.collector.compare import run_compare
+from gpuagent.collector.sim import SimConfig, SimSummary, run_sim
+from gpuagent.collector.sim_fleet import NodeSpec, validate
+
+TOKEN = "sim-test-token"
+
+# 3 healthy bare-metal nodes (the baseline), 3 cloud-a nodes with slower PCIe copies (one also noisy),
+# 2 cloud-b nodes: one idle half of the time, one input-bound.
+FLEET_SPEC = [
+    ("bare-metal", False, 2.2, {}),
+    ("bare-metal", False, 2.2, {}),
+    ("bare-metal", False, 2.2, {}),
+    ("cloud-a", True, 3.9, {"virt_penalty_h2d": 20, "virt_penalty_d2h": 20}),
+    ("cloud-a", True, 3.9, {"virt_penalty_h2d": 20, "virt_penalty_d2h": 20}),
+    ("cloud-a", True, 3.9, {"virt_penalty_h2d": 20, "virt_penalty_d2h": 20, "noise_cv": 0.3}),
+    ("cloud-b", True, 2.9, {"idle_fraction": 0.5}),
+    ("cloud-b", True, 2.9, {"input_bound_fraction": 0.45}),
+]
+GPUS = 4
+
+
+def fleet() -> list[NodeSpec]:
+    return [validate(NodeSpec(i, f"sim-{i + 1:04d}", pool, virt, gpu_count=GPUS, price_per_gpu_hour=price,
+                              provider=pool, inject=inject))
+            for i, (pool, virt, price, inject) in enumerate(FLEET_SPEC)]
+
+
+@dataclass
+class FleetDb:
+    db: Path
+    summary: SimSummary
+    fleet: list[NodeSpec]
+    compare_via_target_json: str
+    analyzed: bool
+    analyze_note: str
+
+
+_CACHE: dict[str, FleetDb] = {}
+
+
+def fleet_db(tmp_path_factory) -> FleetDb:
+    if "fleet" in _CACHE:
+        return _CACHE["fleet"]
+    tmp = tmp_path_factory.mktemp("simfleet")
+    db = tmp / "fleet.duckdb"
+    port = local_run.free_port()
+    proc = local_run.start_collector(db, port, tmp / "collector.log",
+                                     extra_env={"GPUAGENT_COLLECTOR_TOKEN": TOKEN})
+    try:
+        local_run.wait_port(port, proc, tmp / "collector.log")
+        cfg = SimConfig(collector=f"127.0.0.1:{port}", token=TOKEN, sim_hours=2.0, interval_s=10.0,
+                        batch_s=600.0, seed=7, streams=8)
+        summary = run_sim(cfg, fleet())
+        assert summary.nodes_ok == len(FLEET_SPEC), summary.errors
+        via_target = run_compare(None, f"127.0.0.1:{port}", window="24h", fmt="json", token=TOKEN)
+    finally:
+        local_run.stop_process(proc, timeout=30)
+    analyzed, note = False, "the analyzer is not in this tree"
+    try:
+        from gpuagent.collector.analyzer import analyze_db  # noqa: PLC0415
+    except ImportError:
+        pass
+    else:
+        analyze_db(str(db))
+        analyzed, note = True, ""
+    _CACHE["fleet"] = FleetDb(db, summary, fleet(), via_target, analyzed, note)
+    return _CACHE["fleet"]

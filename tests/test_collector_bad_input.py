@@ -1,0 +1,149 @@
+"""Malformed, oversized and unregistered batches are refused whole; other streams keep going."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import grpc
+import pytest
+
+from collector_helpers import NOW_NS, node_info, sample_batch
+from gpuagent.collector.server import start_collector
+from gpuagent.collector.writer import Limits
+from gpuagent.proto import pb, pb_grpc
+
+
+@pytest.fixture
+def env(tmp_path):
+    handle = start_collector(tmp_path / "c.duckdb", limits=Limits(max_samples_per_batch=1000))
+    ch = grpc.insecure_channel(f"127.0.0.1:{handle.port}")
+    stub = pb_grpc.CollectorStub(ch)
+    node_id = stub.Register(pb.RegisterRequest(node=node_info())).node_id
+    yield stub, node_id
+    ch.close()
+    handle.stop()
+
+
+def count(stub, table="samples"):
+    return json.loads(stub.Query(pb.QueryRequest(sql=f"SELECT count(*) FROM {table}")).rows_json)[0][0]
+
+
+def _mismatch(b):
+    b.samples.value.append(1.0)
+
+
+def _unknown_series(b):
+    b.samples.series_id[2] = 999
+
+
+def _duplicate_series(b):
+    b.samples.series.add(id=3, metric="other_percent", gpu=-1)
+
+
+def _seconds_not_ns(b):
+    b.samples.ts_ns[0] = NOW_NS // 10**9
+
+
+def _future(b):
+    b.samples.ts_ns[0] = NOW_NS + 30 * 86400 * 10**9
+
+
+def _bad_status(b):
+    b.probe_results.add(probe="pcie", status="great", started_ns=NOW_NS)
+
+
+def _seq0(b):
+    b.seq = 0
+
+
+def _empty_metric(b):
+    b.samples.series[0].metric = ""
+
+
+def _job_without_id(b):
+    b.job_samples.add(ts_ns=NOW_NS)
+
+
+@pytest.mark.parametrize("breaker, code, words", [
+    (_mismatch, grpc.StatusCode.INVALID_ARGUMENT, "differ in length"),
+    (_unknown_series, grpc.StatusCode.INVALID_ARGUMENT, "series id 999"),
+    (_duplicate_series, grpc.StatusCode.INVALID_ARGUMENT, "same series id twice"),
+    (_seconds_not_ns, grpc.StatusCode.INVALID_ARGUMENT, "plausible Unix time"),
+    (_future, grpc.StatusCode.INVALID_ARGUMENT, "plausible Unix time"),
+    (_bad_status, grpc.StatusCode.INVALID_ARGUMENT, "status 'great'"),
+    (_seq0, grpc.StatusCode.INVALID_ARGUMENT, "seq must be 1 or more"),
+    (_empty_metric, grpc.StatusCode.INVALID_ARGUMENT, "empty metric name"),
+    (_job_without_id, grpc.StatusCode.INVALID_ARGUMENT, "without a job_id"),
+])
+def test_bad_batch_aborts_stream_and_stores_nothing_of_it(env, breaker, code, words):
+    stub, node_id = env
+    good = sample_batch(node_id, 1)
+    bad = sample_batch(node_id, 2)
+    breaker(bad)
+    acks = []
+    with pytest.raises(grpc.RpcError) as err:
+        for ack in stub.Stream(iter([good, bad, sample_batch(node_id, 3)])):
+            acks.append(ack)
+    assert err.value.code() == code
+    assert words in err.value.details()
+    assert [a.seq for a in acks] == [1]          # the good batch before it was committed and acked
+    assert count(stub) == 6 and count(stub, "probe_results") == 0 and count(stub, "job_samples") == 0
+    assert count(stub, "ingest_log") == 1
+
+
+def test_oversized_batch_gets_resource_exhausted(env):
+    stub, node_id = env
+    with pytest.raises(grpc.RpcError) as err:
+        list(stub.Stream(iter([sample_batch(node_id, 1, n=1001)])))
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "limit of 1000" in err.value.details()
+    assert count(stub) == 0
+
+
+def test_message_over_grpc_size_limit_is_refused(tmp_path):
+    from gpuagent.collector.server import ServerOptions
+
+    with start_collector(tmp_path / "c.duckdb", options=ServerOptions(max_message_bytes=64 * 1024)) as h, \
+            grpc.insecure_channel(f"127.0.0.1:{h.port}") as ch:
+        stub = pb_grpc.CollectorStub(ch)
+        node_id = stub.Register(pb.RegisterRequest(node=node_info())).node_id
+        with pytest.raises(grpc.RpcError) as err:
+            list(stub.Stream(iter([sample_batch(node_id, 1, n=20_000)])))
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert count(stub) == 0
+
+
+def test_unregistered_node_gets_failed_precondition(env):
+    stub, _ = env
+    with pytest.raises(grpc.RpcError) as err:
+        list(stub.Stream(iter([sample_batch("nobody", 1)])))
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "Register" in err.value.details()
+
+
+def test_a_bad_stream_does_not_disturb_a_good_one(env):
+    stub, node_id = env
+    other = stub.Register(pb.RegisterRequest(node=node_info("gpu-02", "m-2"))).node_id
+    gate = threading.Event()
+    good_acks = []
+
+    def good_batches():
+        for s in range(1, 11):
+            if s == 5:
+                gate.wait(30)   # hold the good stream open while the bad one fails
+            yield sample_batch(other, s)
+
+    def run_good():
+        good_acks.extend(stub.Stream(good_batches()))
+
+    t = threading.Thread(target=run_good)
+    t.start()
+    bad = sample_batch(node_id, 1)
+    bad.samples.series_id[0] = 12345
+    with pytest.raises(grpc.RpcError):
+        list(stub.Stream(iter([bad])))
+    gate.set()
+    t.join(60)
+    assert [a.seq for a in good_acks] == list(range(1, 11))
+    assert count(stub) == 60

@@ -1,0 +1,130 @@
+"""`gpuagent-collector serve` and `sql` as real subprocesses: startup policy, lock holder, signals, formats."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from collector_helpers import node_info, sample_batch
+from conftest import wait_for
+
+CLI = [sys.executable, "-m", "gpuagent.collector"]
+
+
+def run_cli(*args, env=None, timeout=60):
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+def start_serve(tmp_path: Path, *extra, db=None):
+    port_file = tmp_path / f"port-{len(list(tmp_path.glob('port-*')))}"
+    proc = subprocess.Popen([*CLI, "serve", "--listen", "127.0.0.1:0", "--db", str(db or tmp_path / "c.duckdb"),
+                             "--port-file", str(port_file), *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: port_file.exists() or proc.poll() is not None, timeout=60, what="collector port file")
+    except AssertionError:
+        proc.kill()
+        raise
+    if proc.poll() is not None:
+        raise AssertionError(f"collector exited: {proc.communicate()}")
+    return proc, int(port_file.read_text())
+
+
+def stop(proc, sig=signal.SIGTERM):
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=60)
+    return proc.returncode, err
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--listen", "0.0.0.0:0"], "without a token"),
+    (["--listen", "0.0.0.0:0", "--token", "t"], "in plaintext"),
+    (["--listen", "nonsense"], "is not HOST:PORT"),
+    (["--tls-cert", "/nonexistent.pem"], "needs both --tls-cert and --tls-key"),
+])
+def test_serve_refuses_unsafe_or_bad_setups_in_one_sentence(tmp_path, args, words):
+    r = run_cli("serve", "--db", str(tmp_path / "c.duckdb"), *args)
+    assert r.returncode == 1
+    assert words in r.stderr
+    assert "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_serve_beyond_loopback_with_token_and_insecure_starts(tmp_path):
+    proc, port = start_serve(tmp_path, "--listen", "0.0.0.0:0", "--token", "t", "--insecure")
+    # --listen 0.0.0.0:0 -> --listen is given twice; click takes the last one
+    code, err = stop(proc)
+    assert code == 0, err
+    assert "listening on 0.0.0.0:" in err and "token required" in err
+
+
+def test_unwritable_db_path_is_one_sentence(tmp_path):
+    r = run_cli("serve", "--listen", "127.0.0.1:0", "--db", str(tmp_path / "missing" / "c.duckdb"))
+    assert r.returncode == 1 and "does not exist" in r.stderr and "Traceback" not in r.stderr
+    # /proc refuses new files even for root, so this holds in CI containers too
+    r = run_cli("serve", "--listen", "127.0.0.1:0", "--db", "/proc/gpuagent-test.duckdb")
+    assert r.returncode == 1 and "cannot open the database /proc/gpuagent-test.duckdb" in r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_second_collector_on_same_db_names_the_lock_holder(tmp_path):
+    proc, _ = start_serve(tmp_path)
+    try:
+        r = run_cli("serve", "--listen", "127.0.0.1:0", "--db", str(tmp_path / "c.duckdb"))
+        assert r.returncode == 1
+        assert f"PID {proc.pid}" in r.stderr and "already open in another process" in r.stderr
+        assert "gpuagent.collector" in r.stderr     # the holder's command line
+        assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    finally:
+        code, err = stop(proc)
+    assert code == 0, err
+
+
+def test_serve_stores_then_sigterm_drains_and_sql_formats(tmp_path):
+    import grpc
+
+    from gpuagent.proto import pb, pb_grpc
+
+    proc, port = start_serve(tmp_path, "--token", "tok")
+    target = f"127.0.0.1:{port}"
+    md = (("authorization", "Bearer tok"),)
+    with grpc.insecure_channel(target) as ch:
+        stub = pb_grpc.CollectorStub(ch)
+        node_id = stub.Register(pb.RegisterRequest(node=node_info()), metadata=md).node_id
+        acks = list(stub.Stream(iter([sample_batch(node_id, s) for s in (1, 2)]), metadata=md))
+        assert [a.seq for a in acks] == [1, 2]
+
+    q = "SELECT metric, count(*) AS n FROM samples GROUP BY metric ORDER BY metric"
+    r = run_cli("sql", "--target", target, "--format", "json", q, env={"GPUAGENT_COLLECTOR_TOKEN": "tok"})
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == [{"metric": "cpu_steal_percent", "n": 4}, {"metric": "gpu_throttle_active", "n": 4},
+                                    {"metric": "gpu_util_percent", "n": 4}]
+    r = run_cli("sql", "--target", target, "--token", "tok", "--format", "csv", q)
+    assert r.stdout.splitlines() == ["metric,n", "cpu_steal_percent,4", "gpu_throttle_active,4",
+                                     "gpu_util_percent,4"]
+    token_file = tmp_path / "token"
+    token_file.write_text("tok\n")
+    r = run_cli("sql", "--target", target, "--token-file", str(token_file), q)
+    lines = r.stdout.splitlines()
+    assert lines[0].split() == ["metric", "n"] and lines[2].split() == ["cpu_steal_percent", "4"]
+    assert lines[-1] == "(3 rows)"
+    r = run_cli("sql", "--target", target, q)
+    assert r.returncode == 1 and "requires a token" in r.stderr
+    r = run_cli("sql", "--target", target, "--token", "tok", "DROP TABLE samples")
+    assert r.returncode == 1 and "refused: DROP" in r.stderr and "Traceback" not in r.stderr
+
+    code, err = stop(proc)
+    assert code == 0, err
+    assert "stored 2 batches (12 samples)" in err
+
+
+def test_sql_without_collector_is_one_sentence(tmp_path):
+    r = run_cli("sql", "--target", "127.0.0.1:1", "SELECT 1")
+    assert r.returncode == 1 and "no collector answers at 127.0.0.1:1" in r.stderr

@@ -1,0 +1,171 @@
+"""Register, Stream and Ack against a real in-process collector on loopback with a real DuckDB file."""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+
+import duckdb
+import grpc
+import pytest
+
+from collector_helpers import NOW_NS, node_info, sample_batch
+from gpuagent.collector.server import start_collector
+from gpuagent.proto import pb, pb_grpc
+
+
+@pytest.fixture
+def collector(tmp_path):
+    handle = start_collector(tmp_path / "c.duckdb")
+    yield handle
+    handle.stop()
+
+
+@pytest.fixture
+def stub(collector):
+    with grpc.insecure_channel(f"127.0.0.1:{collector.port}") as ch:
+        yield pb_grpc.CollectorStub(ch)
+
+
+def rows(db_path, sql):
+    with duckdb.connect(str(db_path), read_only=True) as con:
+        return con.execute(sql).fetchall()
+
+
+def test_register_gives_stable_readable_ids_and_stores_node(tmp_path):
+    db = tmp_path / "c.duckdb"
+    with start_collector(db) as h, grpc.insecure_channel(f"127.0.0.1:{h.port}") as ch:
+        stub = pb_grpc.CollectorStub(ch)
+        first = stub.Register(pb.RegisterRequest(node=node_info("GPU-01", "m-1")))
+        again = stub.Register(pb.RegisterRequest(node=node_info("GPU-01", "m-1", gpus=1)))
+        other = stub.Register(pb.RegisterRequest(node=node_info("gpu-01", "m-2")))
+        assert first.node_id == again.node_id == "gpu-01"
+        assert first.last_committed_seq == 0
+        assert other.node_id != first.node_id and other.node_id.startswith("gpu-01-")
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Register(pb.RegisterRequest(node=pb.NodeInfo(hostname="x")))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        list(stub.Stream(iter([sample_batch("gpu-01", 1), sample_batch("gpu-01", 2)])))
+    # a restart keeps the id and reports what is stored
+    with start_collector(db) as h, grpc.insecure_channel(f"127.0.0.1:{h.port}") as ch:
+        resp = pb_grpc.CollectorStub(ch).Register(pb.RegisterRequest(node=node_info("renamed", "m-1")))
+        assert resp.node_id == "gpu-01" and resp.last_committed_seq == 2
+    node = rows(db, "SELECT hostname, pool, provider, price_per_gpu_hour, virtualized, virt_type, gpu_count, "
+                    "gpu_model, labels['pool'], fingerprint FROM nodes WHERE node_id = 'gpu-01'")[0]
+    assert node[:9] == ("renamed", "a", "onprem", 2.5, True, "kvm", 2, "NVIDIA H100 80GB HBM3", "a")
+    assert json.loads(node[9])["cpuid_hypervisor_vendor"] == "KVMKVMKVM"
+    # re-registering with one GPU fewer removed gpu 1 at that time; the restart registered two again
+    assert rows(db, "SELECT count(*) FROM gpus WHERE node_id = 'gpu-01'")[0][0] == 2
+
+
+def test_stream_stores_samples_and_acks_after_commit(collector, stub):
+    node_id = stub.Register(pb.RegisterRequest(node=node_info())).node_id
+    acks = list(stub.Stream(iter([sample_batch(node_id, s) for s in (1, 2, 3)])))
+    assert [a.seq for a in acks] == [1, 2, 3]
+    assert not any(a.duplicate for a in acks)
+    assert acks[-1].highest_committed_seq == 3
+    # acked means committed: a separate cursor sees the rows now
+    got = collector.writer.stats
+    assert got["batches"] == 3 and got["samples"] == 18
+    res = stub.Query(pb.QueryRequest(sql="SELECT gpu, metric, labels, value FROM samples "
+                                         "WHERE value = 1000 OR value = 1001 OR value = 1002 ORDER BY value"))
+    assert json.loads(res.rows_json) == [[0, "gpu_throttle_active", "a=1,reason=sw_power_cap", 1000.0],
+                                         [None, "cpu_steal_percent", "", 1001.0],
+                                         [1, "gpu_util_percent", "", 1002.0]]
+    res = stub.Query(pb.QueryRequest(sql="SELECT count(*), count(DISTINCT ts) FROM samples"))
+    assert json.loads(res.rows_json) == [[18, 18]]
+    res = stub.Query(pb.QueryRequest(sql="SELECT seq, n_samples FROM ingest_log ORDER BY seq"))
+    assert json.loads(res.rows_json) == [[1, 6], [2, 6], [3, 6]]
+
+
+def test_resent_batch_is_acked_as_duplicate_and_not_stored_twice(tmp_path):
+    db = tmp_path / "c.duckdb"
+    with start_collector(db) as h, grpc.insecure_channel(f"127.0.0.1:{h.port}") as ch:
+        stub = pb_grpc.CollectorStub(ch)
+        node_id = stub.Register(pb.RegisterRequest(node=node_info())).node_id
+        acks = list(stub.Stream(iter([sample_batch(node_id, 1), sample_batch(node_id, 1),
+                                      sample_batch(node_id, 5)])))
+        assert [(a.seq, a.duplicate) for a in acks] == [(1, False), (1, True), (5, False)]
+        # highest_committed_seq is as of the commit that held the batch (batches may share one)
+        assert acks[0].highest_committed_seq in (1, 5) and acks[-1].highest_committed_seq == 5
+    # after a restart the dedupe state comes from ingest_log (with a gap between 1 and 5)
+    with start_collector(db) as h, grpc.insecure_channel(f"127.0.0.1:{h.port}") as ch:
+        stub = pb_grpc.CollectorStub(ch)
+        acks = list(stub.Stream(iter([sample_batch(node_id, s) for s in (5, 1, 3)])))
+        assert [(a.seq, a.duplicate) for a in acks] == [(5, True), (1, True), (3, False)]
+        assert acks[-1].highest_committed_seq == 5
+    assert rows(db, "SELECT count(*) FROM samples")[0][0] == 18
+    assert rows(db, "SELECT count(*) FROM (SELECT DISTINCT * FROM samples)")[0][0] == 18
+    assert rows(db, "SELECT list(seq ORDER BY seq) FROM ingest_log")[0][0] == [1, 3, 5]
+
+
+def test_probe_results_jobs_and_events_land_in_their_tables(collector, stub):
+    node_id = stub.Register(pb.RegisterRequest(node=node_info())).node_id
+    b = pb.Batch(node_id=node_id, seq=1)
+    t = NOW_NS - 100 * 10**9
+    b.probe_results.add(probe="pcie", status="ok", params={"size_mb": "256", "direction": "h2d"},
+                        metrics={"h2d_gbps": 24.5, "h2d_cv_percent": 1.5}, started_ns=t, ended_ns=t + 2 * 10**9,
+                        env={"numa_node": "0"}, gpu=0)
+    b.probe_results.add(probe="storage", status="skipped", reason="a job uses the disk", started_ns=t, gpu=-1)
+    for k in range(3):
+        b.job_samples.add(ts_ns=t + k * 10**9, job_id="slurm:42", job_name="llama", source="slurm", pid=100,
+                          rank=0, local_rank=0, world_size=8, gpu=0, gpu_util_percent=90.0 + k)
+    b.job_steps.add(ts_ns=t + 5 * 10**9, job_id="slurm:42", job_name="llama", rank=0, window_s=5, steps=10,
+                    step_time_p50_s=0.5, data_wait_fraction=-1)
+    b.job_steps.add(ts_ns=t + 10 * 10**9, job_id="slurm:42", rank=1, window_s=5, steps=10, data_wait_fraction=0.25)
+    b.events.add(ts_ns=t + 1, kind="xid", gpu=1, message="Xid 79", value=79, attrs={"xid": "79"})
+    acks = list(stub.Stream(iter([b])))
+    assert acks[0].seq == 1
+    b2 = pb.Batch(node_id=node_id, seq=2)
+    b2.events.add(ts_ns=t + 20 * 10**9, kind="job_end", message="job ended", value=77.5,
+                  attrs={"job_id": "slurm:42"}, gpu=-1)
+    list(stub.Stream(iter([b2])))
+
+    def q(sql):
+        return json.loads(stub.Query(pb.QueryRequest(sql=sql)).rows_json)
+
+    assert q("SELECT probe, gpu, status, reason, params, params_key, env, duration_s FROM probe_results "
+             "ORDER BY probe") == [
+        ["pcie", 0, "ok", None, '{"direction":"h2d","size_mb":"256"}', "direction=h2d,size_mb=256",
+         '{"numa_node":"0"}', 2.0],
+        ["storage", None, "skipped", "a job uses the disk", "{}", "", "{}", 0.0]]
+    assert q("SELECT metric, value FROM v_probe_metrics ORDER BY metric") == [
+        ["h2d_cv_percent", 1.5], ["h2d_gbps", 24.5]]
+    assert q("SELECT count(*), max(gpu_util_percent) FROM job_samples") == [[3, 92.0]]
+    assert q("SELECT rank, data_wait_fraction FROM job_steps ORDER BY rank") == [[0, None], [1, 0.25]]
+    job = q("SELECT job_name, source, world_size, first_seen, last_seen, ended_at, duration_s, "
+            "avg_gpu_util_percent FROM jobs")
+    assert len(job) == 1
+    name, source, world, first, last, ended, duration, util = job[0]
+    assert (name, source, world, util) == ("llama", "slurm", 8, 77.5)
+    assert ended == last and math.isclose(duration, 20.0)
+    assert q("SELECT kind, gpu, value, attrs FROM events ORDER BY ts") == [
+        ["xid", 1, 79.0, '{"xid":"79"}'], ["job_end", None, 77.5, '{"job_id":"slurm:42"}']]
+
+
+def test_nan_values_are_stored_as_null(collector, stub):
+    node_id = stub.Register(pb.RegisterRequest(node=node_info())).node_id
+    b = sample_batch(node_id, 1, n=3)
+    b.samples.value[1] = float("nan")
+    list(stub.Stream(iter([b])))
+    res = json.loads(stub.Query(pb.QueryRequest(sql="SELECT count(*), count(value) FROM samples")).rows_json)
+    assert res == [[3, 2]]
+
+
+def test_many_concurrent_streams_share_the_writer(collector, stub):
+    ids = [stub.Register(pb.RegisterRequest(node=node_info(f"n{i}", f"m{i}"))).node_id for i in range(8)]
+    results: dict[str, list] = {}
+
+    def run(node_id):
+        results[node_id] = list(stub.Stream(iter([sample_batch(node_id, s, n=300) for s in range(1, 21)])))
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in ids]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert all([a.seq for a in results[n]] == list(range(1, 21)) for n in ids)
+    res = json.loads(stub.Query(pb.QueryRequest(sql="SELECT count(*) FROM samples")).rows_json)
+    assert res == [[8 * 20 * 300]]
+    assert collector.writer.stats["groups"] <= 8 * 20

@@ -1,0 +1,77 @@
+"""Numbered migrations: a fresh file gets them all; an older file is upgraded in place; a newer one is refused."""
+
+from __future__ import annotations
+
+import duckdb
+import grpc
+import pytest
+
+from collector_helpers import node_info, sample_batch
+from gpuagent.collector import schema
+from gpuagent.collector.server import CollectorError, start_collector
+from gpuagent.proto import pb, pb_grpc
+
+
+def test_fresh_database_gets_every_migration(tmp_path):
+    db = tmp_path / "c.duckdb"
+    start_collector(db).stop()
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert schema.current_version(con) == schema.LATEST_VERSION >= 1
+        names = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+    assert {"nodes", "gpus", "samples", "probe_results", "probe_metrics", "jobs", "job_samples", "job_steps",
+            "events", "flags", "ingest_log", "schema_migrations", "v_node_gpus", "v_probe_metrics"} <= names
+
+
+def test_file_at_version_1_opens_in_this_collector_and_keeps_its_data(tmp_path):
+    db = tmp_path / "old.duckdb"
+    with duckdb.connect(str(db)) as con:        # what a collector at schema version 1 left behind
+        schema.migrate(con, target=1)
+        con.execute("INSERT INTO nodes (node_id, machine_id, hostname, first_seen, last_seen) "
+                    "VALUES ('old-node', 'm-old', 'old', TIMESTAMP '2026-01-01', TIMESTAMP '2026-01-01')")
+        con.execute("INSERT INTO ingest_log VALUES ('old-node', 1, TIMESTAMP '2026-01-01', 6, 0, 0, 0, 0)")
+        assert schema.current_version(con) == 1
+    with start_collector(db) as h, grpc.insecure_channel(f"127.0.0.1:{h.port}") as ch:
+        stub = pb_grpc.CollectorStub(ch)
+        resp = stub.Register(pb.RegisterRequest(node=node_info("old", "m-old")))
+        assert resp.node_id == "old-node" and resp.last_committed_seq == 1
+        acks = list(stub.Stream(iter([sample_batch("old-node", 1), sample_batch("old-node", 2)])))
+        assert [(a.seq, a.duplicate) for a in acks] == [(1, True), (2, False)]
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert schema.current_version(con) == schema.LATEST_VERSION
+        assert con.execute("SELECT count(*) FROM samples").fetchone()[0] == 6
+
+
+def test_upgrade_applies_only_missing_migrations_in_order(tmp_path):
+    shipped = schema.migrations()
+    extra = schema.Migration(len(shipped) + 1, "test_extra",
+                             "ALTER TABLE nodes ADD COLUMN rack VARCHAR; CREATE TABLE test_extra (x INTEGER);")
+    db = tmp_path / "c.duckdb"
+    with duckdb.connect(str(db)) as con:
+        assert schema.migrate(con) == list(range(1, len(shipped) + 1))
+        con.execute("INSERT INTO nodes (node_id, machine_id, hostname, first_seen, last_seen) "
+                    "VALUES ('n', 'm', 'h', TIMESTAMP '2026-01-01', TIMESTAMP '2026-01-01')")
+        assert schema.migrate(con) == []
+        assert schema.migrate(con, available=[*shipped, extra]) == [len(shipped) + 1]
+        assert con.execute("SELECT node_id, rack FROM nodes").fetchall() == [("n", None)]
+        assert con.execute("SELECT max(version), count(*) FROM schema_migrations").fetchone() == (
+            len(shipped) + 1, len(shipped) + 1)
+
+
+def test_failed_migration_rolls_back_and_leaves_version(tmp_path):
+    shipped = schema.migrations()
+    broken = schema.Migration(len(shipped) + 1, "broken", "CREATE TABLE half (x INTEGER); SELECT * FROM nope;")
+    with duckdb.connect(str(tmp_path / "c.duckdb")) as con:
+        schema.migrate(con)
+        with pytest.raises(duckdb.Error):
+            schema.migrate(con, available=[*shipped, broken])
+        assert schema.current_version(con) == len(shipped)
+        assert not con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'half'").fetchone()[0]
+
+
+def test_file_from_a_newer_collector_is_refused(tmp_path):
+    db = tmp_path / "new.duckdb"
+    with duckdb.connect(str(db)) as con:
+        schema.migrate(con)
+        con.execute("INSERT INTO schema_migrations VALUES (99, 'future', TIMESTAMP '2030-01-01')")
+    with pytest.raises(CollectorError, match="schema version 99 .* upgrade gpuagent"):
+        start_collector(db)

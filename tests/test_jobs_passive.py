@@ -1,0 +1,75 @@
+"""Passive job sampling gaps closed for issue 6: a GPU job's non-GPU processes (launcher, data-loader
+workers) and processes that only announce themselves through the step tracker."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from fake_nvml import H100_8GPU, FakeNvmlBackend
+from gpuagent.agent.gpu_sampler import GpuSampler
+from gpuagent.agent.job_discovery import JobDiscovery
+from gpuagent.agent.nvml import Nvml
+from gpuagent.agent.sampling import ListSink, now_ns
+from tests.conftest import wait_for
+
+BUSY = "import time\nend = time.time() + 120\nwhile time.time() < end: sum(range(10000))\n"
+IDLE = "import time\ntime.sleep(120)\n"
+_JOB_ENV = ("SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "RANK", "LOCAL_RANK", "WORLD_SIZE", "GPUAGENT_JOB_ID")
+
+
+def _spawn(code: str, **env):
+    e = {k: v for k, v in os.environ.items() if k not in _JOB_ENV}
+    e.update(env)
+    return subprocess.Popen([sys.executable, "-c", code], env=e)
+
+
+@pytest.fixture
+def procs():
+    started: list[subprocess.Popen] = []
+    yield started
+    for p in started:
+        p.kill()
+        p.wait(timeout=10)
+
+
+def test_gpu_job_includes_its_data_loader_process(procs):
+    trainer = _spawn(IDLE, SLURM_JOB_ID="5150", RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
+    loader = _spawn(BUSY, SLURM_JOB_ID="5150", RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")   # no GPU
+    stranger = _spawn(IDLE, SLURM_JOB_ID="6000", RANK="0")          # another job, not on any GPU
+    procs.extend([trainer, loader, stranger])
+    backend = FakeNvmlBackend(H100_8GPU)
+    for g in backend.gpus:
+        g["processes"] = []
+    backend.add_process(3, trainer.pid, 20 << 30, 90)
+    jd = JobDiscovery(gpu_sampler=GpuSampler(Nvml(backend=backend)), scan_interval_s=0, end_grace_s=30)
+    sink = ListSink()
+
+    def loader_sampled_with_cpu():
+        backend.advance(1)
+        jd.sample(now_ns(), sink)
+        return [r for r in sink.job_samples if r["pid"] == loader.pid and r["cpu_percent"] > 0]
+
+    rows = wait_for(loader_sampled_with_cpu, timeout=20, interval=0.2, what="the loader's CPU sample")
+    assert rows[-1]["job_id"] == "slurm:5150" and rows[-1]["gpu"] == -1
+    assert rows[-1]["rss_bytes"] > 0
+    trainer_rows = [r for r in sink.job_samples if r["pid"] == trainer.pid]
+    assert trainer_rows and all(r["gpu"] == 3 and r["gpu_util_percent"] == 90.0 for r in trainer_rows)
+    # A rule-matched process of a job that holds no GPU is not a GPU job on a GPU node.
+    assert not [r for r in sink.job_samples if r["pid"] == stranger.pid]
+
+
+def test_tracked_process_is_a_job_under_the_receivers_id(procs):
+    plain = _spawn(IDLE)                  # no launcher env, no rule matches it
+    procs.append(plain)
+    jd = JobDiscovery(scan_interval_s=0, end_grace_s=30)
+    sink = ListSink()
+    jd.sample(now_ns(), sink)
+    assert not [r for r in sink.job_samples if r["pid"] == plain.pid]
+    jd.tracked_pids = lambda: {plain.pid: "torchelastic:set-at-runtime"}
+    jd.sample(now_ns(), sink)
+    (row,) = [r for r in sink.job_samples if r["pid"] == plain.pid]
+    assert (row["job_id"], row["source"]) == ("torchelastic:set-at-runtime", "tracker")
