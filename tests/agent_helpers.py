@@ -26,6 +26,7 @@ def agent_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     env["GPUAGENT_JOBS_SOCKET"] = str(tmp_path / "jobs.sock")
     env["GPUAGENT_CONFIG"] = str(_empty_config(tmp_path))
     env["MALLOC_ARENA_MAX"] = "2"
+    env["GPUAGENT_PROBES_ENABLED"] = "0"     # these tests are about the data path; probes have their own
     env.update(extra)
     return env
 
