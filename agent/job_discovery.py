@@ -13,7 +13,9 @@ pod uid, container id (not the agent's own container), torchelastic ``none-<ppid
 attrs carry ``container_id`` / ``pod_uid`` when the cgroup shows them.
 
 Each tick emits one ``sink.job_sample(...)`` per (process, GPU) with the JobSample proto field names;
-CPU % (of one core) and I/O rates are deltas of /proc/<pid>/stat and /proc/<pid>/io.
+CPU % (of one core) and I/O rates are deltas of /proc/<pid>/stat and /proc/<pid>/io. When NVML has
+no per-process utilization (MIG) the sample carries 0 with attrs ``gpu_util_known=false`` and the tick
+does not count toward the job's mean; a MIG process carries ``mig_gpu_instance``.
 
 Lifecycle events (the ``gpuagent.jobs`` tracker and the analyzer rely on these):
 - ``job_start``: a job id seen for the first time; attrs {job_id, job_name, source}.
@@ -173,11 +175,12 @@ class JobDiscovery:
             self._procs.pop(pid, None)
             return None
         cached = self._procs.get(pid)
-        if cached is not None and cached.start == st[1] and (cached.ident is not None or not force):
-            cached.stat = st
-            return cached
         if force:
             rule_check = False
+        # a cached "not a job" verdict only holds for the rule check: a GPU or tracked process is one
+        if cached is not None and cached.start == st[1] and (cached.ident is not None or rule_check):
+            cached.stat = st
+            return cached
         ident = None
         matched = False
         if rule_check:
@@ -229,11 +232,12 @@ class JobDiscovery:
 
     def sample(self, ts_ns: int, sink) -> None:
         t = ts_ns / 1e9
-        rows: list[tuple[int, int, float, float]] = []   # (pid, gpu, gpu_util, gpu_mem)
+        rows: list[tuple[int, int, float, float, int]] = []   # (pid, gpu, gpu_util, gpu_mem, mig gi)
         gpu_mode = self._gpu_mode()
         if gpu_mode:
             for p in self.gpu.processes():
-                rows.append((p["pid"], p["gpu"], p["gpu_util_percent"], p["gpu_memory_bytes"]))
+                rows.append((p["pid"], p["gpu"], p["gpu_util_percent"], p["gpu_memory_bytes"],
+                             p.get("gpu_instance_id", -1)))
         if self._last_scan_ns is None or ts_ns - self._last_scan_ns >= self.scan_interval_ns:
             self._last_scan_ns = ts_ns
             self._scan()
@@ -244,21 +248,21 @@ class JobDiscovery:
             # that belong to a job holding a GPU now (identity cached from earlier ticks).
             gpu_jobs = {c.ident["job_id"] for c in (self._procs.get(pid) for pid in listed)
                         if c is not None and c.ident is not None}
-            rows += [(pid, -1, -1.0, 0.0) for pid in sorted(self._rule_pids) if pid not in listed
+            rows += [(pid, -1, -1.0, 0.0, -1) for pid in sorted(self._rule_pids) if pid not in listed
                      and self._procs.get(pid) is not None and self._procs[pid].ident is not None
                      and self._procs[pid].ident["job_id"] in gpu_jobs]
         else:
-            rows += [(pid, -1, -1.0, 0.0) for pid in sorted(self._rule_pids) if pid not in listed]
+            rows += [(pid, -1, -1.0, 0.0, -1) for pid in sorted(self._rule_pids) if pid not in listed]
         # Processes that report steps through gpuagent.jobs are jobs even when no rule matches them,
         # under the job id the step receiver uses (so job_samples and job_steps join).
         tracked = self.tracked_pids() if self.tracked_pids is not None else {}
         listed = {r[0] for r in rows}
-        rows += [(pid, -1, -1.0, 0.0) for pid in sorted(tracked) if pid not in listed]
+        rows += [(pid, -1, -1.0, 0.0, -1) for pid in sorted(tracked) if pid not in listed]
 
         seen_jobs: dict[str, list[tuple[int, float]]] = {}
         seen_pids: dict[str, set[int]] = {}
         per_pid_done: dict[int, tuple[float, float, float, float]] = {}
-        for pid, gpu, gutil, gmem in rows:
+        for pid, gpu, gutil, gmem, gi in rows:
             p = self._proc_for(pid, rule_check=gpu < 0, force=pid in tracked)
             if p is None and gpu < 0:
                 self._rule_pids.discard(pid)
@@ -271,12 +275,17 @@ class JobDiscovery:
             if pid not in per_pid_done:
                 per_pid_done[pid] = self._usage(pid, p, t)
             cpu, rss, rd, wr = per_pid_done[pid]
+            attrs = dict(ident["attrs"])
+            if gpu >= 0 and gutil < 0:
+                attrs["gpu_util_known"] = "false"   # sent as 0; NVML had no per-process figure
+            if gi >= 0:
+                attrs["mig_gpu_instance"] = str(gi)
             sink.job_sample(ts_ns=ts_ns, job_id=ident["job_id"], job_name=ident["job_name"],
                             source=ident["source"], pid=pid, rank=ident["rank"],
                             local_rank=ident["local_rank"], world_size=ident["world_size"], gpu=gpu,
                             gpu_util_percent=max(0.0, gutil), gpu_memory_bytes=gmem, cpu_percent=cpu,
                             rss_bytes=rss, read_bytes_per_s=rd, write_bytes_per_s=wr,
-                            attrs=dict(ident["attrs"]))
+                            attrs=attrs)
             seen_jobs.setdefault(ident["job_id"], []).append((gpu, gutil))
             job = self._jobs.get(ident["job_id"])
             if job is None:
