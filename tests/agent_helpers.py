@@ -26,7 +26,6 @@ def agent_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     env["GPUAGENT_JOBS_SOCKET"] = str(tmp_path / "jobs.sock")
     env["GPUAGENT_CONFIG"] = str(_empty_config(tmp_path))
     env["MALLOC_ARENA_MAX"] = "2"
-    env["GPUAGENT_PROBES_ENABLED"] = "0"     # these tests are about the data path; probes have their own
     env.update(extra)
     return env
 
@@ -34,7 +33,9 @@ def agent_env(tmp_path: Path, **extra: str) -> dict[str, str]:
 def _empty_config(tmp_path: Path) -> Path:
     p = tmp_path / "agent-test.toml"
     if not p.exists():
-        p.write_text("# test config: everything from flags/env\n")
+        # Everything else from flags/env. Probes off: these tests are about the data path (a test that
+        # wants probes passes its own GPUAGENT_CONFIG).
+        p.write_text("[probes]\nenabled = false\n")
     return p
 
 
