@@ -451,7 +451,10 @@ class Writer:
         self._seqs: dict[str, _NodeSeqs] = {}
         self._touched: dict[str, float] = {}
         self.known_nodes: set[str] = {r[0] for r in con.execute("SELECT node_id FROM nodes").fetchall()}
-        self.stats = {"groups": 0, "batches": 0, "duplicates": 0, "samples": 0}
+        self.stats = {"groups": 0, "batches": 0, "duplicates": 0, "samples": 0, "failed_batches": 0,
+                      "commit_s": 0.0}
+        self.fatal: str | None = None     # set when the database cannot be written any more
+        self._last_error_log = -1e9
         self._thread = threading.Thread(target=self._run, name="gpuagent-writer", daemon=True)
         self._stopped = False
         self._thread.start()
@@ -542,21 +545,35 @@ class Writer:
                     claimed.add(key)
                     fresh.append(it)
             if fresh:
+                started = time.perf_counter()
                 self._commit(fresh)
+                self.stats["commit_s"] += time.perf_counter() - started
         except Exception as exc:  # noqa: BLE001
-            if len(group) > 1:
-                # Find the culprit: store one by one so that one bad batch fails alone.
-                log.warning("group commit of %d batches failed (%s); retrying one by one", len(group), exc)
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            if isinstance(exc, duckdb.FatalException) or "invalidated" in first:
+                self.fatal = (f"the database can no longer be written ({first}); stopping so that a restart "
+                              "can recover it from its write-ahead log")
+            io_error = isinstance(exc, (duckdb.IOException, duckdb.TransactionException, duckdb.FatalException,
+                                        OSError))
+            if len(group) > 1 and not io_error:
+                # A data problem validation did not catch: store one by one so that one batch fails alone.
+                log.warning("group commit of %d batches failed (%s); retrying one by one", len(group), first)
                 for it in group:
                     self._store_group([it])
                 return
-            err = StorageError(f"could not store batch seq {group[0].prepared.seq} of node "
-                               f"{group[0].prepared.node_id}: {str(exc).splitlines()[0]}")
-            log.error("%s", err)
-            try:
-                group[0].callback(None, err)
-            except Exception:  # noqa: BLE001
-                log.exception("ack callback failed")
+            self.stats["failed_batches"] += len(group)
+            now = time.monotonic()
+            if now - self._last_error_log >= 10.0:
+                self._last_error_log = now
+                log.error("could not store %d batch(es); they are refused and the agents keep them: %s",
+                          len(group), first)
+            for it in group:
+                err = StorageError(f"the collector could not store batch seq {it.prepared.seq} of node "
+                                   f"{it.prepared.node_id}: {first}")
+                try:
+                    it.callback(None, err)
+                except Exception:  # noqa: BLE001
+                    log.exception("ack callback failed")
             return
         for it in fresh:
             self.node_seqs(it.prepared.node_id).add(it.prepared.seq)
