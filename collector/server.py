@@ -295,7 +295,7 @@ class CollectorServicer(pb_grpc.CollectorServicer):
         if request.window_s < 0:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "window_s must be positive (or 0 for the default)")
         if request.window_s > 0:
-            config = an.config_with(config, window_s=request.window_s)
+            config = an.with_window(config, request.window_s)
         limit = request.max_flags or 1000
         try:
             analyzer = an.Analyzer(config)
