@@ -147,12 +147,12 @@ def sql(query, target, token, token_file, tls_ca, fmt, max_rows):
 
 
 def _analyzer_config(config_path: str | None, window: str | None = None):
-    from gpuagent.collector.analyzer import AnalyzerConfig, AnalyzerError, config_with, parse_duration
+    from gpuagent.collector.analyzer import AnalyzerConfig, AnalyzerError, parse_duration, with_window
 
     try:
         config = AnalyzerConfig.from_toml(config_path) if config_path else AnalyzerConfig()
         if window:
-            config = config_with(config, window_s=parse_duration(window))
+            config = with_window(config, parse_duration(window))
         return config
     except AnalyzerError as exc:
         raise click.ClickException(str(exc)) from None
