@@ -12,6 +12,14 @@ pod uid, container id (not the agent's own container), torchelastic ``none-<ppid
 (source ``rule`` when a rule matched it, ``process`` for a GPU process). Cached per (pid, start time);
 attrs carry ``container_id`` / ``pod_uid`` when the cgroup shows them.
 
+Which processes of a job are sampled: on a GPU node, the NVML processes plus the rule-matched
+processes of the jobs that hold a GPU (launcher, data-loader workers); on a GPU-less node, every
+rule-matched process; on both, every process that sends steps through ``gpuagent.jobs`` (the daemon
+sets :attr:`JobDiscovery.tracked_pids`; such a pid gets the step receiver's job id). A launcher that has
+no job env of its own (torchrun's elastic agent) takes the job id of the workers it started, and keeps
+it after they exit; a rule-matched process that names no job waits ``orphan_grace_s`` before it counts
+as a ``pid:<pid>`` job of its own.
+
 Each tick emits one ``sink.job_sample(...)`` per (process, GPU) with the JobSample proto field names;
 CPU % (of one core) and I/O rates are deltas of /proc/<pid>/stat and /proc/<pid>/io.
 
@@ -75,6 +83,7 @@ class _Proc:
     prev_cpu: int = 0
     prev_io: tuple[int, int] | None = None
     stat: tuple[int, int, int] | None = None   # the latest /proc/<pid>/stat read (reused within a tick)
+    adopted: dict[str, Any] | None = None      # a launcher's identity taken from the workers it started
 
 
 @dataclass
@@ -96,7 +105,7 @@ class JobDiscovery:
     name = "jobs"
 
     def __init__(self, gpu_sampler: Any = None, rules: JobRules | None = None, proc_root: str = "/proc",
-                 scan_interval_s: float = 5.0, end_grace_s: float = 3.0) -> None:
+                 scan_interval_s: float = 5.0, end_grace_s: float = 3.0, orphan_grace_s: float = 10.0) -> None:
         self.gpu = gpu_sampler
         self.rules = rules or JobRules()
         self._cmd_res = [re.compile(p) for p in self.rules.cmdline_regex]
@@ -104,6 +113,8 @@ class JobDiscovery:
         self.proc = proc_root.rstrip("/")
         self.scan_interval_ns = int(scan_interval_s * 1e9)
         self.end_grace_ns = int(end_grace_s * 1e9)
+        self.orphan_grace_ns = int(orphan_grace_s * 1e9)
+        self._first_seen: dict[int, int] = {}
         self._procs: dict[int, _Proc] = {}
         self._rule_pids: set[int] = set()
         self._last_scan_ns: int | None = None
@@ -237,27 +248,15 @@ class JobDiscovery:
         if self._last_scan_ns is None or ts_ns - self._last_scan_ns >= self.scan_interval_ns:
             self._last_scan_ns = ts_ns
             self._scan()
-        listed = {r[0] for r in rows}
-        if gpu_mode:
-            # A GPU job's launcher and data-loader workers use no GPU, but their CPU, memory and I/O
-            # are part of the job (an input-bound job shows there): add the rule-matched processes
-            # that belong to a job holding a GPU now (identity cached from earlier ticks).
-            gpu_jobs = {c.ident["job_id"] for c in (self._procs.get(pid) for pid in listed)
-                        if c is not None and c.ident is not None}
-            rows += [(pid, -1, -1.0, 0.0) for pid in sorted(self._rule_pids) if pid not in listed
-                     and self._procs.get(pid) is not None and self._procs[pid].ident is not None
-                     and self._procs[pid].ident["job_id"] in gpu_jobs]
-        else:
-            rows += [(pid, -1, -1.0, 0.0) for pid in sorted(self._rule_pids) if pid not in listed]
         # Processes that report steps through gpuagent.jobs are jobs even when no rule matches them,
         # under the job id the step receiver uses (so job_samples and job_steps join).
         tracked = self.tracked_pids() if self.tracked_pids is not None else {}
         listed = {r[0] for r in rows}
-        rows += [(pid, -1, -1.0, 0.0) for pid in sorted(tracked) if pid not in listed]
+        rows += [(pid, -1, -1.0, 0.0) for pid in sorted(self._rule_pids | set(tracked)) if pid not in listed]
 
-        seen_jobs: dict[str, list[tuple[int, float]]] = {}
-        seen_pids: dict[str, set[int]] = {}
-        per_pid_done: dict[int, tuple[float, float, float, float]] = {}
+        # Identity of every candidate first, so that a launcher (torchrun's elastic agent has no job
+        # env of its own) can take the job id of the workers it started.
+        resolved: list[tuple[int, int, float, float, _Proc | None, dict[str, Any]]] = []
         for pid, gpu, gutil, gmem in rows:
             p = self._proc_for(pid, rule_check=gpu < 0, force=pid in tracked)
             if p is None and gpu < 0:
@@ -268,6 +267,48 @@ class JobDiscovery:
             ident = p.ident if p is not None else identify(pid, {}, "", 0, False)
             if pid in tracked and tracked[pid] != ident["job_id"]:
                 ident = dict(ident, job_id=tracked[pid], source="tracker")
+            resolved.append((pid, gpu, gutil, gmem, p, ident))
+        child_job = {}
+        for pid, _g, _u, _m, p, ident in resolved:
+            if p is not None and p.stat is not None and not ident["job_id"].startswith("pid:"):
+                child_job.setdefault(p.stat[2], ident)
+        for i, (pid, gpu, gutil, gmem, p, ident) in enumerate(resolved):
+            if not ident["job_id"].startswith("pid:"):
+                continue
+            if pid in child_job:
+                parent_of = child_job[pid]
+                adopted = dict(ident, job_id=parent_of["job_id"], source=parent_of["source"],
+                               job_name=ident["job_name"] or parent_of["job_name"],
+                               world_size=parent_of["world_size"])
+                if p is not None:
+                    p.adopted = adopted     # stays with the job after its workers exit
+                resolved[i] = (pid, gpu, gutil, gmem, p, adopted)
+            elif p is not None and p.adopted is not None:
+                resolved[i] = (pid, gpu, gutil, gmem, p, p.adopted)
+        # A process that matched a rule but names no job (typically a launcher whose workers have not
+        # started yet) waits ``orphan_grace_s`` before it counts as a job of its own, so a torchrun
+        # launch does not leave a one-second "pid:<launcher>" job behind.
+        for pid in [pid for pid in self._first_seen if pid not in self._procs]:
+            del self._first_seen[pid]
+        kept = []
+        for r in resolved:
+            if r[5]["job_id"].startswith("pid:") and r[5]["source"] == "rule" and r[1] < 0:
+                first = self._first_seen.setdefault(r[0], ts_ns)
+                if ts_ns - first < self.orphan_grace_ns:
+                    continue
+            kept.append(r)
+        resolved = kept
+        if gpu_mode:
+            # A GPU job's launcher and data-loader workers use no GPU, but their CPU, memory and I/O
+            # are part of the job (an input-bound job shows there): keep the non-GPU processes of jobs
+            # that hold a GPU now, and no others.
+            gpu_jobs = {r[5]["job_id"] for r in resolved if r[1] >= 0}
+            resolved = [r for r in resolved if r[1] >= 0 or r[5]["job_id"] in gpu_jobs]
+
+        seen_jobs: dict[str, list[tuple[int, float]]] = {}
+        seen_pids: dict[str, set[int]] = {}
+        per_pid_done: dict[int, tuple[float, float, float, float]] = {}
+        for pid, gpu, gutil, gmem, p, ident in resolved:
             if pid not in per_pid_done:
                 per_pid_done[pid] = self._usage(pid, p, t)
             cpu, rss, rd, wr = per_pid_done[pid]

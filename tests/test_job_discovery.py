@@ -54,7 +54,7 @@ def test_env_rules_find_real_processes(procs):
     ranked = _spawn(IDLE, RANK="0", WORLD_SIZE="1")
     plain = _spawn(IDLE)
     procs.extend([slurm, elastic, ranked, plain])
-    jd = JobDiscovery(scan_interval_s=0, end_grace_s=0.5)
+    jd = JobDiscovery(scan_interval_s=0, end_grace_s=0.5, orphan_grace_s=0)
     sink = ListSink()
 
     def by_pid():
@@ -75,8 +75,10 @@ def test_env_rules_find_real_processes(procs):
     # the slurm job ends: one job_end with its attrs, the others stay
     slurm.kill()
     slurm.wait(timeout=10)
-    _tick_until(jd, sink, lambda: any(e.kind == "job_end" for e in sink.events), "job_end")
-    ends = [e for e in sink.events if e.kind == "job_end"]
+    ours = {"slurm:4242", "torchelastic:run-abc", f"pid:{ranked.pid}"}   # other processes may come and go
+    _tick_until(jd, sink, lambda: any(e.kind == "job_end" and e.attrs["job_id"] in ours for e in sink.events),
+                "job_end")
+    ends = [e for e in sink.events if e.kind == "job_end" and e.attrs["job_id"] in ours]
     assert [e.attrs["job_id"] for e in ends] == ["slurm:4242"]
     assert ends[0].attrs["job_name"] == "pretrain" and ends[0].value == 0.0
     assert "torchelastic:run-abc" in {j["job_id"] for j in jd.active_jobs()}
@@ -108,14 +110,23 @@ def test_torchrun_launcher_and_workers_share_a_job(tmp_path):
 
 
 def _check_torchrun(p, jd, sink):
+    import psutil
 
-    def ranks():
-        return {s["rank"] for s in sink.job_samples if s["job_id"].startswith("torchelastic:")}
-    _tick_until(jd, sink, lambda: {0, 1} <= ranks(), "2 torchrun workers", timeout=90)
-    launcher = [s for s in sink.job_samples if s["pid"] == p.pid]
-    assert launcher and launcher[-1]["source"] == "rule"      # matched by the torchrun cmdline rule
-    workers = [s for s in sink.job_samples if s["job_id"].startswith("torchelastic:")]
+    def mine():
+        # Only this launcher's workers: other torchrun jobs may run on this machine at the same time.
+        try:
+            kids = {c.pid for c in psutil.Process(p.pid).children()}
+        except psutil.NoSuchProcess:
+            kids = set()
+        return [s for s in sink.job_samples if s["pid"] in kids and s["job_id"].startswith("torchelastic:")]
+    _tick_until(jd, sink, lambda: {0, 1} <= {s["rank"] for s in mine()}, "2 torchrun workers", timeout=90)
+    workers = mine()
     assert len({s["job_id"] for s in workers}) == 1
+    # The launcher (matched by the torchrun cmdline rule, no job env of its own) joins its workers' job.
+    _tick_until(jd, sink, lambda: [s for s in sink.job_samples if s["pid"] == p.pid], "the launcher's sample")
+    launcher = [s for s in sink.job_samples if s["pid"] == p.pid]
+    assert {s["job_id"] for s in launcher} == {workers[0]["job_id"]} and launcher[-1]["rank"] == -1
+    assert not [e for e in sink.events if e.kind == "job_start" and e.attrs["job_id"] == f"pid:{p.pid}"]
     assert {s["world_size"] for s in workers} == {2} and {s["local_rank"] for s in workers} == {0, 1}
 
 
