@@ -23,6 +23,7 @@ from gpuagent.agent.nvml import EVENT_TYPE_XID, VIRT_MODES, Nvml, decode_throttl
 log = logging.getLogger("gpuagent.gpu_sampler")
 
 _NVLINK_RECHECK_S = 60.0  # link state rarely changes; re-count active links this often
+_STATIC_RECHECK_S = 60.0  # max clocks and max PCIe link: re-read this often
 _MAX_EVENTS_PER_TICK = 256
 
 
@@ -47,11 +48,15 @@ class GpuSampler:
 
     name = "gpu"
 
-    def __init__(self, nvml: Nvml | None = None) -> None:
+    def __init__(self, nvml: Nvml | None = None, pcie_fallback_every: int = 10) -> None:
         self.nvml = nvml if nvml is not None else Nvml()
         self._announced_off = False
         self._prev_reasons: dict[int, frozenset[str]] = {}
-        self._nvlink_prev: dict[int, tuple[float, int, int]] = {}
+        self._counter_prev: dict[tuple[str, int], tuple[float, int, int]] = {}
+        self._static: dict[int, dict[str, Any]] = {}
+        self._pcie_counters: dict[int, bool] = {}
+        self._pcie_fallback_tick: dict[int, int] = {}
+        self.pcie_fallback_every = pcie_fallback_every
         self._nvlink_links: dict[int, int | None] = {}
         self._nvlink_checked: dict[int, float] = {}
         self._proc_last_seen_us: dict[int, int] = {}
@@ -70,6 +75,8 @@ class GpuSampler:
             self._ecc_corr = n.const("NVML_MEMORY_ERROR_TYPE_CORRECTED", 0)
             self._ecc_unc = n.const("NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1)
             self._ecc_vol = n.const("NVML_VOLATILE_ECC", 0)
+            self._fi_pcie_tx = n.const("NVML_FI_DEV_PCIE_COUNT_TX_BYTES", 197)
+            self._fi_pcie_rx = n.const("NVML_FI_DEV_PCIE_COUNT_RX_BYTES", 198)
             self._fi_nvl_tx = n.const("NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX", 138)
             self._fi_nvl_rx = n.const("NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX", 139)
             self._nvl_max = n.const("NVML_NVLINK_MAX_LINKS", 18)
@@ -107,7 +114,8 @@ class GpuSampler:
 
     # ------------------------------------------------------------------ per-process usage
     def processes(self) -> list[dict[str, Any]]:
-        """Processes on each GPU: {pid, gpu, gpu_memory_bytes, gpu_util_percent} (util -1 = unknown).
+        """Processes on each GPU: {pid, gpu, gpu_memory_bytes, gpu_util_percent, gpu_instance_id}
+        (util -1 = unknown, e.g. under MIG where NVML has no per-process utilization).
 
         For job discovery. Utilization comes from nvmlDeviceGetProcessUtilization (samples newer
         than the last call); a process without a new sample keeps its previous value.
@@ -131,9 +139,12 @@ class GpuSampler:
                 pid = int(p.pid)
                 alive.add(pid)
                 used = getattr(p, "usedGpuMemory", None)
+                gi = getattr(p, "gpuInstanceId", 0xFFFFFFFF)
                 out.append({"pid": pid, "gpu": i,
                             "gpu_memory_bytes": float(used) if used is not None else 0.0,
-                            "gpu_util_percent": self._proc_util.get((i, pid), -1.0)})
+                            "gpu_util_percent": self._proc_util.get((i, pid), -1.0),
+                            # MIG: the GPU instance the process runs in (-1 when MIG is off)
+                            "gpu_instance_id": -1 if gi in (None, 0xFFFFFFFF) else int(gi)})
             for key in [k for k in self._proc_util if k[0] == i and k[1] not in alive]:
                 del self._proc_util[key]
         return out
@@ -218,10 +229,11 @@ class GpuSampler:
         lim = q("nvmlDeviceGetEnforcedPowerLimit", h, gpu=i)
         put("gpu_power_limit_watts", lim / 1000.0 if lim is not None else None)
         put("gpu_temperature_celsius", q("nvmlDeviceGetTemperature", h, self._temp_gpu, gpu=i))
+        static = self._static_values(i, h)
         put("gpu_sm_clock_mhz", q("nvmlDeviceGetClockInfo", h, self._sm, gpu=i))
-        put("gpu_sm_clock_max_mhz", q("nvmlDeviceGetMaxClockInfo", h, self._sm, gpu=i))
+        put("gpu_sm_clock_max_mhz", static["sm_max"])
         put("gpu_mem_clock_mhz", q("nvmlDeviceGetClockInfo", h, self._mem, gpu=i))
-        put("gpu_mem_clock_max_mhz", q("nvmlDeviceGetMaxClockInfo", h, self._mem, gpu=i))
+        put("gpu_mem_clock_max_mhz", static["mem_max"])
 
         mask = self._throttle_mask(i, h)
         if mask is not None:
@@ -234,17 +246,27 @@ class GpuSampler:
 
         put("gpu_pcie_link_gen", q("nvmlDeviceGetCurrPcieLinkGeneration", h, gpu=i))
         put("gpu_pcie_link_width", q("nvmlDeviceGetCurrPcieLinkWidth", h, gpu=i))
-        put("gpu_pcie_link_gen_max", q("nvmlDeviceGetMaxPcieLinkGeneration", h, gpu=i))
-        put("gpu_pcie_link_width_max", q("nvmlDeviceGetMaxPcieLinkWidth", h, gpu=i))
-        tx = q("nvmlDeviceGetPcieThroughput", h, self._tx, gpu=i)   # KB/s over a 20 ms window
-        put("gpu_pcie_tx_bytes_per_s", tx * 1024.0 if tx is not None else None)
-        rx = q("nvmlDeviceGetPcieThroughput", h, self._rx, gpu=i)
-        put("gpu_pcie_rx_bytes_per_s", rx * 1024.0 if rx is not None else None)
+        put("gpu_pcie_link_gen_max", static["gen_max"])
+        put("gpu_pcie_link_width_max", static["width_max"])
         put("gpu_pcie_replay_count", q("nvmlDeviceGetPcieReplayCounter", h, gpu=i))
         put("gpu_ecc_corrected_total", q("nvmlDeviceGetTotalEccErrors", h, self._ecc_corr, self._ecc_vol, gpu=i))
         put("gpu_ecc_uncorrected_total", q("nvmlDeviceGetTotalEccErrors", h, self._ecc_unc, self._ecc_vol, gpu=i))
-        self._nvlink(i, h, ts, put)
+        self._counters(i, h, ts, put)
         self.last[i] = cur
+
+    def _static_values(self, i: int, h: Any) -> dict[str, Any]:
+        """Maxima that do not change while the driver is loaded: asked once a minute, sent every tick."""
+        now = time.monotonic()
+        got = self._static.get(i)
+        if got is None or now - got["at"] > _STATIC_RECHECK_S:
+            q = self.nvml.query
+            got = {"at": now,
+                   "sm_max": q("nvmlDeviceGetMaxClockInfo", h, self._sm, gpu=i),
+                   "mem_max": q("nvmlDeviceGetMaxClockInfo", h, self._mem, gpu=i),
+                   "gen_max": q("nvmlDeviceGetMaxPcieLinkGeneration", h, gpu=i),
+                   "width_max": q("nvmlDeviceGetMaxPcieLinkWidth", h, gpu=i)}
+            self._static[i] = got
+        return got
 
     def _throttle_mask(self, i: int, h: Any) -> Any:
         """Clock-event reasons; drivers before R535 only have the older ThrottleReasons name."""
@@ -270,7 +292,8 @@ class GpuSampler:
                               "added": ",".join(added), "removed": ",".join(removed)}, ts_ns=ts)
         self._prev_reasons[i] = relevant
 
-    def _nvlink(self, i: int, h: Any, ts: int, put) -> None:
+    def _nvlink_links_active(self, i: int, h: Any) -> int | None:
+        """Active NVLink links (re-counted every minute); None when the GPU has no NVLink."""
         n = self.nvml
         now = time.monotonic()
         if i not in self._nvlink_links or now - self._nvlink_checked.get(i, 0.0) > _NVLINK_RECHECK_S:
@@ -284,23 +307,64 @@ class GpuSampler:
                     break
                 active = (active or 0) + (1 if int(st) == self._feature_on else 0)
             self._nvlink_links[i] = active
-        links = self._nvlink_links.get(i)
-        if links is None:
-            return
-        put("gpu_nvlink_active_links", links)
-        # scopeId UINT_MAX: the sum over all links (nvml.h, NVLink throughput field values)
-        vals = n.query("nvmlDeviceGetFieldValues", h,
-                       [(self._fi_nvl_tx, 0xFFFFFFFF), (self._fi_nvl_rx, 0xFFFFFFFF)], gpu=i)
-        if not vals or len(vals) < 2 or any(int(v.nvmlReturn) != 0 for v in vals):
-            return
-        tx_kib, rx_kib = int(vals[0].value.ullVal), int(vals[1].value.ullVal)
+        return self._nvlink_links.get(i)
+
+    def _counters(self, i: int, h: Any, ts: int, put) -> None:
+        """PCIe and NVLink byte rates from cumulative counters, in one nvmlDeviceGetFieldValues call.
+
+        Why counters: nvmlDeviceGetPcieThroughput samples for 20 ms per call (2 calls per GPU per
+        tick would block the tick for 40 ms x GPUs). Drivers without the PCIe byte counter fields
+        (NVML_FI_DEV_PCIE_COUNT_TX/RX_BYTES) fall back to it, once every ``pcie_fallback_every`` ticks.
+        """
+        n = self.nvml
+        links = self._nvlink_links_active(i, h)
+        if links is not None:
+            put("gpu_nvlink_active_links", links)
+        want_pcie = self._pcie_counters.get(i, True)
+        fields: list[tuple[int, int]] = []
+        if want_pcie:
+            fields += [(self._fi_pcie_tx, 0), (self._fi_pcie_rx, 0)]
+        if links is not None:
+            # scopeId UINT_MAX: the sum over all links (nvml.h, NVLink throughput field values)
+            fields += [(self._fi_nvl_tx, 0xFFFFFFFF), (self._fi_nvl_rx, 0xFFFFFFFF)]
+        got: dict[int, int] = {}
+        if fields:
+            vals = n.query("nvmlDeviceGetFieldValues", h, fields, gpu=i)
+            for v in vals or ():
+                if int(v.nvmlReturn) == 0:
+                    got[int(v.fieldId)] = int(v.value.ullVal)
         t = ts / 1e9
-        prev = self._nvlink_prev.get(i)
-        self._nvlink_prev[i] = (t, tx_kib, rx_kib)
-        if prev is not None and t > prev[0] and tx_kib >= prev[1] and rx_kib >= prev[2]:
+        if want_pcie and self._fi_pcie_tx in got and self._fi_pcie_rx in got:
+            self._rate(("pcie", i), t, got[self._fi_pcie_tx], got[self._fi_pcie_rx], 1.0,
+                       "gpu_pcie_tx_bytes_per_s", "gpu_pcie_rx_bytes_per_s", put)
+        else:
+            if want_pcie:
+                self._pcie_counters[i] = False
+            self._pcie_fallback(i, h, put)
+        if self._fi_nvl_tx in got and self._fi_nvl_rx in got:
+            self._rate(("nvlink", i), t, got[self._fi_nvl_tx], got[self._fi_nvl_rx], 1024.0,
+                       "gpu_nvlink_tx_bytes_per_s", "gpu_nvlink_rx_bytes_per_s", put)
+
+    def _rate(self, key, t: float, tx: int, rx: int, scale: float, m_tx: str, m_rx: str, put) -> None:
+        prev = self._counter_prev.get(key)
+        self._counter_prev[key] = (t, tx, rx)
+        if prev is not None and t > prev[0] and tx >= prev[1] and rx >= prev[2]:   # skip resets
             dt = t - prev[0]
-            put("gpu_nvlink_tx_bytes_per_s", (tx_kib - prev[1]) * 1024.0 / dt)
-            put("gpu_nvlink_rx_bytes_per_s", (rx_kib - prev[2]) * 1024.0 / dt)
+            put(m_tx, (tx - prev[1]) * scale / dt)
+            put(m_rx, (rx - prev[2]) * scale / dt)
+
+    def _pcie_fallback(self, i: int, h: Any, put) -> None:
+        k = self._pcie_fallback_tick.get(i, 0)
+        self._pcie_fallback_tick[i] = k + 1
+        if k % self.pcie_fallback_every:
+            return
+        q = self.nvml.query
+        tx = q("nvmlDeviceGetPcieThroughput", h, self._tx, gpu=i)   # KB/s over a 20 ms window
+        if tx is None:
+            return
+        rx = q("nvmlDeviceGetPcieThroughput", h, self._rx, gpu=i)
+        put("gpu_pcie_tx_bytes_per_s", tx * 1024.0)
+        put("gpu_pcie_rx_bytes_per_s", rx * 1024.0 if rx is not None else None)
 
     def close(self) -> None:
         if self._event_set is not None:

@@ -21,7 +21,9 @@ it after they exit; a rule-matched process that names no job waits ``orphan_grac
 as a ``pid:<pid>`` job of its own.
 
 Each tick emits one ``sink.job_sample(...)`` per (process, GPU) with the JobSample proto field names;
-CPU % (of one core) and I/O rates are deltas of /proc/<pid>/stat and /proc/<pid>/io.
+CPU % (of one core) and I/O rates are deltas of /proc/<pid>/stat and /proc/<pid>/io. When NVML has
+no per-process utilization (MIG) the sample carries 0 with attrs ``gpu_util_known=false`` and the tick
+does not count toward the job's mean; a MIG process carries ``mig_gpu_instance``.
 
 Lifecycle events (the ``gpuagent.jobs`` tracker and the analyzer rely on these):
 - ``job_start``: a job id seen for the first time; attrs {job_id, job_name, source}.
@@ -184,11 +186,12 @@ class JobDiscovery:
             self._procs.pop(pid, None)
             return None
         cached = self._procs.get(pid)
-        if cached is not None and cached.start == st[1] and (cached.ident is not None or not force):
-            cached.stat = st
-            return cached
         if force:
             rule_check = False
+        # a cached "not a job" verdict only holds for the rule check: a GPU or tracked process is one
+        if cached is not None and cached.start == st[1] and (cached.ident is not None or rule_check):
+            cached.stat = st
+            return cached
         ident = None
         matched = False
         if rule_check:
@@ -240,11 +243,12 @@ class JobDiscovery:
 
     def sample(self, ts_ns: int, sink) -> None:
         t = ts_ns / 1e9
-        rows: list[tuple[int, int, float, float]] = []   # (pid, gpu, gpu_util, gpu_mem)
+        rows: list[tuple[int, int, float, float, int]] = []   # (pid, gpu, gpu_util, gpu_mem, mig gi)
         gpu_mode = self._gpu_mode()
         if gpu_mode:
             for p in self.gpu.processes():
-                rows.append((p["pid"], p["gpu"], p["gpu_util_percent"], p["gpu_memory_bytes"]))
+                rows.append((p["pid"], p["gpu"], p["gpu_util_percent"], p["gpu_memory_bytes"],
+                             p.get("gpu_instance_id", -1)))
         if self._last_scan_ns is None or ts_ns - self._last_scan_ns >= self.scan_interval_ns:
             self._last_scan_ns = ts_ns
             self._scan()
@@ -252,12 +256,12 @@ class JobDiscovery:
         # under the job id the step receiver uses (so job_samples and job_steps join).
         tracked = self.tracked_pids() if self.tracked_pids is not None else {}
         listed = {r[0] for r in rows}
-        rows += [(pid, -1, -1.0, 0.0) for pid in sorted(self._rule_pids | set(tracked)) if pid not in listed]
+        rows += [(pid, -1, -1.0, 0.0, -1) for pid in sorted(self._rule_pids | set(tracked)) if pid not in listed]
 
         # Identity of every candidate first, so that a launcher (torchrun's elastic agent has no job
         # env of its own) can take the job id of the workers it started.
-        resolved: list[tuple[int, int, float, float, _Proc | None, dict[str, Any]]] = []
-        for pid, gpu, gutil, gmem in rows:
+        resolved: list[tuple[int, int, float, float, int, _Proc | None, dict[str, Any]]] = []
+        for pid, gpu, gutil, gmem, gi in rows:
             p = self._proc_for(pid, rule_check=gpu < 0, force=pid in tracked)
             if p is None and gpu < 0:
                 self._rule_pids.discard(pid)
@@ -267,12 +271,12 @@ class JobDiscovery:
             ident = p.ident if p is not None else identify(pid, {}, "", 0, False)
             if pid in tracked and tracked[pid] != ident["job_id"]:
                 ident = dict(ident, job_id=tracked[pid], source="tracker")
-            resolved.append((pid, gpu, gutil, gmem, p, ident))
+            resolved.append((pid, gpu, gutil, gmem, gi, p, ident))
         child_job = {}
-        for pid, _g, _u, _m, p, ident in resolved:
+        for pid, _g, _u, _m, _gi, p, ident in resolved:
             if p is not None and p.stat is not None and not ident["job_id"].startswith("pid:"):
                 child_job.setdefault(p.stat[2], ident)
-        for i, (pid, gpu, gutil, gmem, p, ident) in enumerate(resolved):
+        for i, (pid, gpu, gutil, gmem, gi, p, ident) in enumerate(resolved):
             if not ident["job_id"].startswith("pid:"):
                 continue
             if pid in child_job:
@@ -282,9 +286,9 @@ class JobDiscovery:
                                world_size=parent_of["world_size"])
                 if p is not None:
                     p.adopted = adopted     # stays with the job after its workers exit
-                resolved[i] = (pid, gpu, gutil, gmem, p, adopted)
+                resolved[i] = (pid, gpu, gutil, gmem, gi, p, adopted)
             elif p is not None and p.adopted is not None:
-                resolved[i] = (pid, gpu, gutil, gmem, p, p.adopted)
+                resolved[i] = (pid, gpu, gutil, gmem, gi, p, p.adopted)
         # A process that matched a rule but names no job (typically a launcher whose workers have not
         # started yet) waits ``orphan_grace_s`` before it counts as a job of its own, so a torchrun
         # launch does not leave a one-second "pid:<launcher>" job behind.
@@ -292,7 +296,7 @@ class JobDiscovery:
             del self._first_seen[pid]
         kept = []
         for r in resolved:
-            if r[5]["job_id"].startswith("pid:") and r[5]["source"] == "rule" and r[1] < 0:
+            if r[6]["job_id"].startswith("pid:") and r[6]["source"] == "rule" and r[1] < 0:
                 first = self._first_seen.setdefault(r[0], ts_ns)
                 if ts_ns - first < self.orphan_grace_ns:
                     continue
@@ -302,22 +306,27 @@ class JobDiscovery:
             # A GPU job's launcher and data-loader workers use no GPU, but their CPU, memory and I/O
             # are part of the job (an input-bound job shows there): keep the non-GPU processes of jobs
             # that hold a GPU now, and no others.
-            gpu_jobs = {r[5]["job_id"] for r in resolved if r[1] >= 0}
-            resolved = [r for r in resolved if r[1] >= 0 or r[5]["job_id"] in gpu_jobs]
+            gpu_jobs = {r[6]["job_id"] for r in resolved if r[1] >= 0}
+            resolved = [r for r in resolved if r[1] >= 0 or r[6]["job_id"] in gpu_jobs]
 
         seen_jobs: dict[str, list[tuple[int, float]]] = {}
         seen_pids: dict[str, set[int]] = {}
         per_pid_done: dict[int, tuple[float, float, float, float]] = {}
-        for pid, gpu, gutil, gmem, p, ident in resolved:
+        for pid, gpu, gutil, gmem, gi, p, ident in resolved:
             if pid not in per_pid_done:
                 per_pid_done[pid] = self._usage(pid, p, t)
             cpu, rss, rd, wr = per_pid_done[pid]
+            attrs = dict(ident["attrs"])
+            if gpu >= 0 and gutil < 0:
+                attrs["gpu_util_known"] = "false"   # sent as 0; NVML had no per-process figure
+            if gi >= 0:
+                attrs["mig_gpu_instance"] = str(gi)
             sink.job_sample(ts_ns=ts_ns, job_id=ident["job_id"], job_name=ident["job_name"],
                             source=ident["source"], pid=pid, rank=ident["rank"],
                             local_rank=ident["local_rank"], world_size=ident["world_size"], gpu=gpu,
                             gpu_util_percent=max(0.0, gutil), gpu_memory_bytes=gmem, cpu_percent=cpu,
                             rss_bytes=rss, read_bytes_per_s=rd, write_bytes_per_s=wr,
-                            attrs=dict(ident["attrs"]))
+                            attrs=attrs)
             seen_jobs.setdefault(ident["job_id"], []).append((gpu, gutil))
             job = self._jobs.get(ident["job_id"])
             if job is None:

@@ -59,8 +59,11 @@ def _write_port_file(path: str, port: int) -> None:
 @click.option("--max-message-bytes", type=click.IntRange(1024), default=64 * 1024 * 1024, show_default=True)
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True)
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              help="Collector TOML config: [analyzer], [baselines], [pricing] (see README).")
+@click.option("--no-analyze", is_flag=True, help="Do not run the scheduled analysis passes.")
 def serve(listen, db_path, token, token_file, tls_cert, tls_key, insecure, reflection, port_file,
-          max_samples_per_batch, max_message_bytes, log_level):
+          max_samples_per_batch, max_message_bytes, log_level, config_path, no_analyze):
     """Receive agent batches over gRPC and store them in DuckDB until SIGTERM/SIGINT."""
     logging.basicConfig(level=getattr(logging, log_level.upper()), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -68,13 +71,15 @@ def serve(listen, db_path, token, token_file, tls_cert, tls_key, insecure, refle
     from gpuagent.collector.writer import Limits
 
     tok = _token(None, token_file) if token_file else _token(token, None)
+    analyzer_config = _analyzer_config(config_path)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     try:
         handle = start_collector(db_path, listen, tok, tls_cert=tls_cert, tls_key=tls_key, insecure=insecure,
                                  reflection=reflection, limits=Limits(max_samples_per_batch=max_samples_per_batch),
-                                 options=ServerOptions(max_message_bytes=max_message_bytes))
+                                 options=ServerOptions(max_message_bytes=max_message_bytes),
+                                 analyzer_config=analyzer_config, analyze=not no_analyze)
     except CollectorError as exc:
         raise click.ClickException(str(exc)) from None
     try:
@@ -134,6 +139,80 @@ def sql(query, target, token, token_file, tls_ca, fmt, max_rows):
     click.echo(format_result(result, fmt))
     if result.truncated and fmt != "table":
         click.echo(f"warning: result truncated to {len(result.rows)} rows", err=True)
+
+
+def _analyzer_config(config_path: str | None, window: str | None = None):
+    from gpuagent.collector.analyzer import AnalyzerConfig, AnalyzerError, config_with, parse_duration
+
+    try:
+        config = AnalyzerConfig.from_toml(config_path) if config_path else AnalyzerConfig()
+        if window:
+            config = config_with(config, window_s=parse_duration(window))
+        return config
+    except AnalyzerError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _print_analysis(run: dict, flags: list[dict], fmt: str, truncated: bool) -> None:
+    import json
+
+    if fmt == "json":
+        click.echo(json.dumps({"pass": run, "open_flags": flags, "truncated": truncated}, default=str))
+        return
+    click.echo(f"analysis pass at {run['now']}: rolled up {run['rollup_rows_in']} new raw rows in "
+               f"{run['rollup_s']:.2f} s, flags in {run['flags_s']:.2f} s; {run['conditions']} conditions, "
+               f"{run['opened']} opened, {run['updated']} updated, {run['closed']} closed")
+    if not flags:
+        click.echo("no open flags")
+    for f in flags:
+        gpu = "" if f.get("gpu") is None else f" gpu {f['gpu']}"
+        click.echo(f"[{f['severity']}] {f['kind']}/{f['component']} {f['node_id']}{gpu}: {f['sentence']}")
+    if truncated:
+        click.echo(f"(showing the first {len(flags)} open flags)")
+
+
+@main.command()
+@click.option("--db", "db_path", type=click.Path(dir_okay=False), default=None,
+              help="Analyse this database file directly (only while no collector holds it).")
+@click.option("--target", envvar=TARGET_ENV, default=DEFAULT_TARGET, show_default=True, metavar="HOST:PORT",
+              help=f"Ask this live collector to run the pass [env {TARGET_ENV}] (ignored with --db).")
+@click.option("--window", default=None, help="Analysis window for this pass, e.g. 15m, 1h (default: config, 1h).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              help="Collector TOML config with [analyzer]/[baselines]/[pricing] (with --db).")
+@click.option("--token", envvar=TOKEN_ENV, default=None, help=f"Bearer token [env {TOKEN_ENV}].")
+@click.option("--token-file", type=click.Path(dir_okay=False), default=None)
+@click.option("--tls-ca", type=click.Path(exists=True, dir_okay=False), default=None)
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--max-flags", type=click.IntRange(1), default=200, show_default=True)
+def analyze(db_path, target, window, config_path, token, token_file, tls_ca, fmt, max_flags):
+    """Run one analysis pass now (rollups + flags) and print the open flags."""
+    if db_path:
+        from gpuagent.collector.analyzer import AnalyzerError, analyze_db, open_flags_in
+
+        config = _analyzer_config(config_path, window)
+        try:
+            result = analyze_db(db_path, config)
+            flags = open_flags_in(db_path, max_flags + 1)
+        except AnalyzerError as exc:
+            raise click.ClickException(str(exc)) from None
+        _print_analysis(result.as_dict(), flags[:max_flags], fmt, len(flags) > max_flags)
+        return
+    from gpuagent.collector.analyzer import AnalyzerError, parse_duration
+    from gpuagent.collector.client import QueryError
+    from gpuagent.collector.client import analyze as run_analyze
+
+    if config_path:
+        raise click.ClickException("--config applies with --db; a live collector uses its own serve --config")
+    try:
+        window_s = parse_duration(window) if window else 0.0
+    except AnalyzerError as exc:
+        raise click.ClickException(str(exc)) from None
+    tok = _token(None, token_file) if token_file else _token(token, None)
+    try:
+        res = run_analyze(target, window_s, token=tok, max_flags=max_flags, tls_ca=tls_ca)
+    except QueryError as exc:
+        raise click.ClickException(str(exc)) from None
+    _print_analysis(res.run, res.flags, fmt, res.truncated)
 
 
 def _source_args(ctx: click.Context, db_path: str | None, target: str | None) -> tuple[str | None, str | None]:

@@ -84,3 +84,30 @@ def format_result(result: QueryResult, fmt: str = "table") -> str:
     n = len(result.rows)
     lines.append(f"({n} row{'s' if n != 1 else ''}{', truncated' if result.truncated else ''})")
     return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class AnalyzeResult:
+    run: dict          # what the pass did (analyzer.PassResult.as_dict())
+    flags: list[dict]  # open flags, worst first
+    truncated: bool
+
+
+def analyze(target: str, window_s: float = 0.0, token: str | None = None, max_flags: int = 0,
+            timeout_s: float = 300.0, tls_ca: str | None = None) -> AnalyzeResult:
+    """Ask the live collector at ``target`` to run one analysis pass now; returns it and the open flags."""
+    with channel(target, tls_ca) as ch:
+        stub = pb_grpc.CollectorStub(ch)
+        try:
+            resp = stub.Analyze(pb.AnalyzeRequest(window_s=window_s, max_flags=max_flags), timeout=timeout_s,
+                                metadata=bearer_metadata(token))
+        except grpc.RpcError as exc:
+            code = exc.code()
+            if code == grpc.StatusCode.UNAVAILABLE and "no collector" not in (exc.details() or ""):
+                raise QueryError(f"no collector answers at {target} ({exc.details()})") from None
+            if code == grpc.StatusCode.UNAUTHENTICATED:
+                raise QueryError(f"the collector refused the credentials: {exc.details()}") from None
+            if code == grpc.StatusCode.UNIMPLEMENTED:
+                raise QueryError(f"the collector at {target} is too old for Analyze; upgrade it") from None
+            raise QueryError(exc.details() or code.name) from None
+    return AnalyzeResult(json.loads(resp.pass_json or "{}"), json.loads(resp.flags_json or "[]"), resp.truncated)

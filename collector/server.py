@@ -155,8 +155,10 @@ class _StreamState:
 
 
 class CollectorServicer(pb_grpc.CollectorServicer):
-    def __init__(self, writer: Writer, cursor_factory, limits: Limits, options: ServerOptions):
+    def __init__(self, writer: Writer, cursor_factory, limits: Limits, options: ServerOptions,
+                 analyzer_config=None):
         self._writer = writer
+        self._analyzer_config = analyzer_config
         self._cursor_factory = cursor_factory
         self._limits = limits
         self._options = options
@@ -275,6 +277,32 @@ class CollectorServicer(pb_grpc.CollectorServicer):
                                 rows_json=result.rows_json(), truncated=result.truncated)
 
 
+    # -- Analyze
+    async def Analyze(self, request: pb.AnalyzeRequest, context):
+        """One analysis pass now, on the writer thread (the single-writer rule), then the open flags."""
+        from gpuagent.collector import analyzer as an  # noqa: PLC0415 - only the analyzer needs it
+
+        config = self._analyzer_config or an.AnalyzerConfig()
+        if request.window_s < 0:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "window_s must be positive (or 0 for the default)")
+        if request.window_s > 0:
+            config = an.config_with(config, window_s=request.window_s)
+        limit = request.max_flags or 1000
+        try:
+            analyzer = an.Analyzer(config)
+            result = await asyncio.wrap_future(
+                self._writer.call(lambda con: an.run_in_transaction(con, analyzer.run_pass)))
+            flags = await asyncio.get_running_loop().run_in_executor(
+                self._query_pool, lambda: an.open_flags(self._cursor_factory(), limit + 1))
+        except an.AnalyzerError as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        except duckdb.Error as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE,
+                                f"the analysis pass failed in the database: {str(exc).splitlines()[0]}")
+        return pb.AnalyzeResponse(pass_json=an.dumps(result.as_dict()), flags_json=an.dumps(flags[:limit]),
+                                  truncated=len(flags) > limit)
+
+
 # ------------------------------------------------------------------------------- lifecycle
 
 class CollectorHandle:
@@ -295,6 +323,7 @@ class CollectorHandle:
         self._stopped = threading.Event()
         self._lock = threading.Lock()
         self._closed = False
+        self.analyzer = None   # the scheduled analysis thread (analyzer.AnalyzerThread), when running
 
     @property
     def writer(self) -> Writer:
@@ -310,6 +339,8 @@ class CollectorHandle:
             grace = self._options.stop_grace_s if grace is None else grace
             self._loop.call_soon_threadsafe(self._stop_event.set)
             self._thread.join(grace + 30)
+        if self.analyzer is not None:
+            self.analyzer.stop()
         self._writer.stop()
         self._servicer.close()
         try:
@@ -331,8 +362,12 @@ class CollectorHandle:
 def start_collector(db_path: str | Path, listen: str = "127.0.0.1:0", token: str | None = None, *,
                     tls_cert: str | None = None, tls_key: str | None = None, insecure: bool = False,
                     reflection: bool = False, limits: Limits = Limits(),
-                    options: ServerOptions = ServerOptions()) -> CollectorHandle:
+                    options: ServerOptions = ServerOptions(), analyzer_config=None,
+                    analyze: bool = True) -> CollectorHandle:
     """Open the database, start the writer and the gRPC server; return once it listens.
+
+    With ``analyze`` (the default) an analysis pass runs every ``analyzer_config.interval_s`` on the writer
+    (see collector/analyzer.py); ``analyzer_config`` also serves on-demand Analyze calls.
 
     Raises CollectorError (one sentence) when it cannot start: policy, lock held, bind failure.
     """
@@ -362,7 +397,7 @@ def start_collector(db_path: str | Path, listen: str = "127.0.0.1:0", token: str
             return reader_root.cursor()
 
     writer = Writer(con)
-    servicer = CollectorServicer(writer, cursor_factory, limits, options)
+    servicer = CollectorServicer(writer, cursor_factory, limits, options, analyzer_config)
     handle = CollectorHandle(db_path, con, writer, servicer, options)
     started = threading.Event()
     failure: list[BaseException] = []
@@ -420,4 +455,15 @@ def start_collector(db_path: str | Path, listen: str = "127.0.0.1:0", token: str
         if isinstance(exc, CollectorError):
             raise exc
         raise CollectorError(f"the collector failed to start: {exc}") from exc
+    if analyze:
+        from gpuagent.collector import analyzer as an  # noqa: PLC0415
+
+        try:
+            analysis = an.Analyzer(analyzer_config)
+        except an.AnalyzerError as exc:
+            handle.stop()
+            raise CollectorError(str(exc)) from None
+        handle.analyzer = an.AnalyzerThread(
+            analysis, lambda fn: writer.call(lambda c: an.run_in_transaction(c, fn)).result(),
+            on_error=lambda exc: log.error("analysis pass failed: %s", exc)).start()
     return handle

@@ -342,3 +342,21 @@ class QueryResponse(_message.Message):
     rows_json: str
     truncated: bool
     def __init__(self, columns: _Optional[_Iterable[str]] = ..., column_types: _Optional[_Iterable[str]] = ..., rows_json: _Optional[str] = ..., truncated: _Optional[bool] = ...) -> None: ...
+
+class AnalyzeRequest(_message.Message):
+    __slots__ = ("window_s", "max_flags")
+    WINDOW_S_FIELD_NUMBER: _ClassVar[int]
+    MAX_FLAGS_FIELD_NUMBER: _ClassVar[int]
+    window_s: float
+    max_flags: int
+    def __init__(self, window_s: _Optional[float] = ..., max_flags: _Optional[int] = ...) -> None: ...
+
+class AnalyzeResponse(_message.Message):
+    __slots__ = ("pass_json", "flags_json", "truncated")
+    PASS_JSON_FIELD_NUMBER: _ClassVar[int]
+    FLAGS_JSON_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    pass_json: str
+    flags_json: str
+    truncated: bool
+    def __init__(self, pass_json: _Optional[str] = ..., flags_json: _Optional[str] = ..., truncated: _Optional[bool] = ...) -> None: ...

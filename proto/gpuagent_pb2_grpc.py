@@ -49,6 +49,11 @@ class CollectorStub:
                 request_serializer=gpuagent__pb2.QueryRequest.SerializeToString,
                 response_deserializer=gpuagent__pb2.QueryResponse.FromString,
                 _registered_method=True)
+        self.Analyze = channel.unary_unary(
+                '/gpuagent.v1.Collector/Analyze',
+                request_serializer=gpuagent__pb2.AnalyzeRequest.SerializeToString,
+                response_deserializer=gpuagent__pb2.AnalyzeResponse.FromString,
+                _registered_method=True)
 
 
 class CollectorServicer:
@@ -77,6 +82,14 @@ class CollectorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Analyze(self, request, context):
+        """Run one analysis pass now, on the collector's writer (used by `gpuagent-collector analyze --target`),
+        and return what it did and the open flags.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CollectorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -94,6 +107,11 @@ def add_CollectorServicer_to_server(servicer, server):
                     servicer.Query,
                     request_deserializer=gpuagent__pb2.QueryRequest.FromString,
                     response_serializer=gpuagent__pb2.QueryResponse.SerializeToString,
+            ),
+            'Analyze': grpc.unary_unary_rpc_method_handler(
+                    servicer.Analyze,
+                    request_deserializer=gpuagent__pb2.AnalyzeRequest.FromString,
+                    response_serializer=gpuagent__pb2.AnalyzeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -177,6 +195,33 @@ class Collector:
             '/gpuagent.v1.Collector/Query',
             gpuagent__pb2.QueryRequest.SerializeToString,
             gpuagent__pb2.QueryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Analyze(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpuagent.v1.Collector/Analyze',
+            gpuagent__pb2.AnalyzeRequest.SerializeToString,
+            gpuagent__pb2.AnalyzeResponse.FromString,
             options,
             channel_credentials,
             insecure,

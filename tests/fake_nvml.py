@@ -49,9 +49,12 @@ class FakeNvmlBackend:
         self.now_us = 1_700_000_000_000_000
         self.nvlink_tx_kib = [0] * len(self.gpus)
         self.nvlink_rx_kib = [0] * len(self.gpus)
+        self.pcie_tx_bytes = [0] * len(self.gpus)
+        self.pcie_rx_bytes = [0] * len(self.gpus)
         self._event_sets: list[dict[str, Any]] = []
         self.wait_timeouts_ms: list[int] = []
         self.lost: set[int] = set()
+        self.pcie_throughput_calls = 0
         self._pending_events = [dict(e) for e in doc.get("events", [])]
 
     # Constants and error classes come from the real binding.
@@ -67,6 +70,8 @@ class FakeNvmlBackend:
         for i, g in enumerate(self.gpus):
             self.nvlink_tx_kib[i] += int(g["nvlink_tx_kib_per_s"] * seconds)
             self.nvlink_rx_kib[i] += int(g["nvlink_rx_kib_per_s"] * seconds)
+            self.pcie_tx_bytes[i] += int(g["pcie_tx_kb_per_s"] * 1024 * seconds)
+            self.pcie_rx_bytes[i] += int(g["pcie_rx_kb_per_s"] * 1024 * seconds)
 
     def set_throttle(self, gpu: int, mask: int) -> None:
         self.gpus[gpu]["throttle_mask"] = mask
@@ -78,9 +83,11 @@ class FakeNvmlBackend:
         for g in self.gpus:
             g["processes"] = [p for p in g["processes"] if p["pid"] != pid]
 
-    def add_process(self, gpu: int, pid: int, used_memory_bytes: int, sm_util_percent: int) -> None:
+    def add_process(self, gpu: int, pid: int, used_memory_bytes: int, sm_util_percent: int,
+                    gpu_instance_id: int = 0) -> None:
         self.gpus[gpu]["processes"].append({"pid": pid, "used_memory_bytes": used_memory_bytes,
-                                            "sm_util_percent": sm_util_percent, "mem_util_percent": 0})
+                                            "sm_util_percent": sm_util_percent, "mem_util_percent": 0,
+                                            "gpu_instance_id": gpu_instance_id})
 
     def lose_gpu(self, gpu: int) -> None:
         """The GPU falls off the bus: every call on it answers GPU_IS_LOST from now on."""
@@ -196,6 +203,7 @@ class FakeNvmlBackend:
 
     def nvmlDeviceGetPcieThroughput(self, h, counter):
         g = self._g(h, "nvmlDeviceGetPcieThroughput")
+        self.pcie_throughput_calls += 1    # the real call samples for 20 ms
         return g["pcie_tx_kb_per_s"] if counter == pynvml.NVML_PCIE_UTIL_TX_BYTES else g["pcie_rx_kb_per_s"]
 
     def nvmlDeviceGetPcieReplayCounter(self, h):
@@ -222,7 +230,14 @@ class FakeNvmlBackend:
             # link id as scopeId (0 when not given), UINT_MAX for the sum over all links
             fid, scope = item if isinstance(item, tuple) else (item, 0)
             share = 1 if scope == 0xFFFFFFFF else (1 / links if scope < links else 0)
-            if fid == pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX:
+            g = self.gpus[h.index]
+            if fid in (pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES):
+                if not g.get("pcie_byte_counters", False):
+                    v, rc = 0, pynvml.NVML_ERROR_NOT_SUPPORTED
+                else:
+                    tx = fid == pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES
+                    v, rc = (self.pcie_tx_bytes if tx else self.pcie_rx_bytes)[h.index], pynvml.NVML_SUCCESS
+            elif fid == pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX:
                 v, rc = int(self.nvlink_tx_kib[h.index] * share), pynvml.NVML_SUCCESS
             elif fid == pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX:
                 v, rc = int(self.nvlink_rx_kib[h.index] * share), pynvml.NVML_SUCCESS
@@ -244,8 +259,10 @@ class FakeNvmlBackend:
 
     def nvmlDeviceGetComputeRunningProcesses(self, h):
         g = self._g(h, "nvmlDeviceGetComputeRunningProcesses")
+        mig = g["mig_mode"] is not None and g["mig_mode"][0] == 1
         return [SimpleNamespace(pid=p["pid"], usedGpuMemory=p["used_memory_bytes"],
-                                gpuInstanceId=0xFFFFFFFF, computeInstanceId=0xFFFFFFFF)
+                                gpuInstanceId=p.get("gpu_instance_id", 0) if mig else 0xFFFFFFFF,
+                                computeInstanceId=0 if mig else 0xFFFFFFFF)
                 for p in g["processes"]]
 
     def nvmlDeviceGetProcessUtilization(self, h, last_seen_us):

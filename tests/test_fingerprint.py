@@ -72,7 +72,10 @@ def test_agrees_with_systemd_detect_virt():
 
 @pytest.mark.skipif(shutil.which("virt-what") is None, reason="virt-what not installed")
 def test_agrees_with_virt_what():
-    facts = [f for f in _run(["virt-what"]).splitlines() if f]
+    p = subprocess.run(["virt-what"], capture_output=True, text=True, timeout=30)
+    if p.returncode != 0:
+        pytest.skip(f"virt-what could not run here (it needs root): {p.stderr.strip()[:200]}")
+    facts = [f for f in p.stdout.splitlines() if f]
     mapped = {VIRT_WHAT_MAP[f] for f in facts if f in VIRT_WHAT_MAP}
     ev = fingerprint()
     vms = {name for kind, name in mapped if kind == "vm"}

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from conftest import wait_for
@@ -48,9 +49,10 @@ def _tick_until(jd, sink, pred, what, timeout=20.0):
 
 
 def test_env_rules_find_real_processes(procs):
-    slurm = _spawn(BUSY, SLURM_JOB_ID="4242", SLURM_JOB_NAME="pretrain", SLURM_PROCID="3", SLURM_LOCALID="1",
+    tag = f"{os.getpid()}x{time.monotonic_ns() % 100000}"   # unique: other runs share this machine
+    slurm = _spawn(BUSY, SLURM_JOB_ID=tag, SLURM_JOB_NAME="pretrain", SLURM_PROCID="3", SLURM_LOCALID="1",
                    SLURM_NTASKS="8")
-    elastic = _spawn(IDLE, TORCHELASTIC_RUN_ID="run-abc", RANK="1", LOCAL_RANK="1", WORLD_SIZE="2")
+    elastic = _spawn(IDLE, TORCHELASTIC_RUN_ID=f"run-{tag}", RANK="1", LOCAL_RANK="1", WORLD_SIZE="2")
     ranked = _spawn(IDLE, RANK="0", WORLD_SIZE="1")
     plain = _spawn(IDLE)
     procs.extend([slurm, elastic, ranked, plain])
@@ -64,70 +66,73 @@ def test_env_rules_find_real_processes(procs):
     _tick_until(jd, sink, lambda: by_pid()[slurm.pid]["cpu_percent"] > 20, "slurm rank busy")
     s = by_pid()
     assert plain.pid not in s
-    assert (s[slurm.pid]["job_id"], s[slurm.pid]["job_name"], s[slurm.pid]["source"]) == ("slurm:4242", "pretrain", "slurm")
+    assert (s[slurm.pid]["job_id"], s[slurm.pid]["job_name"], s[slurm.pid]["source"]) == (f"slurm:{tag}", "pretrain", "slurm")
     assert (s[slurm.pid]["rank"], s[slurm.pid]["local_rank"], s[slurm.pid]["world_size"]) == (3, 1, 8)
     assert s[slurm.pid]["rss_bytes"] > 1 << 20 and s[slurm.pid]["gpu"] == -1
-    assert (s[elastic.pid]["job_id"], s[elastic.pid]["rank"], s[elastic.pid]["world_size"]) == ("torchelastic:run-abc", 1, 2)
+    assert (s[elastic.pid]["job_id"], s[elastic.pid]["rank"], s[elastic.pid]["world_size"]) == (f"torchelastic:run-{tag}", 1, 2)
     assert s[ranked.pid]["source"] == "rule" and s[ranked.pid]["job_id"] == f"pid:{ranked.pid}"
     starts = {e.attrs["job_id"] for e in sink.events if e.kind == "job_start"}
-    assert {"slurm:4242", "torchelastic:run-abc"} <= starts
-    assert {j["job_id"] for j in jd.active_jobs()} >= {"slurm:4242", "torchelastic:run-abc"}
+    assert {f"slurm:{tag}", f"torchelastic:run-{tag}"} <= starts
+    assert {j["job_id"] for j in jd.active_jobs()} >= {f"slurm:{tag}", f"torchelastic:run-{tag}"}
     # the slurm job ends: one job_end with its attrs, the others stay
     slurm.kill()
     slurm.wait(timeout=10)
-    ours = {"slurm:4242", "torchelastic:run-abc", f"pid:{ranked.pid}"}   # other processes may come and go
-    _tick_until(jd, sink, lambda: any(e.kind == "job_end" and e.attrs["job_id"] in ours for e in sink.events),
-                "job_end")
-    ends = [e for e in sink.events if e.kind == "job_end" and e.attrs["job_id"] in ours]
-    assert [e.attrs["job_id"] for e in ends] == ["slurm:4242"]
+    def my_ends():
+        return [e for e in sink.events if e.kind == "job_end" and tag in e.attrs["job_id"]]
+    _tick_until(jd, sink, my_ends, "job_end")
+    ends = my_ends()
+    assert [e.attrs["job_id"] for e in ends] == [f"slurm:{tag}"]
     assert ends[0].attrs["job_name"] == "pretrain" and ends[0].value == 0.0
-    assert "torchelastic:run-abc" in {j["job_id"] for j in jd.active_jobs()}
+    assert f"torchelastic:run-{tag}" in {j["job_id"] for j in jd.active_jobs()}
 
 
 def test_torchrun_launcher_and_workers_share_a_job(tmp_path):
+    """A real torchrun (gloo-free: the workers only sleep). Other runs on this shared machine may have
+    job processes too, so only this launcher's own children are looked at (and cleaned up)."""
     script = tmp_path / "worker.py"
     script.write_text("import time\ntime.sleep(120)\n")
-    # its own session, so the whole tree (launcher + workers) is killed at the end
     p = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                          str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                          str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    launcher_proc = psutil.Process(p.pid)
+    workers_seen: set[int] = set()
     jd = JobDiscovery(scan_interval_s=0)
     sink = ListSink()
+
+    def note_children():
+        try:
+            workers_seen.update(c.pid for c in launcher_proc.children(recursive=True))
+        except psutil.NoSuchProcess:
+            pass
+
+    def mine():
+        note_children()
+        return [s for s in sink.job_samples if s["pid"] in workers_seen]
+
     try:
-        _check_torchrun(p, jd, sink)
+        _tick_until(jd, sink, lambda: {0, 1} <= {s["rank"] for s in mine()}, "2 torchrun workers", timeout=90)
+        workers = mine()
+        assert len({s["job_id"] for s in workers}) == 1 and workers[0]["job_id"].startswith("torchelastic:")
+        assert {s["world_size"] for s in workers} == {2} and {s["local_rank"] for s in workers} == {0, 1}
+        # The launcher (matched by the torchrun cmdline rule, no job env of its own) joins its workers'
+        # job instead of appearing as a pid:<launcher> job of its own.
+        _tick_until(jd, sink, lambda: [s for s in sink.job_samples if s["pid"] == p.pid], "the launcher's sample")
+        launcher = [s for s in sink.job_samples if s["pid"] == p.pid]
+        assert {s["job_id"] for s in launcher} == {workers[0]["job_id"]} and launcher[-1]["rank"] == -1
+        assert not [e for e in sink.events if e.kind == "job_start" and e.attrs["job_id"] == f"pid:{p.pid}"]
     finally:
-        # torchrun starts each worker in its own session; SIGTERM makes it stop them, then make sure
+        # SIGTERM makes torchrun stop its workers (each runs in its own session); then make sure
+        note_children()
         p.terminate()
         try:
             p.wait(timeout=30)
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait(timeout=10)
-        for pid in {s["pid"] for s in sink.job_samples if s["pid"] != p.pid}:
+        for pid in workers_seen:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-
-
-def _check_torchrun(p, jd, sink):
-    import psutil
-
-    def mine():
-        # Only this launcher's workers: other torchrun jobs may run on this machine at the same time.
-        try:
-            kids = {c.pid for c in psutil.Process(p.pid).children()}
-        except psutil.NoSuchProcess:
-            kids = set()
-        return [s for s in sink.job_samples if s["pid"] in kids and s["job_id"].startswith("torchelastic:")]
-    _tick_until(jd, sink, lambda: {0, 1} <= {s["rank"] for s in mine()}, "2 torchrun workers", timeout=90)
-    workers = mine()
-    assert len({s["job_id"] for s in workers}) == 1
-    # The launcher (matched by the torchrun cmdline rule, no job env of its own) joins its workers' job.
-    _tick_until(jd, sink, lambda: [s for s in sink.job_samples if s["pid"] == p.pid], "the launcher's sample")
-    launcher = [s for s in sink.job_samples if s["pid"] == p.pid]
-    assert {s["job_id"] for s in launcher} == {workers[0]["job_id"]} and launcher[-1]["rank"] == -1
-    assert not [e for e in sink.events if e.kind == "job_start" and e.attrs["job_id"] == f"pid:{p.pid}"]
-    assert {s["world_size"] for s in workers} == {2} and {s["local_rank"] for s in workers} == {0, 1}
 
 
 def test_fixture_procfs_k8s_docker_and_rules():
@@ -189,3 +194,47 @@ def test_gpu_mode_uses_nvml_processes_and_reports_mean_util(procs):
     assert end[0].value == pytest.approx((3 * 70 + 20) / 4)
     assert end[0].attrs["gpu_util_samples"] == "4"
     assert jd.active_jobs() == []
+
+
+def test_mig_process_without_per_process_util(procs):
+    """GPU 5 of the fixture runs in MIG mode, where NVML has no per-process utilization."""
+    worker = _spawn(IDLE, TORCHELASTIC_RUN_ID="mig-run", RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
+    procs.append(worker)
+    backend = FakeNvmlBackend(H100_8GPU)
+    for g in backend.gpus:
+        g["processes"] = []
+    backend.add_process(5, worker.pid, 9 << 30, 55, gpu_instance_id=3)
+    jd = JobDiscovery(gpu_sampler=GpuSampler(Nvml(backend=backend)), end_grace_s=1.0)
+    sink = ListSink()
+    t = 3_000 * 1_000_000_000
+    for k in range(2):
+        backend.advance(1)
+        jd.sample(t + k * 1_000_000_000, sink)
+    row = sink.job_samples[-1]
+    assert (row["job_id"], row["gpu"], row["gpu_memory_bytes"]) == ("torchelastic:mig-run", 5, 9 << 30)
+    assert row["gpu_util_percent"] == 0.0 and row["attrs"]["gpu_util_known"] == "false"
+    assert row["attrs"]["mig_gpu_instance"] == "3"
+    backend.remove_process(worker.pid)
+    jd.sample(t + 3 * 1_000_000_000, sink)
+    end = [e for e in sink.events if e.kind == "job_end"]
+    assert len(end) == 1 and end[0].value == 0.0 and end[0].attrs["gpu_util_samples"] == "0"
+
+
+def test_gpu_process_that_matches_no_rule_is_still_a_job(procs):
+    """The /proc scan runs on GPU nodes too; a process it saw first as "not a job" must still count
+    once NVML lists it on a GPU."""
+    plain = _spawn(IDLE)
+    procs.append(plain)
+    backend = FakeNvmlBackend(H100_8GPU)
+    for g in backend.gpus:
+        g["processes"] = []
+    jd = JobDiscovery(gpu_sampler=GpuSampler(Nvml(backend=backend)), scan_interval_s=0)
+    sink = ListSink()
+    t = 4_000 * 1_000_000_000
+    jd.sample(t, sink)                               # the scan sees it, no rule matches
+    assert plain.pid not in {s["pid"] for s in sink.job_samples}
+    backend.add_process(2, plain.pid, 1 << 30, 70)
+    backend.advance(1)
+    jd.sample(t + 1_000_000_000, sink)
+    rows = [s for s in sink.job_samples if s["pid"] == plain.pid]
+    assert rows and (rows[-1]["job_id"], rows[-1]["source"], rows[-1]["gpu"]) == (f"pid:{plain.pid}", "process", 2)

@@ -53,7 +53,7 @@ def test_inventory_of_8_h100(h100):
     assert {g["virtualization_mode"] for g in inv} == {"passthrough"}
     assert [g["numa_node"] for g in inv] == [0, 0, 0, 0, 1, 1, 1, 1]
     assert inv[0]["memory_total_bytes"] == 85520809984
-    assert s.nvml.driver_version() == "535.129.03" and s.nvml.cuda_version() == "12.2"
+    assert s.nvml.driver_version() == "550.54.15" and s.nvml.cuda_version() == "12.4"
 
 
 def test_metrics_units_and_throttle_decoding(h100):
@@ -63,7 +63,6 @@ def test_metrics_units_and_throttle_decoding(h100):
     assert _at(sink, "gpu_power_watts", 3) == pytest.approx(699.0)
     assert _at(sink, "gpu_power_limit_watts", 3) == pytest.approx(700.0)
     assert _at(sink, "gpu_sm_clock_mhz", 3) == 1275 and _at(sink, "gpu_sm_clock_max_mhz", 3) == 1980
-    assert _at(sink, "gpu_pcie_tx_bytes_per_s", 0) == 412000 * 1024
     assert _at(sink, "gpu_pcie_replay_count", 3) == 12
     assert _at(sink, "gpu_ecc_uncorrected_total", 6) == 1
     assert _at(sink, "gpu_throttle_reasons_bitmask", 3) == 0x4 | 0x8
@@ -97,13 +96,17 @@ def test_xid_events_through_event_set_without_blocking(h100):
     assert (last.gpu, last.value, last.attrs["xid"]) == (1, 94.0, "94")
 
 
-def test_nvlink_rates_from_counter_deltas(h100):
+def test_nvlink_and_pcie_rates_from_counter_deltas(h100):
     b, s = h100
     sink = ListSink()
     _tick(s, sink, 0)
     assert _at(sink, "gpu_nvlink_active_links", 0) == 18
     assert _at(sink, "gpu_nvlink_tx_bytes_per_s", 0) is None   # needs two ticks
+    assert _at(sink, "gpu_pcie_tx_bytes_per_s", 0) is None
     _tick(s, sink, 1, b)
+    assert _at(sink, "gpu_pcie_tx_bytes_per_s", 0) == pytest.approx(412000 * 1024)
+    assert _at(sink, "gpu_pcie_rx_bytes_per_s", 7) == pytest.approx((1650000 + 3000 * 7) * 1024)
+    assert b.pcie_throughput_calls == 0       # the blocking 20 ms call is not needed with counters
     assert _at(sink, "gpu_nvlink_tx_bytes_per_s", 0) == pytest.approx(97000000 * 1024)
     assert _at(sink, "gpu_nvlink_rx_bytes_per_s", 0) == pytest.approx(96500000 * 1024)
     assert _at(sink, "gpu_nvlink_tx_bytes_per_s", 5) == 0.0
@@ -235,3 +238,19 @@ def test_gpu_lost_is_reported_once_and_no_longer_queried(h100):
     assert _at(sink, "gpu_power_watts", 1, ts=last_ts) is not None   # the others carry on
     # the first failing call of tick 1 marks GPU 2 lost: no power query reaches it afterwards
     assert b.calls["nvmlDeviceGetPowerUsage"] == 8 + 4 * 7
+
+
+def test_pcie_throughput_fallback_is_rate_limited():
+    """Without PCIe byte counters (drivers before R550), the 20 ms-blocking nvmlDeviceGetPcieThroughput
+    is used once every 10 ticks, not every tick."""
+    b = FakeNvmlBackend(H100_8GPU)
+    for g in b.gpus:
+        g["pcie_byte_counters"] = False
+    s = GpuSampler(Nvml(backend=b))
+    sink = ListSink()
+    for k in range(20):
+        _tick(s, sink, k, b)
+    assert b.pcie_throughput_calls == 2 * 8 * 2          # tx + rx, 8 GPUs, ticks 0 and 10
+    tx0 = [x for x in sink.samples if x.metric == "gpu_pcie_tx_bytes_per_s" and x.gpu == 0]
+    assert [x.ts_ns for x in tx0] == [T0, T0 + 10 * SEC] and tx0[0].value == 412000 * 1024
+    assert _at(sink, "gpu_nvlink_tx_bytes_per_s", 0) == pytest.approx(97000000 * 1024)

@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""Analysis speed: one analyzer pass over a SYNTHETIC fleet (default 1,000 nodes x 8 GPUs, the last hour of
+1 s GPU samples, ~29 M sample rows), target <= 5 s per pass.
+
+The rows are synthetic (written straight into DuckDB with SQL range(), node ids ``synthetic-*``); the timings
+are real. Steps:
+  1. create the hour minus ``--passes`` minutes of samples (+ job samples, job steps and probe runs);
+  2. a first pass that rolls up everything at once (the reference: what a non-incremental rollup costs);
+  3. ``--passes`` steady-state passes, each after appending one more minute of data (as ingest would),
+     so the last pass analyses exactly the last hour. Reported: median pass time, median rollup time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import duckdb
+
+from gpuagent.collector import analyzer as A
+from gpuagent.collector import synthetic_rows as S
+
+ALL_GPU_METRICS = ("gpu_util_percent", "gpu_power_watts", "gpu_temperature_celsius", "gpu_sm_clock_mhz")
+
+
+def add_fleet(con, nodes: int, gpus: int, start: dt.datetime) -> None:
+    con.execute("""
+        INSERT INTO nodes (node_id, machine_id, hostname, pool, price_per_gpu_hour, synthetic, labels, gpu_count,
+                           gpu_model, virtualized, virt_type, fingerprint, first_seen, last_seen)
+        SELECT 'synthetic-' || lpad(n::VARCHAR, 5, '0'), 'm' || n, 'synthetic-' || n,
+               CASE WHEN n % 2 = 0 THEN 'bare-metal' ELSE 'cloud-a' END, CASE WHEN n % 2 = 0 THEN 2.0 ELSE 3.5 END,
+               true, MAP {'synthetic': 'true'}, $gpus, 'NVIDIA H100 80GB HBM3', n % 2 = 1,
+               CASE WHEN n % 2 = 1 THEN 'kvm' ELSE 'none' END, '{"synthetic": true}', $start, $start
+        FROM range($nodes) t(n)""", {"nodes": nodes, "gpus": gpus, "start": start})
+    con.execute("""
+        INSERT INTO gpus (node_id, gpu, name, pcie_gen_max, pcie_width_max)
+        SELECT 'synthetic-' || lpad(n::VARCHAR, 5, '0'), g, 'NVIDIA H100 80GB HBM3', 5, 16
+        FROM range($nodes) t(n), range($gpus) u(g)""", {"nodes": nodes, "gpus": gpus})
+
+
+def add_minutes(con, *, nodes: int, gpus: int, start: dt.datetime, first_s: int, seconds: int,
+                metrics: tuple[str, ...]) -> int:
+    """Append [first_s, first_s + seconds) of data: 1 s GPU samples, 10 s job samples, 60 s job steps,
+    a host + pcie probe run per node every 5 minutes."""
+    t0 = start + dt.timedelta(seconds=first_s)
+    S.fill_gpu_fleet_samples(con, nodes=nodes, gpus=gpus, start=t0, seconds=seconds, metrics=metrics)
+    # Jobs hold every GPU except GPU 7 of every 10th node (a no_job gap to find).
+    con.execute("""
+        INSERT INTO job_samples (ts, node_id, job_id, pid, rank, local_rank, gpu, gpu_util_percent, gpu_memory_bytes,
+                                 cpu_percent, rss_bytes, read_bytes_per_s, write_bytes_per_s)
+        SELECT $t0::TIMESTAMP + to_seconds(s), 'synthetic-' || lpad(n::VARCHAR, 5, '0'), 'job-' || (n // 4), 1000 + g,
+               (n % 4) * 8 + g, g, g, 75 + 20 * sin(n + g + s / 600.0), 1e10, 100, 1e9, 1e6, 0
+        FROM range(0, $seconds, 10) a(s), range($nodes) b(n), range($gpus) c(g)
+        WHERE NOT (n % 10 = 0 AND g = 7)""", {"t0": t0, "seconds": seconds, "nodes": nodes, "gpus": gpus})
+    con.execute("""
+        INSERT INTO job_steps (ts, node_id, job_id, job_name, rank, pid, window_s, steps, step_time_p50_s,
+                               step_time_p95_s, step_time_max_s, step_time_mean_s, steps_per_s, samples_per_s,
+                               tokens_per_s, data_wait_fraction)
+        SELECT $t0::TIMESTAMP + to_seconds(s), 'synthetic-' || lpad(n::VARCHAR, 5, '0'), 'job-' || (n // 4),
+               'synthetic', (n % 4) * 8 + g, 1000 + g, 60, 120, 0.5 + 0.01 * random(), 0.55, 0.6, 0.5, 2, 64, 0,
+               CASE WHEN n % 50 = 0 THEN 0.4 ELSE 0.02 END
+        FROM range(0, $seconds, 60) a(s), range($nodes) b(n), range($gpus) c(g)""",
+                {"t0": t0, "seconds": seconds, "nodes": nodes, "gpus": gpus})
+    for s in range(first_s - first_s % 300 + (300 if first_s % 300 else 0), first_s + seconds, 300):
+        ts = start + dt.timedelta(seconds=s)
+        for probe, metric, base, per_gpu in (("host", "syscall_ns", 120.0, False), ("pcie", "h2d_gbps", 53.0, True)):
+            con.execute("""
+                INSERT INTO probe_results SELECT 'synthetic-' || lpad(n::VARCHAR, 5, '0'), $probe,
+                       CASE WHEN $per_gpu THEN g END, 'ok', NULL, '{}', 'synthetic=1', '{}', $ts, $ts, 1.0
+                FROM range($nodes) t(n), range(CASE WHEN $per_gpu THEN $gpus ELSE 1 END) u(g)""",
+                        {"probe": probe, "per_gpu": per_gpu, "ts": ts, "nodes": nodes, "gpus": gpus})
+            con.execute("""
+                INSERT INTO probe_metrics SELECT 'synthetic-' || lpad(n::VARCHAR, 5, '0'), $probe,
+                       CASE WHEN $per_gpu THEN g END, 'synthetic=1', $ts, $metric,
+                       $base * (1 + 0.02 * (random() - 0.5)) * CASE WHEN n % 2 = 1 AND n % 7 = 0 THEN 0.8 ELSE 1 END
+                FROM range($nodes) t(n), range(CASE WHEN $per_gpu THEN $gpus ELSE 1 END) u(g)""",
+                        {"probe": probe, "per_gpu": per_gpu, "ts": ts, "nodes": nodes, "gpus": gpus,
+                         "metric": metric, "base": base})
+    return seconds * nodes * gpus * len(metrics)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nodes", type=int, default=1000)
+    ap.add_argument("--gpus", type=int, default=8)
+    ap.add_argument("--minutes", type=int, default=60, help="history to analyse (the window is this long)")
+    ap.add_argument("--passes", type=int, default=5, help="steady-state passes (one new minute before each)")
+    ap.add_argument("--gpu-metrics", type=int, default=1, choices=range(1, len(ALL_GPU_METRICS) + 1),
+                    help="GPU metrics per GPU per second (1: gpu_util_percent only, ~29 M rows for 1,000 x 8 x 1 h)")
+    ap.add_argument("--db", help="database file (default: a temporary one, removed afterwards)")
+    ap.add_argument("--threads", type=int, default=0, help="DuckDB threads (0: DuckDB's default)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    if args.passes >= args.minutes:
+        ap.error("--passes must be smaller than --minutes")
+
+    metrics = ALL_GPU_METRICS[:args.gpu_metrics]
+    tmp = None
+    if args.db:
+        path = Path(args.db)
+    else:
+        tmp = tempfile.TemporaryDirectory(prefix="gpuagent-speed-")
+        path = Path(tmp.name) / "speed.duckdb"
+    con = duckdb.connect(str(path))
+    if args.threads:
+        con.execute(f"SET threads = {int(args.threads)}")
+    A.migrate(con)
+    start = dt.datetime(2026, 1, 1, 0, 0)
+    add_fleet(con, args.nodes, args.gpus, start)
+    cfg = A.AnalyzerConfig(window_s=args.minutes * 60.0)
+    an = A.Analyzer(cfg)
+
+    t = time.perf_counter()
+    first_min = args.minutes - args.passes
+    rows = add_minutes(con, nodes=args.nodes, gpus=args.gpus, start=start, first_s=0, seconds=first_min * 60,
+                       metrics=metrics)
+    gen_s = time.perf_counter() - t
+    con.execute("CHECKPOINT")
+    now = start + dt.timedelta(minutes=first_min)
+    full = A.run_in_transaction(con, lambda c: an.run_pass(c, now))
+
+    passes = []
+    for i in range(args.passes):
+        s0 = (first_min + i) * 60
+        rows += add_minutes(con, nodes=args.nodes, gpus=args.gpus, start=start, first_s=s0, seconds=60,
+                            metrics=metrics)
+        now = start + dt.timedelta(seconds=s0 + 60)
+        passes.append(A.run_in_transaction(con, lambda c: an.run_pass(c, now)))
+    counts = con.execute("""SELECT (SELECT count(*) FROM samples), (SELECT count(*) FROM samples_1m),
+        (SELECT count(*) FROM job_samples), (SELECT count(*) FROM probe_metrics),
+        (SELECT count(*) FROM flags WHERE state = 'open')""").fetchone()
+    by_kind = dict(con.execute("SELECT kind, count(*) FROM flags WHERE state = 'open' GROUP BY kind").fetchall())
+    con.close()
+    if tmp:
+        tmp.cleanup()
+
+    med = statistics.median(p.total_s for p in passes)
+    out = {
+        "benchmark": "analysis_speed",
+        "data": "synthetic rows (node ids synthetic-*), real DuckDB timings",
+        "nodes": args.nodes, "gpus_per_node": args.gpus, "gpu_metrics": list(metrics), "window_minutes": args.minutes,
+        "gpu_sample_rows": counts[0], "samples_1m_rows": counts[1], "job_sample_rows": counts[2],
+        "probe_metric_rows": counts[3], "generate_s": round(gen_s, 2),
+        "first_pass_full_rollup": full.as_dict(),
+        "passes": [p.as_dict() for p in passes],
+        "median_pass_s": round(med, 3),
+        "median_rollup_s": round(statistics.median(p.rollup_s for p in passes), 3),
+        "median_flags_s": round(statistics.median(p.flags_s for p in passes), 3),
+        "median_step_s": {k: round(statistics.median(p.step_s[k] for p in passes), 3) for k in passes[0].step_s},
+        "full_over_incremental_ratio": round(full.total_s / med, 2) if med else None,
+        "open_flags": counts[4], "open_flags_by_kind": by_kind,
+        "target_s": 5.0, "meets_target": med <= 5.0,
+    }
+    if args.json:
+        print(json.dumps(out, indent=2, default=str))
+    else:
+        print(f"{args.nodes} synthetic nodes x {args.gpus} GPUs, {counts[0]:,} sample rows: median pass "
+              f"{med:.2f} s (rollup {out['median_rollup_s']:.2f} s, flags {out['median_flags_s']:.2f} s); "
+              f"first full-rollup pass {full.total_s:.2f} s; target <= 5 s: {'met' if med <= 5 else 'NOT met'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

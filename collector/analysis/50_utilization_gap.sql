@@ -1,0 +1,120 @@
+-- utilization_gap: GPU time that is paid for but not used, over the window, from the 1-minute rollups.
+-- Per GPU and minute: NVML utilization (samples_1m gpu_util_percent) and whether a job held the GPU
+-- (job_samples_1m). Three components: no_job, held_idle and input_bound, each as lost GPU-hours and money
+-- at the pool's price per GPU-hour.
+
+CREATE OR REPLACE TEMP TABLE _ug_minutes AS
+WITH util AS (
+    SELECT node_id, gpu, minute, sum / nullif(n, 0) AS util
+    FROM samples_1m
+    WHERE metric = 'gpu_util_percent' AND gpu IS NOT NULL AND gpu >= 0
+      AND minute >= date_trunc('minute', $window_start) AND minute <= $now
+),
+held AS (
+    SELECT node_id, gpu, minute, arg_max(job_id, n) AS job_id
+    FROM job_samples_1m
+    WHERE gpu IS NOT NULL AND gpu >= 0
+      AND minute >= date_trunc('minute', $window_start) AND minute <= $now
+    GROUP BY ALL
+),
+host AS (
+    SELECT node_id, minute,
+           sum(sum) FILTER (WHERE metric = 'cpu_iowait_percent') / nullif(sum(n) FILTER (WHERE metric = 'cpu_iowait_percent'), 0) AS iowait,
+           sum(sum) FILTER (WHERE metric IN ('cpu_user_percent', 'cpu_system_percent'))
+             / nullif(max(n) FILTER (WHERE metric IN ('cpu_user_percent', 'cpu_system_percent')), 0) AS cpu_busy
+    FROM samples_1m
+    WHERE gpu IS NULL AND labels = ''
+      AND metric IN ('cpu_iowait_percent', 'cpu_user_percent', 'cpu_system_percent')
+      AND minute >= date_trunc('minute', $window_start) AND minute <= $now
+    GROUP BY ALL
+)
+SELECT u.node_id, u.gpu, u.minute, u.util, h.job_id, h.job_id IS NOT NULL AS held, ho.iowait, ho.cpu_busy
+FROM util u
+LEFT JOIN held h ON h.node_id = u.node_id AND h.gpu = u.gpu AND h.minute = u.minute
+LEFT JOIN host ho ON ho.node_id = u.node_id AND ho.minute = u.minute;
+
+-- Data-wait fraction per node and job from the step tracker (NULL when not measured).
+CREATE OR REPLACE TEMP TABLE _ug_wait AS
+SELECT node_id, job_id, avg(data_wait_fraction) AS data_wait
+FROM job_steps
+WHERE ts > $window_start AND ts <= $now AND data_wait_fraction IS NOT NULL AND data_wait_fraction >= 0
+GROUP BY ALL;
+
+CREATE OR REPLACE TEMP TABLE _ug AS
+SELECT m.node_id, m.gpu,
+       count(*) AS sampled_minutes,
+       count(*) FILTER (WHERE NOT m.held) AS no_job_minutes,
+       count(*) FILTER (WHERE m.held) AS held_minutes,
+       count(*) FILTER (WHERE m.held AND m.util < $idle_util) AS held_idle_minutes,
+       avg(m.util) FILTER (WHERE m.held) AS held_util,
+       avg(m.util) FILTER (WHERE NOT m.held) AS no_job_util,
+       avg(m.iowait) FILTER (WHERE m.held) AS iowait,
+       avg(m.cpu_busy) FILTER (WHERE m.held) AS cpu_busy,
+       list(DISTINCT m.job_id ORDER BY m.job_id) FILTER (WHERE m.held) AS jobs
+FROM _ug_minutes m
+GROUP BY m.node_id, m.gpu
+HAVING count(*) >= $min_minutes;
+
+CREATE OR REPLACE TEMP TABLE _ug_dw AS
+SELECT j.node_id, j.gpu, avg(w.data_wait) AS data_wait
+FROM (SELECT node_id, gpu, unnest(jobs) AS job_id FROM _ug) j
+JOIN _ug_wait w ON w.node_id = j.node_id AND w.job_id = j.job_id
+GROUP BY ALL;
+
+CREATE OR REPLACE TEMP TABLE _ug_scored AS
+SELECT u.*, dw.data_wait, nc.pool, nc.price_per_gpu_hour,
+       coalesce(u.held_minutes > 0 AND u.held_util < $input_util
+                AND (dw.data_wait >= $data_wait
+                     OR (dw.data_wait IS NULL AND (u.iowait >= $iowait OR u.cpu_busy >= $cpu_busy))),
+                false) AS input_bound,
+       u.held_minutes / 60.0 * coalesce(dw.data_wait, 1 - u.held_util / 100.0) AS input_bound_hours
+FROM _ug u JOIN _node_class nc ON nc.node_id = u.node_id
+LEFT JOIN _ug_dw dw ON dw.node_id = u.node_id AND dw.gpu = u.gpu;
+
+INSERT INTO _evaluated
+SELECT node_id, gpu, 'utilization_gap', comp FROM _ug_scored, (VALUES ('no_job'), ('held_idle'), ('input_bound')) t(comp);
+
+CREATE OR REPLACE TEMP TABLE _ug_cond AS
+SELECT *, 'no_job' AS component, no_job_minutes / 60.0 AS lost_hours,
+       'GPU ' || gpu::VARCHAR || ' had no job for ' || no_job_minutes::VARCHAR || ' of ' || sampled_minutes::VARCHAR
+       || ' sampled minutes (mean util ' || printf('%.0f', coalesce(no_job_util, 0)) || ' %)' AS what,
+       'schedule work onto it or release it from the pool' AS advice
+FROM _ug_scored WHERE no_job_minutes >= $gap_fraction * sampled_minutes AND no_job_minutes > 0
+UNION ALL BY NAME
+SELECT *, 'held_idle' AS component, held_idle_minutes / 60.0 AS lost_hours,
+       'GPU ' || gpu::VARCHAR || ' was held by ' || array_to_string(jobs, ', ') || ' but under '
+       || printf('%.0f', $idle_util) || ' % busy for ' || held_idle_minutes::VARCHAR || ' of '
+       || held_minutes::VARCHAR || ' held minutes' AS what,
+       'ask the job owner to release idle allocations or fix the stalled job' AS advice
+FROM _ug_scored
+WHERE NOT input_bound AND held_minutes > 0 AND held_idle_minutes >= $gap_fraction * held_minutes
+UNION ALL BY NAME
+SELECT *, 'input_bound' AS component, input_bound_hours AS lost_hours,
+       'GPU ' || gpu::VARCHAR || ' running ' || array_to_string(jobs, ', ') || ' is input-bound: '
+       || CASE WHEN data_wait IS NOT NULL THEN printf('%.0f', data_wait * 100) || ' % of step time waits for data'
+               ELSE 'CPU iowait ' || printf('%.0f', coalesce(iowait, 0)) || ' %, CPU busy '
+                    || printf('%.0f', coalesce(cpu_busy, 0)) || ' %' END
+       || ', GPU util ' || printf('%.0f', held_util) || ' %' AS what,
+       'add data-loader workers, prefetch or cache the dataset, or move it to faster storage' AS advice
+FROM _ug_scored WHERE input_bound;
+
+INSERT INTO _conditions
+SELECT node_id, gpu, 'utilization_gap' AS kind, component,
+       CASE WHEN lost_hours >= 0.5 * $window_hours THEN 'critical' ELSE 'warning' END AS severity,
+       lost_hours AS value, 'gpu_hours' AS unit, NULL AS baseline, 'none' AS baseline_source,
+       json_object(
+           'lost_gpu_hours', round(lost_hours, 4),
+           'cost', round(lost_hours * price_per_gpu_hour, 2),
+           'price_per_gpu_hour', price_per_gpu_hour, 'pool', pool,
+           'window_hours', $window_hours, 'sampled_minutes', sampled_minutes,
+           'no_job_minutes', no_job_minutes, 'held_minutes', held_minutes, 'held_idle_minutes', held_idle_minutes,
+           'held_gpu_util_percent', held_util, 'jobs', jobs, 'data_wait_fraction', data_wait,
+           'cpu_iowait_percent', iowait, 'cpu_busy_percent', cpu_busy
+       )::VARCHAR AS evidence,
+       what || ': ' || printf('%.2f', lost_hours) || ' GPU-h lost'
+       || CASE WHEN price_per_gpu_hour IS NOT NULL
+               THEN ' (' || printf('%.2f', lost_hours * price_per_gpu_hour) || ' at ' || printf('%.2f', price_per_gpu_hour)
+                    || '/GPU-h in pool ' || coalesce(pool, '?') || ')'
+               ELSE ' (no price for pool ' || coalesce(pool, '?') || ')' END
+       || ' in the last ' || printf('%.0f', $window_hours * 60) || ' min: ' || advice || '.' AS sentence
+FROM _ug_cond;

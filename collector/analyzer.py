@@ -1,0 +1,575 @@
+"""The analyzer: turns stored telemetry into flags (virtualization overhead, noisy neighbors, utilization gaps).
+
+All logic is plain SQL in ``collector/analysis/*.sql``, run in file order on one DuckDB connection:
+incremental 1-minute rollups first, then one file per flag kind writing *conditions*, then one step that
+opens, updates and closes rows of ``flags``. This module only prepares parameters and the small lookup
+tables (components and thresholds from docs/FLAGS.md, the reference baselines, declared baselines, prices).
+
+The collector's single-writer rule holds: inside the collector, a pass runs on the writer's connection
+through ``Writer.run_in_transaction``; ``analyze_db`` runs a pass on a database file no collector holds.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+import threading
+import time
+from dataclasses import dataclass, field, fields, replace
+from importlib import resources
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+try:  # Python >= 3.11
+    import tomllib
+except ModuleNotFoundError:  # pragma: no cover - Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+KINDS = ("virtualization_overhead", "noisy_neighbor_variance", "utilization_gap")
+
+
+class AnalyzerError(Exception):
+    """A configuration or database problem, said in one sentence."""
+
+
+# ----------------------------------------------------------------------------------------------- components
+
+@dataclass(frozen=True)
+class Component:
+    """One thing a flag kind measures (docs/FLAGS.md is the source of truth for these rows)."""
+
+    kind: str
+    component: str
+    probe: str          # probe registry name, or "job_steps"
+    metric: str
+    better: str         # higher, lower, points (steal: percentage points above the baseline)
+    per_gpu: bool
+    threshold: float    # virtualization_overhead: % (or points); noisy: CV
+    critical: float
+    label: str          # how a sentence names it
+    unit: str           # the value's unit as stored in flags.unit
+    unit_label: str     # how a sentence prints the unit
+    advice: str = ""    # the actionable half of the sentence
+
+
+_VO = "virtualization_overhead"
+_NN = "noisy_neighbor_variance"
+
+COMPONENTS: tuple[Component, ...] = (
+    Component(_VO, "collective_busbw", "collective", "busbw_gbps", "higher", False, 10, 25,
+              "collective busbw", "gbps", "GB/s",
+              "check the VM's NVLink/NIC passthrough, GPUDirect RDMA and NCCL topology"),
+    Component(_VO, "collective_latency", "collective", "small_msg_latency_us", "lower", False, 10, 25,
+              "collective small-message latency", "us", "µs",
+              "check the VM's NIC passthrough and vCPU pinning of the NCCL proxy threads"),
+    Component(_VO, "h2d", "pcie", "h2d_gbps", "higher", True, 10, 25, "H2D", "gbps", "GB/s",
+              "check PCIe passthrough, IOMMU/ATS settings and the NUMA placement of this VM"),
+    Component(_VO, "d2h", "pcie", "d2h_gbps", "higher", True, 10, 25, "D2H", "gbps", "GB/s",
+              "check PCIe passthrough, IOMMU/ATS settings and the NUMA placement of this VM"),
+    Component(_VO, "gpu_compute", "gpu_compute", "bf16_tflops", "higher", True, 10, 25,
+              "BF16 compute", "tflops", "TFLOPS",
+              "check for vGPU time-slicing, MIG partitioning or capped clocks on this VM"),
+    Component(_VO, "launch_latency", "gpu_compute", "launch_latency_us", "lower", True, 10, 25,
+              "kernel launch latency", "us", "µs",
+              "check vGPU scheduling and CPU contention on the host (pin the VM's vCPUs)"),
+    Component(_VO, "storage_seq_read", "storage", "seq_read_gbps", "higher", False, 10, 25,
+              "storage sequential read", "gbps", "GB/s",
+              "check the virtual disk type and its provisioned throughput cap"),
+    Component(_VO, "storage_seq_write", "storage", "seq_write_gbps", "higher", False, 10, 25,
+              "storage sequential write", "gbps", "GB/s",
+              "check the virtual disk type and its provisioned throughput cap"),
+    Component(_VO, "storage_rand_read", "storage", "rand_read_iops", "higher", False, 10, 25,
+              "storage random read", "iops", "IOPS",
+              "check the virtual disk type and its provisioned IOPS cap"),
+    Component(_VO, "host_syscall", "host", "syscall_ns", "lower", False, 10, 25,
+              "syscall latency", "ns", "ns",
+              "check for exits to the hypervisor (mitigations, no PV features) and vCPU pinning"),
+    Component(_VO, "host_timer", "host", "clock_gettime_ns", "lower", False, 10, 25,
+              "clock_gettime latency", "ns", "ns",
+              "switch the guest clocksource to tsc if the host offers a stable TSC"),
+    Component(_VO, "steal", "host", "cpu_steal_percent", "points", False, 2, 10,
+              "CPU steal", "percent", "%",
+              "ask the provider for dedicated vCPUs or move to a less contended host"),
+    Component(_NN, "collective_busbw", "collective", "busbw_gbps", "higher", False, 0.10, 0.20,
+              "collective busbw", "gbps", "GB/s"),
+    Component(_NN, "h2d", "pcie", "h2d_gbps", "higher", True, 0.10, 0.20, "H2D", "gbps", "GB/s"),
+    Component(_NN, "d2h", "pcie", "d2h_gbps", "higher", True, 0.10, 0.20, "D2H", "gbps", "GB/s"),
+    Component(_NN, "gpu_compute", "gpu_compute", "bf16_tflops", "higher", True, 0.10, 0.20,
+              "BF16 compute", "tflops", "TFLOPS"),
+    Component(_NN, "storage_seq_read", "storage", "seq_read_gbps", "higher", False, 0.10, 0.20,
+              "storage sequential read", "gbps", "GB/s"),
+    Component(_NN, "storage_rand_read", "storage", "rand_read_iops", "higher", False, 0.10, 0.20,
+              "storage random read", "iops", "IOPS"),
+    Component(_NN, "storage_rand_read_p99", "storage", "rand_read_p99_latency_us", "lower", False, 0.25, 0.50,
+              "storage random-read p99 latency", "us", "µs"),
+    Component(_NN, "host_syscall", "host", "syscall_ns", "lower", False, 0.25, 0.50,
+              "syscall latency", "ns", "ns"),
+    Component(_NN, "host_pipe", "host", "pipe_roundtrip_us", "lower", False, 0.25, 0.50,
+              "pipe round-trip latency", "us", "µs"),
+    Component(_NN, "host_memcpy", "host", "memcpy_gbps", "higher", False, 0.10, 0.20,
+              "memcpy bandwidth", "gbps", "GB/s"),
+    Component(_NN, "step_time", "job_steps", "step_time_p50_s", "lower", False, 0.10, 0.20,
+              "training step time", "s", "s"),
+)
+
+
+# ----------------------------------------------------------------------------------------------- config
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h|d)?\s*$")
+_UNIT_S = {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str | float | int) -> float:
+    """'90s', '5m', '1h', '2d' or a number of seconds -> seconds."""
+    if isinstance(text, (int, float)):
+        value = float(text)
+    else:
+        m = _DURATION.match(str(text))
+        if not m:
+            raise AnalyzerError(f"cannot read duration {text!r}: use a number of seconds or e.g. 90s, 5m, 1h, 2d")
+        value = float(m.group(1)) * _UNIT_S[m.group(2)]
+    if value <= 0:
+        raise AnalyzerError(f"duration {text!r} must be positive")
+    return value
+
+
+@dataclass(frozen=True)
+class DeclaredBaseline:
+    """A baseline the operator declares in the collector config ([[baselines.declared]])."""
+
+    component: str
+    value: float
+    gpu_model_like: str | None = None
+    params_like: str | None = None
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class AnalyzerConfig:
+    """Analyzer settings; the TOML sections are [analyzer], [baselines] and [pricing] (see README)."""
+
+    interval_s: float = 60.0
+    window_s: float = 3600.0
+    baseline_lookback_s: float = 86400.0
+    min_baseline_nodes: int = 3
+    theoretical_threshold_percent: float = 40.0
+    significance_z: float = 2.0
+    min_runs: int = 5
+    noise_k: float = 3.0
+    min_fleet_nodes: int = 3
+    corroboration_steal_percent: float = 1.0
+    corroboration_psi_percent: float = 10.0
+    min_minutes: int = 10
+    idle_util_percent: float = 10.0
+    input_bound_util_percent: float = 70.0
+    data_wait_fraction: float = 0.25
+    iowait_percent: float = 20.0
+    cpu_busy_percent: float = 90.0
+    gap_fraction: float = 0.25
+    thresholds: Mapping[str, float] = field(default_factory=dict)   # "kind.component" -> threshold
+    declared: tuple[DeclaredBaseline, ...] = ()
+    pool_prices: Mapping[str, float] = field(default_factory=dict)
+    reference_path: str | None = None   # None: the shipped collector/baselines.toml
+
+    @classmethod
+    def from_mapping(cls, doc: Mapping[str, Any]) -> "AnalyzerConfig":
+        """Build from a parsed collector TOML document; unknown keys are one clear error."""
+        section = dict(doc.get("analyzer") or {})
+        known = {f.name for f in fields(cls)} - {"declared", "pool_prices", "thresholds"}
+        kwargs: dict[str, Any] = {}
+        thresholds = section.pop("thresholds", {}) or {}
+        for key, value in section.items():
+            name = key
+            if key in ("interval", "window", "baseline_lookback"):
+                name = key + "_s"
+            if name not in known:
+                raise AnalyzerError(f"unknown [analyzer] setting {key!r}")
+            if name.endswith("_s"):
+                kwargs[name] = parse_duration(value)
+            elif name == "reference_path":
+                kwargs[name] = str(value)
+            else:
+                try:
+                    kwargs[name] = type(getattr(cls, name))(value)
+                except (TypeError, ValueError):
+                    raise AnalyzerError(f"[analyzer] {key} must be a number, got {value!r}") from None
+        valid = {f"{c.kind}.{c.component}" for c in COMPONENTS}
+        for key, value in thresholds.items():
+            if key not in valid:
+                raise AnalyzerError(f"unknown threshold {key!r}: use kind.component, e.g. virtualization_overhead.h2d")
+            thresholds[key] = float(value)
+        declared = []
+        components = {c.component for c in COMPONENTS if c.kind == _VO}
+        for i, row in enumerate((doc.get("baselines") or {}).get("declared") or []):
+            comp = row.get("component")
+            if comp not in components:
+                raise AnalyzerError(f"[[baselines.declared]] #{i + 1}: unknown component {comp!r} "
+                                    f"(one of {', '.join(sorted(components))})")
+            if not isinstance(row.get("value"), (int, float)):
+                raise AnalyzerError(f"[[baselines.declared]] #{i + 1}: value must be a number")
+            declared.append(DeclaredBaseline(comp, float(row["value"]), row.get("gpu_model_like"),
+                                             row.get("params_like"), str(row.get("note", ""))))
+        prices = {}
+        for pool, price in (doc.get("pricing") or {}).items():
+            if not isinstance(price, (int, float)):
+                raise AnalyzerError(f"[pricing] {pool} must be a price per GPU-hour (a number)")
+            prices[str(pool)] = float(price)
+        return cls(**kwargs, thresholds=thresholds, declared=tuple(declared), pool_prices=prices)
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> "AnalyzerConfig":
+        try:
+            with open(path, "rb") as fh:
+                return cls.from_mapping(tomllib.load(fh))
+        except FileNotFoundError:
+            raise AnalyzerError(f"config file {path} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise AnalyzerError(f"config file {path} is not valid TOML: {exc}") from None
+
+
+def load_reference(path: str | Path | None = None) -> list[dict[str, Any]]:
+    """The reference baseline rows (collector/baselines.toml); every row must cite its source."""
+    if path is None:
+        text = resources.files("gpuagent.collector").joinpath("baselines.toml").read_text()
+        where = "collector/baselines.toml"
+    else:
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise AnalyzerError(f"cannot read reference baselines {path}: {exc.strerror}") from None
+        where = str(path)
+    try:
+        rows = tomllib.loads(text).get("row", [])
+    except tomllib.TOMLDecodeError as exc:
+        raise AnalyzerError(f"{where} is not valid TOML: {exc}") from None
+    out = []
+    for i, row in enumerate(rows):
+        for key in ("component", "value", "unit", "basis", "source"):
+            if key not in row:
+                raise AnalyzerError(f"{where} row {i + 1} lacks {key!r} (every row cites its source and basis)")
+        if row["basis"] not in ("theoretical", "measured", "definition"):
+            raise AnalyzerError(f"{where} row {i + 1}: basis must be theoretical, measured or definition")
+        out.append(row)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- SQL
+
+def _sql_dir():
+    return resources.files("gpuagent.collector").joinpath("analysis")
+
+
+def load_steps() -> list[tuple[str, list[str]]]:
+    """(file name, statements) for every analysis SQL file, in file-name order."""
+    steps = []
+    for entry in sorted(_sql_dir().iterdir(), key=lambda p: p.name):
+        if entry.name.endswith(".sql"):
+            steps.append((entry.name, split_sql(entry.read_text())))
+    return steps
+
+
+def split_sql(text: str) -> list[str]:
+    """Statements of a SQL file: split at ';' that ends a line (comments stripped; no ';' in strings)."""
+    lines = [ln for ln in text.splitlines() if not ln.lstrip().startswith("--")]
+    out, cur = [], []
+    for ln in lines:
+        cur.append(ln)
+        if ln.rstrip().endswith(";"):
+            stmt = "\n".join(cur).strip()
+            if stmt.rstrip(";").strip():
+                out.append(stmt)
+            cur = []
+    if "\n".join(cur).strip():
+        out.append("\n".join(cur).strip())
+    return out
+
+
+_PARAM = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def _run(con, stmt: str, params: Mapping[str, Any]):
+    used = {name: params[name] for name in _PARAM.findall(stmt)}
+    return con.execute(stmt, used) if used else con.execute(stmt)
+
+
+# ----------------------------------------------------------------------------------------------- analyzer
+
+@dataclass(frozen=True)
+class PassResult:
+    """What one analysis pass did; also written to analysis_runs."""
+
+    now: dt.datetime
+    rollup_rows_in: int
+    rollup_s: float
+    flags_s: float
+    conditions: int
+    opened: int
+    updated: int
+    closed: int
+    step_s: Mapping[str, float] = field(default_factory=dict)   # seconds per analysis SQL file
+
+    @property
+    def total_s(self) -> float:
+        return self.rollup_s + self.flags_s
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"now": self.now.isoformat(), "rollup_rows_in": self.rollup_rows_in,
+                "rollup_s": round(self.rollup_s, 4), "flags_s": round(self.flags_s, 4),
+                "total_s": round(self.total_s, 4), "conditions": self.conditions, "opened": self.opened,
+                "updated": self.updated, "closed": self.closed,
+                "step_s": {k: round(v, 4) for k, v in self.step_s.items()}}
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+
+
+class Analyzer:
+    """Runs analysis passes on a connection that may write (the writer's)."""
+
+    def __init__(self, config: AnalyzerConfig | None = None):
+        self.config = config or AnalyzerConfig()
+        self.reference = load_reference(self.config.reference_path)
+        self.steps = load_steps()
+        if not any(n.startswith("90_") for n, _ in self.steps):
+            raise AnalyzerError("analysis SQL files are missing from the installed package")
+
+    # -- rollups -----------------------------------------------------------------------------------------
+
+    def rollup(self, con) -> int:
+        """Bring samples_1m and job_samples_1m up to date; returns the raw rows read."""
+        total = 0
+        for source, step in (("samples", "10_rollup_samples.sql"), ("job_samples", "11_rollup_job_samples.sql")):
+            row = con.execute(f"SELECT max(rowid), count(*) FROM {source}").fetchone()
+            hi = -1 if row[0] is None else int(row[0])
+            wm = con.execute("SELECT last_rowid FROM rollup_watermarks WHERE source = ?", [source]).fetchone()
+            lo = -1 if wm is None else int(wm[0])
+            if hi < lo:
+                # The source shrank (rows deleted and compacted): rebuild this rollup from scratch.
+                con.execute(f"DELETE FROM {source}_1m")
+                lo = -1
+            if hi > lo:
+                bounds = con.execute(
+                    f"SELECT date_trunc('minute', min(ts)), date_trunc('minute', max(ts)), count(*) "
+                    f"FROM {source} WHERE rowid > $lo AND rowid <= $hi", {"lo": lo, "hi": hi}).fetchone()
+                if bounds[2]:
+                    params = {"lo": lo, "hi": hi, "dmin": bounds[0], "dmax": bounds[1]}
+                    for stmt in dict(self.steps)[step]:
+                        _run(con, stmt, params)
+                    total += int(bounds[2])
+            con.execute("INSERT OR REPLACE INTO rollup_watermarks VALUES (?, ?, ?)", [source, hi, utcnow()])
+        return total
+
+    # -- flags -------------------------------------------------------------------------------------------
+
+    def _lookup_tables(self, con) -> None:
+        cfg = self.config
+        con.execute("""CREATE OR REPLACE TEMP TABLE _components (kind VARCHAR, component VARCHAR, probe VARCHAR,
+            metric VARCHAR, better VARCHAR, per_gpu BOOLEAN, threshold DOUBLE, critical DOUBLE, label VARCHAR,
+            unit VARCHAR, unit_label VARCHAR, advice VARCHAR)""")
+        rows = []
+        for c in COMPONENTS:
+            thr = float(cfg.thresholds.get(f"{c.kind}.{c.component}", c.threshold))
+            crit = max(c.critical, thr)
+            rows.append([c.kind, c.component, c.probe, c.metric, c.better, c.per_gpu, thr, crit, c.label,
+                         c.unit, c.unit_label, c.advice])
+        con.executemany("INSERT INTO _components VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", rows)
+        con.execute("""CREATE OR REPLACE TEMP TABLE _ref_baselines (component VARCHAR, gpu_model_like VARCHAR,
+            pcie_gen INTEGER, pcie_width INTEGER, params_like VARCHAR, value DOUBLE, unit VARCHAR, basis VARCHAR,
+            source VARCHAR)""")
+        if self.reference:
+            con.executemany("INSERT INTO _ref_baselines VALUES (?,?,?,?,?,?,?,?,?)", [
+                [r["component"], r.get("gpu_model_like"), r.get("pcie_gen"), r.get("pcie_width"),
+                 r.get("params_like"), float(r["value"]), r["unit"], r["basis"], r["source"]]
+                for r in self.reference])
+        con.execute("""CREATE OR REPLACE TEMP TABLE _declared_baselines (component VARCHAR, gpu_model_like VARCHAR,
+            params_like VARCHAR, value DOUBLE, note VARCHAR)""")
+        if cfg.declared:
+            con.executemany("INSERT INTO _declared_baselines VALUES (?,?,?,?,?)", [
+                [d.component, d.gpu_model_like, d.params_like, d.value, d.note] for d in cfg.declared])
+        con.execute("CREATE OR REPLACE TEMP TABLE _pool_prices (pool VARCHAR, price_per_gpu_hour DOUBLE)")
+        if cfg.pool_prices:
+            con.executemany("INSERT INTO _pool_prices VALUES (?, ?)", list(cfg.pool_prices.items()))
+        con.execute("""CREATE OR REPLACE TEMP TABLE _conditions (node_id VARCHAR, gpu SMALLINT, kind VARCHAR,
+            component VARCHAR, severity VARCHAR, value DOUBLE, unit VARCHAR, baseline DOUBLE,
+            baseline_source VARCHAR, evidence VARCHAR, sentence VARCHAR)""")
+        con.execute("""CREATE OR REPLACE TEMP TABLE _evaluated (node_id VARCHAR, gpu SMALLINT, kind VARCHAR,
+            component VARCHAR)""")
+        con.execute("""CREATE OR REPLACE TEMP MACRO _fmt(x) AS CASE WHEN x IS NULL THEN 'n/a'
+            WHEN abs(x) >= 100 THEN printf('%.0f', x) WHEN abs(x) >= 1 THEN printf('%.1f', x)
+            ELSE printf('%.2f', x) END""")
+
+    def params(self, now: dt.datetime) -> dict[str, Any]:
+        cfg = self.config
+        return {
+            "now": now,
+            "window_start": now - dt.timedelta(seconds=cfg.window_s),
+            "lookback_start": now - dt.timedelta(seconds=max(cfg.baseline_lookback_s, cfg.window_s)),
+            "window_hours": cfg.window_s / 3600.0,
+            "min_baseline_nodes": cfg.min_baseline_nodes,
+            "theoretical_threshold": cfg.theoretical_threshold_percent, "vo_z": cfg.significance_z,
+            "min_runs": cfg.min_runs, "noise_k": cfg.noise_k, "min_fleet_nodes": cfg.min_fleet_nodes,
+            "corr_steal": cfg.corroboration_steal_percent, "corr_psi": cfg.corroboration_psi_percent,
+            "min_minutes": cfg.min_minutes, "idle_util": cfg.idle_util_percent,
+            "input_util": cfg.input_bound_util_percent, "data_wait": cfg.data_wait_fraction,
+            "iowait": cfg.iowait_percent, "cpu_busy": cfg.cpu_busy_percent, "gap_fraction": cfg.gap_fraction,
+        }
+
+    def run_pass(self, con, now: dt.datetime | None = None) -> PassResult:
+        """One pass: rollups, then every flag kind, then the flags table. The caller owns the transaction."""
+        now = now or utcnow()
+        t0 = time.perf_counter()
+        rows_in = self.rollup(con)
+        t1 = time.perf_counter()
+        params = self.params(now)
+        self._lookup_tables(con)
+        counts: dict[int, int] = {}
+        step_s: dict[str, float] = {}
+        for name, stmts in self.steps:
+            if name.startswith("1"):
+                continue
+            ts = time.perf_counter()
+            for stmt in stmts:
+                try:
+                    res = _run(con, stmt, params)
+                except Exception as exc:  # a bug in our SQL: name the file so it can be found
+                    raise AnalyzerError(f"analysis step {name} failed: {exc}") from exc
+                if name.startswith("90_"):
+                    counts[len(counts)] = res.fetchone()[0]
+            step_s[name] = time.perf_counter() - ts
+        conditions = con.execute("SELECT count(*) FROM _conditions").fetchone()[0]
+        t2 = time.perf_counter()
+        result = PassResult(now, rows_in, t1 - t0, t2 - t1, int(conditions),
+                            int(counts.get(1, 0)), int(counts.get(0, 0)), int(counts.get(2, 0)), step_s)
+        con.execute("INSERT INTO analysis_runs VALUES (?,?,?,?,?,?,?,?,?,?)", [
+            now, utcnow(), self.config.window_s, rows_in, result.rollup_s, result.flags_s, result.conditions,
+            result.opened, result.updated, result.closed])
+        for table in ("_delta_samples", "_merged_samples", "_delta_jobs", "_merged_jobs", "_ok_metrics",
+                      "_ug_minutes", "_nn_points"):
+            con.execute(f"DROP TABLE IF EXISTS {table}")
+        return result
+
+
+# ----------------------------------------------------------------------------------------------- entry points
+
+def run_in_transaction(con, fn: Callable[[Any], Any]):
+    """Run fn(con) inside one transaction on a connection this code owns (no collector running)."""
+    con.execute("BEGIN TRANSACTION")
+    try:
+        out = fn(con)
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    con.execute("COMMIT")
+    return out
+
+
+def analyze_db(path: str | Path, config: AnalyzerConfig | None = None,
+               now: dt.datetime | None = None) -> PassResult:
+    """One pass directly on a database file (the collector must be stopped: DuckDB allows one writer)."""
+    import duckdb  # noqa: PLC0415 - the collector extra
+
+    path = Path(path)
+    if not path.exists():
+        raise AnalyzerError(f"database {path} does not exist")
+    try:
+        con = duckdb.connect(str(path))
+    except duckdb.IOException as exc:
+        if "lock" in str(exc).lower():
+            raise AnalyzerError(f"database {path} is held by a running collector: use "
+                                "`gpuagent-collector analyze --target HOST:PORT` instead") from None
+        raise AnalyzerError(f"cannot open database {path}: {exc}") from None
+    try:
+        migrate(con)
+        analyzer = Analyzer(config)
+        return run_in_transaction(con, lambda c: analyzer.run_pass(c, now))
+    finally:
+        con.close()
+
+
+def migrate(con) -> None:
+    """Bring a database to the current schema with the collector's migrations."""
+    try:
+        from gpuagent.collector import schema  # noqa: PLC0415
+    except ImportError:
+        schema = None
+    if schema is not None and hasattr(schema, "migrate"):
+        schema.migrate(con)
+        return
+    # Until the collector's schema module is present: the same bookkeeping table, every migration once.
+    con.execute("CREATE TABLE IF NOT EXISTS schema_migrations ("
+                "version INTEGER PRIMARY KEY, name VARCHAR NOT NULL, applied_at TIMESTAMP NOT NULL)")
+    done = {r[0] for r in con.execute("SELECT version FROM schema_migrations").fetchall()}
+    mig = resources.files("gpuagent.collector").joinpath("migrations")
+    for entry in sorted(mig.iterdir(), key=lambda p: p.name):
+        if entry.name.endswith(".sql") and int(entry.name[:3]) not in done:
+            con.execute(entry.read_text())
+            con.execute("INSERT INTO schema_migrations VALUES (?, ?, ?)",
+                        [int(entry.name[:3]), entry.name[4:-4], utcnow()])
+
+
+def open_flags_in(path: str | Path, limit: int = 1000) -> list[dict[str, Any]]:
+    """Open flags of a database file no collector holds (read-only)."""
+    import duckdb  # noqa: PLC0415
+
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        return open_flags(con, limit)
+    finally:
+        con.close()
+
+
+def open_flags(con, limit: int = 1000) -> list[dict[str, Any]]:
+    """Open flags, worst first, as dicts (for the CLI and the RPC)."""
+    cur = con.execute("SELECT * FROM v_open_flags LIMIT ?", [limit])
+    cols = [d[0] for d in cur.description]
+    return [dict(zip(cols, row)) for row in cur.fetchall()]
+
+
+class AnalyzerThread:
+    """Runs a pass every ``interval_s`` through ``submit`` (the writer's run_in_transaction) until stopped."""
+
+    def __init__(self, analyzer: Analyzer, submit: Callable[[Callable[[Any], Any]], Any],
+                 on_error: Callable[[BaseException], None] | None = None):
+        self.analyzer = analyzer
+        self._submit = submit
+        self._on_error = on_error
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="analyzer", daemon=True)
+        self.last: PassResult | None = None
+        self.last_error: str | None = None
+        self.passes = 0
+
+    def start(self) -> "AnalyzerThread":
+        self._thread.start()
+        return self
+
+    def run_once(self) -> PassResult:
+        result = self._submit(self.analyzer.run_pass)
+        self.last, self.passes = result, self.passes + 1
+        return result
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.analyzer.config.interval_s):
+            try:
+                self.run_once()
+                self.last_error = None
+            except Exception as exc:  # keep analysing next interval; the collector keeps ingesting
+                self.last_error = str(exc)
+                if self._on_error:
+                    self._on_error(exc)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+
+def config_with(config: AnalyzerConfig, **changes: Any) -> AnalyzerConfig:
+    """A copy of config with some settings changed (frozen dataclasses)."""
+    return replace(config, **changes)
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, default=str, sort_keys=True)
