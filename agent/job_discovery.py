@@ -36,11 +36,13 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from gpuagent.agent.job_identity import cgroup_ids, job_identity, own_container_id
 
+RECHECK_S = 2.0
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -86,6 +88,7 @@ class _Proc:
     prev_io: tuple[int, int] | None = None
     stat: tuple[int, int, int] | None = None   # the latest /proc/<pid>/stat read (reused within a tick)
     adopted: dict[str, Any] | None = None      # a launcher's identity taken from the workers it started
+    recheck_ns: int = 0                        # monotonic time of the one re-identification (0: done)
 
 
 @dataclass
@@ -188,8 +191,13 @@ class JobDiscovery:
         cached = self._procs.get(pid)
         if force:
             rule_check = False
-        # a cached "not a job" verdict only holds for the rule check: a GPU or tracked process is one
-        if cached is not None and cached.start == st[1] and (cached.ident is not None or rule_check):
+        now = time.monotonic_ns()
+        same = cached is not None and cached.start == st[1]
+        # a cached "not a job" verdict only holds for the rule check: a GPU or tracked process is one.
+        # A process first seen between fork and exec showed its parent's command line and environment
+        # (torchrun's workers look like the launcher then), so every verdict is taken once more after
+        # RECHECK_S; the start time alone does not change at exec.
+        if same and (cached.ident is not None or rule_check) and not (cached.recheck_ns and now >= cached.recheck_ns):
             cached.stat = st
             return cached
         ident = None
@@ -211,7 +219,9 @@ class JobDiscovery:
             env = self._environ(pid)
             cg = (self._read_bytes(pid, "cgroup") or b"").decode("utf-8", "replace")
             ident = identify(pid, env, cg, st[2], False, self._own_container)
-        p = _Proc(start=st[1], ident=ident, stat=st)
+        p = _Proc(start=st[1], ident=ident, stat=st, recheck_ns=0 if same else now + int(RECHECK_S * 1e9))
+        if same:   # keep the CPU/IO baselines and a launcher's adopted identity
+            p.prev_t, p.prev_cpu, p.prev_io, p.adopted = cached.prev_t, cached.prev_cpu, cached.prev_io, cached.adopted
         self._procs[pid] = p
         return p
 
@@ -221,6 +231,7 @@ class JobDiscovery:
         except OSError:
             return
         live = set()
+        now = time.monotonic_ns()
         for n in names:
             if not n.isdigit():
                 continue
@@ -229,10 +240,12 @@ class JobDiscovery:
                 continue
             live.add(pid)
             p = self._procs.get(pid)
-            if p is None:
+            if p is None or (p.recheck_ns and now >= p.recheck_ns):
                 p = self._proc_for(pid, rule_check=True)
             if p is not None and p.ident is not None:
                 self._rule_pids.add(pid)
+            else:
+                self._rule_pids.discard(pid)
         for pid in [p for p in self._procs if p not in live]:
             del self._procs[pid]
         self._rule_pids &= live
