@@ -8,8 +8,10 @@ VM (``virt_type``, agrees with ``systemd-detect-virt --vm``):
 2. the CPUID hypervisor leaf 0x40000000 vendor (``KVMKVMKVM`` -> kvm, ``Microsoft Hv`` -> microsoft, ...),
    read with a tiny x86-64 routine via ctypes (no subprocess, no root);
 3. other DMI vendor/product strings (QEMU, VMware, Hyper-V "Virtual Machine", Google, ...);
-4. ``/sys/hypervisor/type`` (Xen PV);
+4. ``/proc/device-tree/hypervisor/compatible`` (arm64 guests), then ``/sys/hypervisor/type`` (Xen PV);
 5. the CPUID hypervisor bit alone (``/proc/cpuinfo`` flag ``hypervisor``) -> ``vm-other``;
+EC2 ``*.metal`` instances share the ``Amazon EC2`` DMI strings with VMs, so "amazon" needs the SMBIOS
+virtual-machine bit (root-only), or failing that the CPUID hypervisor bit, as systemd does;
 otherwise ``none``. NVML's virtualization mode (passthrough / vGPU) also makes ``virtualized`` true.
 
 Container (``container_runtime``, agrees with ``systemd-detect-virt --container`` and virt-what):
@@ -164,6 +166,32 @@ def _dmi_virt(*strings: str) -> str:
     return ""
 
 
+def _smbios_vm_bit(path: str) -> bool | None:
+    """SMBIOS type 0 "BIOS characteristics extension byte 2", bit 4: firmware says this is a VM.
+    The raw entry is root-only; None when unreadable or too short (as systemd's detect_vm_smbios)."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(64)
+    except OSError:
+        return None
+    if len(raw) < 20 or raw[1] < 20:
+        return None
+    return bool(raw[19] & (1 << 4))
+
+
+def _device_tree_virt(path: str) -> str:
+    text = _read(path)
+    if not text:
+        return ""
+    if "linux,kvm" in text:
+        return "kvm"
+    if "xen" in text:
+        return "xen"
+    if "vmware" in text:
+        return "vmware"
+    return "vm-other"
+
+
 _CGROUP_RUNTIMES = (
     (re.compile(r"kubepods"), "kubernetes"),
     (re.compile(r"/libpod-|/libpod_parent"), "podman"),
@@ -199,6 +227,8 @@ def fingerprint(root: str = "/", env: dict[str, str] | None = None, use_cpuid: b
         ev.cpuid_hypervisor_bit, ev.cpuid_hypervisor_vendor = got[0] or flag_bit, got[1]
     else:
         ev.cpuid_hypervisor_bit = flag_bit
+    # whether "no hypervisor bit" means something: CPUID answered, or this is x86 /proc/cpuinfo
+    bit_known = got is not None or bool(re.search(r"^flags\s*:", cpuinfo, re.M))
 
     # --- DMI, /sys/hypervisor, clocksource
     dmi = f"{r}/sys/class/dmi/id"
@@ -214,12 +244,21 @@ def fingerprint(root: str = "/", env: dict[str, str] | None = None, use_cpuid: b
         dmi_virt = "microsoft"
     cpuid_virt = CPUID_VENDORS.get(ev.cpuid_hypervisor_vendor, "vm-other" if ev.cpuid_hypervisor_vendor else "")
 
-    if dmi_virt in _DMI_TRUSTED:
+    smbios_vm = _smbios_vm_bit(f"{r}/sys/firmware/dmi/entries/0-0/raw")
+    dt_virt = _device_tree_virt(f"{r}/proc/device-tree/hypervisor/compatible")
+    if dmi_virt == "amazon" and (smbios_vm is False or (smbios_vm is None and bit_known and
+                                                        not ev.cpuid_hypervisor_bit)):
+        # EC2 *.metal instances carry the same DMI strings as VMs; like systemd, look at the SMBIOS
+        # "virtual machine" bit, else the CPUID hypervisor bit, before believing "amazon"
+        vm = "none"
+    elif dmi_virt in _DMI_TRUSTED:
         vm = dmi_virt
     elif cpuid_virt:
         vm = cpuid_virt
     elif dmi_virt:
         vm = dmi_virt
+    elif dt_virt:        # arm64 and other device-tree platforms: /proc/device-tree/hypervisor
+        vm = dt_virt
     elif ev.sys_hypervisor_type == "xen":
         vm = "xen"
     elif ev.cpuid_hypervisor_bit:

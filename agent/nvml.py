@@ -105,12 +105,14 @@ class Nvml:
         if count is None:
             self._mark_off("NVML unavailable: nvmlDeviceGetCount failed; running host-only")
             return
+        if int(count) == 0:
+            self.query("nvmlShutdown")
+            self._mark_off("NVML reports no GPUs on this node; running host-only")
+            return
         for i in range(int(count)):
             h = self.query("nvmlDeviceGetHandleByIndex", i, gpu=i)
             self._handles.append(h)
         self.available = True
-        if count == 0:
-            self._note(-1, "NVML reports no GPUs on this node; running host-only")
 
     # ------------------------------------------------------------------ the choke point
     def query(self, fn: str, *args: Any, gpu: int = -1, report: bool = True) -> Any:

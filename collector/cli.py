@@ -57,13 +57,15 @@ def _write_port_file(path: str, port: int) -> None:
               help="Write the bound port to this file once listening.")
 @click.option("--max-samples-per-batch", type=click.IntRange(1), default=1_000_000, show_default=True)
 @click.option("--max-message-bytes", type=click.IntRange(1024), default=64 * 1024 * 1024, show_default=True)
+@click.option("--memory-limit", default="512MB", show_default=True,
+              help="DuckDB memory limit (queries and inserts spill beyond it).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True)
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
               help="Collector TOML config: [analyzer], [baselines], [pricing] (see README).")
 @click.option("--no-analyze", is_flag=True, help="Do not run the scheduled analysis passes.")
 def serve(listen, db_path, token, token_file, tls_cert, tls_key, insecure, reflection, port_file,
-          max_samples_per_batch, max_message_bytes, log_level, config_path, no_analyze):
+          max_samples_per_batch, max_message_bytes, memory_limit, log_level, config_path, no_analyze):
     """Receive agent batches over gRPC and store them in DuckDB until SIGTERM/SIGINT."""
     logging.basicConfig(level=getattr(logging, log_level.upper()), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -78,7 +80,8 @@ def serve(listen, db_path, token, token_file, tls_cert, tls_key, insecure, refle
     try:
         handle = start_collector(db_path, listen, tok, tls_cert=tls_cert, tls_key=tls_key, insecure=insecure,
                                  reflection=reflection, limits=Limits(max_samples_per_batch=max_samples_per_batch),
-                                 options=ServerOptions(max_message_bytes=max_message_bytes),
+                                 options=ServerOptions(max_message_bytes=max_message_bytes,
+                                                       memory_limit=memory_limit),
                                  analyzer_config=analyzer_config, analyze=not no_analyze)
     except CollectorError as exc:
         raise click.ClickException(str(exc)) from None
@@ -107,19 +110,17 @@ def serve(listen, db_path, token, token_file, tls_cert, tls_key, insecure, refle
 
 
 def _notifier():
-    """sd_notify(3) support shared with the agent, when that module is present."""
-    try:
-        from gpuagent.agent.sdnotify import Notifier
-    except ImportError:
-        return None
+    """sd_notify(3) (READY=1, WATCHDOG=1, STOPPING=1) under systemd; None elsewhere. Shared with the agent."""
+    from gpuagent.agent.sdnotify import Notifier
+
     n = Notifier()
     return n if n.enabled else None
 
 
 @main.command()
 @click.argument("query")
-@click.option("--target", envvar=TARGET_ENV, default=DEFAULT_TARGET, show_default=True, metavar="HOST:PORT",
-              help=f"The live collector [env {TARGET_ENV}].")
+@click.option("--target", "--collector", "target", envvar=TARGET_ENV, default=DEFAULT_TARGET, show_default=True,
+              metavar="HOST:PORT", help=f"The live collector [env {TARGET_ENV}].")
 @click.option("--token", envvar=TOKEN_ENV, default=None, help=f"Bearer token [env {TOKEN_ENV}].")
 @click.option("--token-file", type=click.Path(dir_okay=False), default=None)
 @click.option("--tls-ca", type=click.Path(exists=True, dir_okay=False), default=None,

@@ -20,6 +20,7 @@ import csv
 import io
 import json
 import math
+import os
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -56,7 +57,6 @@ class DbSource:
     def __init__(self, path: str):
         import duckdb  # noqa: PLC0415 - collector extra
 
-        import os  # noqa: PLC0415
         if not os.path.exists(path):
             raise CompareError(f"database {path} does not exist")
         try:
@@ -118,7 +118,7 @@ class RpcSource:
             raise CompareError(f"the collector at {self.label} refused a query: "
                                f"{exc.code().name}: {exc.details()}") from None
         if resp.truncated:
-            raise CompareError(f"the collector truncated a result at its row limit; narrow --window or use --db")
+            raise CompareError("the collector truncated a result at its row limit; narrow --window or use --db")
         return [dict(zip(resp.columns, r)) for r in json.loads(resp.rows_json or "[]")]
 
     def close(self) -> None:

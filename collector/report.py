@@ -13,7 +13,6 @@ from :mod:`gpuagent.collector.svgplot`) are inside the file; nothing is fetched.
 
 from __future__ import annotations
 
-import math
 import os
 import tempfile
 from datetime import datetime, timezone
@@ -86,14 +85,16 @@ def _noisy(src, w: Window, flags: list[dict[str, Any]]) -> tuple[str, list[tuple
     """Noisy nodes over time, each value as % of the fleet median of the same metric and GPU model."""
     picks = [f for f in flags if f["kind"] == "noisy_neighbor_variance" and f["component"] in NOISY_SOURCES]
     picks.sort(key=lambda f: -(f["value"] or 0))
-    chosen, seen = [], set()
-    for f in picks:
-        key = (f["node_id"], f["component"], f["gpu"])
-        if key not in seen:
+    # The worst flag of each node first (so several nodes show), then more flags of the same nodes.
+    chosen, seen, nodes_seen = [], set(), set()
+    for first_pass in (True, False):
+        for f in picks:
+            key = (f["node_id"], f["component"], f["gpu"])
+            if key in seen or (first_pass and f["node_id"] in nodes_seen) or len(chosen) == MAX_NOISY_SERIES:
+                continue
             seen.add(key)
+            nodes_seen.add(f["node_id"])
             chosen.append((f["node_id"], f["hostname"] or f["node_id"], f["component"], f["gpu"]))
-        if len(chosen) == MAX_NOISY_SERIES:
-            break
     title = "Nodes with open noisy-neighbor flags: flagged metric over time (% of the fleet median)"
     if not chosen:
         rows = src.query(f"""
@@ -219,6 +220,8 @@ td.num { text-align:right; font-variant-numeric: tabular-nums; white-space:nowra
 .muted { color:var(--muted); }
 .grid { display:flex; flex-wrap:wrap; gap:10px; }
 .scroll { max-height:520px; overflow:auto; border:1px solid var(--line); border-radius:6px; }
+#flags-table td:nth-child(4), #flags-table td:nth-child(5), #flags-table td:nth-child(9) { white-space:nowrap; }
+#flags-table td:last-child { min-width:420px; }
 input[type=search] { padding:5px 8px; width:320px; border:1px solid #bbc; border-radius:5px; margin-bottom:8px; }
 svg.plot { background:#fff; border:1px solid var(--line); border-radius:6px; }
 footer { color:var(--muted); font-size:12px; padding:0 28px 24px; }

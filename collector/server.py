@@ -39,7 +39,8 @@ class CollectorError(RuntimeError):
 @dataclass(frozen=True)
 class ServerOptions:
     max_message_bytes: int = 64 * 1024 * 1024
-    max_inflight_samples: int = 4_000_000     # bound on samples validated but not yet committed (memory)
+    max_inflight_samples: int = 2_000_000     # bound on samples validated but not yet committed (memory)
+    memory_limit: str = "512MB"               # DuckDB's buffer manager limit (spills beyond it)
     query_max_rows: int = 10_000
     query_timeout_s: float = 60.0
     stop_grace_s: float = 2.0
@@ -109,7 +110,7 @@ def describe_open_error(db_path: str, exc: Exception) -> str:
     return f"cannot open the database {db_path}: {first}"
 
 
-def open_database(db_path: str | Path) -> duckdb.DuckDBPyConnection:
+def open_database(db_path: str | Path, memory_limit: str | None = None) -> duckdb.DuckDBPyConnection:
     """Open (creating if needed) and migrate the database, then close it to everything external.
 
     After this, no connection or cursor of this database can read or write files other than its own,
@@ -125,6 +126,8 @@ def open_database(db_path: str | Path) -> duckdb.DuckDBPyConnection:
         raise CollectorError(describe_open_error(db_path, exc)) from None
     try:
         schema.migrate(con)
+        if memory_limit:
+            con.execute("SET memory_limit = ?", [memory_limit])
         con.execute("SET autoinstall_known_extensions = false")
         con.execute("SET autoload_known_extensions = false")
         con.execute("SET enable_external_access = false")
@@ -388,7 +391,7 @@ def start_collector(db_path: str | Path, listen: str = "127.0.0.1:0", token: str
         except ImportError:
             raise CollectorError("--reflection needs the grpcio-reflection package "
                                  "(pip install 'gpuagent[collector]')") from None
-    con = open_database(db_path)
+    con = open_database(db_path, options.memory_limit)
     reader_root = con.cursor()
     cursor_lock = threading.Lock()
 

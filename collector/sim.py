@@ -24,12 +24,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
+import multiprocessing
 import time
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
-import multiprocessing
 
 import click
 import grpc

@@ -39,3 +39,24 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
+
+
+_NVML_REASON: list[str] = []
+
+
+def _nvml_reason() -> str:
+    """'' when a real NVML with at least one GPU answers, else why not (asked once per session)."""
+    if not _NVML_REASON:
+        from gpuagent.agent.nvml import Nvml  # noqa: PLC0415
+
+        nv = Nvml()
+        _NVML_REASON.append("" if nv.available else nv.reason)
+        nv.shutdown()
+    return _NVML_REASON[0]
+
+
+def pytest_runtest_setup(item):
+    if "nvml" in item.keywords:
+        reason = _nvml_reason()
+        if reason:
+            pytest.skip(f"needs an NVIDIA driver: {reason}")

@@ -128,3 +128,65 @@ def test_serve_stores_then_sigterm_drains_and_sql_formats(tmp_path):
 def test_sql_without_collector_is_one_sentence(tmp_path):
     r = run_cli("sql", "--target", "127.0.0.1:1", "SELECT 1")
     assert r.returncode == 1 and "no collector answers at 127.0.0.1:1" in r.stderr
+
+
+def _duckdb_cli():
+    import shutil
+
+    exe = shutil.which("duckdb", path=str(Path(sys.executable).parent)) or shutil.which("duckdb")
+    if exe is None:
+        pytest.fail("the duckdb CLI (PyPI duckdb-cli, in the test extra) is not installed")
+    return exe
+
+
+def test_official_duckdb_cli_reads_a_collector_file_read_only(tmp_path):
+    from gpuagent.collector.server import start_collector
+    import grpc
+
+    from gpuagent.proto import pb, pb_grpc
+
+    db = tmp_path / "c.duckdb"
+    with start_collector(db) as h, grpc.insecure_channel(f"127.0.0.1:{h.port}") as ch:
+        stub = pb_grpc.CollectorStub(ch)
+        node_id = stub.Register(pb.RegisterRequest(node=node_info())).node_id
+        list(stub.Stream(iter([sample_batch(node_id, s, n=9) for s in (1, 2, 3)])))
+    r = subprocess.run([_duckdb_cli(), "-readonly", "-csv", str(db), "-c",
+                        "SELECT count(*) AS n, count(DISTINCT metric) AS metrics FROM samples"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["n,metrics", "27,3"]
+    r = subprocess.run([_duckdb_cli(), "-readonly", str(db), "-c", "DELETE FROM samples"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "read-only" in (r.stdout + r.stderr).lower()
+
+
+def test_sd_notify_ready_watchdog_and_stopping(tmp_path):
+    import socket
+
+    addr = str(tmp_path / "notify.sock")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(addr)
+    sock.settimeout(30)
+    port_file = tmp_path / "port"
+    proc = subprocess.Popen([*CLI, "serve", "--listen", "127.0.0.1:0", "--db", str(tmp_path / "c.duckdb"),
+                             "--port-file", str(port_file)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "NOTIFY_SOCKET": addr, "WATCHDOG_USEC": "200000"})
+    try:
+        messages = []
+
+        def got(word):
+            while not any(word in m for m in messages):
+                messages.append(sock.recv(4096).decode())
+            return True
+
+        assert got("READY=1") and port_file.exists()
+        assert got("WATCHDOG=1")
+        proc.send_signal(signal.SIGTERM)
+        assert got("STOPPING=1")
+        proc.communicate(timeout=60)
+        assert proc.returncode == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        sock.close()

@@ -20,6 +20,8 @@ FP = Path(__file__).parent / "data" / "fp"
     ("azure_hyperv", "microsoft", True, "", []),
     ("docker_on_kvm", "kvm", True, "docker", ["/.dockerenv"]),
     ("k8s_pod_on_kvm", "kvm", True, "kubernetes", ["cgroup:kubernetes", "mountinfo:overlay-root"]),
+    ("aws_g4dn_metal", "none", False, "", []),
+    ("arm64_kvm_guest", "kvm", True, "", []),
 ])
 def test_fixture_roots(name, virt, virtualized, runtime, markers):
     ev = fingerprint(str(FP / name), env={}, use_cpuid=False)
@@ -82,3 +84,19 @@ def test_agrees_with_virt_what():
     containers = {name for kind, name in mapped if kind == "container"}
     assert (ev.virt_type in vms) if vms else ev.virt_type == "none"
     assert (ev.container_runtime in containers) if containers else not ev.in_container
+
+
+def test_smbios_vm_bit_decides_amazon(tmp_path):
+    """With the SMBIOS type-0 entry readable, its VM bit decides metal vs VM for Amazon DMI strings."""
+    root = tmp_path / "r"
+    shutil.copytree(FP / "aws_g4dn_metal", root)
+    raw = root / "sys/firmware/dmi/entries/0-0/raw"
+    raw.parent.mkdir(parents=True)
+    entry = bytearray(24)
+    entry[0], entry[1] = 0, 24          # type 0 (BIOS information), length 24
+    entry[19] = 1 << 4                  # BIOS characteristics extension byte 2: virtual machine
+    raw.write_bytes(bytes(entry))
+    assert fingerprint(str(root), env={}, use_cpuid=False).virt_type == "amazon"
+    entry[19] = 0
+    raw.write_bytes(bytes(entry))
+    assert fingerprint(str(root), env={}, use_cpuid=False).virt_type == "none"

@@ -254,3 +254,14 @@ def test_pcie_throughput_fallback_is_rate_limited():
     tx0 = [x for x in sink.samples if x.metric == "gpu_pcie_tx_bytes_per_s" and x.gpu == 0]
     assert [x.ts_ns for x in tx0] == [T0, T0 + 10 * SEC] and tx0[0].value == 412000 * 1024
     assert _at(sink, "gpu_nvlink_tx_bytes_per_s", 0) == pytest.approx(97000000 * 1024)
+
+
+def test_driver_with_zero_gpus_is_host_only():
+    b = FakeNvmlBackend(H100_8GPU)
+    b.gpus, b.handles = [], []
+    s = GpuSampler(Nvml(backend=b))
+    sink = ListSink()
+    for k in range(3):
+        _tick(s, sink, k)
+    assert not s.nvml.available and [e.kind for e in sink.events] == ["nvml_unavailable"]
+    assert "no GPUs" in sink.events[0].message and sink.samples == []

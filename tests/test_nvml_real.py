@@ -1,5 +1,6 @@
-"""Real NVML on a GPU machine (marked ``gpu``; skipped here): the GPU sampler against the driver,
-checked against ``nvidia-smi``'s own answers (an independent reader of the same driver)."""
+"""Real NVML on a GPU machine (marked ``nvml``: needs the NVIDIA driver, not CUDA torch; skipped here):
+the GPU sampler against the driver, checked against ``nvidia-smi``'s own answers (an independent
+reader of the same driver). Run: ``.venv/bin/python -m pytest -m nvml -s tests/test_nvml_real.py``."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from gpuagent.agent.nvml import Nvml
 from gpuagent.agent.nodeinfo import build_node_info
 from gpuagent.agent.sampling import ListSink, now_ns
 
-pytestmark = pytest.mark.gpu
+pytestmark = pytest.mark.nvml
 
 
 def _smi(fields: str) -> list[list[str]]:

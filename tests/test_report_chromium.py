@@ -22,7 +22,7 @@ from click.testing import CliRunner
 
 from gpuagent.collector.compare import HEADLINE
 from gpuagent.collector.report import write_report
-from sim_helpers import FLEET_SPEC, GPUS, fleet_db
+from sim_helpers import FLEET_SPEC, fleet_db
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian package chromium is not installed")

@@ -254,8 +254,8 @@ def test_small_fleet_lands_in_a_real_collector(live_collector):
                       summary["batches_acked"]]
     assert summary["samples"] == 5 * 180 * (9 + 8 * 4)                        # 180 ticks x 41 series
 
-    # A second run is the same machines: same node ids, seqs continue, nothing counted twice.
-    res = _run_sim_cli(address, *args)
+    # A second run (split over two processes) is the same machines: same node ids, seqs continue.
+    res = _run_sim_cli(address, *args, "--procs", "2")
     assert res.returncode == 0, res.stderr
     assert "SYNTHETIC data acknowledged by the collector: 5/5 nodes, 15 batches (0 duplicates)" in res.stdout
     assert _sql(address, "SELECT count(*), max(seq) FROM ingest_log")[0] == [30, 6]
@@ -272,3 +272,24 @@ def test_wrong_token_is_one_sentence(live_collector):
     res = _run_sim_cli(address, "--nodes", "2", "--sim-hours", "0.05", token="wrong")
     assert res.returncode == 1 and "Traceback" not in res.stderr
     assert f"Error: the collector at {address} refused the credentials" in res.stderr
+
+
+def test_live_and_paced_modes(live_collector):
+    """--duration sends each batch once its window has passed; --speed paces a backfill."""
+    import time
+
+    from gpuagent.collector.sim import run_sim
+
+    address, _ = live_collector
+    before_ns = time.time_ns()
+    live = run_sim(SimConfig(collector=address, token="t0ken", nodes=2, scenario="healthy", duration_s=3.0,
+                             batch_s=1.0, interval_s=0.5, gpus=1, probe_interval_s=120))
+    assert live.nodes_ok == 2 and live.batches_acked == 2 * 3
+    assert live.wall_s >= 2.5                                           # three 1 s windows, sent as they close
+    lo, hi = _sql(address, "SELECT epoch_ns(min(ts)), epoch_ns(max(ts)) FROM samples")[0]
+    assert before_ns - 2 * NS <= lo and hi <= time.time_ns()            # stamped "now", never in the future
+
+    paced = run_sim(SimConfig(collector=address, token="t0ken", nodes=1, scenario="healthy", sim_hours=0.01,
+                              speed=18.0, batch_s=9.0, gpus=1, prefix="paced"))
+    assert paced.nodes_ok == 1 and paced.batches_acked == 4
+    assert paced.wall_s >= 1.8                                          # 36 simulated s at 18x
