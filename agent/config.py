@@ -372,6 +372,17 @@ def load_config(
                         "enabled": _as_bool(env["GPUAGENT_PROBES_ENABLED"], "probes.enabled",
                                             "environment GPUAGENT_PROBES_ENABLED")}
 
+    try:
+        from gpuagent.agent.probe_scheduler import ProbeSchedulerConfig
+    except ImportError:
+        ProbeSchedulerConfig = None  # noqa: N806 - the probes package is optional in a partial tree
+    if ProbeSchedulerConfig is not None:
+        try:
+            ProbeSchedulerConfig.from_mapping(thaw(probes_table), state_dir=agent_kw.get("state_dir", DEFAULT_STATE_DIR))
+        except (ValueError, TypeError) as exc:
+            text = str(exc).rstrip(".")
+            raise ConfigError(f"[probes] (from {fsrc}): {text}.") from None
+
     cfg = AgentConfig(
         collector=CollectorConfig(**coll_kw),
         labels=MappingProxyType(lab),

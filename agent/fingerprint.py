@@ -327,3 +327,11 @@ VIRT_WHAT_MAP = {
     "bhyve": ("vm", "bhyve"), "docker": ("container", "docker"), "podman": ("container", "podman"),
     "lxc": ("container", "lxc"), "openvz": ("container", "openvz"), "wsl": ("container", "wsl"),
 }
+
+
+if __name__ == "__main__":   # python -m gpuagent.agent.fingerprint: the evidence and verdict as JSON
+    import json
+    import sys
+
+    json.dump(fingerprint().as_dict(), sys.stdout, indent=2)
+    sys.stdout.write("\n")

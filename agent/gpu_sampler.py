@@ -26,6 +26,17 @@ _NVLINK_RECHECK_S = 60.0  # link state rarely changes; re-count active links thi
 _STATIC_RECHECK_S = 60.0  # max clocks and max PCIe link: re-read this often
 _MAX_EVENTS_PER_TICK = 256
 
+# Common XIDs and their meaning, from NVIDIA's "XID Errors" table (docs.nvidia.com/deploy/xid-errors).
+XID_DESCRIPTIONS = {
+    13: "graphics engine exception", 31: "GPU memory page fault", 43: "GPU stopped processing",
+    45: "preemptive cleanup, due to previous errors", 48: "double bit ECC error",
+    61: "internal micro-controller breakpoint/warning", 62: "internal micro-controller halt",
+    63: "ECC page retirement or row remapping recording event",
+    64: "ECC page retirement or row remapper recording failure", 74: "NVLink error",
+    79: "GPU has fallen off the bus", 92: "high single-bit ECC error rate", 94: "contained ECC error",
+    95: "uncontained ECC error", 119: "GSP RPC timeout", 120: "GSP error",
+}
+
 
 def mig_mode_text(mode: Any) -> str:
     if mode is None:
@@ -60,7 +71,6 @@ class GpuSampler:
         self._nvlink_links: dict[int, int | None] = {}
         self._nvlink_checked: dict[int, float] = {}
         self._proc_last_seen_us: dict[int, int] = {}
-        self._proc_util: dict[tuple[int, int], float] = {}
         self._event_set: Any = None
         self._event_gpus: set[int] = set()
         self._events_ready = False
@@ -114,13 +124,15 @@ class GpuSampler:
 
     # ------------------------------------------------------------------ per-process usage
     def processes(self) -> list[dict[str, Any]]:
-        """Processes on each GPU: {pid, gpu, gpu_memory_bytes, gpu_util_percent, gpu_instance_id}
-        (util -1 = unknown, e.g. under MIG where NVML has no per-process utilization).
+        """Processes on each GPU: {pid, gpu, gpu_memory_bytes, gpu_util_percent, gpu_instance_id}.
 
-        For job discovery. Utilization comes from nvmlDeviceGetProcessUtilization (samples newer
-        than the last call); a process without a new sample keeps its previous value.
+        For job discovery. Utilization is the mean SM utilization of the process's samples from
+        nvmlDeviceGetProcessUtilization newer than the previous call. NVML only keeps samples for
+        processes that ran kernels, so a listed process without one was idle (0); -1 means unknown
+        (the call is not supported, e.g. under MIG).
         """
         n = self.nvml
+        fn = "nvmlDeviceGetProcessUtilization"
         out: list[dict[str, Any]] = []
         for i in range(n.device_count):
             h = n.handle(i)
@@ -128,25 +140,25 @@ class GpuSampler:
             if not procs:
                 continue
             last = self._proc_last_seen_us.get(i, 0)
-            samples = n.query("nvmlDeviceGetProcessUtilization", h, last, gpu=i)
-            if samples:
-                for s in samples:
-                    self._proc_util[(i, int(s.pid))] = float(s.smUtil)
-                    last = max(last, int(s.timeStamp))
-                self._proc_last_seen_us[i] = last
-            alive = set()
+            samples = n.query(fn, h, last, gpu=i)
+            known = not n.is_unsupported(fn, i) and i not in n.lost
+            util: dict[int, list[float]] = {}
+            for smp in samples or ():
+                ts = int(smp.timeStamp)
+                if ts <= last:
+                    continue
+                util.setdefault(int(smp.pid), []).append(float(smp.smUtil))
+                self._proc_last_seen_us[i] = max(self._proc_last_seen_us.get(i, 0), ts)
             for p in procs:
                 pid = int(p.pid)
-                alive.add(pid)
                 used = getattr(p, "usedGpuMemory", None)
                 gi = getattr(p, "gpuInstanceId", 0xFFFFFFFF)
+                vals = util.get(pid)
                 out.append({"pid": pid, "gpu": i,
                             "gpu_memory_bytes": float(used) if used is not None else 0.0,
-                            "gpu_util_percent": self._proc_util.get((i, pid), -1.0),
+                            "gpu_util_percent": (sum(vals) / len(vals)) if vals else (0.0 if known else -1.0),
                             # MIG: the GPU instance the process runs in (-1 when MIG is off)
                             "gpu_instance_id": -1 if gi in (None, 0xFFFFFFFF) else int(gi)})
-            for key in [k for k in self._proc_util if k[0] == i and k[1] not in alive]:
-                del self._proc_util[key]
         return out
 
     # ------------------------------------------------------------------ events
@@ -180,8 +192,10 @@ class GpuSampler:
             gpu = n.query("nvmlDeviceGetIndex", data.device)
             gpu = int(gpu) if gpu is not None else -1
             xid = int(data.eventData)
-            sink.event("xid", f"XID {xid} on GPU {gpu}", gpu=gpu, value=float(xid),
-                       attrs={"xid": str(xid), "event_type": hex(int(data.eventType))}, ts_ns=ts_ns)
+            what = XID_DESCRIPTIONS.get(xid, "")
+            sink.event("xid", f"XID {xid} on GPU {gpu}" + (f" ({what})" if what else ""), gpu=gpu,
+                       value=float(xid), attrs={"xid": str(xid), "description": what,
+                                                "event_type": hex(int(data.eventType))}, ts_ns=ts_ns)
 
     # ------------------------------------------------------------------ the tick
     def sample(self, ts_ns: int, sink) -> None:

@@ -62,6 +62,14 @@ class JobRules:
     env_keys: tuple[str, ...] = DEFAULT_ENV_KEYS
     env_argv0_regex: str = r"^python"   # env keys only count for these executables ('' = any)
 
+    def __post_init__(self) -> None:
+        for what, pats in (("cmdline_regex", self.cmdline_regex), ("env_argv0_regex", (self.env_argv0_regex,))):
+            for pat in pats:
+                try:
+                    re.compile(pat)
+                except re.error as exc:
+                    raise ValueError(f"job rule {what} {pat!r} is not a valid regular expression ({exc})") from None
+
 
 def identify(pid: int, env: dict[str, str], cgroup_text: str, ppid: int, matched_by_rule: bool,
              own_container: str = "") -> dict[str, Any]:

@@ -94,8 +94,9 @@ def serve(listen, db_path, token, token_file, tls_cert, tls_key, insecure, refle
         notifier = _notifier()
         if notifier is not None:
             notifier.ready(f"listening on {handle.address}")
-        interval = notifier.watchdog_interval_s if notifier is not None and notifier.watchdog_interval_s else 3600.0
-        while not stop.wait(interval):
+        wd = notifier.watchdog_interval_s if notifier is not None else 0.0
+        interval = min(wd, 1.0) if wd else 1.0
+        while not stop.wait(interval) and handle.writer.fatal is None:
             if notifier is not None:
                 notifier.watchdog()
         if notifier is not None:
@@ -105,8 +106,11 @@ def serve(listen, db_path, token, token_file, tls_cert, tls_key, insecure, refle
         handle.stop()
     stats = handle.writer.stats
     logging.getLogger("gpuagent.collector").info(
-        "stopped; stored %d batches (%d samples) and ignored %d duplicates since start",
-        stats["batches"], stats["samples"], stats["duplicates"])
+        "stopped; stored %d batches (%d samples) and ignored %d duplicates since start; %d batches could not "
+        "be stored; %.1f s in commits", stats["batches"], stats["samples"], stats["duplicates"],
+        stats["failed_batches"], stats["commit_s"])
+    if handle.writer.fatal is not None:
+        raise click.ClickException(handle.writer.fatal)
 
 
 def _notifier():
@@ -143,12 +147,12 @@ def sql(query, target, token, token_file, tls_ca, fmt, max_rows):
 
 
 def _analyzer_config(config_path: str | None, window: str | None = None):
-    from gpuagent.collector.analyzer import AnalyzerConfig, AnalyzerError, config_with, parse_duration
+    from gpuagent.collector.analyzer import AnalyzerConfig, AnalyzerError, parse_duration, with_window
 
     try:
         config = AnalyzerConfig.from_toml(config_path) if config_path else AnalyzerConfig()
         if window:
-            config = config_with(config, window_s=parse_duration(window))
+            config = with_window(config, parse_duration(window))
         return config
     except AnalyzerError as exc:
         raise click.ClickException(str(exc)) from None

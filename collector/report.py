@@ -13,6 +13,7 @@ from :mod:`gpuagent.collector.svgplot`) are inside the file; nothing is fetched.
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 from datetime import datetime, timezone
@@ -65,20 +66,21 @@ def _flags(src) -> tuple[list[dict[str, Any]], int]:
 
 
 def _distributions(src, w: Window) -> dict[tuple[str, str], list[tuple[str, list[tuple[str, float]]]]]:
-    """Per headline metric: [(pool, [(hostname, per-node median), ...]), ...]."""
-    pairs = ", ".join(f"({_lit(p)}, {_lit(m)})" for p, m, _ in HEADLINE)
-    rows = src.query(f"""
-        SELECT coalesce(n.pool, {_lit(NO_POOL)}) AS pool, n.hostname, m.probe, m.metric,
-               median(m.value) AS value
-        FROM probe_metrics m JOIN nodes n USING (node_id)
-        WHERE m.started_at >= {w.start_sql} AND m.started_at < {w.end_sql}
-          AND (m.probe, m.metric) IN ({pairs}) AND isfinite(m.value)
-        GROUP BY ALL ORDER BY pool, n.hostname""")
-    out: dict[tuple[str, str], dict[str, list[tuple[str, float]]]] = {}
-    for r in rows:
-        out.setdefault((r["probe"], r["metric"]), {}).setdefault(r["pool"], []).append(
-            (str(r["hostname"]), float(r["value"])))
-    return {k: sorted(v.items()) for k, v in out.items()}
+    """Per headline metric: [(pool, [(hostname, per-node median), ...]), ...]. One query per metric keeps each
+    answer at one row per node (a live collector caps rows per query)."""
+    out: dict[tuple[str, str], list[tuple[str, list[tuple[str, float]]]]] = {}
+    for probe, metric, _ in HEADLINE:
+        rows = src.query(f"""
+            SELECT coalesce(n.pool, {_lit(NO_POOL)}) AS pool, n.hostname, median(m.value) AS value
+            FROM probe_metrics m JOIN nodes n USING (node_id)
+            WHERE m.started_at >= {w.start_sql} AND m.started_at < {w.end_sql}
+              AND m.probe = {_lit(probe)} AND m.metric = {_lit(metric)} AND isfinite(m.value)
+            GROUP BY ALL ORDER BY pool, n.hostname""")
+        groups: dict[str, list[tuple[str, float]]] = {}
+        for r in rows:
+            groups.setdefault(r["pool"], []).append((str(r["hostname"]), float(r["value"])))
+        out[(probe, metric)] = sorted(groups.items())
+    return out
 
 
 def _noisy(src, w: Window, flags: list[dict[str, Any]]) -> tuple[str, list[tuple[str, list[tuple[float, float]]]]]:
@@ -138,9 +140,13 @@ def _noisy(src, w: Window, flags: list[dict[str, Any]]) -> tuple[str, list[tuple
     return title, series
 
 
+MAX_HEATMAP_COLS = 48
+
+
 def _bucket_s(span_s: float) -> int:
+    """Hourly when the data spans 6 h or more (several hours per column past 48 h), finer otherwise."""
     if span_s >= 6 * 3600:
-        return 3600
+        return 3600 * max(1, math.ceil(span_s / 3600 / MAX_HEATMAP_COLS))
     for b in (60, 300, 600, 900, 1800):
         if span_s / b <= 30:
             return b
@@ -148,6 +154,8 @@ def _bucket_s(span_s: float) -> int:
 
 
 def _heatmap(src, w: Window) -> tuple[str, list[str], list[float], list[list[float | None]], int]:
+    """Mean GPU utilization per node and time bucket. Node selection happens in SQL, so a live collector's
+    row cap is never reached: at most MAX_HEATMAP_ROWS × MAX_HEATMAP_COLS rows come back."""
     use_rollup = False
     if has_table(src, "samples_1m"):
         n = src.query(f"SELECT count(*) AS n FROM samples_1m WHERE metric = 'gpu_util_percent' "
@@ -160,31 +168,29 @@ def _heatmap(src, w: Window) -> tuple[str, list[str], list[float], list[list[flo
     else:
         base = (f"SELECT node_id, epoch(ts) AS t, value AS s, 1 AS c FROM samples "
                 f"WHERE metric = 'gpu_util_percent' AND gpu IS NOT NULL AND ts >= {w.start_sql} AND ts < {w.end_sql}")
-    span = src.query(f"SELECT min(t) AS lo, max(t) AS hi FROM ({base})")
+    span = src.query(f"SELECT min(t) AS lo, max(t) AS hi, count(DISTINCT node_id) AS nodes FROM ({base})")
     if not span or span[0]["lo"] is None:
         return "GPU utilization by node", [], [], [], 0
-    lo, hi = float(span[0]["lo"]), float(span[0]["hi"])
+    lo, hi, total = float(span[0]["lo"]), float(span[0]["hi"]), int(span[0]["nodes"])
     b = _bucket_s(hi - lo + 60)
     rows = src.query(f"""
-        SELECT b.node_id, n.hostname, coalesce(n.pool, {_lit(NO_POOL)}) AS pool,
-               floor(b.t / {b}) * {b} AS bucket, sum(b.s) / sum(b.c) AS util
-        FROM ({base}) b JOIN nodes n USING (node_id)
-        GROUP BY ALL""")
+        WITH per AS (
+            SELECT node_id, floor(t / {b}) * {b} AS bucket, sum(s) / sum(c) AS util
+            FROM ({base}) GROUP BY ALL
+        ),
+        pick AS (   -- the least-utilized nodes when there are more than fit
+            SELECT node_id FROM per GROUP BY node_id ORDER BY avg(util), node_id LIMIT {MAX_HEATMAP_ROWS}
+        )
+        SELECT per.node_id, n.hostname, coalesce(n.pool, {_lit(NO_POOL)}) AS pool, per.bucket, per.util
+        FROM per JOIN pick USING (node_id) JOIN nodes n USING (node_id)""")
     cols = sorted({float(r["bucket"]) for r in rows})
     col_ix = {c: i for i, c in enumerate(cols)}
     nodes: dict[str, dict[str, Any]] = {}
     for r in rows:
         d = nodes.setdefault(r["node_id"], {"host": r["hostname"], "pool": r["pool"], "v": [None] * len(cols)})
         d["v"][col_ix[float(r["bucket"])]] = float(r["util"])
-    def mean(vals):
-        vv = [v for v in vals if v is not None]
-        return sum(vv) / len(vv) if vv else 0.0
-    picked = list(nodes.values())
-    total = len(picked)
-    if total > MAX_HEATMAP_ROWS:
-        picked = sorted(picked, key=lambda d: mean(d["v"]))[:MAX_HEATMAP_ROWS]
-    picked.sort(key=lambda d: (d["pool"], d["host"]))
-    unit = "hour" if b == 3600 else f"{b // 60} min"
+    picked = sorted(nodes.values(), key=lambda d: (d["pool"], d["host"]))
+    unit = f"{b // 3600} hours" if b > 3600 else "hour" if b == 3600 else f"{b // 60} min"
     title = f"GPU utilization by node and {unit} (mean over the node's GPUs)"
     if total > MAX_HEATMAP_ROWS:
         title += f" — the {MAX_HEATMAP_ROWS} least-utilized of {total} nodes"

@@ -204,7 +204,7 @@ class CollectorServicer(pb_grpc.CollectorServicer):
     def _deliver(self, state: _StreamState, n_samples: int, ack, exc) -> None:
         """Runs on the event loop: the writer finished a batch of this stream."""
         if exc is not None:
-            state.out.put_nowait(("UNAVAILABLE", f"{exc}; resend later"))
+            state.out.put_nowait(("UNAVAILABLE", f"{exc}; resend it later", None))
         else:
             state.out.put_nowait(ack)
         state.pending -= 1
@@ -231,7 +231,7 @@ class CollectorServicer(pb_grpc.CollectorServicer):
                                          "call Register first")
                     prepared = prepare_batch(batch, self._limits)
                 except BatchError as exc:
-                    error = (exc.code, f"batch seq {batch.seq}: {exc.message}")
+                    error = (exc.code, f"batch seq {batch.seq}: {exc.message}", batch.seq)
                     break
                 n = prepared.n_samples
                 await self._reserve(n)
@@ -239,13 +239,16 @@ class CollectorServicer(pb_grpc.CollectorServicer):
                 state.idle.clear()
 
                 def callback(ack, exc, _state=state, _n=n):
-                    loop.call_soon_threadsafe(self._deliver, _state, _n, ack, exc)
+                    try:
+                        loop.call_soon_threadsafe(self._deliver, _state, _n, ack, exc)
+                    except RuntimeError:
+                        pass    # the server has stopped: nobody waits for this ack; the agent resends
 
                 self._writer.submit(prepared, callback)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - a broken request stream ends this stream only
-            error = ("INTERNAL", f"reading the stream failed: {exc}")
+            error = ("INTERNAL", f"reading the stream failed: {exc}", None)
         await state.idle.wait()
         state.out.put_nowait(error if error else _END)
 
@@ -258,7 +261,10 @@ class CollectorServicer(pb_grpc.CollectorServicer):
                 if item is _END:
                     return
                 if isinstance(item, tuple):
-                    code, message = item
+                    code, message, seq = item
+                    if seq is not None:
+                        # The agent's sender reads this to know which batch was refused.
+                        context.set_trailing_metadata((("gpuagent-seq", str(seq)),))
                     await context.abort(grpc.StatusCode[code], message)
                 yield item
         finally:
@@ -289,7 +295,7 @@ class CollectorServicer(pb_grpc.CollectorServicer):
         if request.window_s < 0:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "window_s must be positive (or 0 for the default)")
         if request.window_s > 0:
-            config = an.config_with(config, window_s=request.window_s)
+            config = an.with_window(config, request.window_s)
         limit = request.max_flags or 1000
         try:
             analyzer = an.Analyzer(config)

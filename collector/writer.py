@@ -191,9 +191,12 @@ def prepare_batch(batch: pb.Batch, limits: Limits = Limits(), now_ns: int | None
                 raise BatchError("INVALID_ARGUMENT",
                                  f"probe {r.probe!r} has status {r.status!r}; expected one of "
                                  f"{', '.join(sorted(PROBE_STATUSES))}")
-            ended = r.ended_ns or r.started_ns
-            _check_ts(f"probe {r.probe!r} started_ns", r.started_ns, r.started_ns, max_ts)
-            if ended < r.started_ns:
+            # A result without times (e.g. a probe that failed before it started) takes the other time,
+            # else the batch's creation time, rather than costing the whole batch.
+            started = r.started_ns or r.ended_ns or batch.created_ns
+            ended = r.ended_ns or started
+            _check_ts(f"probe {r.probe!r} started_ns", started, started, max_ts)
+            if ended < started:
                 raise BatchError("INVALID_ARGUMENT", f"probe {r.probe!r} ended before it started")
             _check_ts(f"probe {r.probe!r} ended_ns", ended, ended, max_ts)
             key = _labels_text(r.params)
@@ -206,15 +209,15 @@ def prepare_batch(batch: pb.Batch, limits: Limits = Limits(), now_ns: int | None
             pr["params"].append(_json(r.params))
             pr["params_key"].append(key)
             pr["env"].append(_json(r.env))
-            pr["started_at"].append(r.started_ns)
+            pr["started_at"].append(started)
             pr["ended_at"].append(ended)
-            pr["duration_s"].append((ended - r.started_ns) / 1e9)
+            pr["duration_s"].append((ended - started) / 1e9)
             for metric in sorted(r.metrics):
                 pm["node_id"].append(node_id)
                 pm["probe"].append(r.probe)
                 pm["gpu"].append(gpu)
                 pm["params_key"].append(key)
-                pm["started_at"].append(r.started_ns)
+                pm["started_at"].append(started)
                 pm["metric"].append(metric)
                 pm["value"].append(r.metrics[metric])
         ts, s, i16, f64 = _ts_type(), pa.string(), pa.int16(), pa.float64()
@@ -451,7 +454,10 @@ class Writer:
         self._seqs: dict[str, _NodeSeqs] = {}
         self._touched: dict[str, float] = {}
         self.known_nodes: set[str] = {r[0] for r in con.execute("SELECT node_id FROM nodes").fetchall()}
-        self.stats = {"groups": 0, "batches": 0, "duplicates": 0, "samples": 0}
+        self.stats = {"groups": 0, "batches": 0, "duplicates": 0, "samples": 0, "failed_batches": 0,
+                      "commit_s": 0.0}
+        self.fatal: str | None = None     # set when the database cannot be written any more
+        self._last_error_log = -1e9
         self._thread = threading.Thread(target=self._run, name="gpuagent-writer", daemon=True)
         self._stopped = False
         self._thread.start()
@@ -542,21 +548,35 @@ class Writer:
                     claimed.add(key)
                     fresh.append(it)
             if fresh:
+                started = time.perf_counter()
                 self._commit(fresh)
+                self.stats["commit_s"] += time.perf_counter() - started
         except Exception as exc:  # noqa: BLE001
-            if len(group) > 1:
-                # Find the culprit: store one by one so that one bad batch fails alone.
-                log.warning("group commit of %d batches failed (%s); retrying one by one", len(group), exc)
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            if isinstance(exc, duckdb.FatalException) or "invalidated" in first:
+                self.fatal = (f"the database can no longer be written ({first}); stopping so that a restart "
+                              "can recover it from its write-ahead log")
+            io_error = isinstance(exc, (duckdb.IOException, duckdb.TransactionException, duckdb.FatalException,
+                                        OSError))
+            if len(group) > 1 and not io_error:
+                # A data problem validation did not catch: store one by one so that one batch fails alone.
+                log.warning("group commit of %d batches failed (%s); retrying one by one", len(group), first)
                 for it in group:
                     self._store_group([it])
                 return
-            err = StorageError(f"could not store batch seq {group[0].prepared.seq} of node "
-                               f"{group[0].prepared.node_id}: {str(exc).splitlines()[0]}")
-            log.error("%s", err)
-            try:
-                group[0].callback(None, err)
-            except Exception:  # noqa: BLE001
-                log.exception("ack callback failed")
+            self.stats["failed_batches"] += len(group)
+            now = time.monotonic()
+            if now - self._last_error_log >= 10.0:
+                self._last_error_log = now
+                log.error("could not store %d batch(es); they are refused and the agents keep them: %s",
+                          len(group), first)
+            for it in group:
+                err = StorageError(f"the collector could not store batch seq {it.prepared.seq} of node "
+                                   f"{it.prepared.node_id}: {first}")
+                try:
+                    it.callback(None, err)
+                except Exception:  # noqa: BLE001
+                    log.exception("ack callback failed")
             return
         for it in fresh:
             self.node_seqs(it.prepared.node_id).add(it.prepared.seq)

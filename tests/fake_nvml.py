@@ -267,9 +267,10 @@ class FakeNvmlBackend:
 
     def nvmlDeviceGetProcessUtilization(self, h, last_seen_us):
         g = self._g(h, "nvmlDeviceGetProcessUtilization")
+        # like the driver: samples only for processes that ran kernels, only newer than last_seen_us
         samples = [SimpleNamespace(pid=p["pid"], timeStamp=self.now_us, smUtil=p["sm_util_percent"],
                                    memUtil=p.get("mem_util_percent", 0), encUtil=0, decUtil=0)
-                   for p in g["processes"] if self.now_us > last_seen_us]
+                   for p in g["processes"] if self.now_us > last_seen_us and p["sm_util_percent"] > 0]
         if not samples:
             raise _err(pynvml.NVML_ERROR_NOT_FOUND)
         return samples

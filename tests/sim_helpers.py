@@ -8,6 +8,7 @@ from pathlib import Path
 
 from gpuagent.agent import local_run
 from gpuagent.collector.compare import run_compare
+from gpuagent.collector.report import write_report
 from gpuagent.collector.sim import SimConfig, SimSummary, run_sim
 from gpuagent.collector.sim_fleet import NodeSpec, validate
 
@@ -40,6 +41,7 @@ class FleetDb:
     summary: SimSummary
     fleet: list[NodeSpec]
     compare_via_target_json: str
+    report_via_target: Path
     analyzed: bool
     analyze_note: str
 
@@ -62,6 +64,8 @@ def fleet_db(tmp_path_factory) -> FleetDb:
         summary = run_sim(cfg, fleet())
         assert summary.nodes_ok == len(FLEET_SPEC), summary.errors
         via_target = run_compare(None, f"127.0.0.1:{port}", window="24h", fmt="json", token=TOKEN)
+        report_via_target = tmp / "report-via-target.html"
+        write_report(str(report_via_target), target=f"127.0.0.1:{port}", token=TOKEN)
     finally:
         local_run.stop_process(proc, timeout=30)
     analyzed, note = False, "the analyzer is not in this tree"
@@ -72,5 +76,5 @@ def fleet_db(tmp_path_factory) -> FleetDb:
     else:
         analyze_db(str(db))
         analyzed, note = True, ""
-    _CACHE["fleet"] = FleetDb(db, summary, fleet(), via_target, analyzed, note)
+    _CACHE["fleet"] = FleetDb(db, summary, fleet(), via_target, report_via_target, analyzed, note)
     return _CACHE["fleet"]

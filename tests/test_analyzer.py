@@ -189,7 +189,7 @@ def test_flag_opens_updates_and_closes(con):
     assert f2["flag_id"] == f1["flag_id"] and f2["first_seen"] == NOW and f2["last_seen"] == later
     assert f2["value"] < f1["value"] and f2["severity"] == "critical"
     # The VM recovers; once the slow runs leave the window, the flag closes.
-    recovered = NOW + dt.timedelta(hours=2)
+    recovered = NOW + dt.timedelta(hours=7)   # the slow runs have left the 6 h probe window
     S.add_probe_runs(con, "synthetic-vm", "pcie", {"h2d_gbps": [53.5] * 10}, times(now=recovered), gpu=0)
     for i in range(4):
         S.add_probe_runs(con, f"synthetic-bm{i}", "pcie", {"h2d_gbps": [53.6] * 10}, times(now=recovered), gpu=0)
@@ -208,7 +208,7 @@ def test_flag_closes_when_nothing_was_seen_for_a_window(con):
     assert len(flags(con)) == 1
     run(con, now=NOW + dt.timedelta(minutes=30))
     assert len(flags(con)) == 1                     # runs still in the window: still open
-    run(con, now=NOW + dt.timedelta(hours=3))        # no runs at all any more (node gone)
+    run(con, now=NOW + dt.timedelta(hours=8))        # no runs at all any more (node gone)
     assert flags(con) == [] and len(flags(con, state="closed")) == 1
 
 

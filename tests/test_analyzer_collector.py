@@ -82,3 +82,14 @@ def test_analyze_cli_live_collector_and_stopped_file(tmp_path):
     bad.write_text("[analyzer]\nwindw = '1h'\n")
     r = run_cli("analyze", "--db", str(db), "--config", str(bad))
     assert r.returncode == 1 and "unknown [analyzer] setting 'windw'" in r.stderr
+
+
+def test_serve_with_a_bad_analyzer_config_is_one_sentence(tmp_path):
+    bad = tmp_path / "collector.toml"
+    bad.write_text("[pricing]\ncloud-a = 'cheap'\n")
+    r = run_cli("serve", "--listen", "127.0.0.1:0", "--db", str(tmp_path / "c.duckdb"), "--config", str(bad))
+    assert r.returncode == 1 and "[pricing] cloud-a must be a price per GPU-hour" in r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = run_cli("serve", "--listen", "127.0.0.1:0", "--db", str(tmp_path / "c.duckdb"),
+                "--config", str(tmp_path / "missing.toml"))
+    assert r.returncode == 1 and "does not exist" in r.stderr

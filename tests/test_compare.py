@@ -112,3 +112,18 @@ def test_compare_cli_errors_are_one_sentence(fx, tmp_path):
         assert res.exit_code == 1 and message in res.output and "Traceback" not in res.output, (args, res.output)
     res = runner.invoke(main, ["compare", "--by", "pool", "--db", str(fx.db), "--format", "json"])
     assert res.exit_code == 0 and json.loads(res.output)["reference_pool"] == "bare-metal"
+
+
+def test_heatmap_keeps_the_least_utilized_nodes(fx, monkeypatch):
+    from gpuagent.collector import report
+
+    monkeypatch.setattr(report, "MAX_HEATMAP_ROWS", 2)
+    src = DbSource(str(fx.db))
+    try:
+        c = compare_pools(src, 86400.0)
+        title, rows, cols, values, bucket = report._heatmap(src, c.window)
+    finally:
+        src.close()
+    assert title.endswith("the 2 least-utilized of 8 nodes")
+    assert rows == ["sim-0007 (cloud-b)", "sim-0008 (cloud-b)"]      # half idle, input-bound
+    assert bucket == 300 and len(cols) == len(values[0]) and 20 <= len(cols) <= 30

@@ -113,3 +113,48 @@ def test_numa_layout_matches_this_machine():
             cpus += int(hi or lo) - int(lo) + 1
         assert node["mem_total_bytes"] > 0
     assert cpus == psutil.cpu_count()
+
+
+def test_loopback_traffic_is_counted_when_lo_is_not_skipped():
+    """Real traffic over a loopback TCP connection shows up in the lo series (lo is skipped by default)."""
+    import socket
+    import threading
+
+    s = HostSampler(skip_nics="")
+    sink = ListSink()
+    t0 = now_ns()
+    s.sample(t0, sink)
+    srv = socket.create_server(("127.0.0.1", 0))
+    got = []
+
+    def drain():
+        conn, _ = srv.accept()
+        with conn:
+            n = 0
+            while chunk := conn.recv(1 << 16):
+                n += len(chunk)
+            got.append(n)
+
+    th = threading.Thread(target=drain)
+    th.start()
+    with socket.create_connection(srv.getsockname()) as c:
+        c.sendall(b"x" * (4 << 20))
+    th.join(timeout=30)
+    srv.close()
+    t1 = now_ns()
+    s.sample(t1, sink)
+    assert got == [4 << 20]
+    m = {(x.metric, x.labels): x.value for x in sink.samples if x.ts_ns == t1}
+    lo = (("nic", "lo"),)
+    assert m[("net_rx_bytes_per_s", lo)] * (t1 - t0) / 1e9 >= 4 << 20
+    assert m[("net_tx_bytes_per_s", lo)] * (t1 - t0) / 1e9 >= 4 << 20
+    assert not any(k[0].startswith("net_") and k[1] == lo for k in
+                   {(x.metric, x.labels) for x in _default_tick_pair()})
+
+
+def _default_tick_pair():
+    s = HostSampler()
+    sink = ListSink()
+    s.sample(now_ns(), sink)
+    s.sample(now_ns() + 1, sink)
+    return sink.samples

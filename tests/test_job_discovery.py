@@ -238,3 +238,9 @@ def test_gpu_process_that_matches_no_rule_is_still_a_job(procs):
     jd.sample(t + 1_000_000_000, sink)
     rows = [s for s in sink.job_samples if s["pid"] == plain.pid]
     assert rows and (rows[-1]["job_id"], rows[-1]["source"], rows[-1]["gpu"]) == (f"pid:{plain.pid}", "process", 2)
+
+
+def test_bad_rule_is_one_clear_sentence():
+    from gpuagent.agent.job_discovery import JobRules
+    with pytest.raises(ValueError, match=r"job rule cmdline_regex 'torchrun\(' is not a valid regular expression"):
+        JobRules(cmdline_regex=("torchrun(",))

@@ -87,6 +87,8 @@ def test_xid_events_through_event_set_without_blocking(h100):
     _tick(s, sink, 0)
     xids = sorted((e.gpu, e.value) for e in sink.events if e.kind == "xid")
     assert xids == [(3, 79.0), (6, 48.0)]
+    msg79 = next(e.message for e in sink.events if e.kind == "xid" and e.value == 79)
+    assert msg79 == "XID 79 on GPU 3 (GPU has fallen off the bus)"
     assert b.wait_timeouts_ms and set(b.wait_timeouts_ms) == {0}
     _tick(s, sink, 1, b)
     assert len([e for e in sink.events if e.kind == "xid"]) == 2     # delivered once, not repeated
@@ -158,6 +160,10 @@ def test_per_process_gpu_usage(h100):
     assert len(procs) == 7                      # GPU 5 (MIG, idle) has none
     p = procs[(41233, 3)]
     assert p["gpu_util_percent"] == 41 and p["gpu_memory_bytes"] == 71303168000 + 3 * 1048576 * 37 - 536870912
+    # no new sample since the last call (the process went idle): 0, not the stale 41
+    assert {(q["pid"], q["gpu"]): q["gpu_util_percent"] for q in s.processes()}[(41233, 3)] == 0.0
+    b.advance(1)
+    assert {(q["pid"], q["gpu"]): q["gpu_util_percent"] for q in s.processes()}[(41233, 3)] == 41
     b.remove_process(41233)
     b.advance(1)
     assert (41233, 3) not in {(q["pid"], q["gpu"]) for q in s.processes()}

@@ -101,7 +101,6 @@ def test_harness_catches_a_broken_page(tmp_path):
     assert any("notDefined" in ln for ln in console)
 
 
-@pytest.mark.slow
 def test_report_loads_without_errors_and_draws_plots(tmp_path, tmp_path_factory):
     fx = fleet_db(tmp_path_factory)
     out = tmp_path / "report.html"
@@ -147,6 +146,12 @@ def test_report_loads_without_errors_and_draws_plots(tmp_path, tmp_path_factory)
         from html import escape
         for s in sentences:
             assert escape(s, quote=False) in dom
+
+    # The same report through the live collector's Query RPC (written before the analyzer ran, so no
+    # flags) draws the same distribution and heatmap marks.
+    via_rpc = _marks(fx.report_via_target.read_text(encoding="utf-8"))
+    for name in ("dist-pcie-h2d_gbps", "dist-storage-seq_read_gbps", "util-heatmap"):
+        assert via_rpc[name] == marks[name], name
 
     # A screenshot for people (CI keeps it as an artifact if it wants); the size shows it rendered.
     shot = tmp_path / "report.png"

@@ -17,7 +17,7 @@ FROM nodes n
 LEFT JOIN gpus g ON g.node_id = n.node_id AND g.gpu = 0
 LEFT JOIN _pool_prices p ON p.pool = n.pool;
 
--- The ok probe runs in the baseline lookback (which contains the window), one row per metric value.
+-- The ok probe runs in the probe window (probes run far less often than samples), one row per metric value.
 CREATE OR REPLACE TEMP TABLE _ok_metrics AS
 SELECT m.node_id, m.probe, m.gpu, coalesce(m.params_key, '') AS params_key, m.started_at, m.metric, m.value
 FROM probe_metrics m
@@ -25,10 +25,10 @@ JOIN probe_results r
   ON r.node_id = m.node_id AND r.probe = m.probe AND r.gpu IS NOT DISTINCT FROM m.gpu
  AND r.started_at = m.started_at
 WHERE r.status = 'ok' AND m.value IS NOT NULL AND isfinite(m.value)
-  AND m.started_at > $lookback_start AND m.started_at <= $now
-  AND r.started_at > $lookback_start AND r.started_at <= $now;
+  AND m.started_at > $probe_window_start AND m.started_at <= $now
+  AND r.started_at > $probe_window_start AND r.started_at <= $now;
 
--- Host pressure per node over the window, from the 1-minute rollups: the evidence for noisy neighbors.
+-- Host pressure per node over the probe window, from the 1-minute rollups: the evidence for noisy neighbors.
 CREATE OR REPLACE TEMP TABLE _pressure AS
 SELECT node_id,
        sum(sum) FILTER (WHERE metric = 'cpu_steal_percent') / nullif(sum(n) FILTER (WHERE metric = 'cpu_steal_percent'), 0) AS steal_avg,
@@ -42,7 +42,7 @@ SELECT node_id,
        max(max) FILTER (WHERE metric = 'disk_read_latency_ms') AS disk_read_latency_ms_max,
        max(max) FILTER (WHERE metric = 'disk_write_latency_ms') AS disk_write_latency_ms_max
 FROM samples_1m
-WHERE minute >= date_trunc('minute', $window_start) AND minute <= $now
+WHERE minute >= date_trunc('minute', $probe_window_start) AND minute <= $now
   AND gpu IS NULL
   AND metric IN ('cpu_steal_percent', 'psi_cpu_some_avg10_percent', 'psi_io_some_avg10_percent',
                  'psi_memory_some_avg10_percent', 'disk_read_latency_ms', 'disk_write_latency_ms')

@@ -11,20 +11,22 @@ SELECT m.node_id, CASE WHEN c.per_gpu THEN m.gpu END AS gpu, c.component, m.para
 FROM _ok_metrics m
 JOIN _components c ON c.kind = 'virtualization_overhead' AND c.probe = m.probe AND c.metric = m.metric
 JOIN _node_class nc ON nc.node_id = m.node_id AND nc.virtualized
-WHERE m.started_at > $window_start
 GROUP BY ALL;
 
--- Bare-metal baselines per class, component and params_key.
+-- Per-GPU components also get a node-level view: all the node's GPUs' runs pooled. A penalty that hits every
+-- GPU (a VM's PCIe path) is then seen with 8x the runs, even when each GPU's own runs are too scattered.
+CREATE OR REPLACE TEMP TABLE _vo_pooled AS
+SELECT m.node_id, c.component, m.params_key, median(m.value) AS value, count(*) AS runs,
+       coalesce(stddev_samp(m.value), 0) AS sd
+FROM _ok_metrics m
+JOIN _components c ON c.kind = 'virtualization_overhead' AND c.probe = m.probe AND c.metric = m.metric AND c.per_gpu
+JOIN _node_class nc ON nc.node_id = m.node_id AND nc.virtualized
+GROUP BY ALL;
+
+-- Bare-metal baselines per class, component and params_key: fleet_baselines, refreshed by
+-- 25_fleet_baselines.sql at most every baseline_refresh (the lookback is long; the window is not).
 CREATE OR REPLACE TEMP TABLE _vo_fleet AS
-WITH per_node AS (
-    SELECT nc.class_label, c.component, m.params_key, m.node_id, median(m.value) AS v
-    FROM _ok_metrics m
-    JOIN _components c ON c.kind = 'virtualization_overhead' AND c.probe = m.probe AND c.metric = m.metric
-    JOIN _node_class nc ON nc.node_id = m.node_id AND nc.virtualized = false
-    GROUP BY ALL
-)
-SELECT class_label, component, params_key, median(v) AS baseline, count(*) AS nodes
-FROM per_node GROUP BY ALL;
+SELECT class_label, component, params_key, baseline, nodes FROM fleet_baselines;
 
 -- The most specific matching reference row and declared value for each value row.
 CREATE OR REPLACE TEMP TABLE _vo_ref AS
@@ -64,13 +66,15 @@ SELECT v.*, nc.class_label, nc.virt_type, nc.fingerprint,
        CASE WHEN f.nodes >= $min_baseline_nodes THEN c.threshold
             WHEN r.value IS NOT NULL AND r.basis = 'theoretical' THEN greatest(c.threshold, $theoretical_threshold)
             ELSE c.threshold END AS threshold,
-       r.basis AS ref_basis, r.source AS ref_source, d.note AS declared_note
+       r.basis AS ref_basis, r.source AS ref_source, d.note AS declared_note,
+       p.value AS pooled_value, p.runs AS pooled_runs, p.sd AS pooled_sd
 FROM _vo_values v
 JOIN _node_class nc ON nc.node_id = v.node_id
 JOIN _components c ON c.kind = 'virtualization_overhead' AND c.component = v.component
 LEFT JOIN _vo_fleet f ON f.class_label = nc.class_label AND f.component = v.component AND f.params_key = v.params_key
 LEFT JOIN _vo_ref r ON r.node_id = v.node_id AND r.gpu IS NOT DISTINCT FROM v.gpu AND r.component = v.component AND r.params_key = v.params_key
-LEFT JOIN _vo_declared d ON d.node_id = v.node_id AND d.gpu IS NOT DISTINCT FROM v.gpu AND d.component = v.component AND d.params_key = v.params_key;
+LEFT JOIN _vo_declared d ON d.node_id = v.node_id AND d.gpu IS NOT DISTINCT FROM v.gpu AND d.component = v.component AND d.params_key = v.params_key
+LEFT JOIN _vo_pooled p ON v.gpu IS NOT NULL AND p.node_id = v.node_id AND p.component = v.component AND p.params_key = v.params_key;
 
 -- Overhead: % below (higher-is-better), % above (lower-is-better), or points above (steal).
 -- margin: $vo_z standard errors of the median (1.2533 sd / sqrt(runs)) in the same unit, so that a node whose
@@ -81,7 +85,10 @@ SELECT *,
                    WHEN 'lower' THEN (value - baseline) / nullif(baseline, 0) * 100
                    ELSE value - baseline END AS overhead,
        $vo_z * 1.2533 * sd / sqrt(runs)
-         * CASE WHEN better = 'points' THEN 1 ELSE 100 / nullif(abs(baseline), 0) END AS margin
+         * CASE WHEN better = 'points' THEN 1 ELSE 100 / nullif(abs(baseline), 0) END AS margin,
+       CASE better WHEN 'higher' THEN (baseline - pooled_value) / nullif(baseline, 0) * 100
+                   WHEN 'lower' THEN (pooled_value - baseline) / nullif(baseline, 0) * 100 END AS pooled_overhead,
+       $vo_z * 1.2533 * pooled_sd / sqrt(pooled_runs) * 100 / nullif(abs(baseline), 0) AS pooled_margin
 FROM _vo;
 
 -- Every evaluated (node, gpu, component): a flag that no longer holds closes.
@@ -97,6 +104,8 @@ SELECT node_id, gpu, 'virtualization_overhead' AS kind, component,
            'overhead', round(overhead, 2),
            'overhead_unit', CASE WHEN better = 'points' THEN 'percentage_points' ELSE 'percent' END,
            'threshold', threshold, 'margin', round(margin, 2), 'better', better, 'runs_sd', sd,
+           'node_pooled', CASE WHEN pooled_runs IS NOT NULL THEN json_object('overhead', round(pooled_overhead, 2),
+                               'margin', round(pooled_margin, 2), 'runs', pooled_runs) END,
            'params_key', params_key, 'runs', runs, 'first_run', first_run, 'last_run', last_run,
            'class', class_label, 'baseline_nodes', coalesce(fleet_nodes, 0),
            'reference', CASE WHEN baseline_source = 'reference_table'
@@ -128,5 +137,6 @@ SELECT node_id, gpu, 'virtualization_overhead' AS kind, component,
        END AS sentence
 FROM _vo_scored
 WHERE baseline_source = 'none' OR overhead - coalesce(margin, 0) > threshold
+   OR (overhead > threshold AND pooled_overhead - pooled_margin > threshold)
 QUALIFY row_number() OVER (PARTITION BY node_id, gpu, component
                            ORDER BY (baseline_source <> 'none')::INT DESC, overhead DESC NULLS LAST) = 1;

@@ -11,7 +11,6 @@ SELECT m.node_id, CASE WHEN c.per_gpu THEN m.gpu END AS gpu, c.component,
 FROM _ok_metrics m
 JOIN _components c ON c.kind = 'noisy_neighbor_variance' AND c.probe = m.probe AND c.metric = m.metric
 JOIN _node_class nc ON nc.node_id = m.node_id
-WHERE m.started_at > $window_start
 UNION ALL
 SELECT s.node_id, NULL AS gpu, 'step_time' AS component,
        'job ' || s.job_id AS peer_key, 'job=' || s.job_id || ',rank=' || coalesce(s.rank, -1)::VARCHAR AS series,

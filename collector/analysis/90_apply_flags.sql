@@ -1,6 +1,6 @@
 -- Turn this pass's conditions into flag rows: an ongoing condition updates its open flag, a new one opens a
 -- flag, and an open flag closes when its (node, gpu, kind, component) was evaluated and is clear, or when
--- nothing about it was seen for a whole window.
+-- nothing about it was seen for a whole window (the longer of the sample and probe windows).
 
 UPDATE flags AS f
 SET last_seen = $now, severity = c.severity, value = c.value, unit = c.unit, baseline = c.baseline,
@@ -27,4 +27,4 @@ WHERE f.state = 'open'
   AND (EXISTS (SELECT 1 FROM _evaluated e
                WHERE f.node_id = e.node_id AND f.gpu IS NOT DISTINCT FROM e.gpu
                  AND f.kind = e.kind AND f.component = e.component)
-       OR f.last_seen <= $window_start);
+       OR f.last_seen <= least($window_start, $probe_window_start));
