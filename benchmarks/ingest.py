@@ -169,13 +169,14 @@ def _vm_hwm_bytes(pid: int) -> int:
 def run(args) -> dict:
     import psutil
 
+    load_at_start = round(os.getloadavg()[0], 2)
     ref = reference_insert(args.batch_samples, args.series, args.reference_rows, 3)
     work = Path(tempfile.mkdtemp(prefix="gpuagent-ingest-bench-"))
     db = work / "bench.duckdb"
     port_file = work / "port"
     log = open(work / "collector.log", "w")
     collector = subprocess.Popen([sys.executable, "-m", "gpuagent.collector", "serve", "--listen", "127.0.0.1:0",
-                                  "--db", str(db), "--port-file", str(port_file), "--log-level", "warning"],
+                                  "--db", str(db), "--port-file", str(port_file), "--no-analyze"],
                                  stdout=log, stderr=subprocess.STDOUT)
     clients = []
     try:
@@ -220,6 +221,10 @@ def run(args) -> dict:
                 p.wait()
         log.close()
     rate = (s1 - s0) / (t1 - t0)
+    import re
+
+    m = re.search(r"([0-9.]+) s in commits", (work / "collector.log").read_text())
+    commit_s = float(m.group(1)) if m else None
     p50s = [w["ack_latency_p50_s"] for w in worker_results if w["ack_latency_p50_s"] is not None]
     result = {
         "benchmark": "ingest",
@@ -234,6 +239,9 @@ def run(args) -> dict:
         "samples_per_second": round(rate),
         "batches_per_second": round(rate / args.batch_samples, 1),
         "collector_cpu_percent": round(100 * (cpu1 - cpu0) / (t1 - t0), 1),
+        "writer_commit_s_whole_run": commit_s,
+        "loadavg_1m_at_start": load_at_start,
+        "analysis_passes": "off (--no-analyze) so that only ingest is measured",
         "collector_peak_rss_bytes": peak_rss,
         "reference_arrow_insert_rows_per_second": round(ref),
         "ratio_to_reference": round(rate / ref, 3),
