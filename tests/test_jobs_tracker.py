@@ -278,3 +278,15 @@ def test_closed_tracker_reported_before_window_ends(receiver, sock_path):
              what="the closed tracker's last window")
     assert sink.job_steps[0]["steps"] == 5
     assert receiver.tracked_pids() == {}
+
+
+def test_tracker_and_receiver_import_no_heavy_modules():
+    import subprocess
+    import sys
+    code = ("import sys, gpuagent.jobs, gpuagent.agent.job_steps\n"
+            "heavy = [m for m in ('torch', 'grpc', 'psutil', 'google.protobuf', 'pynvml', 'duckdb', 'numpy')"
+            " if m in sys.modules]\n"
+            "print(','.join(heavy))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "", f"heavy modules imported: {out.stdout.strip()}"
