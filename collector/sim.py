@@ -144,6 +144,8 @@ def validate_config(config: SimConfig) -> None:
         (config.sim_hours > 0, "--sim-hours must be positive"),
         (config.duration_s is None or config.duration_s > 0, "--duration must be positive"),
         (config.speed >= 0, "--speed must be 0 (as fast as possible) or positive"),
+        (config.duration_s is None or config.speed == 0,
+         "--speed paces a --sim-hours backfill; --duration always runs in real time"),
         (config.interval_s > 0, "--interval-s must be positive"),
         (config.batch_s >= config.interval_s, "--batch-s must be at least --interval-s"),
         (config.probe_interval_s >= 120, "--probe-interval-s must be at least 120 (a probe round takes ~105 s)"),

@@ -176,7 +176,8 @@ def test_bad_scenario_gets_one_sentence(tmp_path, text, message):
 def test_bad_options_get_one_sentence():
     for args, message in ((["--scenario", "chaos"], "unknown scenario 'chaos'"),
                           (["--job-sample-interval-s", "90"], "must be in (0, 60]"),
-                          (["--nodes", "0"], "--nodes must be at least 1")):
+                          (["--nodes", "0"], "--nodes must be at least 1"),
+                          (["--duration", "5", "--speed", "10"], "--duration always runs in real time")):
         res = CliRunner().invoke(sim_main, [*args, "--dry-run"])
         assert res.exit_code == 1 and message in res.output, res.output
 
