@@ -283,6 +283,11 @@ def test_wrong_token_is_one_sentence(live_collector):
     assert res.returncode == 1 and "Traceback" not in res.stderr
     assert f"Error: the collector at {address} refused the credentials" in res.stderr
 
+    from gpuagent.collector.cli import main as collector_main
+    for cmd in (["compare"], ["report", "--out", "unused.html"]):
+        out = CliRunner().invoke(collector_main, [*cmd, "--target", address, "--token", "wrong"])
+        assert out.exit_code == 1 and f"the collector at {address} refused the credentials" in out.output, out.output
+
 
 def test_live_and_paced_modes(live_collector):
     """--duration sends each batch once its window has passed; --speed paces a backfill."""
