@@ -197,7 +197,7 @@ def _check_labels(labels: Mapping[str, Any], src: str) -> dict[str, str]:
 # [jobs] keys: job discovery (gpuagent.agent.job_discovery.JobRules and JobDiscovery) and the
 # training-step listener (gpuagent.agent.job_steps).
 JOBS_KEYS = {"cmdline_regex": list, "env_keys": list, "env_argv0_regex": str, "scan_interval_s": float,
-             "end_grace_s": float, "step_listener": bool, "step_socket": str, "step_window_s": float}
+             "end_grace_s": float, "orphan_grace_s": float, "step_listener": bool, "step_socket": str, "step_window_s": float}
 
 
 def _check_jobs(table: dict[str, Any], src: str) -> dict[str, Any]:

@@ -340,7 +340,7 @@ def default_samplers(cfg: AgentConfig) -> list[Sampler]:
     gpu = GpuSampler()
     jobs = cfg.jobs
     rules = JobRules(**{k: jobs[k] for k in ("cmdline_regex", "env_keys", "env_argv0_regex") if k in jobs})
-    disc_kw = {k: float(jobs[k]) for k in ("scan_interval_s", "end_grace_s") if k in jobs}
+    disc_kw = {k: float(jobs[k]) for k in ("scan_interval_s", "end_grace_s", "orphan_grace_s") if k in jobs}
     return [HostSampler(), gpu, JobDiscovery(gpu_sampler=gpu, rules=rules, **disc_kw)]
 
 

@@ -191,9 +191,12 @@ def prepare_batch(batch: pb.Batch, limits: Limits = Limits(), now_ns: int | None
                 raise BatchError("INVALID_ARGUMENT",
                                  f"probe {r.probe!r} has status {r.status!r}; expected one of "
                                  f"{', '.join(sorted(PROBE_STATUSES))}")
-            ended = r.ended_ns or r.started_ns
-            _check_ts(f"probe {r.probe!r} started_ns", r.started_ns, r.started_ns, max_ts)
-            if ended < r.started_ns:
+            # A result without times (e.g. a probe that failed before it started) takes the other time,
+            # else the batch's creation time, rather than costing the whole batch.
+            started = r.started_ns or r.ended_ns or batch.created_ns
+            ended = r.ended_ns or started
+            _check_ts(f"probe {r.probe!r} started_ns", started, started, max_ts)
+            if ended < started:
                 raise BatchError("INVALID_ARGUMENT", f"probe {r.probe!r} ended before it started")
             _check_ts(f"probe {r.probe!r} ended_ns", ended, ended, max_ts)
             key = _labels_text(r.params)
@@ -206,15 +209,15 @@ def prepare_batch(batch: pb.Batch, limits: Limits = Limits(), now_ns: int | None
             pr["params"].append(_json(r.params))
             pr["params_key"].append(key)
             pr["env"].append(_json(r.env))
-            pr["started_at"].append(r.started_ns)
+            pr["started_at"].append(started)
             pr["ended_at"].append(ended)
-            pr["duration_s"].append((ended - r.started_ns) / 1e9)
+            pr["duration_s"].append((ended - started) / 1e9)
             for metric in sorted(r.metrics):
                 pm["node_id"].append(node_id)
                 pm["probe"].append(r.probe)
                 pm["gpu"].append(gpu)
                 pm["params_key"].append(key)
-                pm["started_at"].append(r.started_ns)
+                pm["started_at"].append(started)
                 pm["metric"].append(metric)
                 pm["value"].append(r.metrics[metric])
         ts, s, i16, f64 = _ts_type(), pa.string(), pa.int16(), pa.float64()

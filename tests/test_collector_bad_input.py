@@ -87,6 +87,7 @@ def test_bad_batch_aborts_stream_and_stores_nothing_of_it(env, breaker, code, wo
             acks.append(ack)
     assert err.value.code() == code
     assert words in err.value.details()
+    assert ("gpuagent-seq", str(bad.seq)) in tuple(err.value.trailing_metadata())
     assert [a.seq for a in acks] == [1]          # the good batch before it was committed and acked
     assert count(stub) == 6 and count(stub, "probe_results") == 0 and count(stub, "job_samples") == 0
     assert count(stub, "ingest_log") == 1
