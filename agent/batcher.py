@@ -214,14 +214,21 @@ class Batcher:
     def _pending(self) -> bool:
         return bool(self._ts or self._probes or self._job_samples or self._job_steps or self._events)
 
-    def due(self) -> bool:
-        """Time to cut: the batch interval passed, or the size cap is reached."""
-        return (self._clock() - self._last_cut >= self.batch_interval_s) or len(self._ts) >= self.max_samples
+    def start_clock(self, now: float) -> None:
+        self._last_cut = now
 
-    def cut(self) -> pb.Batch | None:
+    def due(self, now: float | None = None) -> bool:
+        """Time to cut: the batch interval passed, or the size cap is reached.
+
+        The daemon passes each tick's *scheduled* monotonic time, so a 5 s batch at 1 s sampling is
+        cut every 5th tick exactly, whatever the wake-up jitter."""
+        now = self._clock() if now is None else now
+        return (now - self._last_cut >= self.batch_interval_s - 1e-6) or len(self._ts) >= self.max_samples
+
+    def cut(self, now: float | None = None) -> pb.Batch | None:
         """Take everything pending as one Batch with a fresh seq; None when nothing is pending."""
         with self._lock:
-            self._last_cut = self._clock()
+            self._last_cut = self._clock() if now is None else now
             if not self._pending():
                 return None
             series, ts, sid, val = self._series, self._ts, self._sid, self._val

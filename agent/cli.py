@@ -4,6 +4,7 @@ domain errors into one-sentence ``click.ClickException``s."""
 from __future__ import annotations
 
 import json
+import os
 
 import click
 
@@ -58,7 +59,14 @@ def status(state_dir, config_file, as_json) -> None:
     from gpuagent.agent.status import StatusError, read_status, render
     try:
         if state_dir is None:
-            state_dir = load_config(config_file).state_dir
+            try:
+                state_dir = load_config(config_file).state_dir
+            except ConfigError:
+                if config_file:
+                    raise
+                # The node's agent.toml may be root-only; status still works from the default state dir.
+                from gpuagent.agent.config import DEFAULT_STATE_DIR
+                state_dir = os.environ.get("GPUAGENT_STATE_DIR") or DEFAULT_STATE_DIR
         data = read_status(state_dir)
     except (ConfigError, StatusError) as exc:
         raise click.ClickException(str(exc)) from None

@@ -197,7 +197,7 @@ def _check_labels(labels: Mapping[str, Any], src: str) -> dict[str, str]:
 # [jobs] keys: job discovery (gpuagent.agent.job_discovery.JobRules and JobDiscovery) and the
 # training-step listener (gpuagent.agent.job_steps).
 JOBS_KEYS = {"cmdline_regex": list, "env_keys": list, "env_argv0_regex": str, "scan_interval_s": float,
-             "end_grace_s": float, "step_listener": bool, "step_socket": str, "step_window_s": float}
+             "end_grace_s": float, "orphan_grace_s": float, "step_listener": bool, "step_socket": str, "step_window_s": float}
 
 
 def _check_jobs(table: dict[str, Any], src: str) -> dict[str, Any]:
@@ -371,6 +371,17 @@ def load_config(
         probes_table = {**probes_table,
                         "enabled": _as_bool(env["GPUAGENT_PROBES_ENABLED"], "probes.enabled",
                                             "environment GPUAGENT_PROBES_ENABLED")}
+
+    try:
+        from gpuagent.agent.probe_scheduler import ProbeSchedulerConfig
+    except ImportError:
+        ProbeSchedulerConfig = None  # noqa: N806 - the probes package is optional in a partial tree
+    if ProbeSchedulerConfig is not None:
+        try:
+            ProbeSchedulerConfig.from_mapping(thaw(probes_table), state_dir=agent_kw.get("state_dir", DEFAULT_STATE_DIR))
+        except (ValueError, TypeError) as exc:
+            text = str(exc).rstrip(".")
+            raise ConfigError(f"[probes] (from {fsrc}): {text}.") from None
 
     cfg = AgentConfig(
         collector=CollectorConfig(**coll_kw),

@@ -137,10 +137,11 @@ class Agent:
                  cfg.collector.address, self.state_dir)
         interval = cfg.interval_s
         t0 = time.monotonic()
+        self.batcher.start_clock(t0)     # batches are cut on the tick schedule
         k = 0
         try:
             while not self.stop_event.is_set():
-                self.tick()
+                self.tick(t0 + k * interval)
                 k += 1
                 now = time.monotonic()
                 due = t0 + k * interval
@@ -156,7 +157,8 @@ class Agent:
         finally:
             self.shutdown()
 
-    def tick(self) -> None:
+    def tick(self, scheduled: float | None = None) -> None:
+        """One sampling round; ``scheduled`` is the tick's planned monotonic time (batch clock)."""
         ts = time.time_ns()
         for s in self.samplers:
             try:
@@ -168,13 +170,13 @@ class Agent:
                     log.exception("sampler %s failed (reported once per error type)", key[0])
                     self.batcher.event("sampler_error", f"sampler {key[0]} failed: {type(exc).__name__}: {exc}")
         self.ticks += 1
-        if self.batcher.due():
-            self.flush()
+        if self.batcher.due(scheduled):
+            self.flush(scheduled)
         self.write_status()
         self._pinger.maybe_ping()
 
-    def flush(self) -> None:
-        batch = self.batcher.cut()
+    def flush(self, scheduled: float | None = None) -> None:
+        batch = self.batcher.cut(scheduled)
         if batch is not None:
             self.spool.put(batch.seq, batch.SerializeToString(), len(batch.samples.ts_ns), _n_items(batch))
 
@@ -338,7 +340,7 @@ def default_samplers(cfg: AgentConfig) -> list[Sampler]:
     gpu = GpuSampler()
     jobs = cfg.jobs
     rules = JobRules(**{k: jobs[k] for k in ("cmdline_regex", "env_keys", "env_argv0_regex") if k in jobs})
-    disc_kw = {k: float(jobs[k]) for k in ("scan_interval_s", "end_grace_s") if k in jobs}
+    disc_kw = {k: float(jobs[k]) for k in ("scan_interval_s", "end_grace_s", "orphan_grace_s") if k in jobs}
     return [HostSampler(), gpu, JobDiscovery(gpu_sampler=gpu, rules=rules, **disc_kw)]
 
 

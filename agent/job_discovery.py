@@ -12,6 +12,14 @@ pod uid, container id (not the agent's own container), torchelastic ``none-<ppid
 (source ``rule`` when a rule matched it, ``process`` for a GPU process). Cached per (pid, start time);
 attrs carry ``container_id`` / ``pod_uid`` when the cgroup shows them.
 
+Which processes of a job are sampled: on a GPU node, the NVML processes plus the rule-matched
+processes of the jobs that hold a GPU (launcher, data-loader workers); on a GPU-less node, every
+rule-matched process; on both, every process that sends steps through ``gpuagent.jobs`` (the daemon
+sets :attr:`JobDiscovery.tracked_pids`; such a pid gets the step receiver's job id). A launcher that has
+no job env of its own (torchrun's elastic agent) takes the job id of the workers it started, and keeps
+it after they exit; a rule-matched process that names no job waits ``orphan_grace_s`` before it counts
+as a ``pid:<pid>`` job of its own.
+
 Each tick emits one ``sink.job_sample(...)`` per (process, GPU) with the JobSample proto field names;
 CPU % (of one core) and I/O rates are deltas of /proc/<pid>/stat and /proc/<pid>/io. When NVML has
 no per-process utilization (MIG) the sample carries 0 with attrs ``gpu_util_known=false`` and the tick
@@ -28,11 +36,13 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from gpuagent.agent.job_identity import cgroup_ids, job_identity, own_container_id
 
+RECHECK_S = 2.0
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -85,6 +95,8 @@ class _Proc:
     prev_cpu: int = 0
     prev_io: tuple[int, int] | None = None
     stat: tuple[int, int, int] | None = None   # the latest /proc/<pid>/stat read (reused within a tick)
+    adopted: dict[str, Any] | None = None      # a launcher's identity taken from the workers it started
+    recheck_ns: int = 0                        # monotonic time of the one re-identification (0: done)
 
 
 @dataclass
@@ -106,7 +118,7 @@ class JobDiscovery:
     name = "jobs"
 
     def __init__(self, gpu_sampler: Any = None, rules: JobRules | None = None, proc_root: str = "/proc",
-                 scan_interval_s: float = 5.0, end_grace_s: float = 3.0) -> None:
+                 scan_interval_s: float = 5.0, end_grace_s: float = 3.0, orphan_grace_s: float = 10.0) -> None:
         self.gpu = gpu_sampler
         self.rules = rules or JobRules()
         self._cmd_res = [re.compile(p) for p in self.rules.cmdline_regex]
@@ -114,6 +126,8 @@ class JobDiscovery:
         self.proc = proc_root.rstrip("/")
         self.scan_interval_ns = int(scan_interval_s * 1e9)
         self.end_grace_ns = int(end_grace_s * 1e9)
+        self.orphan_grace_ns = int(orphan_grace_s * 1e9)
+        self._first_seen: dict[int, int] = {}
         self._procs: dict[int, _Proc] = {}
         self._rule_pids: set[int] = set()
         self._last_scan_ns: int | None = None
@@ -185,8 +199,13 @@ class JobDiscovery:
         cached = self._procs.get(pid)
         if force:
             rule_check = False
-        # a cached "not a job" verdict only holds for the rule check: a GPU or tracked process is one
-        if cached is not None and cached.start == st[1] and (cached.ident is not None or rule_check):
+        now = time.monotonic_ns()
+        same = cached is not None and cached.start == st[1]
+        # a cached "not a job" verdict only holds for the rule check: a GPU or tracked process is one.
+        # A process first seen between fork and exec showed its parent's command line and environment
+        # (torchrun's workers look like the launcher then), so every verdict is taken once more after
+        # RECHECK_S; the start time alone does not change at exec.
+        if same and (cached.ident is not None or rule_check) and not (cached.recheck_ns and now >= cached.recheck_ns):
             cached.stat = st
             return cached
         ident = None
@@ -208,7 +227,9 @@ class JobDiscovery:
             env = self._environ(pid)
             cg = (self._read_bytes(pid, "cgroup") or b"").decode("utf-8", "replace")
             ident = identify(pid, env, cg, st[2], False, self._own_container)
-        p = _Proc(start=st[1], ident=ident, stat=st)
+        p = _Proc(start=st[1], ident=ident, stat=st, recheck_ns=0 if same else now + int(RECHECK_S * 1e9))
+        if same:   # keep the CPU/IO baselines and a launcher's adopted identity
+            p.prev_t, p.prev_cpu, p.prev_io, p.adopted = cached.prev_t, cached.prev_cpu, cached.prev_io, cached.adopted
         self._procs[pid] = p
         return p
 
@@ -218,6 +239,7 @@ class JobDiscovery:
         except OSError:
             return
         live = set()
+        now = time.monotonic_ns()
         for n in names:
             if not n.isdigit():
                 continue
@@ -226,10 +248,12 @@ class JobDiscovery:
                 continue
             live.add(pid)
             p = self._procs.get(pid)
-            if p is None:
+            if p is None or (p.recheck_ns and now >= p.recheck_ns):
                 p = self._proc_for(pid, rule_check=True)
             if p is not None and p.ident is not None:
                 self._rule_pids.add(pid)
+            else:
+                self._rule_pids.discard(pid)
         for pid in [p for p in self._procs if p not in live]:
             del self._procs[pid]
         self._rule_pids &= live
@@ -249,27 +273,15 @@ class JobDiscovery:
         if self._last_scan_ns is None or ts_ns - self._last_scan_ns >= self.scan_interval_ns:
             self._last_scan_ns = ts_ns
             self._scan()
-        listed = {r[0] for r in rows}
-        if gpu_mode:
-            # A GPU job's launcher and data-loader workers use no GPU, but their CPU, memory and I/O
-            # are part of the job (an input-bound job shows there): add the rule-matched processes
-            # that belong to a job holding a GPU now (identity cached from earlier ticks).
-            gpu_jobs = {c.ident["job_id"] for c in (self._procs.get(pid) for pid in listed)
-                        if c is not None and c.ident is not None}
-            rows += [(pid, -1, -1.0, 0.0, -1) for pid in sorted(self._rule_pids) if pid not in listed
-                     and self._procs.get(pid) is not None and self._procs[pid].ident is not None
-                     and self._procs[pid].ident["job_id"] in gpu_jobs]
-        else:
-            rows += [(pid, -1, -1.0, 0.0, -1) for pid in sorted(self._rule_pids) if pid not in listed]
         # Processes that report steps through gpuagent.jobs are jobs even when no rule matches them,
         # under the job id the step receiver uses (so job_samples and job_steps join).
         tracked = self.tracked_pids() if self.tracked_pids is not None else {}
         listed = {r[0] for r in rows}
-        rows += [(pid, -1, -1.0, 0.0, -1) for pid in sorted(tracked) if pid not in listed]
+        rows += [(pid, -1, -1.0, 0.0, -1) for pid in sorted(self._rule_pids | set(tracked)) if pid not in listed]
 
-        seen_jobs: dict[str, list[tuple[int, float]]] = {}
-        seen_pids: dict[str, set[int]] = {}
-        per_pid_done: dict[int, tuple[float, float, float, float]] = {}
+        # Identity of every candidate first, so that a launcher (torchrun's elastic agent has no job
+        # env of its own) can take the job id of the workers it started.
+        resolved: list[tuple[int, int, float, float, int, _Proc | None, dict[str, Any]]] = []
         for pid, gpu, gutil, gmem, gi in rows:
             p = self._proc_for(pid, rule_check=gpu < 0, force=pid in tracked)
             if p is None and gpu < 0:
@@ -280,6 +292,48 @@ class JobDiscovery:
             ident = p.ident if p is not None else identify(pid, {}, "", 0, False)
             if pid in tracked and tracked[pid] != ident["job_id"]:
                 ident = dict(ident, job_id=tracked[pid], source="tracker")
+            resolved.append((pid, gpu, gutil, gmem, gi, p, ident))
+        child_job = {}
+        for pid, _g, _u, _m, _gi, p, ident in resolved:
+            if p is not None and p.stat is not None and not ident["job_id"].startswith("pid:"):
+                child_job.setdefault(p.stat[2], ident)
+        for i, (pid, gpu, gutil, gmem, gi, p, ident) in enumerate(resolved):
+            if not ident["job_id"].startswith("pid:"):
+                continue
+            if pid in child_job:
+                parent_of = child_job[pid]
+                adopted = dict(ident, job_id=parent_of["job_id"], source=parent_of["source"],
+                               job_name=ident["job_name"] or parent_of["job_name"],
+                               world_size=parent_of["world_size"])
+                if p is not None:
+                    p.adopted = adopted     # stays with the job after its workers exit
+                resolved[i] = (pid, gpu, gutil, gmem, gi, p, adopted)
+            elif p is not None and p.adopted is not None:
+                resolved[i] = (pid, gpu, gutil, gmem, gi, p, p.adopted)
+        # A process that matched a rule but names no job (typically a launcher whose workers have not
+        # started yet) waits ``orphan_grace_s`` before it counts as a job of its own, so a torchrun
+        # launch does not leave a one-second "pid:<launcher>" job behind.
+        for pid in [pid for pid in self._first_seen if pid not in self._procs]:
+            del self._first_seen[pid]
+        kept = []
+        for r in resolved:
+            if r[6]["job_id"].startswith("pid:") and r[6]["source"] == "rule" and r[1] < 0:
+                first = self._first_seen.setdefault(r[0], ts_ns)
+                if ts_ns - first < self.orphan_grace_ns:
+                    continue
+            kept.append(r)
+        resolved = kept
+        if gpu_mode:
+            # A GPU job's launcher and data-loader workers use no GPU, but their CPU, memory and I/O
+            # are part of the job (an input-bound job shows there): keep the non-GPU processes of jobs
+            # that hold a GPU now, and no others.
+            gpu_jobs = {r[6]["job_id"] for r in resolved if r[1] >= 0}
+            resolved = [r for r in resolved if r[1] >= 0 or r[6]["job_id"] in gpu_jobs]
+
+        seen_jobs: dict[str, list[tuple[int, float]]] = {}
+        seen_pids: dict[str, set[int]] = {}
+        per_pid_done: dict[int, tuple[float, float, float, float]] = {}
+        for pid, gpu, gutil, gmem, gi, p, ident in resolved:
             if pid not in per_pid_done:
                 per_pid_done[pid] = self._usage(pid, p, t)
             cpu, rss, rd, wr = per_pid_done[pid]

@@ -165,17 +165,17 @@ def main(run_dir: str, port: int, interval: float, once: bool, timeout: float) -
                    f"measured on this machine ({host}) by the agent, sent over gRPC and stored in {db}.\n")
         click.echo("$ gpuagent status --state-dir " + str(state))
         _run_cli(["gpuagent.agent.cli", "status", "--state-dir", str(state)])
-        click.echo(f"\n$ gpuagent-collector sql --collector {address} \"{NODE_SQL}\"")
-        _run_cli(["gpuagent.collector.cli", "sql", "--collector", address, NODE_SQL])
-        click.echo(f"\n$ gpuagent-collector sql --collector {address} \"<host metrics so far>\"")
+        click.echo(f"\n$ gpuagent-collector sql --target {address} \"{NODE_SQL}\"")
+        _run_cli(["gpuagent.collector.cli", "sql", "--target", address, NODE_SQL])
+        click.echo(f"\n$ gpuagent-collector sql --target {address} \"<host metrics so far>\"")
         click.echo(FIRST_SQL)
-        _run_cli(["gpuagent.collector.cli", "sql", "--collector", address, FIRST_SQL])
+        _run_cli(["gpuagent.collector.cli", "sql", "--target", address, FIRST_SQL])
         if once:
             click.echo("\n--once: stopping the agent and the collector.")
             return
         click.echo(f"\nRunning. Ctrl-C stops both. Meanwhile, in another shell:\n"
                    f"  .venv/bin/gpuagent status --state-dir {state}\n"
-                   f"  .venv/bin/gpuagent-collector sql --collector {address} "
+                   f"  .venv/bin/gpuagent-collector sql --target {address} "
                    f"\"SELECT metric, count(*) FROM samples GROUP BY 1 ORDER BY 2 DESC LIMIT 10\"")
         while agent.poll() is None and collector.poll() is None:
             time.sleep(0.5)

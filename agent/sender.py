@@ -11,8 +11,9 @@ call). ``stop()`` interrupts the backoff through ``threading.Event.wait`` (the p
 OpenTelemetry OTLP gRPC exporter). Error mapping:
 
 * UNAUTHENTICATED / PERMISSION_DENIED: one clear log line naming the token setting; retried with backoff.
-* INVALID_ARGUMENT on the stream: the collector refused a batch as malformed; that batch is moved to
-  ``spool/rejected/`` and counted, never retried forever; the others are resent at once.
+* INVALID_ARGUMENT (or RESOURCE_EXHAUSTED naming a batch: over the collector's size limit) on the
+  stream: the collector will never take that batch; it is moved to ``spool/rejected/`` and counted,
+  never retried forever; the others are resent at once.
 * Anything else (UNAVAILABLE, DEADLINE_EXCEEDED, ...): reconnect with backoff, resend unacked batches.
 """
 
@@ -278,7 +279,11 @@ class Sender(threading.Thread):
         details = (exc.details() if hasattr(exc, "details") else "") or ""
         if self.stopping and code == grpc.StatusCode.CANCELLED:
             return False
-        if code == grpc.StatusCode.INVALID_ARGUMENT and self.state.connected:
+        # A batch the collector will never take: malformed, or over its per-batch size limit (the
+        # collector names it as "batch seq N: ..."). A RESOURCE_EXHAUSTED without a seq is back-pressure.
+        per_batch = code == grpc.StatusCode.INVALID_ARGUMENT or (
+            code == grpc.StatusCode.RESOURCE_EXHAUSTED and _SEQ_IN_DETAILS.search(details))
+        if per_batch and self.state.connected:
             seq = self._rejected_seq(exc, details)
             if seq is not None:
                 self.spool.reject(seq, details or "INVALID_ARGUMENT")

@@ -116,6 +116,8 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=60.0, help="measurement window, seconds (default 60)")
     ap.add_argument("--warmup", type=float, default=5.0, help="seconds after start before measuring")
     ap.add_argument("--interval", type=float, default=1.0, help="agent sampling interval (default 1 s)")
+    ap.add_argument("--probes", action="store_true",
+                    help="leave the probe scheduler on (its subprocesses are not counted; default off)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args()
 
@@ -123,7 +125,7 @@ def main() -> int:
     port = local_run.free_port()
     address = f"127.0.0.1:{port}"
     cfg = tmp / "agent.toml"
-    cfg.write_text("[probes]\nenabled = false\n")
+    cfg.write_text("" if args.probes else "[probes]\nenabled = false\n")
     procs: list[subprocess.Popen] = []
     try:
         collector = local_run.start_collector(tmp / "bench.duckdb", port, tmp / "collector.log")
@@ -180,6 +182,8 @@ def main() -> int:
             "duration_s": args.duration,
             "interval_s": args.interval,
             "cpu_count": os.cpu_count(),
+            "probes": "on" if args.probes else "off",
+            "malloc_arena_max": 2,
             **watches["agent"].result("agent"),
             "agent_samples_stored_in_window": stored1 - stored0,
             "agent_ticks": status["counters"]["ticks"],

@@ -204,7 +204,7 @@ class CollectorServicer(pb_grpc.CollectorServicer):
     def _deliver(self, state: _StreamState, n_samples: int, ack, exc) -> None:
         """Runs on the event loop: the writer finished a batch of this stream."""
         if exc is not None:
-            state.out.put_nowait(("UNAVAILABLE", f"{exc}; resend it later"))
+            state.out.put_nowait(("UNAVAILABLE", f"{exc}; resend it later", None))
         else:
             state.out.put_nowait(ack)
         state.pending -= 1
@@ -231,7 +231,7 @@ class CollectorServicer(pb_grpc.CollectorServicer):
                                          "call Register first")
                     prepared = prepare_batch(batch, self._limits)
                 except BatchError as exc:
-                    error = (exc.code, f"batch seq {batch.seq}: {exc.message}")
+                    error = (exc.code, f"batch seq {batch.seq}: {exc.message}", batch.seq)
                     break
                 n = prepared.n_samples
                 await self._reserve(n)
@@ -248,7 +248,7 @@ class CollectorServicer(pb_grpc.CollectorServicer):
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - a broken request stream ends this stream only
-            error = ("INTERNAL", f"reading the stream failed: {exc}")
+            error = ("INTERNAL", f"reading the stream failed: {exc}", None)
         await state.idle.wait()
         state.out.put_nowait(error if error else _END)
 
@@ -261,7 +261,10 @@ class CollectorServicer(pb_grpc.CollectorServicer):
                 if item is _END:
                     return
                 if isinstance(item, tuple):
-                    code, message = item
+                    code, message, seq = item
+                    if seq is not None:
+                        # The agent's sender reads this to know which batch was refused.
+                        context.set_trailing_metadata((("gpuagent-seq", str(seq)),))
                     await context.abort(grpc.StatusCode[code], message)
                 yield item
         finally:

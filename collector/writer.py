@@ -51,6 +51,7 @@ class StorageError(RuntimeError):
 class Limits:
     max_samples_per_batch: int = 1_000_000
     max_rows_per_batch: int = 100_000       # probe results + job samples + job steps + events
+    max_series_per_batch: int = 100_000     # entries of the batch's series dictionary
     max_future_s: float = 86_400.0          # a timestamp may run ahead of the collector clock by this
 
 
@@ -112,15 +113,14 @@ def _samples_table(node_id: str, cols: pb.SampleColumns, max_ts: int) -> pa.Tabl
     sorted_ids = ids[order]
     if len(sorted_ids) > 1 and bool((sorted_ids[1:] == sorted_ids[:-1]).any()):
         raise BatchError("INVALID_ARGUMENT", "the series dictionary defines the same series id twice")
-    metrics, gpus, labels = [], [], []
-    for s in series:
-        if not s.metric:
-            raise BatchError("INVALID_ARGUMENT", f"series {s.id} has an empty metric name")
-        if s.gpu < -1:
-            raise BatchError("INVALID_ARGUMENT", f"series {s.id} has gpu index {s.gpu} (use -1 for host-level)")
-        metrics.append(s.metric)
-        gpus.append(s.gpu)
-        labels.append(_labels_text(s.labels))
+    metrics = [s.metric for s in series]
+    gpus = [s.gpu for s in series]
+    labels = [(",".join(f"{k}={lab[k]}" for k in sorted(lab)) if (lab := s.labels) else "") for s in series]
+    if not all(metrics):
+        raise BatchError("INVALID_ARGUMENT", f"series {series[metrics.index('')].id} has an empty metric name")
+    if min(gpus) < -1:
+        bad = next(s for s in series if s.gpu < -1)
+        raise BatchError("INVALID_ARGUMENT", f"series {bad.id} has gpu index {bad.gpu} (use -1 for host-level)")
 
     # The protobuf containers expose __array__, so these are C-speed copies, not Python loops.
     ts = np.asarray(cols.ts_ns, dtype=np.int64)
@@ -168,6 +168,11 @@ def prepare_batch(batch: pb.Batch, limits: Limits = Limits(), now_ns: int | None
         raise BatchError("RESOURCE_EXHAUSTED",
                          f"batch has {n_samples} samples, over the collector's limit of "
                          f"{limits.max_samples_per_batch} per batch; send smaller batches")
+    n_series = len(batch.samples.series)
+    if n_series > limits.max_series_per_batch:
+        raise BatchError("RESOURCE_EXHAUSTED",
+                         f"batch defines {n_series} series, over the collector's limit of "
+                         f"{limits.max_series_per_batch} per batch; send smaller batches")
     n_rows = len(batch.probe_results) + len(batch.job_samples) + len(batch.job_steps) + len(batch.events)
     if n_rows > limits.max_rows_per_batch:
         raise BatchError("RESOURCE_EXHAUSTED",
@@ -191,9 +196,12 @@ def prepare_batch(batch: pb.Batch, limits: Limits = Limits(), now_ns: int | None
                 raise BatchError("INVALID_ARGUMENT",
                                  f"probe {r.probe!r} has status {r.status!r}; expected one of "
                                  f"{', '.join(sorted(PROBE_STATUSES))}")
-            ended = r.ended_ns or r.started_ns
-            _check_ts(f"probe {r.probe!r} started_ns", r.started_ns, r.started_ns, max_ts)
-            if ended < r.started_ns:
+            # A result without times (e.g. a probe that failed before it started) takes the other time,
+            # else the batch's creation time, rather than costing the whole batch.
+            started = r.started_ns or r.ended_ns or batch.created_ns
+            ended = r.ended_ns or started
+            _check_ts(f"probe {r.probe!r} started_ns", started, started, max_ts)
+            if ended < started:
                 raise BatchError("INVALID_ARGUMENT", f"probe {r.probe!r} ended before it started")
             _check_ts(f"probe {r.probe!r} ended_ns", ended, ended, max_ts)
             key = _labels_text(r.params)
@@ -206,15 +214,15 @@ def prepare_batch(batch: pb.Batch, limits: Limits = Limits(), now_ns: int | None
             pr["params"].append(_json(r.params))
             pr["params_key"].append(key)
             pr["env"].append(_json(r.env))
-            pr["started_at"].append(r.started_ns)
+            pr["started_at"].append(started)
             pr["ended_at"].append(ended)
-            pr["duration_s"].append((ended - r.started_ns) / 1e9)
+            pr["duration_s"].append((ended - started) / 1e9)
             for metric in sorted(r.metrics):
                 pm["node_id"].append(node_id)
                 pm["probe"].append(r.probe)
                 pm["gpu"].append(gpu)
                 pm["params_key"].append(key)
-                pm["started_at"].append(r.started_ns)
+                pm["started_at"].append(started)
                 pm["metric"].append(metric)
                 pm["value"].append(r.metrics[metric])
         ts, s, i16, f64 = _ts_type(), pa.string(), pa.int16(), pa.float64()

@@ -34,7 +34,7 @@ def format_result(d: Mapping[str, Any]) -> str:
     if rows:
         widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
         lines.append("")
-        lines.append("  ".join(h.ljust(w) for h, w in zip(head, widths)))
+        lines.append("  ".join([head[0].ljust(widths[0])] + [h.rjust(w) for h, w in zip(head[1:], widths[1:])]))
         for r in rows:
             lines.append("  ".join([r[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(r[1:], widths[1:])]))
     env = d.get("env") or {}

@@ -1,7 +1,7 @@
 """GPU facts the CUDA probes need beyond torch: NVML handle, PCIe link, NUMA placement.
 
-Runs only inside probe subprocesses (pynvml is imported lazily; a node without NVML gets empty answers,
-never an exception). Theoretical PCIe rates per lane and direction come from the PCI-SIG base
+Runs only inside probe subprocesses. NVML goes through the agent's one choke point
+(gpuagent.agent.nvml.Nvml): a node without NVML gets empty answers, never an exception. Theoretical PCIe rates per lane and direction come from the PCI-SIG base
 specifications: Gen1 2.5 GT/s and Gen2 5 GT/s with 8b/10b encoding; Gen3 8, Gen4 16, Gen5 32 GT/s with
 128b/130b; Gen6 64 GT/s (PAM4, FLIT mode, no 8b/10b or 128b/130b; FLIT FEC/CRC overhead not deducted).
 """
@@ -25,24 +25,19 @@ def pcie_theoretical_gbps(gen: int, width: int) -> float | None:
 
 
 _NVML: Any = None
-_NVML_ERR = ""
 
 
 def nvml():
-    """The initialised pynvml module, or None (see ``nvml_error()``)."""
-    global _NVML, _NVML_ERR
-    if _NVML is None and not _NVML_ERR:
-        try:
-            import pynvml
-            pynvml.nvmlInit()
-            _NVML = pynvml
-        except Exception as exc:  # noqa: BLE001 - no driver, no library: report, don't raise
-            _NVML_ERR = f"NVML unavailable: {exc}"
-    return _NVML
+    """The agent's NVML choke point (gpuagent.agent.nvml.Nvml), or None when NVML is unavailable."""
+    global _NVML
+    if _NVML is None:
+        from gpuagent.agent.nvml import Nvml
+        _NVML = Nvml()
+    return _NVML if _NVML.available else None
 
 
 def nvml_error() -> str:
-    return _NVML_ERR
+    return "" if _NVML is None or _NVML.available else _NVML.reason
 
 
 def nvml_handle(torch_index: int):
@@ -54,18 +49,12 @@ def nvml_handle(torch_index: int):
     import torch
     props = torch.cuda.get_device_properties(torch_index)
     uuid = getattr(props, "uuid", None)
+    h = None
     if uuid is not None:
-        try:
-            return n.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}")
-        except Exception:  # noqa: BLE001
-            pass
-    bus = pci_bus_id(torch_index)
-    if bus:
-        try:
-            return n.nvmlDeviceGetHandleByPciBusId(bus)
-        except Exception:  # noqa: BLE001
-            pass
-    return None
+        h = n.query("nvmlDeviceGetHandleByUUID", f"GPU-{uuid}", report=False)
+    if h is None and pci_bus_id(torch_index):
+        h = n.query("nvmlDeviceGetHandleByPciBusId", pci_bus_id(torch_index), report=False)
+    return h
 
 
 def pci_bus_id(torch_index: int) -> str:
@@ -87,10 +76,9 @@ def link(handle) -> dict[str, int]:
                     ("link_width", "nvmlDeviceGetCurrPcieLinkWidth"),
                     ("link_gen_max", "nvmlDeviceGetMaxPcieLinkGeneration"),
                     ("link_width_max", "nvmlDeviceGetMaxPcieLinkWidth")):
-        try:
-            out[key] = int(getattr(n, fn)(handle))
-        except Exception:  # noqa: BLE001
-            pass
+        v = n.query(fn, handle)
+        if v is not None:
+            out[key] = int(v)
     return out
 
 

@@ -2,7 +2,8 @@
 
 Every figure is a median over ``repeats`` rounds. Where a Python loop is the vehicle, the cost of the
 same loop calling a no-op C builtin (``sys.getrecursionlimit``: same calling convention, no syscall) is
-measured in the same round and subtracted, so the figure is the cost of the thing itself:
+measured right before it (in 10 interleaved chunks; the median chunk difference counts) and subtracted,
+so the figure is the cost of the thing itself:
   * syscall_ns: ``os.getppid()`` (a real syscall, never cached by libc) minus the no-op call;
   * clock_gettime_ns: ``time.monotonic_ns()`` (clock_gettime(CLOCK_MONOTONIC), normally through the vDSO;
     it becomes a real syscall when the clocksource cannot be read from user space, e.g. xen or hpet)
@@ -52,12 +53,17 @@ def _loop_ns(fn, n: int) -> int:
     return time.perf_counter_ns() - t0
 
 
-def _per_call_ns(fn, n: int) -> float:
-    """Per-call cost of ``fn`` minus the same loop around a no-op C builtin, measured back to back."""
+def _per_call_ns(fn, n: int, chunks: int = 10) -> float:
+    """Per-call cost of ``fn`` minus the same loop around a no-op C builtin. The ``n`` calls are split in
+    ``chunks`` back-to-back (baseline, target) pairs and the median pair difference is kept, so a
+    chunk hit by preemption or an interrupt does not move the figure."""
     noop = sys.getrecursionlimit
-    base = _loop_ns(noop, n)
-    t = _loop_ns(fn, n)
-    return max(0.0, (t - base) / n)
+    k = max(1, n // chunks)
+    diffs = []
+    for _ in range(chunks):
+        base = _loop_ns(noop, k)
+        diffs.append((_loop_ns(fn, k) - base) / k)
+    return max(0.0, statistics.median(diffs))
 
 
 def _page_fault_ns(mib: int) -> float:

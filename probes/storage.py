@@ -4,10 +4,11 @@ How it measures (the fio equivalent in brackets, which benchmarks/probe_accuracy
   * seq_write_gbps: writes a fresh file of ``size_mib`` in 1 MiB O_DIRECT blocks of random bytes, then
     fdatasync; the time includes the fdatasync [fio rw=write bs=1M direct=1 ioengine=psync end_fsync=1];
   * seq_read_gbps: reads it back in 1 MiB O_DIRECT blocks, one at a time [rw=read bs=1M direct=1 psync];
-  * rand_read_iops, p50/p99 latency: ``queue_depth`` threads, each issuing blocking os.preadv of 4 KiB at
-    random aligned offsets on one shared O_DIRECT descriptor for ``rand_seconds`` (preadv releases the
-    GIL, so QD requests really are in flight together) [rw=randread bs=4k direct=1 ioengine=psync
-    numjobs=QD time_based]. Latency is per request, measured around preadv (Python adds ~1-2 µs).
+  * rand_read_iops, p50/p99 latency: ``queue_depth`` forked worker processes, each with its own O_DIRECT
+    descriptor issuing blocking os.preadv of 4 KiB at random aligned offsets for ``rand_seconds``, so QD
+    requests are in flight together with no GIL between them [rw=randread bs=4k direct=1
+    ioengine=psync numjobs=QD time_based]. Latency is per request, measured around preadv (the Python
+    call adds ~1 µs); under heavy CPU contention a worker waiting for a CPU shows up in the tail.
 Safety: it checks free space first and refuses (skipped, with the numbers) if writing the file would
 leave less than ``min_free_percent`` of the filesystem free; the file has a unique name, is removed in a
 finally block (SIGTERM from the runner unwinds into it), and files left by a killed run (SIGKILL) are
@@ -20,12 +21,14 @@ buffered I/O, reports o_direct=0 and says that the page cache may be in play; on
 
 from __future__ import annotations
 
+import array
 import errno
 import mmap
 import os
 import random
 import re
-import threading
+import signal
+import struct
 import time
 import uuid
 from typing import Any
@@ -116,48 +119,86 @@ def _seq_read(fd: int, size: int) -> float:
         buf.close()
 
 
-def _rand_read(fd: int, size: int, qd: int, seconds: float, seed: int) -> tuple[int, float, list[int]]:
-    """(completed reads, elapsed s, per-read latencies in ns) for ``qd`` threads for ``seconds``."""
+def _rand_child(path: str, direct: bool, nblocks: int, seed: int, start_r: int, out_w: int) -> None:
+    """One worker: its own descriptor, one blocking 4 KiB read in flight at a time, until the deadline."""
+    fd = _open(path, os.O_RDONLY, direct)
+    buf = _aligned(RAND_BLOCK)
+    bufs = [buf]
+    pick = random.Random(seed).randrange
+    lats = array.array("q")
+    add = lats.append
+    preadv, clock = os.preadv, time.monotonic_ns
+    deadline = struct.unpack("q", os.read(start_r, 8))[0]
+    first = t1 = clock()
+    while t1 < deadline:
+        off = pick(nblocks) * RAND_BLOCK
+        t0 = clock()
+        preadv(fd, bufs, off)
+        t1 = clock()
+        add(t1 - t0)
+    with os.fdopen(out_w, "wb") as f:
+        f.write(struct.pack("qqq", first, t1, len(lats)) + lats.tobytes())
+
+
+def _rand_read(path: str, direct: bool, size: int, qd: int, seconds: float, seed: int
+               ) -> tuple[int, float, list[int]]:
+    """(completed reads, elapsed s, per-read latencies in ns) of ``qd`` worker processes for ``seconds``.
+
+    Processes, not threads: no GIL hand-offs between workers, the model of fio's psync numjobs=QD."""
     nblocks = size // RAND_BLOCK
-    barrier = threading.Barrier(qd + 1)
-    lat_lists: list[list[int]] = [[] for _ in range(qd)]
-    errors: list[BaseException] = []
-    stop_at = [0.0]
-
-    def worker(i: int) -> None:
-        buf = _aligned(RAND_BLOCK)
-        rng = random.Random(seed * 1000 + i)
-        lats = lat_lists[i]
-        preadv, clock, pick = os.preadv, time.perf_counter_ns, rng.randrange
-        try:
-            barrier.wait()
-            deadline = stop_at[0]
-            while True:
-                off = pick(nblocks) * RAND_BLOCK
-                t0 = clock()
-                preadv(fd, [buf], off)
-                t1 = clock()
-                lats.append(t1 - t0)
-                if t1 >= deadline:
-                    break
-        except BaseException as exc:  # noqa: BLE001 - reported by the caller
-            errors.append(exc)
-        finally:
-            buf.close()
-
-    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(qd)]
-    for t in threads:
-        t.start()
-    t0 = time.perf_counter_ns()
-    stop_at[0] = t0 + int(seconds * 1e9)
-    barrier.wait()
-    for t in threads:
-        t.join()
-    elapsed = (time.perf_counter_ns() - t0) / 1e9
-    if errors:
-        raise errors[0]
-    lats = [x for lst in lat_lists for x in lst]
-    return len(lats), elapsed, lats
+    children: list[tuple[int, int, int]] = []
+    try:
+        for i in range(qd):
+            start_r, start_w = os.pipe()
+            out_r, out_w = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # worker
+                code = 1
+                try:
+                    os.close(start_w)
+                    os.close(out_r)
+                    _rand_child(path, direct, nblocks, seed * 1000 + i, start_r, out_w)
+                    code = 0
+                except BaseException:  # noqa: BLE001 - the parent reports a failed worker
+                    import traceback
+                    traceback.print_exc()
+                finally:
+                    os._exit(code)
+            os.close(start_r)
+            os.close(out_w)
+            children.append((pid, start_w, out_r))
+        deadline = time.monotonic_ns() + 20_000_000 + int(seconds * 1e9)  # all start together
+        for _, start_w, _ in children:
+            os.write(start_w, struct.pack("q", deadline))
+        firsts, lasts, lats = [], [], array.array("q")
+        for pid, start_w, out_r in children:
+            with os.fdopen(out_r, "rb") as f:
+                data = f.read()
+            os.close(start_w)
+            _, status = os.waitpid(pid, 0)
+            children = [c for c in children if c[0] != pid]
+            if status != 0 or len(data) < 24:
+                raise OSError(errno.EIO, f"a random-read worker failed (wait status {status})")
+            first, last, n = struct.unpack("qqq", data[:24])
+            firsts.append(first)
+            lasts.append(last)
+            part = array.array("q")
+            part.frombytes(data[24:24 + 8 * n])
+            lats.extend(part)
+    finally:
+        for pid, start_w, out_r in children:  # only on error: leave no worker behind
+            for fd in (start_w, out_r):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+    elapsed = (max(lasts) - min(firsts)) / 1e9
+    return len(lats), elapsed, list(lats)
 
 
 def _pct(sorted_vals: list[int], q: float) -> float:
@@ -181,7 +222,7 @@ def run(params: dict[str, Any]) -> ProbeResult:
     env: dict[str, Any] = {"backend": "cpu", "path": os.path.abspath(p["file"] or p["path"]),
                            "device": blockdev.device_for_path(target_dir),
                            "fs_type": blockdev.fs_type_for_path(target_dir),
-                           "concurrency": f"{qd} threads x blocking preadv (fio: ioengine=psync numjobs={qd})"}
+                           "concurrency": f"{qd} processes x blocking preadv (fio: ioengine=psync numjobs={qd})"}
     if not os.path.isdir(target_dir):
         return ProbeResult.skipped("storage", f"directory {target_dir} does not exist", p, env)
 
@@ -240,7 +281,7 @@ def run(params: dict[str, Any]) -> ProbeResult:
             notes.append(f"O_DIRECT is not available or not effective on {env['fs_type'] or 'this filesystem'}; "
                          "buffered I/O was used, so the page cache may be in play")
         read_s = _seq_read(fd, size)
-        n, elapsed, lats = _rand_read(fd, size, qd, float(p["rand_seconds"]), int(p["seed"]))
+        n, elapsed, lats = _rand_read(path, direct, size, qd, float(p["rand_seconds"]), int(p["seed"]))
     finally:
         if fd >= 0:
             os.close(fd)

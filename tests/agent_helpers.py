@@ -33,7 +33,9 @@ def agent_env(tmp_path: Path, **extra: str) -> dict[str, str]:
 def _empty_config(tmp_path: Path) -> Path:
     p = tmp_path / "agent-test.toml"
     if not p.exists():
-        p.write_text("# test config: everything from flags/env\n")
+        # Everything else from flags/env. Probes off: these tests are about the data path (a test that
+        # wants probes passes its own GPUAGENT_CONFIG).
+        p.write_text("[probes]\nenabled = false\n")
     return p
 
 

@@ -83,6 +83,7 @@ def test_config_file_from_env_and_token_file(tmp_path):
     ("[jobs]\ncmdline_regex = [\"(\"]\n", {}, "jobs.cmdline_regex (from config file"),
     ("[jobs]\nrulez = 1\n", {}, "unknown key 'jobs.rulez'"),
     ("interval_s = [1\n", {}, "is not valid TOML"),
+    ("[probes]\nhost = 3\n", {}, "[probes] (from config file"),
     ("", {"GPUAGENT_INTERVAL": "soon"}, "agent.interval_s (from environment GPUAGENT_INTERVAL)"),
     ("", {"GPUAGENT_LABELS": "justtext"}, "GPUAGENT_LABELS"),
 ])

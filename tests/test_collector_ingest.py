@@ -169,3 +169,17 @@ def test_many_concurrent_streams_share_the_writer(collector, stub):
     res = json.loads(stub.Query(pb.QueryRequest(sql="SELECT count(*) FROM samples")).rows_json)
     assert res == [[8 * 20 * 300]]
     assert collector.writer.stats["groups"] <= 8 * 20
+
+
+def test_probe_result_without_times_takes_the_batch_time(collector, stub):
+    node_id = stub.Register(pb.RegisterRequest(node=node_info())).node_id
+    created = NOW_NS - 5 * 10**9
+    b = pb.Batch(node_id=node_id, seq=1, created_ns=created)
+    b.probe_results.add(probe="collective", status="failed", reason="gloo init timed out", gpu=-1)
+    b.probe_results.add(probe="host", status="ok", ended_ns=created - 10**9, metrics={"syscall_ns": 80.0})
+    assert [a.seq for a in stub.Stream(iter([b]))] == [1]
+    got = json.loads(stub.Query(pb.QueryRequest(
+        sql="SELECT probe, epoch_us(started_at), epoch_us(ended_at), duration_s FROM probe_results "
+            "ORDER BY probe")).rows_json)
+    assert got == [["collective", created // 1000, created // 1000, 0.0],
+                   ["host", (created - 10**9) // 1000, (created - 10**9) // 1000, 0.0]]

@@ -56,7 +56,7 @@ def test_env_rules_find_real_processes(procs):
     ranked = _spawn(IDLE, RANK="0", WORLD_SIZE="1")
     plain = _spawn(IDLE)
     procs.extend([slurm, elastic, ranked, plain])
-    jd = JobDiscovery(scan_interval_s=0, end_grace_s=0.5)
+    jd = JobDiscovery(scan_interval_s=0, end_grace_s=0.5, orphan_grace_s=0)
     sink = ListSink()
 
     def by_pid():
@@ -110,11 +110,15 @@ def test_torchrun_launcher_and_workers_share_a_job(tmp_path):
 
     try:
         _tick_until(jd, sink, lambda: {0, 1} <= {s["rank"] for s in mine()}, "2 torchrun workers", timeout=90)
-        launcher = [s for s in sink.job_samples if s["pid"] == p.pid]
-        assert launcher and launcher[-1]["source"] == "rule"      # matched by the torchrun cmdline rule
         workers = mine()
         assert len({s["job_id"] for s in workers}) == 1 and workers[0]["job_id"].startswith("torchelastic:")
         assert {s["world_size"] for s in workers} == {2} and {s["local_rank"] for s in workers} == {0, 1}
+        # The launcher (matched by the torchrun cmdline rule, no job env of its own) joins its workers'
+        # job instead of appearing as a pid:<launcher> job of its own.
+        _tick_until(jd, sink, lambda: [s for s in sink.job_samples if s["pid"] == p.pid], "the launcher's sample")
+        launcher = [s for s in sink.job_samples if s["pid"] == p.pid]
+        assert {s["job_id"] for s in launcher} == {workers[0]["job_id"]} and launcher[-1]["rank"] == -1
+        assert not [e for e in sink.events if e.kind == "job_start" and e.attrs["job_id"] == f"pid:{p.pid}"]
     finally:
         # SIGTERM makes torchrun stop its workers (each runs in its own session); then make sure
         note_children()

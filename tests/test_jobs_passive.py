@@ -73,3 +73,37 @@ def test_tracked_process_is_a_job_under_the_receivers_id(procs):
     jd.sample(now_ns(), sink)
     (row,) = [r for r in sink.job_samples if r["pid"] == plain.pid]
     assert (row["job_id"], row["source"]) == ("torchelastic:set-at-runtime", "tracker")
+
+
+FORK_THEN_EXEC = """
+import os, sys, time
+pid = os.fork()
+if pid == 0:
+    time.sleep(1.0)      # seen in this window, the child still looks like its (job-less) parent
+    env = dict(os.environ, RANK="0", WORLD_SIZE="1", GPUAGENT_JOB_ID=sys.argv[1])
+    os.execve(sys.executable, [sys.executable, "-c", "import time; time.sleep(120)"], env)
+print(pid, flush=True)
+time.sleep(120)
+"""
+
+
+def test_process_seen_before_its_exec_is_identified_after_it(procs):
+    import time as _time
+    tag = f"forkexec-{os.getpid()}-{_time.monotonic_ns() % 100000}"
+    parent = subprocess.Popen([sys.executable, "-c", FORK_THEN_EXEC, tag], stdout=subprocess.PIPE, text=True)
+    procs.append(parent)
+    child = int(parent.stdout.readline())
+    jd = JobDiscovery(scan_interval_s=0, end_grace_s=30)
+    sink = ListSink()
+    try:
+        jd.sample(now_ns(), sink)                 # the child is in its pre-exec second now
+        assert child in jd._procs and jd._procs[child].ident is None
+        rows = wait_for(lambda: (jd.sample(now_ns(), sink),
+                                 [r for r in sink.job_samples if r["pid"] == child])[1],
+                        timeout=20, interval=0.2, what="the exec'd child as a job process")
+        assert rows[-1]["job_id"] == tag and rows[-1]["rank"] == 0
+    finally:
+        try:
+            os.kill(child, 9)
+        except ProcessLookupError:
+            pass

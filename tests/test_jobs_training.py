@@ -92,7 +92,8 @@ def run(tmp_path_factory):
         def q(sql: str):
             return client.query(col.address, sql).rows
 
-        yield {"q": q, "results": results, "status_seen": status_seen, "state": state}
+        launchers = {name: p.pid for name, (p, _) in jobs.items()}
+        yield {"q": q, "results": results, "status_seen": status_seen, "state": state, "launchers": launchers}
     finally:
         for p in procs:
             if p.poll() is None:
@@ -111,6 +112,10 @@ def test_tracked_job_discovered_with_ranks_and_step_times_match(run):
                      >= {0, 1} and q(f"SELECT DISTINCT rank FROM job_samples WHERE job_id = '{job_id}'"),
                      timeout=20, what="job_samples for both ranks")
     assert {r[0] for r in ranks} >= {0, 1}
+    # The torchrun launcher is part of the job too (rank -1), not a job of its own.
+    launcher = run["launchers"]["fast"]
+    assert q(f"SELECT DISTINCT job_id, rank FROM job_samples WHERE pid = {launcher}") == [[job_id, None]]
+    assert q(f"SELECT count(*) FROM jobs WHERE job_id = 'pid:{launcher}'") == [[0]]
     # Step times: every step of both ranks is in job_steps, and the stored p50 matches the job's own.
     rows = wait_for(lambda: (lambda r: r if sum(x[1] for x in r) >= 2 * STEPS else None)(
         q(f"SELECT rank, steps, step_time_p50_s, data_wait_fraction, samples_per_s, pid FROM job_steps "
@@ -164,9 +169,13 @@ def test_slowed_data_loader_raises_data_wait_fraction(run):
 
 def test_status_showed_live_throughput(run):
     fast_id = run["results"]["fast"][0]["job_id"]
-    seen = [t for st in run["status_seen"] for t in st["job_throughput"] if t["job_id"] == fast_id]
-    if not seen:   # the job can finish within one tick; its last window stays visible for a while
-        st = read_status(run["state"])
-        seen = [t for t in st.get("job_throughput", []) if t["job_id"] == fast_id]
+    from gpuagent.agent.status import render
+
+    statuses = [st for st in run["status_seen"] if any(t["job_id"] == fast_id for t in st["job_throughput"])]
+    if not statuses:   # the job can finish within one tick; its last window stays visible for a while
+        statuses = [read_status(run["state"])]
+    seen = [t for t in statuses[-1].get("job_throughput", []) if t["job_id"] == fast_id]
     assert seen, "gpuagent status never showed the tracked job's throughput"
     assert seen[-1]["ranks"] == [0, 1] and seen[-1]["samples_per_s"] > 0 and seen[-1]["steps_per_s"] > 0
+    text = render(statuses[-1])
+    assert "Training throughput" in text and fast_id in text and "0,1" in text

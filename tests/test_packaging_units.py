@@ -54,3 +54,12 @@ def test_agent_unit_allows_nvidia_devices_and_state_dir():
     assert "DevicePolicy=closed" in text and "DeviceAllow=char-nvidia* rw" in text
     assert "ReadWritePaths=/var/lib/gpuagent" in text and "StateDirectory=gpuagent" in text
     assert "MALLOC_ARENA_MAX=2" in text
+
+
+def test_example_configs_load():
+    """packaging/agent.toml and collector.toml are valid for the code that reads them."""
+    from gpuagent.agent.config import load_config
+    from gpuagent.collector.analyzer import AnalyzerConfig
+    cfg = load_config(str(ROOT / "packaging" / "agent.toml"), env={})
+    assert cfg.interval_s == 1.0 and cfg.labels["pool"] == "a100-80g-cloud"
+    assert AnalyzerConfig.from_toml(ROOT / "packaging" / "collector.toml") is not None

@@ -1,0 +1,128 @@
+"""Issue 6, "a slowed job is noticed": the same real DDP job (gloo, CPU, torchrun) run normally and with
+a slowed data loader, on a node whose GPUs come from the fake NVML backend (the one allowed fake;
+GPU utilization here is SYNTHETIC: the fake reports 30 % for every GPU and for every job process this
+test places on a GPU). The real agent (in-process: the real Agent class, with that fake behind its NVML
+seam) and the real collector (loopback gRPC, DuckDB in tmp_path) run their real analyzer: the slowed
+job's GPUs get an input-bound utilization_gap from its measured data-wait fraction; the normal job's
+do not."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from types import MappingProxyType
+
+import pytest
+
+pytest.importorskip("torch")
+server = pytest.importorskip("gpuagent.collector.server", reason="the collector is not in this tree yet")
+analyzer = pytest.importorskip("gpuagent.collector.analyzer", reason="the analyzer is not in this tree yet")
+client = pytest.importorskip("gpuagent.collector.client")
+psutil = pytest.importorskip("psutil")
+
+from fake_nvml import H100_8GPU, FakeNvmlBackend  # noqa: E402
+from gpuagent.agent.config import AgentConfig, CollectorConfig  # noqa: E402
+from gpuagent.agent.daemon import Agent, build_node_info  # noqa: E402
+from gpuagent.agent.gpu_sampler import GpuSampler  # noqa: E402
+from gpuagent.agent.host_sampler import HostSampler  # noqa: E402
+from gpuagent.agent.job_discovery import JobDiscovery  # noqa: E402
+from gpuagent.agent.nvml import Nvml  # noqa: E402
+from tests.conftest import wait_for  # noqa: E402
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[1]
+STEPS = 50
+SYNTHETIC_GPU_UTIL = 30
+
+
+def test_slowed_loader_raises_input_bound_utilization_gap(tmp_path):
+    col = server.start_collector(tmp_path / "collector.duckdb", "127.0.0.1:0",
+                                 analyzer_config=analyzer.AnalyzerConfig(min_minutes=1), analyze=False)
+    backend = FakeNvmlBackend(H100_8GPU)
+    for g in backend.gpus:
+        g["processes"] = []
+        g["util_gpu_percent"] = SYNTHETIC_GPU_UTIL
+    gpu = GpuSampler(Nvml(backend=backend))
+    samplers = [HostSampler(), gpu, JobDiscovery(gpu_sampler=gpu, scan_interval_s=0.25, end_grace_s=2)]
+    sock = str(tmp_path / "jobs.sock")
+    cfg = AgentConfig(collector=CollectorConfig(address=col.address), interval_s=0.25, batch_interval_s=0.5,
+                      state_dir=str(tmp_path / "state"),
+                      jobs=MappingProxyType({"step_socket": sock, "step_window_s": 60.0}))
+    agent = Agent(cfg, samplers=samplers, node_info=build_node_info(cfg, samplers))
+    runner = threading.Thread(target=agent.run, name="agent", daemon=True)
+    runner.start()
+    procs: dict[str, subprocess.Popen] = {}
+    try:
+        wait_for(lambda: agent.job_steps is not None and agent.ticks >= 1, timeout=30, what="the agent running")
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID",
+                            "GPUAGENT_JOB_ID", "MASTER_ADDR", "MASTER_PORT")}
+        env.update(GPUAGENT_JOBS_SOCKET=sock, OMP_NUM_THREADS="1")
+        first_gpu = {"normal": 0, "slowed": 2}
+        for name, extra in (("normal", []), ("slowed", ["--data-sleep-ms", "50"])):
+            (tmp_path / name).mkdir()
+            procs[name] = subprocess.Popen(
+                [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                 str(ROOT / "examples" / "train_ddp.py"), "--steps", str(STEPS), "--name", name,
+                 "--results-dir", str(tmp_path / name), *extra],
+                env=env, cwd=ROOT, stdout=open(tmp_path / f"{name}.log", "wb"), stderr=subprocess.STDOUT,
+                start_new_session=True)
+        placed: set[int] = set()
+
+        def place_workers_and_check_done():
+            # Each rank of a job "runs on" its own fake GPU: rank r of job j on GPU first_gpu[j] + r.
+            for name, p in procs.items():
+                try:
+                    kids = psutil.Process(p.pid).children()
+                except psutil.NoSuchProcess:
+                    continue
+                for k in kids:
+                    if k.pid in placed:
+                        continue
+                    try:
+                        rank = int(k.environ().get("RANK", "-1"))
+                    except (psutil.Error, ValueError):
+                        continue
+                    if rank >= 0:
+                        backend.add_process(first_gpu[name] + rank, k.pid, 8 << 30, SYNTHETIC_GPU_UTIL)
+                        placed.add(k.pid)
+            return all(p.poll() is not None for p in procs.values())
+
+        wait_for(place_workers_and_check_done, timeout=150, interval=0.1, what="both jobs to finish")
+        for name, p in procs.items():
+            assert p.returncode == 0, (tmp_path / f"{name}.log").read_text()[-2000:]
+        assert len(placed) == 4, placed
+        job_ids = {name: json.loads((tmp_path / name / "rank0.json").read_text())["job_id"] for name in procs}
+
+        def q(sql):
+            return client.query(col.address, sql).rows
+
+        def steps_stored():
+            return all(q(f"SELECT coalesce(sum(steps), 0) FROM job_steps WHERE job_id = '{j}'")[0][0] == 2 * STEPS
+                       for j in job_ids.values())
+        wait_for(steps_stored, timeout=30, what="both jobs' steps in job_steps")
+        wait_for(lambda: q("SELECT count(DISTINCT gpu) FROM job_samples WHERE gpu >= 0")[0][0] >= 4,
+                 timeout=30, what="job samples naming the four GPUs")
+        result = client.analyze(col.address)
+        gaps = {(f["gpu"], f["component"]): f for f in result.flags if f["kind"] == "utilization_gap"}
+        for g in (2, 3):
+            flag = gaps.get((g, "input_bound"))
+            assert flag is not None, f"no input-bound gap on GPU {g}: {sorted(gaps)}"
+            evidence = json.loads(flag["evidence"])
+            assert evidence["data_wait_fraction"] >= 0.25 and job_ids["slowed"] in evidence["jobs"]
+            print(f"GPU {g}: {flag['sentence']}")
+        for g in (0, 1):
+            assert (g, "input_bound") not in gaps, gaps[(g, "input_bound")]["sentence"]
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(timeout=10)
+        agent.stop()
+        runner.join(timeout=30)
+        col.stop()
