@@ -338,6 +338,16 @@ class CollectorHandle:
     def writer(self) -> Writer:
         return self._writer
 
+    def problem(self) -> str | None:
+        """None while the server and the writer work; else one sentence on what stopped working."""
+        if self._writer.fatal is not None:
+            return self._writer.fatal
+        if not self._writer.alive():
+            return "the database writer thread has stopped"
+        if self._thread is not None and not self._thread.is_alive() and not self._closed:
+            return "the gRPC server thread has stopped"
+        return None
+
     def stop(self, grace: float | None = None) -> None:
         """Stop accepting calls, store everything already queued, commit and close the database."""
         with self._lock:
