@@ -198,6 +198,7 @@ class Agent:
                 log.exception("closing the job-step window failed")
         try:
             self.flush()
+            self.flush()     # events the first flush raised (e.g. spool_dropped) go into one more batch
         except Exception:  # noqa: BLE001
             log.exception("final flush to the spool failed")
         self.sender.stop(grace_s=SHUTDOWN_SEND_GRACE_S)

@@ -236,3 +236,35 @@ def test_wrong_token_is_a_clear_status_line(tmp_path):
     finally:
         stop(agent)
         c.stop()
+
+
+def test_size_capped_spool_drops_oldest_with_exact_accounting(tmp_path):
+    """Collector down, spool capped at 64 KiB: the agent drops the oldest batches and counts exactly
+    what it lost; after the collector comes back, stored + dropped = everything the agent sampled."""
+    port = free_port()
+    state = tmp_path / "state"
+    agent = start_agent(tmp_path, f"127.0.0.1:{port}", state, interval=0.2, batch_interval=0.2,
+                        GPUAGENT_SPOOL_MAX_BYTES="64KiB")
+    try:
+        wait_running(state, agent)
+        wait_for(lambda: read_status(state)["spool"]["dropped_batches"] >= 5, timeout=60, what="oldest batches dropped")
+    finally:
+        assert stop(agent) == 0
+    st = read_status(state)
+    sp, total = st["spool"], st["counters"]["samples"]
+    assert sp["backlog_bytes"] <= 64 * 1024
+    assert sp["backlog_samples"] + sp["dropped_samples"] == total
+    last_seq = sp["newest_seq"]
+    assert sp["oldest_seq"] == sp["dropped_batches"] + 1          # exactly the oldest ones went
+    c = Collector(tmp_path, port=port).start()
+    agent2 = start_agent(tmp_path, c.address, state, interval=0.5, batch_interval=0.5, log_name="agent2.log",
+                         GPUAGENT_SPOOL_MAX_BYTES="64KiB")
+    try:
+        wait_for(lambda: _delivered_upto(state, last_seq), timeout=60, what="the kept batches delivered")
+        n_batches, n_samples = c.sql(f"SELECT count(*), sum(n_samples) FROM ingest_log WHERE seq <= {last_seq}")[0]
+        assert n_batches + sp["dropped_batches"] == last_seq
+        assert n_samples + sp["dropped_samples"] == total
+        assert c.sql("SELECT count(*) FROM events WHERE kind = 'spool_dropped'")[0][0] >= 1
+    finally:
+        stop(agent2)
+        c.stop()
