@@ -268,3 +268,33 @@ def test_size_capped_spool_drops_oldest_with_exact_accounting(tmp_path):
     finally:
         stop(agent2)
         c.stop()
+
+
+def test_state_dir_reset_renumbers_instead_of_losing_batches(tmp_path):
+    """The collector knows seqs up to N for this machine, the agent's state dir is wiped and it spools
+    batches 1..k offline: on Register it moves past N and renumbers, so none is taken for a resend."""
+    import shutil
+    c = Collector(tmp_path).start()
+    state = tmp_path / "state"
+    agent = start_agent(tmp_path, c.address, state, interval=0.2, batch_interval=0.2)
+    try:
+        wait_for(lambda: c.sql("SELECT count(*) FROM ingest_log")[0][0] >= 8, timeout=60, what="8 batches stored")
+    finally:
+        stop(agent)
+    c.stop()
+    shutil.rmtree(state)
+    offline_from = time.time_ns()
+    agent = start_agent(tmp_path, c.address, state, interval=0.2, batch_interval=0.2, log_name="agent2.log")
+    try:
+        wait_for(lambda: (read_status(state) or {}).get("spool", {}).get("backlog_batches", 0) >= 3, timeout=30,
+                 what="batches spooled after the reset")
+        offline_to = time.time_ns()
+        c.start()
+        high = c.sql("SELECT max(seq) FROM ingest_log")[0][0]
+        wait_for(lambda: _delivered_upto(state, high + 3), timeout=60, what="renumbered batches delivered")
+        n = c.sql(f"SELECT count(*) FROM samples WHERE epoch_ns(ts) BETWEEN {offline_from} AND {offline_to}")[0][0]
+        assert n > 0, "the samples spooled after the state reset were lost"
+        assert "spooled batches renumbered" in (tmp_path / "agent2.log").read_text()
+    finally:
+        stop(agent)
+        c.stop()
