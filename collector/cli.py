@@ -55,8 +55,10 @@ def _write_port_file(path: str, port: int) -> None:
 @click.option("--reflection", is_flag=True, help="Serve gRPC reflection (off by default).")
 @click.option("--port-file", type=click.Path(dir_okay=False), default=None,
               help="Write the bound port to this file once listening.")
-@click.option("--max-samples-per-batch", type=click.IntRange(1), default=1_000_000, show_default=True)
-@click.option("--max-message-bytes", type=click.IntRange(1024), default=64 * 1024 * 1024, show_default=True)
+@click.option("--max-samples-per-batch", type=click.IntRange(1), default=1_000_000, show_default=True,
+              help="Larger batches are refused with RESOURCE_EXHAUSTED.")
+@click.option("--max-message-bytes", type=click.IntRange(1024), default=64 * 1024 * 1024, show_default=True,
+              help="Largest gRPC message accepted (RESOURCE_EXHAUSTED beyond).")
 @click.option("--memory-limit", default="512MB", show_default=True,
               help="DuckDB memory limit (queries and inserts spill beyond it).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",

@@ -59,6 +59,10 @@ def _cell(v) -> str:
     if v is None:
         return "NULL"
     if isinstance(v, float):
+        if v.is_integer() and abs(v) < 1e16:
+            return str(int(v))
+        if 1e-4 <= abs(v) < 1e16:
+            return f"{v:.6f}".rstrip("0").rstrip(".")
         return f"{v:.6g}"
     if isinstance(v, (dict, list)):
         return json.dumps(v)
@@ -78,9 +82,13 @@ def format_result(result: QueryResult, fmt: str = "table") -> str:
         return buf.getvalue().rstrip("\n")
     cells = [[_cell(v) for v in r] for r in result.rows]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(result.columns)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(result.columns, widths)),
+    numeric = [bool(result.rows) and all(isinstance(r[i], (int, float)) and not isinstance(r[i], bool)
+                                          or r[i] is None for r in result.rows)
+               for i in range(len(result.columns))]
+    lines = ["  ".join(c.rjust(w) if num else c.ljust(w) for c, w, num in zip(result.columns, widths, numeric)),
              "  ".join("-" * w for w in widths)]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
+    lines += ["  ".join(c.rjust(w) if num else c.ljust(w) for c, w, num in zip(r, widths, numeric)).rstrip()
+              for r in cells]
     n = len(result.rows)
     lines.append(f"({n} row{'s' if n != 1 else ''}{', truncated' if result.truncated else ''})")
     return "\n".join(lines)

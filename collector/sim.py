@@ -35,7 +35,7 @@ import grpc
 
 from gpuagent.collector.sim_data import NS, NodeSim, SimTiming
 from gpuagent.collector.sim_fleet import (GPU_MODELS, NodeSpec, ScenarioError, load_scenario_file,
-                                          scenario_fleet)
+                                          scenario_fleet, validate)
 from gpuagent.proto import pb, pb_grpc
 
 AGENT_VERSION = "gpuagent-sim/0.1.0 (SYNTHETIC)"
@@ -144,6 +144,8 @@ def validate_config(config: SimConfig) -> None:
         (config.sim_hours > 0, "--sim-hours must be positive"),
         (config.duration_s is None or config.duration_s > 0, "--duration must be positive"),
         (config.speed >= 0, "--speed must be 0 (as fast as possible) or positive"),
+        (config.duration_s is None or config.speed == 0,
+         "--speed paces a --sim-hours backfill; --duration always runs in real time"),
         (config.interval_s > 0, "--interval-s must be positive"),
         (config.batch_s >= config.interval_s, "--batch-s must be at least --interval-s"),
         (config.probe_interval_s >= 120, "--probe-interval-s must be at least 120 (a probe round takes ~105 s)"),
@@ -288,12 +290,12 @@ def _run_slice(config: SimConfig, fleet: list[NodeSpec], start_ns: int, end_ns: 
 def run_sim(config: SimConfig, fleet: list[NodeSpec] | None = None) -> SimSummary:
     """Run a SYNTHETIC fleet against ``config.collector`` and return what was sent and acked.
 
-    ``fleet`` defaults to :func:`build_fleet`. Raises :class:`ScenarioError` for an impossible scenario and
+    ``fleet`` defaults to :func:`build_fleet`; a given fleet is validated (and completed) node by node. Raises :class:`ScenarioError` for an impossible scenario and
     :class:`SimError` when the collector cannot be reached or refuses the credentials. Per-node stream
     errors do not stop the others; they are listed in ``summary.errors``.
     """
     validate_config(config)
-    fleet = build_fleet(config) if fleet is None else fleet
+    fleet = build_fleet(config) if fleet is None else [validate(n) for n in fleet]
     if not fleet:
         raise ScenarioError("the fleet has no nodes")
     start_ns, end_ns, live = _span(config)

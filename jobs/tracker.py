@@ -67,6 +67,7 @@ class Tracker:
         wire.STEPS_BODY.pack_into(self._buf, wire.HEADER.size, self.pid, self.rank, self._tracker_id)
         self._n = 0
         self._sock: socket.socket | None = None
+        self._hello_pending = False
         self._next_connect = 0
         self._closed = False
         now = _perf()
@@ -263,6 +264,17 @@ class Tracker:
             if sock is None:
                 self.dropped += n
                 return
+        if self._hello_pending:
+            try:
+                sock.send(self._hello(), _MSG_DONTWAIT)
+                self._hello_pending = False
+            except BlockingIOError:
+                self.dropped += n        # the agent's queue is full: try the hello again next time
+                return
+            except OSError:
+                self._drop_socket(now)
+                self.dropped += n
+                return
         wire.HEADER.pack_into(self._buf, 0, wire.MAGIC, wire.KIND_STEPS, n, 0)
         data = self._view[:_PREFIX + n * _RSIZE]
         try:
@@ -280,8 +292,12 @@ class Tracker:
             self.dropped += n
             return
         try:
+            sock.send(self._hello(), _MSG_DONTWAIT)
+            self._hello_pending = False
             sock.send(data, _MSG_DONTWAIT)
             self.sent += n
+        except BlockingIOError:
+            self.dropped += n
         except OSError:
             self._drop_socket(now)
             self.dropped += n
@@ -303,16 +319,18 @@ class Tracker:
         try:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
             sock.connect(self.socket_path)
-            sock.send(wire.encode_hello(self.pid, self.rank, self.local_rank, self.world_size,
-                                        self._tracker_id, self.job_id, self.job_name, self.source),
-                      _MSG_DONTWAIT)
         except OSError:
             if sock is not None:
                 sock.close()
             self._next_connect = now + self._retry_ns
             return None
         self._sock = sock
+        self._hello_pending = True      # sent before the next steps (a full queue only delays it)
         return sock
+
+    def _hello(self) -> bytes:
+        return wire.encode_hello(self.pid, self.rank, self.local_rank, self.world_size, self._tracker_id,
+                                 self.job_id, self.job_name, self.source)
 
 
 class _StepContext:

@@ -110,6 +110,6 @@ def decode(data: bytes):
         if len(data) != STEPS_PREFIX + count * RECORD.size:
             raise WireError(f"steps datagram of {len(data)} bytes does not hold {count} records")
         pid, rank, tracker_id = STEPS_BODY.unpack_from(data, off)
-        records = [RECORD.unpack_from(data, STEPS_PREFIX + i * RECORD.size) for i in range(count)]
+        records = list(RECORD.iter_unpack(memoryview(data)[STEPS_PREFIX:]))
         return "steps", {"pid": pid, "rank": rank, "tracker_id": tracker_id, "records": records}
     raise WireError(f"unknown datagram kind {kind}")

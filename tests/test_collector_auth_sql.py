@@ -165,3 +165,18 @@ def test_row_cap_truncates(open_collector):
     handle, _ = open_collector
     res = client.query(f"127.0.0.1:{handle.port}", "SELECT * FROM range(100)", max_rows=7)
     assert len(res.rows) == 7 and res.truncated
+
+
+def test_table_format_aligns_numbers_and_avoids_exponents():
+    res = client.QueryResult(["metric", "n", "v"], ["VARCHAR", "BIGINT", "DOUBLE"],
+                             [["mem_used_bytes", 5, 2.35813e10], ["cpu", 12, 0.1234567], ["x", None, 1e-7]], True)
+    assert client.format_result(res).splitlines() == [
+        "metric             n            v",
+        "--------------  ----  -----------",
+        "mem_used_bytes     5  23581300000",
+        "cpu               12     0.123457",
+        "x               NULL        1e-07",
+        "(3 rows, truncated)",
+    ]
+    assert json.loads(client.format_result(res, "json"))[0] == {"metric": "mem_used_bytes", "n": 5, "v": 2.35813e10}
+    assert client.format_result(res, "csv").splitlines()[3] == "x,,1e-07"

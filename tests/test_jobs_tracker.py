@@ -290,3 +290,32 @@ def test_tracker_and_receiver_import_no_heavy_modules():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "", f"heavy modules imported: {out.stdout.strip()}"
+
+
+def test_full_agent_queue_delays_hello_without_backoff(tmp_path):
+    path = str(tmp_path / "raw.sock")
+    agent = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)     # bound, never read until we say
+    agent.bind(path)
+    agent.setblocking(False)
+    filler = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    filler.connect(path)
+    filler.setblocking(False)
+    queued = 0
+    try:
+        while queued < 10_000:
+            filler.send(b"x")
+            queued += 1
+    except BlockingIOError:
+        pass                              # the agent's queue is full now
+    t = track(name="patient", socket_path=path, flush_interval_s=0.0, retry_s=3600)
+    t.step()
+    assert (t.sent, t.dropped, t.connect_attempts) == (0, 1, 1)
+    for _ in range(queued):
+        agent.recv(64)                    # the agent catches up
+    t.step()
+    assert (t.sent, t.dropped, t.connect_attempts) == (1, 1, 1)   # no reconnect, no 1-hour backoff
+    kinds = [wire.decode(agent.recv(65536))[0] for _ in range(2)]
+    assert kinds == ["hello", "steps"]
+    t.close()
+    agent.close()
+    filler.close()

@@ -173,10 +173,20 @@ def test_bad_scenario_gets_one_sentence(tmp_path, text, message):
     assert res.exit_code == 1 and message in res.output and "Traceback" not in res.output
 
 
+def test_run_sim_validates_a_hand_built_fleet():
+    from gpuagent.collector.sim import run_sim
+
+    bad = [NodeSpec(0, "sim-0001", "bm", virtualized=False, inject={"virt_penalty_h2d": 20})]
+    with pytest.raises(ScenarioError, match="needs a virtualized node"):
+        run_sim(SimConfig(collector="127.0.0.1:1"), bad)
+    assert validate(NodeSpec(0, "sim-0001", "c", virtualized=True)).virt_type == "kvm"
+
+
 def test_bad_options_get_one_sentence():
     for args, message in ((["--scenario", "chaos"], "unknown scenario 'chaos'"),
                           (["--job-sample-interval-s", "90"], "must be in (0, 60]"),
-                          (["--nodes", "0"], "--nodes must be at least 1")):
+                          (["--nodes", "0"], "--nodes must be at least 1"),
+                          (["--duration", "5", "--speed", "10"], "--duration always runs in real time")):
         res = CliRunner().invoke(sim_main, [*args, "--dry-run"])
         assert res.exit_code == 1 and message in res.output, res.output
 
@@ -272,6 +282,11 @@ def test_wrong_token_is_one_sentence(live_collector):
     res = _run_sim_cli(address, "--nodes", "2", "--sim-hours", "0.05", token="wrong")
     assert res.returncode == 1 and "Traceback" not in res.stderr
     assert f"Error: the collector at {address} refused the credentials" in res.stderr
+
+    from gpuagent.collector.cli import main as collector_main
+    for cmd in (["compare"], ["report", "--out", "unused.html"]):
+        out = CliRunner().invoke(collector_main, [*cmd, "--target", address, "--token", "wrong"])
+        assert out.exit_code == 1 and f"the collector at {address} refused the credentials" in out.output, out.output
 
 
 def test_live_and_paced_modes(live_collector):
