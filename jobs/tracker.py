@@ -36,7 +36,8 @@ _MAX_PENDING_EVENTS = 1024
 
 
 class Tracker:
-    """Per-process step tracker. Create with :func:`track`; call :meth:`step` once per iteration."""
+    """Per-process step tracker. Create with :func:`track`; call :meth:`step` once per iteration,
+    from the training loop's thread (it is not meant to be shared between threads)."""
 
     def __init__(self, name: str | None = None, samples_per_step: int = 0, tokens_per_step: int = 0,
                  *, socket_path: str | None = None, flush_interval_s: float = 0.1,

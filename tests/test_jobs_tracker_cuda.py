@@ -39,6 +39,8 @@ def test_cuda_events_split_data_wait_without_sync(tmp_path):
         sink = ListSink()
         receiver.flush_window(time.time_ns(), sink)
         (row,) = sink.job_steps
-        assert 0.0 < row["data_wait_fraction"] < 1.0
+        # Half the steps keep the GPU idle ~30 ms waiting for data, the others take ~1 ms: most of the time.
+        assert 0.3 < row["data_wait_fraction"] <= 1.0, row
+        assert row["steps"] == 20
     finally:
         receiver.close()
