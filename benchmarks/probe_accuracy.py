@@ -10,7 +10,9 @@
      file vs seq_write_gbps (the probe writes, i.e. extends, its own fresh file: not the same operation).
    Runs are interleaved (fio, probe, fio, probe, ...) and medians compared; target ratio 0.9-1.1.
 2. collective (gloo, 2 local processes) vs a plain torch.distributed all_reduce loop written here, same
-   sizes and iterations, interleaved; target ratio 0.9-1.1 for algbw at each size.
+   sizes and iterations, interleaved with alternating order; target ratio 0.9-1.1 for algbw at each size.
+   A second plain run per round (and a second fio random-read run) gives the A/A noise floor: on a
+   busy machine the probe cannot be shown closer to the reference than the reference is to itself.
 3. repeatability: N back-to-back runs of storage and host with their defaults; coefficient of variation
    of the headline metrics (target < 5 %).
 Prints JSON with --json. Every part is bounded; flags shorten it.
@@ -56,7 +58,8 @@ def storage_vs_fio(directory: str, size_mib: int, qd: int, rand_s: float, rounds
     res: dict = {"fio_seq_read_gbps": [], "probe_seq_read_gbps": [], "fio_rand_read_iops": [],
                  "probe_rand_read_iops": [], "fio_rand_p50_us": [], "probe_rand_p50_us": [],
                  "fio_rand_p99_us": [], "probe_rand_p99_us": [], "fio_iouring_iops": [],
-                 "fio_seq_write_gbps": [], "probe_seq_write_gbps": []}
+                 "fio_seq_write_gbps": [], "probe_seq_write_gbps": [],
+                 "fio_rand_read_iops_again": []}
     try:
         for _ in range(rounds):
             if not os.path.exists(path):  # lay the file out once, flushed, so no writeback lands in a timed run
@@ -84,6 +87,9 @@ def storage_vs_fio(directory: str, size_mib: int, qd: int, rand_s: float, rounds
                       "--time_based", f"--runtime={rand_s}", "--norandommap", "--randrepeat=0",
                       f"--filename={path}", f"--size={size_mib}M", "--direct=1"])
             res["fio_iouring_iops"].append(ur["read"]["iops"])
+            rr2 = fio(["--name=randread2", "--rw=randread", "--bs=4k", f"--numjobs={qd}", "--group_reporting",
+                       "--time_based", f"--runtime={rand_s}", "--norandommap", "--randrepeat=0", *common])
+            res["fio_rand_read_iops_again"].append(rr2["read"]["iops"])
             # the probe's own write path, on a fresh file in the same directory
             pw = run_probe("storage", {"path": directory, "size_mib": size_mib, "queue_depth": qd,
                                        "rand_seconds": 0.2})
@@ -100,6 +106,7 @@ def storage_vs_fio(directory: str, size_mib: int, qd: int, rand_s: float, rounds
         "medians": m, "runs": res,
         "paired_ratio_seq_read": paired("probe_seq_read_gbps", "fio_seq_read_gbps"),
         "paired_ratio_rand_read_iops": paired("probe_rand_read_iops", "fio_rand_read_iops"),
+        "noise_floor_paired_ratio_rand_iops_fio_vs_fio": paired("fio_rand_read_iops_again", "fio_rand_read_iops"),
         "ratio_seq_read": m["probe_seq_read_gbps"] / m["fio_seq_read_gbps"],
         "ratio_rand_read_iops": m["probe_rand_read_iops"] / m["fio_rand_read_iops"],
         "ratio_rand_p50_latency": m["probe_rand_p50_us"] / m["fio_rand_p50_us"],
@@ -154,21 +161,40 @@ def collective_vs_plain(rounds: int, iters: int) -> dict:
     sizes = [1 << 20, 4 << 20, 16 << 20]
     probe_runs: dict[str, list[float]] = {str(s): [] for s in sizes}
     plain_runs: dict[str, list[float]] = {str(s): [] for s in sizes}
-    for _ in range(rounds):
+    plain2_runs: dict[str, list[float]] = {str(s): [] for s in sizes}
+
+    def probe_once() -> None:
         p = run_probe("collective", {"backend": "gloo", "nprocs": 2, "min_bytes": sizes[0], "max_bytes": sizes[-1],
                                      "iters": iters, "warmup": 5, "latency_iters": 20})
         if p.status != "ok":
             raise RuntimeError(f"collective probe: {p.status}: {p.reason}")
         for s in sizes:
             probe_runs[str(s)].append(p.metrics[f"algbw_gbps_{s}"])
+
+    def plain_once(into: dict[str, list[float]]) -> None:
         for s, v in plain_allreduce(sizes, iters, 5).items():
-            plain_runs[s].append(v)
+            into[s].append(v)
+
+    for i in range(rounds):
+        # Alternate who goes first so drift cannot favour one side; a second plain run per round
+        # gives the noise floor (plain vs plain, A/A) under the same conditions.
+        if i % 2 == 0:
+            probe_once()
+            plain_once(plain_runs)
+        else:
+            plain_once(plain_runs)
+            probe_once()
+        plain_once(plain2_runs)
+
+    def paired(a: dict[str, list[float]], b: dict[str, list[float]]) -> dict[str, float]:
+        return {s: med([x / y for x, y in zip(a[s], b[s])]) for s in a}
     return {"sizes_bytes": sizes, "iters": iters, "rounds": rounds,
             "probe_algbw_gbps": {s: med(v) for s, v in probe_runs.items()},
             "plain_algbw_gbps": {s: med(v) for s, v in plain_runs.items()},
             "ratio_algbw": {s: med(probe_runs[s]) / med(plain_runs[s]) for s in probe_runs},
-            "paired_ratio_algbw": {s: med([a / b for a, b in zip(probe_runs[s], plain_runs[s])]) for s in probe_runs},
-            "runs": {"probe": probe_runs, "plain": plain_runs}}
+            "paired_ratio_algbw": paired(probe_runs, plain_runs),
+            "noise_floor_paired_ratio_plain_vs_plain": paired(plain2_runs, plain_runs),
+            "runs": {"probe": probe_runs, "plain": plain_runs, "plain_again": plain2_runs}}
 
 
 # ---------------------------------------------------------------- repeatability
@@ -229,13 +255,14 @@ def main() -> int:
               f" (paired {s['paired_ratio_seq_read']:.3f})")
         print(f"  rand IOPS  probe {m['probe_rand_read_iops']:.0f}  fio {m['fio_rand_read_iops']:.0f}  ratio {s['ratio_rand_read_iops']:.3f}"
               f" (paired {s['paired_ratio_rand_read_iops']:.3f})"
-              f"  (fio io_uring {m['fio_iouring_iops']:.0f})")
+              f"  (fio io_uring {m['fio_iouring_iops']:.0f}; fio-vs-fio paired {s['noise_floor_paired_ratio_rand_iops_fio_vs_fio']:.3f})")
         print(f"  p50/p99 us probe {m['probe_rand_p50_us']:.1f}/{m['probe_rand_p99_us']:.1f}  fio {m['fio_rand_p50_us']:.1f}/{m['fio_rand_p99_us']:.1f}")
         print(f"  seq write  probe {m['probe_seq_write_gbps']:.3f} GB/s  fio {m['fio_seq_write_gbps']:.3f}  ratio {s['ratio_seq_write_informational']:.3f}")
     c = report.get("collective_vs_plain")
     if c:
         print("gloo all-reduce algbw, probe vs plain loop: " + ", ".join(
             f"{int(k) >> 20} MiB {c['probe_algbw_gbps'][k]:.3f}/{c['plain_algbw_gbps'][k]:.3f} = {c['ratio_algbw'][k]:.3f}"
+            f" (paired {c['paired_ratio_algbw'][k]:.3f}, plain-vs-plain {c['noise_floor_paired_ratio_plain_vs_plain'][k]:.3f})"
             for k in c["ratio_algbw"]))
     for name, metrics in report.get("repeatability", {}).items():
         print(f"{name} x{a.repeats}: " + ", ".join(f"{k} {v['median']:.4g} (cv {v['cv_percent']:.1f} %)" for k, v in metrics.items()))

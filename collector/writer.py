@@ -51,6 +51,7 @@ class StorageError(RuntimeError):
 class Limits:
     max_samples_per_batch: int = 1_000_000
     max_rows_per_batch: int = 100_000       # probe results + job samples + job steps + events
+    max_series_per_batch: int = 100_000     # entries of the batch's series dictionary
     max_future_s: float = 86_400.0          # a timestamp may run ahead of the collector clock by this
 
 
@@ -112,15 +113,14 @@ def _samples_table(node_id: str, cols: pb.SampleColumns, max_ts: int) -> pa.Tabl
     sorted_ids = ids[order]
     if len(sorted_ids) > 1 and bool((sorted_ids[1:] == sorted_ids[:-1]).any()):
         raise BatchError("INVALID_ARGUMENT", "the series dictionary defines the same series id twice")
-    metrics, gpus, labels = [], [], []
-    for s in series:
-        if not s.metric:
-            raise BatchError("INVALID_ARGUMENT", f"series {s.id} has an empty metric name")
-        if s.gpu < -1:
-            raise BatchError("INVALID_ARGUMENT", f"series {s.id} has gpu index {s.gpu} (use -1 for host-level)")
-        metrics.append(s.metric)
-        gpus.append(s.gpu)
-        labels.append(_labels_text(s.labels))
+    metrics = [s.metric for s in series]
+    gpus = [s.gpu for s in series]
+    labels = [(",".join(f"{k}={lab[k]}" for k in sorted(lab)) if (lab := s.labels) else "") for s in series]
+    if not all(metrics):
+        raise BatchError("INVALID_ARGUMENT", f"series {series[metrics.index('')].id} has an empty metric name")
+    if min(gpus) < -1:
+        bad = next(s for s in series if s.gpu < -1)
+        raise BatchError("INVALID_ARGUMENT", f"series {bad.id} has gpu index {bad.gpu} (use -1 for host-level)")
 
     # The protobuf containers expose __array__, so these are C-speed copies, not Python loops.
     ts = np.asarray(cols.ts_ns, dtype=np.int64)
@@ -168,6 +168,11 @@ def prepare_batch(batch: pb.Batch, limits: Limits = Limits(), now_ns: int | None
         raise BatchError("RESOURCE_EXHAUSTED",
                          f"batch has {n_samples} samples, over the collector's limit of "
                          f"{limits.max_samples_per_batch} per batch; send smaller batches")
+    n_series = len(batch.samples.series)
+    if n_series > limits.max_series_per_batch:
+        raise BatchError("RESOURCE_EXHAUSTED",
+                         f"batch defines {n_series} series, over the collector's limit of "
+                         f"{limits.max_series_per_batch} per batch; send smaller batches")
     n_rows = len(batch.probe_results) + len(batch.job_samples) + len(batch.job_steps) + len(batch.events)
     if n_rows > limits.max_rows_per_batch:
         raise BatchError("RESOURCE_EXHAUSTED",
@@ -473,6 +478,9 @@ class Writer:
         item = _CallItem(fn)
         self._q.put(item)
         return item.future
+
+    def alive(self) -> bool:
+        return self._thread.is_alive()
 
     def queue_depth(self) -> int:
         return self._q.qsize()

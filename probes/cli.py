@@ -95,8 +95,9 @@ def run_cmd(name: str, params: tuple[str, ...], as_json: bool, timeout_s: float 
             if not lock.acquire(lock_wait, what=name):
                 raise click.ClickException(f"another probe run holds {lock.path} "
                                            f"({lock.holder() or 'holder unknown'}); try again later")
-    except PermissionError as exc:
-        raise click.ClickException(f"cannot open the probe lock {lock.path}: {exc.strerror}") from None
+    except OSError as exc:
+        raise click.ClickException(f"cannot open the probe lock {lock.path}: {exc.strerror or exc} "
+                                   "(pass --lock-path or set GPUAGENT_STATE_DIR)") from None
     try:
         t0 = time.monotonic()
         result = run_probe(name, parsed, timeout_s, progress=_spinner(name) if tty else None)

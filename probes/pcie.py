@@ -107,10 +107,11 @@ def _measure(torch, i: int, p: dict[str, Any]) -> dict[str, Any]:
                            "cpu": cpu, "cpu_numa_node": cnode, **link,
                            "h2d_gbps_min": round(min(h2d), 3), "h2d_gbps_max": round(max(h2d), 3),
                            "d2h_gbps_min": round(min(d2h), 3), "d2h_gbps_max": round(max(d2h), 3)}
-    if len(nodes) <= 1:
-        m["numa_local"] = 1
+    if len(nodes) == 1:
+        m["numa_local"] = 1  # a single NUMA node: everything is local
     elif gnode >= 0 and cnode >= 0:
         m["numa_local"] = 1 if gnode == cnode else 0
+    # else: no NUMA information (no /sys/devices/system/node, or the GPU's node unknown): left out
     reason = ""
     theo = gpuinfo.pcie_theoretical_gbps(link.get("link_gen", 0), link.get("link_width", 0))
     if theo:

@@ -12,9 +12,18 @@ export PYTHONUNBUFFERED=1
 if [ -n "${PYTHON:-}" ]; then
   PY=$PYTHON
 elif python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
-  test -x .venv-gpu/bin/python || python3 -m venv --system-site-packages .venv-gpu
-  .venv-gpu/bin/python -m pip install -q --no-deps --no-build-isolation -e . >/dev/null || exit 1
-  PY=.venv-gpu/bin/python
+  PY=python3
+  if python3 -m venv --system-site-packages .venv-gpu &&
+     .venv-gpu/bin/python -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1; then
+    PY=.venv-gpu/bin/python
+  else
+    # No usable pip/setuptools offline: map the import namespace with links (pyproject's package-dir).
+    NS=$(mktemp -d)/gpuagent
+    mkdir -p "$NS" && cp gpuagent/__init__.py "$NS/"
+    for d in agent collector probes proto jobs; do ln -s "$PWD/$d" "$NS/$d"; done
+    export PYTHONPATH="$(dirname "$NS")${PYTHONPATH:+:$PYTHONPATH}"
+    echo "(gpuagent importable through links in $NS)"
+  fi
 else
   make install || exit 1
   PY=.venv/bin/python
@@ -27,8 +36,11 @@ print(f"torch {torch.__version__} cuda {torch.version.cuda} available={torch.cud
 PYEOF
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=index,name,pcie.link.gen.current,pcie.link.gen.max,pcie.link.width.current --format=csv
 
-echo "== pytest -m gpu"
-timeout 240 $PY -m pytest -q -m gpu -p no:cacheprovider tests/ 2>&1 | tee "$OUT_DIR/pytest-gpu.log" | tail -25
+# Only the files that hold gpu/nvml-marked tests: the others may import collector-only packages
+# (duckdb, pyarrow) that a GPU box without the collector extra does not have.
+FILES=$(grep -lE "mark\.(gpu|nvml)" tests/test_*.py | tr '\n' ' ')
+echo "== pytest -m 'gpu or nvml' $FILES"
+timeout 240 $PY -m pytest -q -m "gpu or nvml" -p no:cacheprovider $FILES 2>&1 | tee "$OUT_DIR/pytest-gpu.log" | tail -25
 TEST_RC=${PIPESTATUS[0]}
 
 for p in pcie gpu_compute collective; do

@@ -360,3 +360,18 @@ def test_every_reference_row_cites_a_source():
 def test_analyze_db_refuses_a_missing_file(tmp_path):
     with pytest.raises(A.AnalyzerError, match="does not exist"):
         A.analyze_db(tmp_path / "nope.duckdb")
+
+
+def test_steal_corroborates_and_is_blamed_when_it_dominates(con):
+    S.add_node(con, "synthetic-vm-alone", virtualized=True, gpu_model=None, gpu_count=0)
+    S.add_probe_runs(con, "synthetic-vm-alone", "host", {"syscall_ns": [300.0] * 6 + [900.0, 1200.0, 700.0]},
+                     times(n=9, every_min=2))
+    S.add_samples(con, [(NOW - dt.timedelta(minutes=m, seconds=s), "synthetic-vm-alone", None, "cpu_steal_percent",
+                         "", 6.0 if m < 5 else 0.0) for m in range(1, 20) for s in (0, 20, 40)]
+                  + [(NOW - dt.timedelta(minutes=m), "synthetic-vm-alone", None, "psi_cpu_some_avg10_percent", "", 4.0)
+                     for m in range(1, 20)])
+    run(con)
+    (f,) = flags(con, "noisy_neighbor_variance")
+    assert f["component"] == "host_syscall"
+    assert "worst minute 6.0 %" in f["sentence"] and "the hypervisor is giving this VM's CPU time" in f["sentence"]
+    assert json.loads(f["evidence"])["cpu_steal_percent"]["max_1m_avg"] == 6.0

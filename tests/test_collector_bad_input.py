@@ -65,6 +65,10 @@ def _job_without_id(b):
     b.job_samples.add(ts_ns=NOW_NS)
 
 
+def _bad_gpu_index(b):
+    b.samples.series[1].gpu = -7
+
+
 @pytest.mark.parametrize("breaker, code, words", [
     (_mismatch, grpc.StatusCode.INVALID_ARGUMENT, "differ in length"),
     (_unknown_series, grpc.StatusCode.INVALID_ARGUMENT, "series id 999"),
@@ -75,6 +79,7 @@ def _job_without_id(b):
     (_seq0, grpc.StatusCode.INVALID_ARGUMENT, "seq must be 1 or more"),
     (_empty_metric, grpc.StatusCode.INVALID_ARGUMENT, "empty metric name"),
     (_job_without_id, grpc.StatusCode.INVALID_ARGUMENT, "without a job_id"),
+    (_bad_gpu_index, grpc.StatusCode.INVALID_ARGUMENT, "gpu index -7"),
 ])
 def test_bad_batch_aborts_stream_and_stores_nothing_of_it(env, breaker, code, words):
     stub, node_id = env
@@ -100,6 +105,27 @@ def test_oversized_batch_gets_resource_exhausted(env):
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "limit of 1000" in err.value.details()
     assert count(stub) == 0
+
+
+def test_too_many_series_gets_resource_exhausted(tmp_path):
+    with start_collector(tmp_path / "c.duckdb", limits=Limits(max_series_per_batch=10)) as h, \
+            grpc.insecure_channel(f"127.0.0.1:{h.port}") as ch:
+        stub = pb_grpc.CollectorStub(ch)
+        node_id = stub.Register(pb.RegisterRequest(node=node_info())).node_id
+        b = sample_batch(node_id, 1)
+        for i in range(100, 108):
+            b.samples.series.add(id=i, metric="unused_percent", gpu=-1)
+        with pytest.raises(grpc.RpcError) as err:
+            list(stub.Stream(iter([b])))
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "11 series" in err.value.details()
+
+
+def test_register_with_a_non_numeric_price_is_refused(env):
+    stub, _ = env
+    with pytest.raises(grpc.RpcError) as err:
+        stub.Register(pb.RegisterRequest(node=node_info("p", "m-p", labels={"price_per_gpu_hour": "cheap"})))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "price_per_gpu_hour" in err.value.details()
+    assert count(stub, "nodes") == 1
 
 
 def test_message_over_grpc_size_limit_is_refused(tmp_path):

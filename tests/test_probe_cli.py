@@ -61,3 +61,11 @@ def test_probe_run_refuses_while_the_lock_is_held(tmp_path):
         other.release()
     assert res.exit_code == 1
     assert f"another probe run holds {lock_path} (pid=" in res.output and "probe=storage" in res.output
+
+
+def test_probe_run_with_an_unusable_lock_path_is_one_sentence(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    res = CliRunner().invoke(main, ["probe", "run", "host", "--lock-path", str(blocker / "probe.lock")])
+    assert res.exit_code == 1
+    assert res.output.startswith(f"Error: cannot open the probe lock {blocker / 'probe.lock'}: ")

@@ -184,3 +184,19 @@ def test_agent_daemon_runs_the_scheduler_and_reports_results(tmp_path):
         stop(proc)
     assert st["status"] == "ok"
     assert (state / "probe.lock").exists()
+
+
+def test_disk_activity_comes_from_the_host_samplers_latest_values(tmp_path):
+    from gpuagent.agent.batcher import Batcher, SeqAllocator
+    from gpuagent.agent.probe_scheduler import _disk_activity_from
+
+    b = Batcher(SeqAllocator(tmp_path))
+    act = _disk_activity_from(b, max_age_s=30)
+    assert act("vda") is None  # nothing sampled yet: the scheduler falls back to /proc/diskstats
+    b.add("disk_busy_percent", 42.0, labels={"device": "vda"})
+    b.add("disk_read_iops", 300.0, labels={"device": "vda"})
+    b.add("disk_write_iops", 20.0, labels={"device": "vda"})
+    assert act("vda") == (42.0, 320.0)
+    assert act("nvme0n1") is None
+    old = _disk_activity_from(b, max_age_s=0)
+    assert wait_for(lambda: old("vda") is None, timeout=5, what="values to age out")

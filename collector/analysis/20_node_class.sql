@@ -33,6 +33,7 @@ CREATE OR REPLACE TEMP TABLE _pressure AS
 SELECT node_id,
        sum(sum) FILTER (WHERE metric = 'cpu_steal_percent') / nullif(sum(n) FILTER (WHERE metric = 'cpu_steal_percent'), 0) AS steal_avg,
        max(max) FILTER (WHERE metric = 'cpu_steal_percent') AS steal_max,
+       max(avg) FILTER (WHERE metric = 'cpu_steal_percent') AS steal_max_1m,
        sum(sum) FILTER (WHERE metric = 'psi_cpu_some_avg10_percent') / nullif(sum(n) FILTER (WHERE metric = 'psi_cpu_some_avg10_percent'), 0) AS psi_cpu_avg,
        max(max) FILTER (WHERE metric = 'psi_cpu_some_avg10_percent') AS psi_cpu_max,
        sum(sum) FILTER (WHERE metric = 'psi_io_some_avg10_percent') / nullif(sum(n) FILTER (WHERE metric = 'psi_io_some_avg10_percent'), 0) AS psi_io_avg,

@@ -38,7 +38,7 @@ SELECT s.*, c.label, c.unit_label, c.better, c.threshold,
        f.fleet_cv, f.nodes - 1 AS peers, (f.nodes - 1) >= $min_fleet_nodes AS peers_ok,
        nc.class_label, pr.*
          EXCLUDE (node_id),
-       coalesce(pr.steal_max, 0) >= $corr_steal OR coalesce(pr.psi_cpu_max, 0) >= $corr_psi
+       coalesce(pr.steal_max_1m, 0) >= $corr_steal OR coalesce(pr.psi_cpu_max, 0) >= $corr_psi
          OR coalesce(pr.psi_io_max, 0) >= $corr_psi OR coalesce(pr.psi_mem_max, 0) >= $corr_psi AS corroborated
 FROM _nn_series s
 JOIN _components c ON c.kind = 'noisy_neighbor_variance' AND c.component = s.component
@@ -59,7 +59,7 @@ SELECT node_id, gpu, 'noisy_neighbor_variance' AS kind, component,
            'tail_ratio', round(tail_ratio, 3), 'cv_threshold', threshold,
            'fleet_median_cv', fleet_cv, 'peers', peers, 'k', $noise_k, 'class', class_label,
            'corroborated', corroborated,
-           'cpu_steal_percent', json_object('avg', steal_avg, 'max', steal_max),
+           'cpu_steal_percent', json_object('avg', steal_avg, 'max', steal_max, 'max_1m_avg', steal_max_1m),
            'psi_cpu_some_avg10_percent', json_object('avg', psi_cpu_avg, 'max', psi_cpu_max),
            'psi_io_some_avg10_percent', json_object('avg', psi_io_avg, 'max', psi_io_max),
            'psi_memory_some_avg10_percent', json_object('avg', psi_mem_avg, 'max', psi_mem_max),
@@ -68,16 +68,20 @@ SELECT node_id, gpu, 'noisy_neighbor_variance' AS kind, component,
        )::VARCHAR AS evidence,
        coalesce('GPU ' || gpu::VARCHAR || ' ', '') || label || ' varies with CV ' || printf('%.0f', cv * 100) || ' %'
        || ' (' || CASE WHEN better = 'higher' THEN 'p50/p1 ' ELSE 'p99/p50 ' END || printf('%.2f', tail_ratio) || '×)'
-       || ' over ' || runs::VARCHAR || ' runs in the window, '
+       || ' over ' || runs::VARCHAR || CASE WHEN component = 'step_time' THEN ' step windows in the last '
+                                          ELSE ' runs in the last ' END
+       || printf('%g', CASE WHEN component = 'step_time' THEN $window_hours ELSE $probe_window_hours END) || ' h, '
        || CASE WHEN peers_ok
                THEN printf('%.1f', cv / nullif(fleet_cv, 0)) || '× the median CV ' || printf('%.0f', fleet_cv * 100)
                     || ' % of ' || class_label || ' (' || peers::VARCHAR || ' other nodes)'
                ELSE 'above the ' || printf('%.0f', threshold * 100) || ' % limit (too few peers to compare: '
                     || peers::VARCHAR || ')' END
-       || '; CPU steal max ' || printf('%.1f', coalesce(steal_max, 0)) || ' %, PSI some max cpu '
+       || '; CPU steal ' || printf('%.1f', coalesce(steal_avg, 0)) || ' % (worst minute '
+       || printf('%.1f', coalesce(steal_max_1m, 0)) || ' %), PSI some max cpu '
        || printf('%.0f', coalesce(psi_cpu_max, 0)) || ' % io ' || printf('%.0f', coalesce(psi_io_max, 0))
        || ' % memory ' || printf('%.0f', coalesce(psi_mem_max, 0)) || ' %: '
-       || CASE WHEN coalesce(steal_max, 0) >= $corr_steal
+       || CASE WHEN coalesce(steal_max_1m, 0) >= $corr_steal
+                    AND coalesce(steal_max_1m, 0) * 10 >= greatest(coalesce(psi_cpu_max, 0), coalesce(psi_io_max, 0), coalesce(psi_mem_max, 0))
                  THEN 'the hypervisor is giving this VM''s CPU time to other guests; ask for dedicated vCPUs or move the workload.'
                WHEN greatest(coalesce(psi_cpu_max, 0), coalesce(psi_io_max, 0), coalesce(psi_mem_max, 0)) >= $corr_psi
                  THEN 'something else on this host contends for '
