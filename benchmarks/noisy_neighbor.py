@@ -155,7 +155,7 @@ enabled = false
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--duration", type=float, default=240.0, help="seconds per run (two runs)")
+    ap.add_argument("--duration", type=float, default=120.0, help="seconds per run (two runs)")
     ap.add_argument("--probe-interval", type=float, default=10.0, help="host probe interval, seconds")
     ap.add_argument("--stress", default="--cpu 2 --vm 1 --vm-bytes 256M --io 1",
                     help="stress-ng arguments for the noisy run")

@@ -415,7 +415,7 @@ class Analyzer:
             "window_start": now - dt.timedelta(seconds=cfg.window_s),
             "probe_window_start": now - dt.timedelta(seconds=cfg.probe_window_s),
             "lookback_start": now - dt.timedelta(seconds=cfg.baseline_lookback_s),
-            "window_hours": cfg.window_s / 3600.0,
+            "window_hours": cfg.window_s / 3600.0, "probe_window_hours": round(cfg.probe_window_s / 3600.0, 3),
             "min_baseline_nodes": cfg.min_baseline_nodes,
             "theoretical_threshold": cfg.theoretical_threshold_percent, "vo_z": cfg.significance_z,
             "min_runs": cfg.min_runs, "noise_k": cfg.noise_k, "min_fleet_nodes": cfg.min_fleet_nodes,

@@ -98,7 +98,11 @@ def serve(listen, db_path, token, token_file, tls_cert, tls_key, insecure, refle
             notifier.ready(f"listening on {handle.address}")
         wd = notifier.watchdog_interval_s if notifier is not None else 0.0
         interval = min(wd, 1.0) if wd else 1.0
-        while not stop.wait(interval) and handle.writer.fatal is None:
+        problem = None
+        while not stop.wait(interval):
+            problem = handle.problem()
+            if problem is not None:
+                break      # no more WATCHDOG=1: systemd (or the operator) restarts a collector that broke
             if notifier is not None:
                 notifier.watchdog()
         if notifier is not None:
@@ -111,8 +115,8 @@ def serve(listen, db_path, token, token_file, tls_cert, tls_key, insecure, refle
         "stopped; stored %d batches (%d samples) and ignored %d duplicates since start; %d batches could not "
         "be stored; %.1f s in commits", stats["batches"], stats["samples"], stats["duplicates"],
         stats["failed_batches"], stats["commit_s"])
-    if handle.writer.fatal is not None:
-        raise click.ClickException(handle.writer.fatal)
+    if problem is not None:
+        raise click.ClickException(problem)
 
 
 def _notifier():

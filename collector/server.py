@@ -10,6 +10,7 @@ the DuckDB connection and group-commits. An Ack is sent only after the commit ho
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import ipaddress
 import logging
@@ -167,12 +168,11 @@ class CollectorServicer(pb_grpc.CollectorServicer):
         self._options = options
         self._loop: asyncio.AbstractEventLoop | None = None
         self._inflight = 0
-        self._space: asyncio.Event | None = None
+        self._waiters: collections.deque = collections.deque()   # (n_samples, future), first come first served
         self._query_pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="gpuagent-query")
 
     def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._space = asyncio.Event()
 
     def close(self) -> None:
         self._query_pool.shutdown(wait=False, cancel_futures=True)
@@ -211,13 +211,33 @@ class CollectorServicer(pb_grpc.CollectorServicer):
         if state.pending == 0:
             state.idle.set()
         self._inflight -= n_samples
-        self._space.set()
+        self._grant()
+
+    def _fits(self, n: int) -> bool:
+        return self._inflight == 0 or self._inflight + n <= self._options.max_inflight_samples
+
+    def _grant(self) -> None:
+        """Admit waiting batches in arrival order while they fit (wakes only those, not every stream)."""
+        while self._waiters and self._fits(self._waiters[0][0]):
+            n, fut = self._waiters.popleft()
+            if not fut.done():
+                self._inflight += n
+                fut.set_result(None)
 
     async def _reserve(self, n: int) -> None:
-        while self._inflight and self._inflight + n > self._options.max_inflight_samples:
-            self._space.clear()
-            await self._space.wait()
-        self._inflight += n
+        """Wait until ``n`` more samples fit the in-flight bound (memory), then count them in."""
+        if not self._waiters and self._fits(n):
+            self._inflight += n
+            return
+        fut = self._loop.create_future()
+        self._waiters.append((n, fut))
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                self._inflight -= n       # granted just as the stream went away: give it back
+                self._grant()
+            raise
 
     async def _read(self, request_iterator, state: _StreamState) -> None:
         loop = self._loop
@@ -337,6 +357,16 @@ class CollectorHandle:
     @property
     def writer(self) -> Writer:
         return self._writer
+
+    def problem(self) -> str | None:
+        """None while the server and the writer work; else one sentence on what stopped working."""
+        if self._writer.fatal is not None:
+            return self._writer.fatal
+        if not self._writer.alive():
+            return "the database writer thread has stopped"
+        if self._thread is not None and not self._thread.is_alive() and not self._closed:
+            return "the gRPC server thread has stopped"
+        return None
 
     def stop(self, grace: float | None = None) -> None:
         """Stop accepting calls, store everything already queued, commit and close the database."""
