@@ -298,3 +298,30 @@ def test_state_dir_reset_renumbers_instead_of_losing_batches(tmp_path):
     finally:
         stop(agent)
         c.stop()
+
+
+def test_agent_over_tls_with_token(tmp_path):
+    """collector.tls_ca + token: the agent verifies the collector's (self-signed) certificate and sends
+    its bearer token; samples arrive."""
+    import shutil
+    import subprocess
+    if shutil.which("openssl") is None:
+        pytest.fail("openssl is needed to make a test certificate")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", str(tmp_path / "key.pem"),
+                    "-out", str(tmp_path / "cert.pem")], check=True, capture_output=True, timeout=60)
+    from gpuagent.collector import client
+    from gpuagent.collector.server import start_collector
+    state = tmp_path / "state"
+    with start_collector(tmp_path / "c.duckdb", token="tls-token", tls_cert=str(tmp_path / "cert.pem"),
+                         tls_key=str(tmp_path / "key.pem")) as h:
+        target = f"127.0.0.1:{h.port}"
+        agent = start_agent(tmp_path, target, state, interval=0.3, batch_interval=0.3,
+                            GPUAGENT_TLS_CA=str(tmp_path / "cert.pem"), GPUAGENT_TOKEN="tls-token")
+        try:
+            wait_for(lambda: client.query(target, f"SELECT count(*) FROM samples WHERE metric = '{TICK_METRIC}'",
+                                          token="tls-token", tls_ca=str(tmp_path / "cert.pem")).rows[0][0] >= 2,
+                     timeout=60, what="samples over TLS")
+            assert read_status(state)["collector"]["connected"] is True
+        finally:
+            stop(agent)
