@@ -62,6 +62,7 @@ class SeqAllocator:
     def __init__(self, state_dir: str | os.PathLike, floor: int = 0):
         self.path = Path(state_dir) / "seq"
         self._lock = threading.Lock()
+        self.fresh = not self.path.exists()      # no number was ever handed out from this state dir
         self._last = max(self._read(), floor)
 
     def _read(self) -> int:

@@ -66,6 +66,7 @@ class Agent:
         self.batcher = Batcher(self.seq, cfg.batch_interval_s, cfg.batch_max_samples)
         self.spool = Spool(cfg.spool_dir, cfg.spool_max_bytes, on_event=self._spool_event)
         self.seq.raise_floor(max(self.spool.seqs(), default=0))
+        self._fresh_state = self.seq.fresh and not self.spool.seqs()
 
         self.samplers: list[Sampler] = list(samplers) if samplers is not None else default_samplers(cfg)
         self.node_info = node_info if node_info is not None else build_node_info(cfg, self.samplers)
@@ -85,14 +86,18 @@ class Agent:
         self.batcher.event(kind, message, attrs=attrs)
 
     def _on_registered(self, resp: pb.RegisterResponse) -> None:
-        """The collector may know seqs we never issued (the state dir was reset): move past them and
-        renumber what is spooled so it is not mistaken for already-stored batches."""
+        """Guard against seqs the collector already holds from an earlier life of this node.
+
+        When this state dir started empty (first install, or wiped) but the collector knows seqs up to
+        N for this machine, or when the collector is ahead of our seq file, the batches spooled with a
+        seq <= N are new data, not resends: move the allocator past N and renumber them before the
+        sender drops everything <= N as already stored."""
         lc = resp.last_committed_seq
-        if lc <= self.seq.last:
+        fresh, self._fresh_state = self._fresh_state, False
+        if lc == 0 or not (fresh or lc > self.seq.last):
             return
-        log.warning("collector already holds seq %d for this node but the local state only reached %d "
-                    "(was %s reset?); continuing from %d", lc, self.seq.last, self.state_dir, lc + 1)
         self.seq.raise_floor(lc)
+        moved = 0
         for old in self.spool.seqs():
             if old > lc:
                 continue
@@ -101,9 +106,12 @@ class Agent:
                 continue
             batch = pb.Batch.FromString(payload)
             batch.seq = self.seq.next()
-            self.spool.put(batch.seq, batch.SerializeToString(), len(batch.samples.ts_ns),
-                           _n_items(batch))
+            self.spool.put(batch.seq, batch.SerializeToString(), len(batch.samples.ts_ns), _n_items(batch))
             self.spool.ack(old)
+            moved += 1
+        log.warning("collector already holds seqs up to %d for this machine but %s started empty or behind "
+                    "(reset or reinstalled?); new seqs start above %d, %d spooled batches renumbered",
+                    lc, self.state_dir, lc, moved)
 
     # ---------------------------------------------------------------- main loop
     def install_signal_handlers(self) -> None:
@@ -198,6 +206,7 @@ class Agent:
                 log.exception("closing the job-step window failed")
         try:
             self.flush()
+            self.flush()     # events the first flush raised (e.g. spool_dropped) go into one more batch
         except Exception:  # noqa: BLE001
             log.exception("final flush to the spool failed")
         self.sender.stop(grace_s=SHUTDOWN_SEND_GRACE_S)

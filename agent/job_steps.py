@@ -33,6 +33,7 @@ from gpuagent.jobs import wire
 _UCRED = struct.Struct("iII")          # struct ucred: pid, uid, gid
 _MAX_RECORDS_PER_WINDOW = 100_000       # per tracker; beyond it a window keeps the first ones
 _FORGET_AFTER_WINDOWS = 12
+_MAX_STREAMS = 4096                     # trackers kept at once: a local flood cannot grow memory without bound
 
 
 class JobSocketError(RuntimeError):
@@ -139,6 +140,7 @@ class JobStepReceiver:
         self.bad_datagrams = 0
         self.records = 0            # step records kept for aggregation
         self.overflowed = 0         # step records received past the per-window cap (not aggregated)
+        self.refused_streams = 0    # datagrams of new trackers refused while _MAX_STREAMS were kept
 
     # ------------------------------------------------------------------ socket
 
@@ -225,6 +227,9 @@ class JobStepReceiver:
         now = self._clock()
         with self._lock:
             stream = self._streams.get(key)
+            if stream is None and kind != "bye" and len(self._streams) >= _MAX_STREAMS:
+                self.refused_streams += 1
+                return
             if kind == "hello":
                 self._streams[key] = self._new_stream(pid, msg, stream)
                 return

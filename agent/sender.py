@@ -102,6 +102,9 @@ class Sender(threading.Thread):
     # ---------------------------------------------------------------- lifecycle
     def stop(self, grace_s: float = 1.5) -> None:
         """Stop sending: half-close the stream, give in-flight acks ``grace_s``, then cancel."""
+        if self.ident is None:       # never started (e.g. the agent failed before run())
+            self._halt.set()
+            return
         self._draining.set()
         with self._lock:
             if not self._inflight:

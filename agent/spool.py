@@ -79,6 +79,7 @@ class Spool:
         self._cond = threading.Condition(self._lock)
         self._index: dict[int, tuple[int, int]] = {}   # seq -> (file bytes, n_samples), oldest first
         self._bytes = 0
+        self._samples = 0          # running totals, so stats() stays O(1) with 100k spooled batches
         self.counters = dict.fromkeys(self.COUNTERS, 0)
         self._load_counters()
         self._pending_events: list[tuple[str, str, dict]] = []
@@ -128,6 +129,7 @@ class Spool:
                 continue
             self._index[seq] = (len(data), n_samples)
             self._bytes += len(data)
+            self._samples += n_samples
         if self._pending_events:
             self._save_counters()
         self._flush_events()
@@ -180,6 +182,7 @@ class Spool:
                 else:
                     self._index[seq] = (size, n_samples)
                     self._bytes += size
+                    self._samples += n_samples
                     self._cond.notify_all()
                     self._flush_locked_events()
                     return True
@@ -203,11 +206,18 @@ class Spool:
                                      {"dropped_batches": str(self.counters["dropped_batches"]),
                                       "dropped_samples": str(self.counters["dropped_samples"])}))
 
-    def _remove(self, seq: int) -> bool:
+    def _forget(self, seq: int) -> tuple[int, int] | None:
+        """Drop ``seq`` from the index and the running totals (the file is the caller's business)."""
         entry = self._index.pop(seq, None)
+        if entry is not None:
+            self._bytes -= entry[0]
+            self._samples -= entry[1]
+        return entry
+
+    def _remove(self, seq: int) -> bool:
+        entry = self._forget(seq)
         if entry is None:
             return False
-        self._bytes -= entry[0]
         try:
             os.unlink(self._path(seq))
         except FileNotFoundError:
@@ -256,12 +266,10 @@ class Spool:
                     raise CorruptRecord(f"header seq {hseq} does not match the file name")
                 return payload
             except FileNotFoundError:
-                size, _ = self._index.pop(seq)
-                self._bytes -= size
+                self._forget(seq)
                 return None
             except CorruptRecord as exc:
-                size, _ = self._index.pop(seq)
-                self._bytes -= size
+                self._forget(seq)
                 self._set_aside(seq, str(exc))
             self._flush_locked_events()
             return None
@@ -282,10 +290,9 @@ class Spool:
     def reject(self, seq: int, reason: str) -> None:
         """The collector refused this batch as malformed: set it aside in rejected/ and count it."""
         with self._lock:
-            entry = self._index.pop(seq, None)
+            entry = self._forget(seq)
             if entry is None:
                 return
-            self._bytes -= entry[0]
             dst_dir = self.dir / "rejected"
             dst_dir.mkdir(exist_ok=True)
             try:
@@ -302,13 +309,14 @@ class Spool:
     # ---------------------------------------------------------------- status
     def stats(self) -> dict:
         with self._lock:
-            seqs = list(self._index)
+            idx = self._index
             return {
-                "backlog_batches": len(seqs),
+                "backlog_batches": len(idx),
                 "backlog_bytes": self._bytes,
-                "backlog_samples": sum(n for _, n in self._index.values()),
-                "oldest_seq": seqs[0] if seqs else 0,
-                "newest_seq": seqs[-1] if seqs else 0,
+                "backlog_samples": self._samples,
+                # Seqs enter in increasing order, so the index's ends are the oldest and newest.
+                "oldest_seq": next(iter(idx)) if idx else 0,
+                "newest_seq": next(reversed(idx)) if idx else 0,
                 "max_bytes": self.max_bytes,
                 **self.counters,
             }

@@ -150,6 +150,7 @@ def reference_insert(batch_samples: int, series: int, rows: int, repeats: int) -
     with tempfile.TemporaryDirectory(prefix="gpuagent-ingest-ref-") as d:
         con = duckdb.connect(str(Path(d) / "ref.duckdb"))
         schema.migrate(con)
+        con.execute("SET preserve_insertion_order = false")     # as the collector sets it
         con.register("ref_rows", table)
         for _ in range(repeats):
             start, c0 = time.perf_counter(), cpu_s()

@@ -401,6 +401,8 @@ class Analyzer:
         con.execute("""CREATE OR REPLACE TEMP MACRO _fmt(x) AS CASE WHEN x IS NULL THEN 'n/a'
             WHEN abs(x) >= 100 THEN printf('%.0f', x) WHEN abs(x) >= 1 THEN printf('%.1f', x)
             ELSE printf('%.2f', x) END""")
+        con.execute("""CREATE OR REPLACE TEMP MACRO _hours(h) AS CASE WHEN h >= 1 AND h = round(h) THEN printf('%.0f h', h)
+            WHEN h >= 1 THEN printf('%.1f h', h) ELSE printf('%.0f min', h * 60) END""")
 
     def _baselines_stale(self, con, now: dt.datetime) -> bool:
         """Fleet baselines are recomputed when older than baseline_refresh (or computed for a later time)."""
@@ -415,7 +417,7 @@ class Analyzer:
             "window_start": now - dt.timedelta(seconds=cfg.window_s),
             "probe_window_start": now - dt.timedelta(seconds=cfg.probe_window_s),
             "lookback_start": now - dt.timedelta(seconds=cfg.baseline_lookback_s),
-            "window_hours": cfg.window_s / 3600.0,
+            "window_hours": cfg.window_s / 3600.0, "probe_window_hours": round(cfg.probe_window_s / 3600.0, 3),
             "min_baseline_nodes": cfg.min_baseline_nodes,
             "theoretical_threshold": cfg.theoretical_threshold_percent, "vo_z": cfg.significance_z,
             "min_runs": cfg.min_runs, "noise_k": cfg.noise_k, "min_fleet_nodes": cfg.min_fleet_nodes,

@@ -15,7 +15,11 @@ from pathlib import Path
 
 import click
 
-from gpuagent.collector.client import DEFAULT_TARGET
+# gRPC core prints its own multi-line log lines (a port in use, an unreachable collector) next to our one
+# sentence; it reads this before the first `import grpc`, so it is set here, ahead of every import of grpc.
+os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+
+from gpuagent.collector.client import DEFAULT_TARGET  # noqa: E402 - after GRPC_VERBOSITY
 
 TOKEN_ENV = "GPUAGENT_COLLECTOR_TOKEN"
 TARGET_ENV = "GPUAGENT_COLLECTOR"
@@ -98,7 +102,11 @@ def serve(listen, db_path, token, token_file, tls_cert, tls_key, insecure, refle
             notifier.ready(f"listening on {handle.address}")
         wd = notifier.watchdog_interval_s if notifier is not None else 0.0
         interval = min(wd, 1.0) if wd else 1.0
-        while not stop.wait(interval) and handle.writer.fatal is None:
+        problem = None
+        while not stop.wait(interval):
+            problem = handle.problem()
+            if problem is not None:
+                break      # no more WATCHDOG=1: systemd (or the operator) restarts a collector that broke
             if notifier is not None:
                 notifier.watchdog()
         if notifier is not None:
@@ -111,8 +119,8 @@ def serve(listen, db_path, token, token_file, tls_cert, tls_key, insecure, refle
         "stopped; stored %d batches (%d samples) and ignored %d duplicates since start; %d batches could not "
         "be stored; %.1f s in commits", stats["batches"], stats["samples"], stats["duplicates"],
         stats["failed_batches"], stats["commit_s"])
-    if handle.writer.fatal is not None:
-        raise click.ClickException(handle.writer.fatal)
+    if problem is not None:
+        raise click.ClickException(problem)
 
 
 def _notifier():

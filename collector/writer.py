@@ -479,6 +479,9 @@ class Writer:
         self._q.put(item)
         return item.future
 
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
     def queue_depth(self) -> int:
         return self._q.qsize()
 

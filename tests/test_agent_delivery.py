@@ -236,3 +236,92 @@ def test_wrong_token_is_a_clear_status_line(tmp_path):
     finally:
         stop(agent)
         c.stop()
+
+
+def test_size_capped_spool_drops_oldest_with_exact_accounting(tmp_path):
+    """Collector down, spool capped at 64 KiB: the agent drops the oldest batches and counts exactly
+    what it lost; after the collector comes back, stored + dropped = everything the agent sampled."""
+    port = free_port()
+    state = tmp_path / "state"
+    agent = start_agent(tmp_path, f"127.0.0.1:{port}", state, interval=0.2, batch_interval=0.2,
+                        GPUAGENT_SPOOL_MAX_BYTES="64KiB")
+    try:
+        wait_running(state, agent)
+        wait_for(lambda: read_status(state)["spool"]["dropped_batches"] >= 5, timeout=60, what="oldest batches dropped")
+    finally:
+        assert stop(agent) == 0
+    st = read_status(state)
+    sp, total = st["spool"], st["counters"]["samples"]
+    assert sp["backlog_bytes"] <= 64 * 1024
+    assert sp["backlog_samples"] + sp["dropped_samples"] == total
+    last_seq = sp["newest_seq"]
+    assert sp["oldest_seq"] == sp["dropped_batches"] + 1          # exactly the oldest ones went
+    c = Collector(tmp_path, port=port).start()
+    agent2 = start_agent(tmp_path, c.address, state, interval=0.5, batch_interval=0.5, log_name="agent2.log",
+                         GPUAGENT_SPOOL_MAX_BYTES="64KiB")
+    try:
+        wait_for(lambda: _delivered_upto(state, last_seq), timeout=60, what="the kept batches delivered")
+        n_batches, n_samples = c.sql(f"SELECT count(*), sum(n_samples) FROM ingest_log WHERE seq <= {last_seq}")[0]
+        assert n_batches + sp["dropped_batches"] == last_seq
+        assert n_samples + sp["dropped_samples"] == total
+        assert c.sql("SELECT count(*) FROM events WHERE kind = 'spool_dropped'")[0][0] >= 1
+    finally:
+        stop(agent2)
+        c.stop()
+
+
+def test_state_dir_reset_renumbers_instead_of_losing_batches(tmp_path):
+    """The collector knows seqs up to N for this machine, the agent's state dir is wiped and it spools
+    batches 1..k offline: on Register it moves past N and renumbers, so none is taken for a resend."""
+    import shutil
+    c = Collector(tmp_path).start()
+    state = tmp_path / "state"
+    agent = start_agent(tmp_path, c.address, state, interval=0.2, batch_interval=0.2)
+    try:
+        wait_for(lambda: c.sql("SELECT count(*) FROM ingest_log")[0][0] >= 8, timeout=60, what="8 batches stored")
+    finally:
+        stop(agent)
+    c.stop()
+    shutil.rmtree(state)
+    offline_from = time.time_ns()
+    agent = start_agent(tmp_path, c.address, state, interval=0.2, batch_interval=0.2, log_name="agent2.log")
+    try:
+        wait_for(lambda: (read_status(state) or {}).get("spool", {}).get("backlog_batches", 0) >= 3, timeout=30,
+                 what="batches spooled after the reset")
+        offline_to = time.time_ns()
+        c.start()
+        high = c.sql("SELECT max(seq) FROM ingest_log")[0][0]
+        wait_for(lambda: _delivered_upto(state, high + 3), timeout=60, what="renumbered batches delivered")
+        n = c.sql(f"SELECT count(*) FROM samples WHERE epoch_ns(ts) BETWEEN {offline_from} AND {offline_to}")[0][0]
+        assert n > 0, "the samples spooled after the state reset were lost"
+        assert "spooled batches renumbered" in (tmp_path / "agent2.log").read_text()
+    finally:
+        stop(agent)
+        c.stop()
+
+
+def test_agent_over_tls_with_token(tmp_path):
+    """collector.tls_ca + token: the agent verifies the collector's (self-signed) certificate and sends
+    its bearer token; samples arrive."""
+    import shutil
+    import subprocess
+    if shutil.which("openssl") is None:
+        pytest.fail("openssl is needed to make a test certificate")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", str(tmp_path / "key.pem"),
+                    "-out", str(tmp_path / "cert.pem")], check=True, capture_output=True, timeout=60)
+    from gpuagent.collector import client
+    from gpuagent.collector.server import start_collector
+    state = tmp_path / "state"
+    with start_collector(tmp_path / "c.duckdb", token="tls-token", tls_cert=str(tmp_path / "cert.pem"),
+                         tls_key=str(tmp_path / "key.pem")) as h:
+        target = f"127.0.0.1:{h.port}"
+        agent = start_agent(tmp_path, target, state, interval=0.3, batch_interval=0.3,
+                            GPUAGENT_TLS_CA=str(tmp_path / "cert.pem"), GPUAGENT_TOKEN="tls-token")
+        try:
+            wait_for(lambda: client.query(target, f"SELECT count(*) FROM samples WHERE metric = '{TICK_METRIC}'",
+                                          token="tls-token", tls_ca=str(tmp_path / "cert.pem")).rows[0][0] >= 2,
+                     timeout=60, what="samples over TLS")
+            assert read_status(state)["collector"]["connected"] is True
+        finally:
+            stop(agent)

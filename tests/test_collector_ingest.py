@@ -183,3 +183,27 @@ def test_probe_result_without_times_takes_the_batch_time(collector, stub):
             "ORDER BY probe")).rows_json)
     assert got == [["collective", created // 1000, created // 1000, 0.0],
                    ["host", (created - 10**9) // 1000, (created - 10**9) // 1000, 0.0]]
+
+
+def test_in_flight_bound_makes_streams_wait_but_loses_nothing(tmp_path):
+    from gpuagent.collector.server import ServerOptions
+
+    with start_collector(tmp_path / "c.duckdb", options=ServerOptions(max_inflight_samples=1000)) as h, \
+            grpc.insecure_channel(f"127.0.0.1:{h.port}") as ch:
+        stub = pb_grpc.CollectorStub(ch)
+        ids = [stub.Register(pb.RegisterRequest(node=node_info(f"w{i}", f"mw{i}"))).node_id for i in range(4)]
+        results: dict[str, list] = {}
+
+        def run(node_id):
+            # 600 samples per batch: two batches never fit the 1000-sample bound together
+            results[node_id] = [a.seq for a in stub.Stream(iter([sample_batch(node_id, s, n=600)
+                                                                  for s in range(1, 11)]))]
+
+        threads = [threading.Thread(target=run, args=(n,)) for n in ids]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert all(results[n] == list(range(1, 11)) for n in ids)
+        assert h.writer.stats["samples"] == 4 * 10 * 600
+        assert h.writer.stats["groups"] == 40     # the bound admits one batch at a time

@@ -319,3 +319,12 @@ def test_full_agent_queue_delays_hello_without_backoff(tmp_path):
     t.close()
     agent.close()
     filler.close()
+
+
+def test_receiver_bounds_the_number_of_trackers(receiver, monkeypatch):
+    from gpuagent.agent import job_steps
+    monkeypatch.setattr(job_steps, "_MAX_STREAMS", 3)
+    for tracker_id in range(5):       # five "trackers" from one process: the last two are refused
+        receiver.receive(wire.encode_hello(os.getpid(), 0, 0, 1, tracker_id, "j", "n", "explicit"), os.getpid())
+    assert len(receiver.tracked_pids()) == 1 and receiver.refused_streams == 2
+    assert len(receiver._streams) == 3

@@ -117,7 +117,7 @@ SELECT node_id, gpu, 'virtualization_overhead' AS kind, component,
        CASE
          WHEN baseline_source = 'none' THEN
            coalesce('GPU ' || gpu::VARCHAR || ' ', '') || label || ' ' || _fmt(value) || ' ' || unit_label
-           || ' on this virtualized node (' || coalesce(virt_type, 'unknown') || ') has no baseline for ' || class_label
+           || ' on this VM' || coalesce(' (' || nullif(nullif(virt_type, ''), 'none') || ')', '') || ' has no baseline for ' || class_label
            || ' (' || coalesce(fleet_nodes, 0)::VARCHAR || ' bare-metal nodes, no reference row, nothing declared)'
            || ': add bare-metal nodes of this class or declare a value under [baselines] in the collector config.'
          ELSE
@@ -133,7 +133,7 @@ SELECT node_id, gpu, 'virtualization_overhead' AS kind, component,
                                             || ' for ' || class_label || ' (' || ref_source || ')'
                 ELSE 'declared baseline ' || _fmt(baseline) || ' ' || unit_label || ' for ' || class_label
               END
-           || ' on this ' || coalesce(virt_type, 'virtualized') || ' VM: ' || advice || '.'
+           || ' on this VM' || coalesce(' (' || nullif(nullif(virt_type, ''), 'none') || ')', '') || ': ' || advice || '.'
        END AS sentence
 FROM _vo_scored
 WHERE baseline_source = 'none' OR overhead - coalesce(margin, 0) > threshold

@@ -1,0 +1,45 @@
+"""`gpuagent status` over an in-process Agent whose GPU sampler reads the fake NVML backend (the one
+allowed fake; SYNTHETIC 8-GPU H100 values from tests/data): the GPU table, throttle reasons, the
+unavailable list, and the Register NodeInfo with 8 GPUs."""
+
+from __future__ import annotations
+
+from fake_nvml import H100_8GPU, FakeNvmlBackend
+
+from gpuagent.agent.config import load_config
+from gpuagent.agent.daemon import Agent, build_node_info
+from gpuagent.agent.gpu_sampler import GpuSampler
+from gpuagent.agent.host_sampler import HostSampler
+from gpuagent.agent.nvml import Nvml
+from gpuagent.agent.status import read_status, render
+
+
+def test_status_shows_fake_gpus_with_throttle_reasons(tmp_path):
+    cfg = load_config(None, env={}, state_dir=str(tmp_path / "state"), collector="127.0.0.1:9",
+                      labels={"pool": "synthetic-h100"})
+    backend = FakeNvmlBackend(H100_8GPU)
+    gpu = GpuSampler(nvml=Nvml(backend=backend))
+    samplers = [HostSampler(), gpu]
+    agent = Agent(cfg, samplers=samplers, node_info=build_node_info(cfg, samplers))
+    try:
+        for _ in range(3):
+            backend.advance(1.0)
+            agent.tick()
+        data = read_status(cfg.state_dir)
+    finally:
+        agent.shutdown()
+    assert len(agent.node_info.gpus) == 8 and agent.node_info.labels["pool"] == "synthetic-h100"
+    gpus = data["gpus"]
+    assert [g["index"] for g in gpus] == list(range(8))
+    fixture = backend.gpus
+    for g, f in zip(gpus, fixture):
+        assert g["name"] == f["name"]
+        assert g["temperature_celsius"] is not None and g["memory_total_bytes"] > 0 and g["power_watts"] > 0
+        util_missing = any(u.startswith(f"GPU {g['index']}: nvmlDeviceGetUtilizationRates") for u in data["unavailable"])
+        assert (g.get("util_percent") is None) == util_missing     # a missing metric is listed, not invented
+    # The fixture has throttle bits set on some GPU: they appear by name, not as a bitmask.
+    throttled = [g for g in gpus if g["throttle_reasons"]]
+    assert throttled, "the fixture's throttle bits did not reach the status"
+    text = render(data)
+    assert "GPUs (8)" in text and fixture[0]["name"][:20] in text
+    assert any(r in text for r in throttled[0]["throttle_reasons"])
