@@ -401,6 +401,8 @@ class Analyzer:
         con.execute("""CREATE OR REPLACE TEMP MACRO _fmt(x) AS CASE WHEN x IS NULL THEN 'n/a'
             WHEN abs(x) >= 100 THEN printf('%.0f', x) WHEN abs(x) >= 1 THEN printf('%.1f', x)
             ELSE printf('%.2f', x) END""")
+        con.execute("""CREATE OR REPLACE TEMP MACRO _hours(h) AS CASE WHEN h >= 1 AND h = round(h) THEN printf('%.0f h', h)
+            WHEN h >= 1 THEN printf('%.1f h', h) ELSE printf('%.0f min', h * 60) END""")
 
     def _baselines_stale(self, con, now: dt.datetime) -> bool:
         """Fleet baselines are recomputed when older than baseline_refresh (or computed for a later time)."""

@@ -15,7 +15,11 @@ from pathlib import Path
 
 import click
 
-from gpuagent.collector.client import DEFAULT_TARGET
+# gRPC core prints its own multi-line log lines (a port in use, an unreachable collector) next to our one
+# sentence; it reads this before the first `import grpc`, so it is set here, ahead of every import of grpc.
+os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+
+from gpuagent.collector.client import DEFAULT_TARGET  # noqa: E402 - after GRPC_VERBOSITY
 
 TOKEN_ENV = "GPUAGENT_COLLECTOR_TOKEN"
 TARGET_ENV = "GPUAGENT_COLLECTOR"

@@ -464,10 +464,10 @@ def start_collector(db_path: str | Path, listen: str = "127.0.0.1:0", token: str
                 (SERVICE_NAME, health.SERVICE_NAME, grpc_reflection.SERVICE_NAME), server)
         try:
             port = server.add_secure_port(listen, creds) if creds else server.add_insecure_port(listen)
-        except RuntimeError as exc:
-            raise CollectorError(f"cannot listen on {listen}: {exc}") from None
+        except RuntimeError:
+            port = 0
         if not port:
-            raise CollectorError(f"cannot listen on {listen}: the address is in use or not available here")
+            raise CollectorError(f"cannot listen on {listen}: the address is in use or not available on this host")
         await server.start()
         for name in ("", SERVICE_NAME):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)

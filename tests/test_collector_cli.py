@@ -190,3 +190,15 @@ def test_sd_notify_ready_watchdog_and_stopping(tmp_path):
             proc.kill()
             proc.communicate()
         sock.close()
+
+
+def test_port_in_use_is_one_sentence(tmp_path):
+    proc, port = start_serve(tmp_path)
+    try:
+        r = run_cli("serve", "--listen", f"127.0.0.1:{port}", "--db", str(tmp_path / "other.duckdb"))
+        assert r.returncode == 1
+        assert r.stderr.strip().splitlines() == [
+            f"Error: cannot listen on 127.0.0.1:{port}: the address is in use or not available on this host"]
+    finally:
+        code, err = stop(proc)
+    assert code == 0, err
