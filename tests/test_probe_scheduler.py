@@ -200,3 +200,44 @@ def test_disk_activity_comes_from_the_host_samplers_latest_values(tmp_path):
     assert act("nvme0n1") is None
     old = _disk_activity_from(b, max_age_s=0)
     assert wait_for(lambda: old("vda") is None, timeout=5, what="values to age out")
+
+
+def test_probe_results_reach_the_collectors_duckdb(tmp_path):
+    """Agent (subprocess) -> collector (subprocess, DuckDB file): ok, forced and platform-skipped runs are
+    stored in probe_results with their reason, and the metrics in probe_metrics."""
+    pytest.importorskip("gpuagent.collector.cli", reason="the collector is not in this tree")
+    from agent_helpers import free_port, start_agent, stop, wait_running
+    from gpuagent.agent import local_run
+
+    port = free_port()
+    col = local_run.start_collector(tmp_path / "c.duckdb", port, tmp_path / "collector.log")
+    try:
+        local_run.wait_port(port, col, tmp_path / "collector.log")
+        cfg = tmp_path / "agent.toml"
+        cfg.write_text(
+            "[probes]\ninitial_delay_s = 0\njitter_fraction = 0\n"
+            "[probes.host]\n[probes.host.params]\nrepeats = 1\npipe_iters = 200\n"
+            f"[probes.storage]\nforce = true\n[probes.storage.params]\npath = \"{tmp_path}\"\n"
+            "size_mib = 16\nrand_seconds = 0.3\n"
+            "[probes.pcie]\nenabled = false\n[probes.gpu_compute]\nenabled = false\n")
+        state = tmp_path / "state"
+        agent = start_agent(tmp_path, f"127.0.0.1:{port}", state, batch_interval=0.5, GPUAGENT_CONFIG=str(cfg))
+        try:
+            wait_running(state, agent)
+
+            def rows():
+                r = local_run.query(f"127.0.0.1:{port}", "SELECT probe, status, reason, gpu FROM probe_results "
+                                                         "ORDER BY probe")[1]
+                return r if len(r) >= 3 else None
+            got = wait_for(rows, timeout=90, what="three probe results in DuckDB")
+        finally:
+            stop(agent)
+        metrics = {m for (m,) in local_run.query(
+            f"127.0.0.1:{port}", "SELECT DISTINCT metric FROM probe_metrics WHERE probe IN ('host', 'storage')")[1]}
+    finally:
+        local_run.stop_process(col, timeout=30)
+    by = {r[0]: r for r in got}
+    assert by["host"][1] == "ok" and by["storage"][1] == "ok"
+    # this machine has no GPU: the multi-GPU probe is recorded as skipped without starting a subprocess
+    assert by["collective"][1] == "skipped" and by["collective"][2].startswith("platform: collective needs multi-gpu")
+    assert {"syscall_ns", "clock_gettime_ns", "seq_read_gbps", "rand_read_iops", "o_direct"} <= metrics
