@@ -215,6 +215,13 @@ class Batcher:
     def _pending(self) -> bool:
         return bool(self._ts or self._probes or self._job_samples or self._job_steps or self._events)
 
+    def discard_pending(self) -> int:
+        """Drop everything pending (the caller counts it); returns the number of samples dropped."""
+        with self._lock:
+            n = len(self._ts)
+            self._reset()
+            return n
+
     def start_clock(self, now: float) -> None:
         self._last_cut = now
 
@@ -232,10 +239,14 @@ class Batcher:
             self._last_cut = self._clock() if now is None else now
             if not self._pending():
                 return None
+        # The seq is persisted first: if that fails (e.g. disk full) the OSError reaches the caller and
+        # the samples stay pending for the next cut instead of being lost.
+        seq = self._seq.next()
+        with self._lock:
             series, ts, sid, val = self._series, self._ts, self._sid, self._val
             probes, jsamples, jsteps, events = self._probes, self._job_samples, self._job_steps, self._events
             self._reset()
-        batch = pb.Batch(seq=self._seq.next(), created_ns=now_ns())
+        batch = pb.Batch(seq=seq, created_ns=now_ns())
         cols = batch.samples
         for (metric, gpu, labels), i in series.items():
             cols.series.add(id=i, metric=metric, gpu=gpu, labels=dict(labels))

@@ -184,7 +184,17 @@ class Agent:
         self._pinger.maybe_ping()
 
     def flush(self, scheduled: float | None = None) -> None:
-        batch = self.batcher.cut(scheduled)
+        try:
+            batch = self.batcher.cut(scheduled)
+        except OSError as exc:
+            # The seq could not be persisted (disk full, read-only): keep sampling into memory and retry
+            # at the next cut; past 4 batches' worth, drop what is pending and count it.
+            self._report_once(("seq", "write"), f"cannot persist the batch seq in {self.state_dir}: "
+                              f"{exc.strerror or exc}; samples stay in memory until it can be written")
+            if self.batcher.pending_samples > 4 * self.cfg.batch_max_samples:
+                n = self.batcher.discard_pending()
+                self.spool.count_dropped(0, n, f"dropped {n} samples held in memory: the seq cannot be persisted")
+            return
         if batch is not None:
             self.spool.put(batch.seq, batch.SerializeToString(), len(batch.samples.ts_ns), _n_items(batch))
 
@@ -324,6 +334,12 @@ class Agent:
                          "batches": b.total_batches, "samples": b.total_samples},
             "torch_loaded": "torch" in sys.modules,
         }
+
+    def _report_once(self, key: tuple[str, str], message: str) -> None:
+        if key not in self._sampler_errors:
+            self._sampler_errors.add(key)
+            log.error(message + " (reported once)")
+            self.batcher.event("agent_error", message)
 
     def write_status(self, state: str = "running") -> None:
         try:

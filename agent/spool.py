@@ -12,8 +12,9 @@ Durability policy, and why:
 * The counters file (dropped/corrupt/rejected) is rewritten atomically, with fsync, whenever it changes
   (rare), so the exact drop counts survive restarts.
 
-Past ``max_bytes`` the oldest batches are deleted first and counted exactly (batches and samples, from
-the header, without parsing). A file whose header or checksum is wrong is moved to ``corrupt/``,
+Past ``max_bytes``, or when the file system has less than ``min_free_bytes`` (1 MiB) left, the oldest
+batches are deleted first and counted exactly (batches and samples, from the header, without parsing);
+a write that still fails (ENOSPC) drops that batch, counted the same way, and the agent carries on. A file whose header or checksum is wrong is moved to ``corrupt/``,
 counted and reported through ``on_event`` (kind ``spool_corrupt``); it never stops the agent.
 """
 
@@ -38,6 +39,7 @@ log = logging.getLogger("gpuagent.spool")
 MAGIC = b"GAB1"
 HEADER = struct.Struct(">4sQIIII")  # magic, seq, n_samples, n_items, payload_len, crc32
 _NAME = re.compile(r"^(\d{20})\.batch$")
+MIN_FREE_BYTES = 1024 * 1024   # the spool gives way (oldest first) before the file system is this full
 
 EventFn = Callable[[str, str, dict], None]   # (kind, message, attrs)
 
@@ -70,9 +72,10 @@ class Spool:
                 "rejected_samples", "write_errors")
 
     def __init__(self, directory: str | os.PathLike, max_bytes: int = 512 * 1024 * 1024,
-                 on_event: EventFn | None = None):
+                 on_event: EventFn | None = None, min_free_bytes: int = MIN_FREE_BYTES):
         self.dir = Path(directory)
         self.max_bytes = int(max_bytes)
+        self.min_free_bytes = int(min_free_bytes)
         self.on_event = on_event or (lambda kind, msg, attrs: None)
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o750)
         self._lock = threading.Lock()
@@ -83,6 +86,7 @@ class Spool:
         self.counters = dict.fromkeys(self.COUNTERS, 0)
         self._load_counters()
         self._pending_events: list[tuple[str, str, dict]] = []
+        self._last_drop_log = -1e9
         self._scan()
 
     # ---------------------------------------------------------------- startup
@@ -171,6 +175,13 @@ class Spool:
                     old, (osize, osamples) = next(iter(self._index.items()))
                     self._remove(old)
                     self._count_drop(1, osamples, f"spool full ({self.max_bytes} bytes): dropped oldest batch {old}")
+                # The file system may fill before the bound: keep min_free_bytes free for the seq and
+                # status files (and everyone else) by dropping the oldest batches, not the newest.
+                while self._index and self._free_bytes() < size + self.min_free_bytes:
+                    old, (osize, osamples) = next(iter(self._index.items()))
+                    self._remove(old)
+                    self._count_drop(1, osamples, f"disk nearly full (less than {self.min_free_bytes} bytes free "
+                                                  f"in {self.dir}): dropped oldest batch {old}")
                 try:
                     atomic_write(self._path(seq), record, fsync=True, mode=0o640)
                 except OSError as exc:
@@ -189,6 +200,13 @@ class Spool:
             self._flush_locked_events()
             return False
 
+    def _free_bytes(self) -> int:
+        try:
+            st = os.statvfs(self.dir)
+        except OSError:
+            return 1 << 62
+        return st.f_bavail * st.f_frsize
+
     def _flush_locked_events(self) -> None:
         if self._pending_events:
             try:
@@ -197,11 +215,20 @@ class Spool:
                 log.error("cannot save spool counters: %s", exc)
             self._flush_events()
 
+    def count_dropped(self, batches: int, samples: int, reason: str) -> None:
+        """Count data lost before it reached the spool (it still belongs in the exact drop counters)."""
+        with self._lock:
+            self._count_drop(batches, samples, reason)
+            self._flush_locked_events()
+
     def _count_drop(self, batches: int, samples: int, reason: str) -> None:
         self.counters["dropped_batches"] += batches
         self.counters["dropped_samples"] += samples
-        log.warning("%s (%d batches / %d samples dropped so far)", reason,
-                    self.counters["dropped_batches"], self.counters["dropped_samples"])
+        now = time.monotonic()
+        if now - self._last_drop_log >= 60.0:     # at most one line a minute; the counters are exact
+            self._last_drop_log = now
+            log.warning("%s (%d batches / %d samples dropped so far; further drops are logged at most "
+                        "once a minute)", reason, self.counters["dropped_batches"], self.counters["dropped_samples"])
         self._pending_events.append(("spool_dropped", reason,
                                      {"dropped_batches": str(self.counters["dropped_batches"]),
                                       "dropped_samples": str(self.counters["dropped_samples"])}))

@@ -177,6 +177,13 @@ def main(argv=None) -> int:
     by = {r["run"]: r for r in out["runs"]}
     out["noisy_opened_under_stress"] = bool(by.get("noisy", {}).get("noisy_flags_open"))
     out["quiet_opened_none"] = by["quiet"]["noisy_flags_open"] == 0 if "quiet" in by else None
+    if "quiet" in by:
+        psi = by["quiet"]["pressure_avg_max"].get("psi_cpu_some_avg10_percent", {}).get("avg")
+        load = max(by["quiet"]["loadavg_1m_start_end"])
+        # The machine is shared: say whether the control run actually was quiet.
+        out["quiet_run_was_quiet"] = bool(psi is not None and psi < 10.0 and load < (os.cpu_count() or 1))
+        out["quiet_run_psi_cpu_avg_percent"] = psi
+        out["quiet_run_max_loadavg"] = load
     if args.json:
         print(json.dumps(out, indent=2))
     else:

@@ -156,7 +156,7 @@ class AnalyzerConfig:
     baseline_refresh_s: float = 900.0
     min_baseline_nodes: int = 3
     theoretical_threshold_percent: float = 40.0
-    significance_z: float = 1.645   # one-sided 95 %: the overhead exceeds the threshold with that confidence
+    significance_z: float = 1.0     # one-sided ~84 %: the overhead exceeds the threshold with that confidence
     min_runs: int = 5
     noise_k: float = 3.0
     min_fleet_nodes: int = 3
@@ -401,6 +401,8 @@ class Analyzer:
         con.execute("""CREATE OR REPLACE TEMP MACRO _fmt(x) AS CASE WHEN x IS NULL THEN 'n/a'
             WHEN abs(x) >= 100 THEN printf('%.0f', x) WHEN abs(x) >= 1 THEN printf('%.1f', x)
             ELSE printf('%.2f', x) END""")
+        con.execute("""CREATE OR REPLACE TEMP MACRO _hours(h) AS CASE WHEN h >= 1 AND h = round(h) THEN printf('%.0f h', h)
+            WHEN h >= 1 THEN printf('%.1f h', h) ELSE printf('%.0f min', h * 60) END""")
 
     def _baselines_stale(self, con, now: dt.datetime) -> bool:
         """Fleet baselines are recomputed when older than baseline_refresh (or computed for a later time)."""

@@ -325,3 +325,50 @@ def test_agent_over_tls_with_token(tmp_path):
             assert read_status(state)["collector"]["connected"] is True
         finally:
             stop(agent)
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A real 1.5 MiB tmpfs for the state dir (needs root / CAP_SYS_ADMIN; skipped without)."""
+    import subprocess
+    mnt = tmp_path / "smallfs"
+    mnt.mkdir()
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1536k", "tmpfs", str(mnt)], capture_output=True,
+                         text=True, timeout=30)
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {res.stderr.strip()}")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=30)
+
+
+def test_full_disk_drops_oldest_keeps_running_and_counts_exactly(tmp_path, small_fs):
+    """State dir on a 1.5 MiB file system, collector down, spool bound far above it: the spool keeps
+    1 MiB free by dropping its oldest batches, the agent keeps sampling and writing its status, and
+    after the collector returns stored + dropped = sampled."""
+    port = free_port()
+    state = small_fs / "state"
+    agent = start_agent(tmp_path, f"127.0.0.1:{port}", state, interval=0.1, batch_interval=0.1)
+    try:
+        wait_running(state, agent)
+        wait_for(lambda: (read_status(state) or {}).get("spool", {}).get("dropped_batches", 0) >= 5, timeout=90,
+                 what="oldest batches dropped for disk space")
+        assert agent.poll() is None
+        assert "disk nearly full" in (tmp_path / "agent.log").read_text()
+        st = wait_running(state, agent)          # the status file is still being rewritten
+        assert st["spool"]["write_errors"] == 0
+    finally:
+        assert stop(agent) == 0
+    st = read_status(state)
+    sp, total = st["spool"], st["counters"]["samples"]
+    assert sp["backlog_samples"] + sp["dropped_samples"] == total
+    last_seq = sp["newest_seq"]
+    c = Collector(tmp_path, port=port).start()
+    agent2 = start_agent(tmp_path, c.address, state, interval=0.5, batch_interval=0.5, log_name="agent2.log")
+    try:
+        wait_for(lambda: _delivered_upto(state, last_seq), timeout=60, what="the kept batches delivered")
+        n_batches, n_samples = c.sql(f"SELECT count(*), sum(n_samples) FROM ingest_log WHERE seq <= {last_seq}")[0]
+        assert n_batches + sp["dropped_batches"] == last_seq
+        assert n_samples + sp["dropped_samples"] == total
+    finally:
+        stop(agent2)
+        c.stop()

@@ -70,7 +70,7 @@ SELECT node_id, gpu, 'noisy_neighbor_variance' AS kind, component,
        || ' (' || CASE WHEN better = 'higher' THEN 'p50/p1 ' ELSE 'p99/p50 ' END || printf('%.2f', tail_ratio) || '×)'
        || ' over ' || runs::VARCHAR || CASE WHEN component = 'step_time' THEN ' step windows in the last '
                                           ELSE ' runs in the last ' END
-       || printf('%g', CASE WHEN component = 'step_time' THEN $window_hours ELSE $probe_window_hours END) || ' h, '
+       || _hours(CASE WHEN component = 'step_time' THEN $window_hours ELSE $probe_window_hours END) || ', '
        || CASE WHEN peers_ok
                THEN printf('%.1f', cv / nullif(fleet_cv, 0)) || '× the median CV ' || printf('%.0f', fleet_cv * 100)
                     || ' % of ' || class_label || ' (' || peers::VARCHAR || ' other nodes)'

@@ -116,5 +116,5 @@ SELECT node_id, gpu, 'utilization_gap' AS kind, component,
                THEN ' (' || printf('%.2f', lost_hours * price_per_gpu_hour) || ' at ' || printf('%.2f', price_per_gpu_hour)
                     || '/GPU-h in pool ' || coalesce(pool, '?') || ')'
                ELSE ' (no price for pool ' || coalesce(pool, '?') || ')' END
-       || ' in the last ' || printf('%.0f', $window_hours * 60) || ' min: ' || advice || '.' AS sentence
+       || ' in the last ' || _hours($window_hours) || ': ' || advice || '.' AS sentence
 FROM _ug_cond;
