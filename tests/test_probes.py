@@ -36,7 +36,7 @@ def _probe_files(d) -> list[str]:
 
 def test_registry_and_scheduler_do_not_import_torch():
     code = ("import sys, gpuagent.agent.probe_scheduler, gpuagent.probes.cli, gpuagent.probes.registry as r;"
-            "r.specs(); import gpuagent.agent.cli;"
+            "r.specs(); import gpuagent.agent.cli, gpuagent.agent.daemon;"
             "assert 'torch' not in sys.modules, 'torch was imported'; print(','.join(r.names()))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
