@@ -91,7 +91,6 @@ async def _worker(args) -> dict:
                                       response_deserializer=pb.Ack.FromString)
 
         async def one_stream(k: int) -> None:
-            nonlocal acked_samples
             info = pb.NodeInfo(hostname=f"bench-{args.worker_id}-{k}", machine_id=f"bench-{args.worker_id}-{k}",
                                labels={"synthetic": "true", "pool": "bench"})
             node_id = (await stub.Register(pb.RegisterRequest(node=info))).node_id
