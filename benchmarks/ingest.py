@@ -91,7 +91,6 @@ async def _worker(args) -> dict:
                                       response_deserializer=pb.Ack.FromString)
 
         async def one_stream(k: int) -> None:
-            nonlocal acked_samples
             info = pb.NodeInfo(hostname=f"bench-{args.worker_id}-{k}", machine_id=f"bench-{args.worker_id}-{k}",
                                labels={"synthetic": "true", "pool": "bench"})
             node_id = (await stub.Register(pb.RegisterRequest(node=info))).node_id
@@ -188,7 +187,8 @@ def run(args) -> dict:
     port_file = work / "port"
     log = open(work / "collector.log", "w")
     collector = subprocess.Popen([sys.executable, "-m", "gpuagent.collector", "serve", "--listen", "127.0.0.1:0",
-                                  "--db", str(db), "--port-file", str(port_file), "--no-analyze"],
+                                  "--db", str(db), "--port-file", str(port_file), "--no-analyze",
+                                  *(["--memory-limit", args.memory_limit] if args.memory_limit else [])],
                                  stdout=log, stderr=subprocess.STDOUT)
     clients = []
     try:
@@ -293,6 +293,7 @@ def main(argv=None) -> None:
     ap.add_argument("--warmup", type=float, default=5.0, help="seconds before measuring")
     ap.add_argument("--duration", type=float, default=15.0, help="seconds measured")
     ap.add_argument("--reference-rows", type=int, default=500_000, help="rows in each reference insert")
+    ap.add_argument("--memory-limit", default=None, help="the collector's --memory-limit (default: its own)")
     ap.add_argument("--_worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--target", help=argparse.SUPPRESS)
     ap.add_argument("--worker-id", type=int, default=0, help=argparse.SUPPRESS)

@@ -25,7 +25,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from gpuagent.collector import schema, sqlguard
 from gpuagent.collector.auth import BearerTokenInterceptor
-from gpuagent.collector.writer import BatchError, Limits, StorageError, Writer, prepare_batch, register_node
+from gpuagent.collector.writer import BatchError, Limits, Writer, prepare_batch, register_node
 from gpuagent.proto import pb, pb_grpc
 
 log = logging.getLogger("gpuagent.collector")

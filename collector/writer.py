@@ -224,7 +224,8 @@ def prepare_batch(batch: pb.Batch, limits: Limits = Limits(), now_ns: int | None
                 pm["params_key"].append(key)
                 pm["started_at"].append(started)
                 pm["metric"].append(metric)
-                pm["value"].append(r.metrics[metric])
+                value = r.metrics[metric]
+                pm["value"].append(value if value == value else None)   # NaN: not measured
         ts, s, i16, f64 = _ts_type(), pa.string(), pa.int16(), pa.float64()
         probe_results = _table(pr, {"node_id": s, "probe": s, "gpu": i16, "status": s, "reason": s,
                                     "params": s, "params_key": s, "env": s, "started_at": ts,

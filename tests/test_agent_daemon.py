@@ -111,3 +111,37 @@ def test_status_stale_is_reported(tmp_path):
     import re
     m = re.search(r"is stale: .* last updated (\d+) s ago", res.stderr)
     assert res.returncode == 1 and m and int(m.group(1)) >= 60, res.stderr
+
+
+def test_status_virt_and_container_agree_with_system_tools(tmp_path):
+    """`gpuagent status` names the hypervisor and the container runtime that systemd-detect-virt
+    reports on this machine (a KVM guest running the suite in Docker here); virt-what lists both."""
+    import json
+    import shutil
+    if shutil.which("systemd-detect-virt") is None:
+        import pytest
+        pytest.skip("systemd-detect-virt not installed")
+
+    def detect(flag):
+        r = subprocess.run(["systemd-detect-virt", flag], capture_output=True, text=True, timeout=30)
+        return r.stdout.strip() or "none"
+    vm, container = detect("--vm"), detect("--container")
+    state = tmp_path / "state"
+    proc = start_agent(tmp_path, f"127.0.0.1:{free_port()}", state, interval=0.5)
+    try:
+        wait_running(state, proc)
+        text = _status_cli("--state-dir", str(state)).stdout
+        data = json.loads(_status_cli("--state-dir", str(state), "--json").stdout)
+    finally:
+        stop(proc)
+    fp = data["fingerprint"]
+    assert fp["virt_type"] == vm
+    assert (fp.get("container_runtime") or "none") == container
+    virt_line = next(line for line in text.splitlines() if line.startswith("virt "))
+    assert virt_line.split()[1] == vm and f"container: {container if container != 'none' else 'none'}" in virt_line
+    if shutil.which("virt-what"):
+        what = subprocess.run(["virt-what"], capture_output=True, text=True, timeout=30).stdout.split()
+        if vm != "none":
+            assert vm in what
+        if container != "none":
+            assert container in what

@@ -5,7 +5,6 @@ exact, queries keep working, and the collector stops cleanly without a traceback
 from __future__ import annotations
 
 import json
-import os
 import resource
 import signal
 import subprocess
