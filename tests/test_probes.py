@@ -105,6 +105,19 @@ def test_host_probe_real_run():
         assert r.env["clocksource"] == f.read().strip()
 
 
+def test_host_call_cost_estimator_subtracts_the_loop():
+    """The baseline loop is subtracted: the no-op measured against itself costs next to nothing, while a
+    real syscall stays well above it; memcpy on its 4 KiB-page buffers gives a positive rate."""
+    import gc
+
+    from gpuagent.probes import host
+    noop = host._per_call_ns(gc.isenabled, 20000, chunks=20)
+    syscall = host._per_call_ns(os.getppid, 20000, chunks=20)
+    assert noop >= 0 and syscall > 0
+    assert noop < syscall / 4, (noop, syscall)
+    assert host._memcpy_gbps(4, 2) > 0.05
+
+
 # ---------------------------------------------------------------- storage
 
 def test_storage_probe_on_real_disk_leaves_no_file(tmp_path):
