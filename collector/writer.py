@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import queue
 import re
 import threading
@@ -318,7 +319,7 @@ def prepare_batch(batch: pb.Batch, limits: Limits = Limits(), now_ns: int | None
             cols["gpu"].append(_gpu_or_none(e.gpu))
             cols["kind"].append(e.kind)
             cols["message"].append(e.message)
-            cols["value"].append(e.value)
+            cols["value"].append(None if math.isnan(e.value) else e.value)
             cols["attrs"].append(_json(e.attrs))
             if e.kind == "job_end" and e.attrs.get("job_id"):
                 try:
@@ -331,7 +332,7 @@ def prepare_batch(batch: pb.Batch, limits: Limits = Limits(), now_ns: int | None
                 ends["job_name"].append(e.attrs.get("job_name") or None)
                 ends["ts"].append(e.ts_ns)
                 ends["duration_s"].append(duration)
-                ends["avg_gpu_util_percent"].append(e.value)
+                ends["avg_gpu_util_percent"].append(None if math.isnan(e.value) else e.value)
         events = _table(cols, {"ts": _ts_type(), "node_id": pa.string(), "gpu": pa.int16(), "kind": pa.string(),
                                "message": pa.string(), "value": pa.float64(), "attrs": pa.string()})
         if ends["job_id"]:
