@@ -28,6 +28,7 @@ does not count toward the job's mean; a MIG process carries ``mig_gpu_instance``
 Lifecycle events (the ``gpuagent.jobs`` tracker and the analyzer rely on these):
 - ``job_start``: a job id seen for the first time; attrs {job_id, job_name, source}.
 - ``job_end``: a job id unseen for ``end_grace_s``; **value = mean GPU utilization over its life**
+  (NaN when none was sampled: a CPU-only job; stored as NULL)
   (per tick, the mean over the GPUs it used of its processes' SM util; 0 when it used no GPU);
   attrs {job_id, job_name, source, duration_s, gpus, gpu_util_samples}.
 """
@@ -392,9 +393,12 @@ class JobDiscovery:
     def _end_jobs(self, ts_ns: int, sink) -> None:
         for job_id in [j for j, job in self._jobs.items() if ts_ns - job.last_ns >= self.end_grace_ns]:
             job = self._jobs.pop(job_id)
-            mean = job.util_sum / job.util_n if job.util_n else 0.0
+            # No GPU utilization was ever sampled (a CPU-only job): the mean is unknown, not 0 %. NaN
+            # travels in the proto double and the collector stores it as NULL.
+            mean = job.util_sum / job.util_n if job.util_n else float("nan")
             dur = (job.last_ns - job.first_ns) / 1e9
-            sink.event("job_end", f"job {job_id} ended after {dur:.0f} s, mean GPU util {mean:.1f} %",
+            util_text = f"mean GPU util {mean:.1f} %" if job.util_n else "no GPU utilization sampled"
+            sink.event("job_end", f"job {job_id} ended after {dur:.0f} s, {util_text}",
                        value=mean, ts_ns=ts_ns,
                        attrs={"job_id": job_id, "job_name": job.job_name, "source": job.source,
                               "duration_s": f"{dur:.3f}", "gpus": ",".join(map(str, sorted(job.gpus))),

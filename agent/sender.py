@@ -32,6 +32,7 @@ import grpc
 from gpuagent.agent.config import CollectorConfig
 from gpuagent.agent.spool import Spool
 from gpuagent.proto import pb
+from gpuagent.proto.wire import length_delimited
 
 log = logging.getLogger("gpuagent.sender")
 
@@ -40,22 +41,11 @@ REGISTER_METHOD = "/gpuagent.v1.Collector/Register"
 _SEQ_IN_DETAILS = re.compile(r"\bseq\D{0,3}(\d+)")
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
 
 def with_node_id(payload: bytes, node_id: str) -> bytes:
     """``payload`` (a serialized Batch) with ``node_id`` set, without parsing the batch."""
     raw = node_id.encode()
-    return payload + b"\x0a" + _varint(len(raw)) + raw
+    return payload + length_delimited(1, raw)   # field 1 = Batch.node_id; the last value wins
 
 
 @dataclass

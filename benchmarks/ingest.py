@@ -53,22 +53,12 @@ def synthetic_batch(node_id: str, seq: int, n_samples: int, n_series: int, t0_ns
     return b
 
 
-def _varint(v: int) -> bytes:
-    out = bytearray()
-    while True:
-        b = v & 0x7F
-        v >>= 7
-        if v:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
 def batch_bytes(node_id: str, seq: int, samples_field: bytes) -> bytes:
     """Serialized Batch = node_id (field 1) + seq (field 2) + pre-serialized samples (field 4)."""
+    from gpuagent.proto.wire import length_delimited, varint
+
     nid = node_id.encode()
-    return b"\x0a" + _varint(len(nid)) + nid + b"\x10" + _varint(seq) + samples_field
+    return length_delimited(1, nid) + b"\x10" + varint(seq) + samples_field
 
 
 # ------------------------------------------------------------------------------------ client worker
@@ -77,10 +67,11 @@ async def _worker(args) -> dict:
     import grpc
 
     from gpuagent.proto import pb, pb_grpc
+    from gpuagent.proto.wire import length_delimited
 
     t0 = time.time_ns() - 3600 * 10**9
     template = synthetic_batch("x", 1, args.batch_samples, args.series, t0)
-    samples_field = b"\x22" + _varint(template.samples.ByteSize()) + template.samples.SerializeToString()
+    samples_field = length_delimited(4, template.samples.SerializeToString())
     deadline = time.monotonic() + args.run_s
     latencies: list[float] = []
     acked_samples = 0

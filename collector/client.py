@@ -62,7 +62,9 @@ def _cell(v) -> str:
         if v.is_integer() and abs(v) < 1e16:
             return str(int(v))
         if 1e-4 <= abs(v) < 1e16:
-            return f"{v:.6f}".rstrip("0").rstrip(".")
+            # at most 12 significant digits and 6 decimals: float noise like ...201.599998 is not data
+            decimals = min(6, max(0, 12 - len(str(int(abs(v))))))
+            return f"{v:.{decimals}f}".rstrip("0").rstrip(".")
         return f"{v:.6g}"
     if isinstance(v, (dict, list)):
         return json.dumps(v)

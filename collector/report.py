@@ -448,6 +448,9 @@ def write_report(out: str, db: str | None = None, target: str | None = None, win
         src.close()
     try:
         fd, tmp = tempfile.mkstemp(prefix=".report-", suffix=".html", dir=out_dir)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)   # a report is for sharing: the usual file mode, not mkstemp's 0600
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(html)
         os.replace(tmp, out)

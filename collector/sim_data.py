@@ -25,6 +25,7 @@ import numpy as np
 
 from gpuagent.collector.sim_fleet import VIRT_COMPONENTS, NodeSpec
 from gpuagent.proto import pb
+from gpuagent.proto.wire import length_delimited, varint
 
 NS = 1_000_000_000
 IDLE, BUSY, NO_JOB = 1, 0, 2
@@ -55,23 +56,6 @@ PROBE_SLOTS = {"collective": (0, 8), "pcie": (15, 2), "gpu_compute": (30, 3), "s
                "host": (80, 1)}
 
 
-def varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
-def _field(number: int, payload: bytes) -> bytes:
-    """A length-delimited field (wire type 2)."""
-    return varint(number << 3 | 2) + varint(len(payload)) + payload
-
-
 def encode_sample_columns(series: bytes, ts_ns: np.ndarray, n_series: int, values: np.ndarray) -> bytes:
     """Wire bytes of a SampleColumns whose rows are tick-major: for each tick, every series in id order.
 
@@ -81,7 +65,7 @@ def encode_sample_columns(series: bytes, ts_ns: np.ndarray, n_series: int, value
     ts_bytes = b"".join(varint(int(t)) * n_series for t in ts_ns)
     ids = b"".join(varint(i) for i in range(n_series)) * len(ts_ns)
     vals = np.ascontiguousarray(values, dtype="<f8").tobytes()
-    return series + _field(2, ts_bytes) + _field(3, ids) + _field(4, vals)
+    return series + length_delimited(2, ts_bytes) + length_delimited(3, ids) + length_delimited(4, vals)
 
 
 @dataclass(frozen=True)
@@ -139,7 +123,7 @@ class NodeSim:
         self.series = [(m, -1, dict(lbl)) for m, lbl in HOST_METRICS]
         self.series += [(m, g, {}) for g in range(self.gpus) for m in self.gpu_metrics]
         self.series_bytes = b"".join(
-            _field(1, pb.Series(id=i, metric=m, gpu=g, labels=lbl).SerializeToString())
+            length_delimited(1, pb.Series(id=i, metric=m, gpu=g, labels=lbl).SerializeToString())
             for i, (m, g, lbl) in enumerate(self.series))
         self.job_id = f"synthetic:{node.hostname}:{node.job_name}"
 
@@ -366,5 +350,5 @@ class NodeSim:
         head = pb.Batch(node_id=node_id, seq=seq, created_ns=created_ns, probe_results=probes,
                         job_samples=jsamples, job_steps=jsteps, events=events).SerializeToString()
         cols = encode_sample_columns(self.series_bytes, ts, len(self.series), values)
-        return EncodedBatch(seq, window, head + _field(4, cols), values.size, len(probes), len(jsamples),
+        return EncodedBatch(seq, window, head + length_delimited(4, cols), values.size, len(probes), len(jsamples),
                             len(jsteps), len(events))

@@ -144,6 +144,23 @@ def test_probe_results_jobs_and_events_land_in_their_tables(collector, stub):
         ["xid", 1, 79.0, '{"xid":"79"}'], ["job_end", None, 77.5, '{"job_id":"slurm:42"}']]
 
 
+def test_job_end_without_gpu_utilization_stores_null_not_zero(collector, stub):
+    """A CPU-only job's mean GPU utilization is unknown: the agent sends NaN and the collector stores NULL."""
+    node_id = stub.Register(pb.RegisterRequest(node=node_info())).node_id
+    t = NOW_NS - 50 * 10**9
+    b = pb.Batch(node_id=node_id, seq=1)
+    b.job_samples.add(ts_ns=t, job_id="pid:7", job_name="cpu-job", source="process", pid=7, gpu=-1)
+    b.events.add(ts_ns=t + 10**9, kind="job_end", message="job pid:7 ended", value=float("nan"),
+                 attrs={"job_id": "pid:7", "duration_s": "1.0"}, gpu=-1)
+    assert [a.seq for a in stub.Stream(iter([b]))] == [1]
+
+    def q(sql):
+        return json.loads(stub.Query(pb.QueryRequest(sql=sql)).rows_json)
+
+    assert q("SELECT avg_gpu_util_percent, duration_s, ended_at IS NOT NULL FROM jobs") == [[None, 1.0, True]]
+    assert q("SELECT kind, value FROM events") == [["job_end", None]]
+
+
 def test_nan_values_are_stored_as_null(collector, stub):
     node_id = stub.Register(pb.RegisterRequest(node=node_info())).node_id
     b = sample_batch(node_id, 1, n=3)

@@ -3,6 +3,7 @@ cgroups, and GPU-mode discovery through the fake NVML backend."""
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -82,7 +83,8 @@ def test_env_rules_find_real_processes(procs):
     _tick_until(jd, sink, my_ends, "job_end")
     ends = my_ends()
     assert [e.attrs["job_id"] for e in ends] == [f"slurm:{tag}"]
-    assert ends[0].attrs["job_name"] == "pretrain" and ends[0].value == 0.0
+    # no GPU utilization was ever sampled: the mean is unknown (NaN, stored as NULL), not 0 %
+    assert ends[0].attrs["job_name"] == "pretrain" and math.isnan(ends[0].value)
     assert f"torchelastic:run-{tag}" in {j["job_id"] for j in jd.active_jobs()}
 
 
@@ -217,7 +219,7 @@ def test_mig_process_without_per_process_util(procs):
     backend.remove_process(worker.pid)
     jd.sample(t + 3 * 1_000_000_000, sink)
     end = [e for e in sink.events if e.kind == "job_end"]
-    assert len(end) == 1 and end[0].value == 0.0 and end[0].attrs["gpu_util_samples"] == "0"
+    assert len(end) == 1 and math.isnan(end[0].value) and end[0].attrs["gpu_util_samples"] == "0"
 
 
 def test_gpu_process_that_matches_no_rule_is_still_a_job(procs):
