@@ -16,7 +16,7 @@ import statistics
 import time
 from typing import Any
 
-from gpuagent.probes.pcie import gpu_list
+from gpuagent.probes.per_gpu import run_per_gpu
 from gpuagent.probes.registry import ProbeSpec
 from gpuagent.probes.result import ProbeResult
 
@@ -88,26 +88,4 @@ def _measure(torch, i: int, p: dict[str, Any]) -> dict[str, Any]:
 
 
 def run(params: dict[str, Any]) -> ProbeResult:
-    import torch
-
-    started = time.time_ns()
-    p = dict(params)
-    if not torch.cuda.is_available():
-        return ProbeResult.skipped("gpu_compute", "CUDA is not available (no GPU or driver, or a CPU-only torch build)",
-                                   p, {"backend": "cuda", "torch": torch.__version__})
-    try:
-        gpus = gpu_list(torch, p["gpus"])
-    except ValueError as exc:
-        return ProbeResult("gpu_compute", "failed", str(exc), p)
-    per_gpu = []
-    for i in gpus:
-        try:
-            per_gpu.append(_measure(torch, i, p))
-        except Exception as exc:  # noqa: BLE001
-            per_gpu.append({"gpu": i, "status": "failed", "reason": f"{type(exc).__name__}: {exc}", "metrics": {}})
-    ok = [g for g in per_gpu if g["status"] == "ok"]
-    env = {"backend": "cuda", "torch": torch.__version__, "cuda": torch.version.cuda,
-           "devices": ",".join(str(g["gpu"]) for g in per_gpu)}
-    reason = "" if ok else "; ".join(f"gpu{g['gpu']}: {g['reason']}" for g in per_gpu)
-    return ProbeResult("gpu_compute", "ok" if ok else "failed", reason, p, {}, started, time.time_ns(), env,
-                       per_gpu=per_gpu)
+    return run_per_gpu("gpu_compute", params, _measure)

@@ -13,10 +13,10 @@ has a single node). Skipped without CUDA.
 from __future__ import annotations
 
 import statistics
-import time
 from typing import Any
 
 from gpuagent.probes import gpuinfo
+from gpuagent.probes.per_gpu import run_per_gpu
 from gpuagent.probes.registry import ProbeSpec
 from gpuagent.probes.result import ProbeResult
 
@@ -30,17 +30,6 @@ SPEC = ProbeSpec(
     interval_s=3600.0,
     param_help={"gpus": "'all' or a comma list of CUDA indices"},
 )
-
-
-def gpu_list(torch, spec: str) -> list[int]:
-    n = torch.cuda.device_count()
-    if spec in ("", "all"):
-        return list(range(n))
-    out = [int(x) for x in spec.split(",") if x.strip()]
-    bad = [i for i in out if not 0 <= i < n]
-    if bad:
-        raise ValueError(f"GPU index {bad[0]} is out of range (this node has {n} GPUs)")
-    return out
 
 
 def _cv(vals: list[float]) -> float:
@@ -127,26 +116,4 @@ def _measure(torch, i: int, p: dict[str, Any]) -> dict[str, Any]:
 
 
 def run(params: dict[str, Any]) -> ProbeResult:
-    import torch
-
-    started = time.time_ns()
-    p = dict(params)
-    if not torch.cuda.is_available():
-        return ProbeResult.skipped("pcie", "CUDA is not available (no GPU or driver, or a CPU-only torch build)",
-                                   p, {"backend": "cuda", "torch": torch.__version__})
-    try:
-        gpus = gpu_list(torch, p["gpus"])
-    except ValueError as exc:
-        return ProbeResult("pcie", "failed", str(exc), p)
-    per_gpu = []
-    for i in gpus:
-        try:
-            per_gpu.append(_measure(torch, i, p))
-        except Exception as exc:  # noqa: BLE001 - one GPU's trouble is that GPU's result
-            per_gpu.append({"gpu": i, "status": "failed", "reason": f"{type(exc).__name__}: {exc}", "metrics": {}})
-    ok = [g for g in per_gpu if g["status"] == "ok"]
-    env = {"backend": "cuda", "torch": torch.__version__, "cuda": torch.version.cuda,
-           "devices": ",".join(str(g["gpu"]) for g in per_gpu)}
-    status = "ok" if ok else "failed"
-    reason = "" if ok else "; ".join(f"gpu{g['gpu']}: {g['reason']}" for g in per_gpu)
-    return ProbeResult("pcie", status, reason, p, {}, started, time.time_ns(), env, per_gpu=per_gpu)
+    return run_per_gpu("pcie", params, _measure)
