@@ -36,21 +36,27 @@ def channel(target: str, tls_ca: str | None = None) -> grpc.Channel:
     return grpc.insecure_channel(target)
 
 
+def _call(target: str, tls_ca: str | None, rpc: str, fn):
+    """Call ``fn(stub)`` on a fresh channel; turn gRPC failures into one-sentence QueryErrors."""
+    with channel(target, tls_ca) as ch:
+        try:
+            return fn(pb_grpc.CollectorStub(ch))
+        except grpc.RpcError as exc:
+            code, details = exc.code(), exc.details() or ""
+            if code == grpc.StatusCode.UNAVAILABLE:
+                raise QueryError(f"no collector answers at {target} ({details})") from None
+            if code == grpc.StatusCode.UNAUTHENTICATED:
+                raise QueryError(f"the collector refused the credentials: {details}") from None
+            if code == grpc.StatusCode.UNIMPLEMENTED:
+                raise QueryError(f"the collector at {target} is too old for {rpc}; upgrade it") from None
+            raise QueryError(details or code.name) from None
+
+
 def query(target: str, sql: str, token: str | None = None, max_rows: int = 0, timeout_s: float = 120.0,
           tls_ca: str | None = None) -> QueryResult:
     """Run read-only ``sql`` on the live collector at ``target``."""
-    with channel(target, tls_ca) as ch:
-        stub = pb_grpc.CollectorStub(ch)
-        try:
-            resp = stub.Query(pb.QueryRequest(sql=sql, max_rows=max_rows), timeout=timeout_s,
-                              metadata=bearer_metadata(token))
-        except grpc.RpcError as exc:
-            code = exc.code()
-            if code == grpc.StatusCode.UNAVAILABLE:
-                raise QueryError(f"no collector answers at {target} ({exc.details()})") from None
-            if code == grpc.StatusCode.UNAUTHENTICATED:
-                raise QueryError(f"the collector refused the credentials: {exc.details()}") from None
-            raise QueryError(exc.details() or code.name) from None
+    resp = _call(target, tls_ca, "Query", lambda stub: stub.Query(
+        pb.QueryRequest(sql=sql, max_rows=max_rows), timeout=timeout_s, metadata=bearer_metadata(token)))
     return QueryResult(list(resp.columns), list(resp.column_types), json.loads(resp.rows_json or "[]"),
                        resp.truncated)
 
@@ -106,18 +112,6 @@ class AnalyzeResult:
 def analyze(target: str, window_s: float = 0.0, token: str | None = None, max_flags: int = 0,
             timeout_s: float = 300.0, tls_ca: str | None = None) -> AnalyzeResult:
     """Ask the live collector at ``target`` to run one analysis pass now; returns it and the open flags."""
-    with channel(target, tls_ca) as ch:
-        stub = pb_grpc.CollectorStub(ch)
-        try:
-            resp = stub.Analyze(pb.AnalyzeRequest(window_s=window_s, max_flags=max_flags), timeout=timeout_s,
-                                metadata=bearer_metadata(token))
-        except grpc.RpcError as exc:
-            code = exc.code()
-            if code == grpc.StatusCode.UNAVAILABLE and "no collector" not in (exc.details() or ""):
-                raise QueryError(f"no collector answers at {target} ({exc.details()})") from None
-            if code == grpc.StatusCode.UNAUTHENTICATED:
-                raise QueryError(f"the collector refused the credentials: {exc.details()}") from None
-            if code == grpc.StatusCode.UNIMPLEMENTED:
-                raise QueryError(f"the collector at {target} is too old for Analyze; upgrade it") from None
-            raise QueryError(exc.details() or code.name) from None
+    resp = _call(target, tls_ca, "Analyze", lambda stub: stub.Analyze(
+        pb.AnalyzeRequest(window_s=window_s, max_flags=max_flags), timeout=timeout_s, metadata=bearer_metadata(token)))
     return AnalyzeResult(json.loads(resp.pass_json or "{}"), json.loads(resp.flags_json or "[]"), resp.truncated)
