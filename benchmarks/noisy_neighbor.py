@@ -86,7 +86,7 @@ lock_path = "{d / 'probe.lock'}"
 interval_s = {probe_interval_s}
 [probes.storage]
 interval_s = {probe_interval_s * 3}
-params = {{ path = "{d}", size_mib = 32, rand_seconds = 1.0 }}
+params = {{ path = "{d}", size_mib = 32, rand_seconds = 1.0, seq_seconds = 1.0 }}
 [probes.pcie]
 enabled = false
 [probes.gpu_compute]

@@ -2,7 +2,9 @@
 """Probe accuracy and repeatability, against references measured in the same run.
 
 1. storage vs fio (Debian fio) on the same file, size, block size, O_DIRECT and queue depth:
-   * sequential read: fio rw=read bs=1M direct=1 ioengine=psync numjobs=1 vs the probe's seq_read_gbps;
+   * sequential read: fio rw=read bs=1M direct=1 ioengine=psync numjobs=1 time_based (looping over the
+     file for the probe's seq_seconds) vs the probe's seq_read_mean_gbps (bytes over the window: fio's
+     definition; the verdict) and its headline seq_read_gbps (median 32 MiB segment, printed beside);
    * random read: fio rw=randread bs=4k direct=1 ioengine=psync numjobs=QD (QD processes, each with one
      blocking read in flight: the probe's own concurrency model) time_based, vs rand_read_iops and
      p50/p99 latency; fio io_uring iodepth=QD is printed for information (another concurrency model);
@@ -14,7 +16,9 @@
    A second plain run per round (and a second fio random-read run) gives the A/A noise floor: on a
    busy machine the probe cannot be shown closer to the reference than the reference is to itself.
 3. repeatability: N back-to-back runs of storage and host with their defaults; coefficient of variation
-   of the headline metrics (target < 5 %).
+   of the headline metrics (target < 5 %). Each storage run is followed by fio measuring the same
+   things on the same disk (seq read for seq_seconds, randread numjobs=QD for rand_seconds), so the
+   device's own run-to-run drift is printed next to the probe's.
 Prints JSON with --json. Every part is bounded; flags shorten it.
 """
 
@@ -32,6 +36,7 @@ import time
 from datetime import timedelta
 
 from gpuagent.probes.runner import run_probe
+from gpuagent.probes.storage import SPEC as STORAGE_SPEC
 
 
 def med(xs):
@@ -52,10 +57,11 @@ def fio(args: list[str]) -> dict:
     return json.loads(text)["jobs"][0]
 
 
-def storage_vs_fio(directory: str, size_mib: int, qd: int, rand_s: float, rounds: int) -> dict:
+def storage_vs_fio(directory: str, size_mib: int, qd: int, rand_s: float, seq_s: float, rounds: int) -> dict:
     path = os.path.join(directory, f"gpuagent-accuracy-{os.getpid()}.dat")
     common = [f"--filename={path}", f"--size={size_mib}M", "--direct=1", "--ioengine=psync"]
-    res: dict = {"fio_seq_read_gbps": [], "probe_seq_read_gbps": [], "fio_rand_read_iops": [],
+    res: dict = {"fio_seq_read_gbps": [], "probe_seq_read_gbps": [], "probe_seq_read_median_gbps": [],
+                 "fio_rand_read_iops": [],
                  "probe_rand_read_iops": [], "fio_rand_p50_us": [], "probe_rand_p50_us": [],
                  "fio_rand_p99_us": [], "probe_rand_p99_us": [], "fio_iouring_iops": [],
                  "fio_seq_write_gbps": [], "probe_seq_write_gbps": [],
@@ -67,13 +73,15 @@ def storage_vs_fio(directory: str, size_mib: int, qd: int, rand_s: float, rounds
                 os.sync()
             w = fio(["--name=seqwrite", "--rw=write", "--bs=1M", "--end_fsync=1", *common])
             res["fio_seq_write_gbps"].append(w["write"]["bw_bytes"] / 1e9)
-            r = fio(["--name=seqread", "--rw=read", "--bs=1M", "--numjobs=1", *common])
+            r = fio(["--name=seqread", "--rw=read", "--bs=1M", "--numjobs=1", "--time_based",
+                     f"--runtime={seq_s}", *common])
             res["fio_seq_read_gbps"].append(r["read"]["bw_bytes"] / 1e9)
             p = run_probe("storage", {"file": path, "size_mib": size_mib, "queue_depth": qd,
-                                      "rand_seconds": rand_s})
+                                      "rand_seconds": rand_s, "seq_seconds": seq_s})
             if p.status != "ok":
                 raise RuntimeError(f"storage probe: {p.status}: {p.reason}")
-            res["probe_seq_read_gbps"].append(p.metrics["seq_read_gbps"])
+            res["probe_seq_read_gbps"].append(p.metrics["seq_read_mean_gbps"])
+            res["probe_seq_read_median_gbps"].append(p.metrics["seq_read_gbps"])
             res["probe_rand_read_iops"].append(p.metrics["rand_read_iops"])
             res["probe_rand_p50_us"].append(p.metrics["rand_read_p50_latency_us"])
             res["probe_rand_p99_us"].append(p.metrics["rand_read_p99_latency_us"])
@@ -92,7 +100,7 @@ def storage_vs_fio(directory: str, size_mib: int, qd: int, rand_s: float, rounds
             res["fio_rand_read_iops_again"].append(rr2["read"]["iops"])
             # the probe's own write path, on a fresh file in the same directory
             pw = run_probe("storage", {"path": directory, "size_mib": size_mib, "queue_depth": qd,
-                                       "rand_seconds": 0.2})
+                                       "rand_seconds": 0.2, "seq_seconds": 0.2})
             if pw.status == "ok":
                 res["probe_seq_write_gbps"].append(pw.metrics["seq_write_gbps"])
     finally:
@@ -108,11 +116,13 @@ def storage_vs_fio(directory: str, size_mib: int, qd: int, rand_s: float, rounds
         "paired_ratio_rand_read_iops": paired("probe_rand_read_iops", "fio_rand_read_iops"),
         "noise_floor_paired_ratio_rand_iops_fio_vs_fio": paired("fio_rand_read_iops_again", "fio_rand_read_iops"),
         "ratio_seq_read": m["probe_seq_read_gbps"] / m["fio_seq_read_gbps"],
+        "ratio_seq_read_headline_median": m["probe_seq_read_median_gbps"] / m["fio_seq_read_gbps"],
         "ratio_rand_read_iops": m["probe_rand_read_iops"] / m["fio_rand_read_iops"],
         "ratio_rand_p50_latency": m["probe_rand_p50_us"] / m["fio_rand_p50_us"],
         "ratio_rand_p99_latency": m["probe_rand_p99_us"] / m["fio_rand_p99_us"],
         "ratio_seq_write_informational": m["probe_seq_write_gbps"] / m["fio_seq_write_gbps"],
-        "fio_jobs": f"psync, bs=1M numjobs=1 (seq), bs=4k numjobs={qd} (rand), direct=1, file {size_mib} MiB in {directory}",
+        "fio_jobs": f"psync, bs=1M numjobs=1 time_based {seq_s} s (seq), bs=4k numjobs={qd} (rand), direct=1, "
+                    f"file {size_mib} MiB in {directory}",
     }
 
 
@@ -199,23 +209,62 @@ def collective_vs_plain(rounds: int, iters: int) -> dict:
 
 # ---------------------------------------------------------------- repeatability
 
-HEADLINE = {"storage": ("seq_read_gbps", "seq_write_gbps", "rand_read_iops", "rand_read_p50_latency_us",
+HEADLINE = {"storage": ("seq_read_gbps", "seq_read_mean_gbps", "seq_write_gbps", "rand_read_iops", "rand_read_p50_latency_us",
                         "rand_read_p99_latency_us"),
             "host": ("syscall_ns", "clock_gettime_ns", "page_fault_ns", "pipe_roundtrip_us", "memcpy_gbps")}
 
 
-def repeatability(n: int, directory: str) -> dict:
-    out = {}
-    for name, params in (("storage", {"path": directory}), ("host", {})):
-        vals: dict[str, list[float]] = {k: [] for k in HEADLINE[name]}
+def _fio_storage_round(path: str, size_mib: int, qd: int, seq_s: float, rand_s: float) -> dict:
+    common = [f"--filename={path}", f"--size={size_mib}M", "--direct=1", "--ioengine=psync"]
+    r = fio(["--name=seqread", "--rw=read", "--bs=1M", "--time_based", f"--runtime={seq_s}", *common])
+    rr = fio(["--name=randread", "--rw=randread", "--bs=4k", f"--numjobs={qd}", "--group_reporting",
+              "--time_based", f"--runtime={rand_s}", "--norandommap", "--randrepeat=0", *common])
+    return {"seq_read_gbps": r["read"]["bw_bytes"] / 1e9, "rand_read_iops": rr["read"]["iops"],
+            "rand_read_p50_latency_us": rr["read"]["clat_ns"]["percentile"]["50.000000"] / 1e3}
+
+
+def _summary(vals: dict[str, list[float]]) -> dict:
+    return {k: {"median": med(v), "cv_percent": cv(v), "runs": v} for k, v in vals.items()}
+
+
+def storage_repeatability(n: int, directory: str, with_fio: bool) -> dict:
+    """n back-to-back default storage runs; after each, fio on a laid-out file in the same directory."""
+    spec_defaults = STORAGE_SPEC.defaults
+    probe_vals: dict[str, list[float]] = {k: [] for k in HEADLINE["storage"]}
+    fio_vals: dict[str, list[float]] = {"seq_read_gbps": [], "rand_read_iops": [], "rand_read_p50_latency_us": []}
+    path = os.path.join(directory, f"gpuagent-repeat-{os.getpid()}.dat")
+    try:
+        if with_fio:
+            fio(["--name=layout", "--rw=write", "--bs=1M", "--end_fsync=1", f"--filename={path}",
+                 f"--size={spec_defaults['size_mib']}M", "--direct=1"])
         for _ in range(n):
-            r = run_probe(name, params)
+            r = run_probe("storage", {"path": directory})
             if r.status != "ok":
-                raise RuntimeError(f"{name}: {r.status}: {r.reason}")
-            for k in vals:
-                vals[k].append(r.metrics[k])
-        out[name] = {k: {"median": med(v), "cv_percent": cv(v), "runs": v} for k, v in vals.items()}
+                raise RuntimeError(f"storage: {r.status}: {r.reason}")
+            for k in probe_vals:
+                probe_vals[k].append(r.metrics[k])
+            if with_fio:
+                for k, v in _fio_storage_round(path, spec_defaults["size_mib"], spec_defaults["queue_depth"],
+                                               spec_defaults["seq_seconds"], spec_defaults["rand_seconds"]).items():
+                    fio_vals[k].append(v)
+    finally:
+        if os.path.exists(path):
+            os.unlink(path)
+    out = {"probe": _summary(probe_vals)}
+    if with_fio:
+        out["fio_same_disk_same_rounds"] = _summary(fio_vals)
     return out
+
+
+def host_repeatability(n: int) -> dict:
+    vals: dict[str, list[float]] = {k: [] for k in HEADLINE["host"]}
+    for _ in range(n):
+        r = run_probe("host", {})
+        if r.status != "ok":
+            raise RuntimeError(f"host: {r.status}: {r.reason}")
+        for k in vals:
+            vals[k].append(r.metrics[k])
+    return {"probe": _summary(vals)}
 
 
 def main() -> int:
@@ -224,24 +273,31 @@ def main() -> int:
     ap.add_argument("--dir", default="/var/tmp", help="directory on the disk to test (default /var/tmp)")
     ap.add_argument("--size-mib", type=int, default=256)
     ap.add_argument("--qd", type=int, default=4)
-    ap.add_argument("--rand-seconds", type=float, default=2.0)
+    ap.add_argument("--rand-seconds", type=float, default=STORAGE_SPEC.defaults["rand_seconds"])
+    ap.add_argument("--seq-seconds", type=float, default=STORAGE_SPEC.defaults["seq_seconds"])
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds for the fio and gloo comparisons")
     ap.add_argument("--repeats", type=int, default=5, help="back-to-back runs for repeatability")
     ap.add_argument("--coll-iters", type=int, default=20)
     ap.add_argument("--skip", action="append", default=[], choices=["fio", "collective", "repeat"])
     a = ap.parse_args()
     report: dict = {"conditions": {"loadavg_before": os.getloadavg(), "cpus": os.cpu_count(),
-                                   "note": "shared machine (other work running); figures are indicative"}}
+                                   "note": "figures are only as quiet as the machine: compare loadavg before/after "
+                                           "with the CPU count"}}
     t0 = time.monotonic()
     if "fio" not in a.skip:
         if shutil.which("fio") is None:
             report["storage_vs_fio"] = {"skipped": "fio is not installed (Debian package fio)"}
         else:
-            report["storage_vs_fio"] = storage_vs_fio(a.dir, a.size_mib, a.qd, a.rand_seconds, a.rounds)
+            report["storage_vs_fio"] = storage_vs_fio(a.dir, a.size_mib, a.qd, a.rand_seconds, a.seq_seconds,
+                                                       a.rounds)
     if "collective" not in a.skip:
         report["collective_vs_plain"] = collective_vs_plain(a.rounds, a.coll_iters)
     if "repeat" not in a.skip:
-        report["repeatability"] = repeatability(a.repeats, a.dir)
+        has_fio = shutil.which("fio") is not None
+        # host first: right after storage the kernel is still discarding and writing back what the disk
+        # runs left behind, which showed up as a +20-30 % first host run (page fault, pipe)
+        report["repeatability"] = {"host": host_repeatability(a.repeats),
+                                   "storage": storage_repeatability(a.repeats, a.dir, has_fio)}
     report["conditions"]["loadavg_after"] = os.getloadavg()
     report["elapsed_s"] = round(time.monotonic() - t0, 1)
     if a.json:
@@ -252,7 +308,8 @@ def main() -> int:
         m = s["medians"]
         print(f"storage vs fio ({s['fio_jobs']}):")
         print(f"  seq read   probe {m['probe_seq_read_gbps']:.3f} GB/s  fio {m['fio_seq_read_gbps']:.3f}  ratio {s['ratio_seq_read']:.3f}"
-              f" (paired {s['paired_ratio_seq_read']:.3f})")
+              f" (paired {s['paired_ratio_seq_read']:.3f}; headline median-of-segments {m['probe_seq_read_median_gbps']:.3f},"
+              f" ratio {s['ratio_seq_read_headline_median']:.3f})")
         print(f"  rand IOPS  probe {m['probe_rand_read_iops']:.0f}  fio {m['fio_rand_read_iops']:.0f}  ratio {s['ratio_rand_read_iops']:.3f}"
               f" (paired {s['paired_ratio_rand_read_iops']:.3f})"
               f"  (fio io_uring {m['fio_iouring_iops']:.0f}; fio-vs-fio paired {s['noise_floor_paired_ratio_rand_iops_fio_vs_fio']:.3f})")
@@ -264,8 +321,13 @@ def main() -> int:
             f"{int(k) >> 20} MiB {c['probe_algbw_gbps'][k]:.3f}/{c['plain_algbw_gbps'][k]:.3f} = {c['ratio_algbw'][k]:.3f}"
             f" (paired {c['paired_ratio_algbw'][k]:.3f}, plain-vs-plain {c['noise_floor_paired_ratio_plain_vs_plain'][k]:.3f})"
             for k in c["ratio_algbw"]))
-    for name, metrics in report.get("repeatability", {}).items():
-        print(f"{name} x{a.repeats}: " + ", ".join(f"{k} {v['median']:.4g} (cv {v['cv_percent']:.1f} %)" for k, v in metrics.items()))
+    for name, part in report.get("repeatability", {}).items():
+        if "skipped" in part:
+            print(f"{name}: skipped: {part['skipped']}")
+            continue
+        for who, metrics in part.items():
+            print(f"{name} {who} x{a.repeats}: " + ", ".join(
+                f"{k} {v['median']:.4g} (cv {v['cv_percent']:.1f} %)" for k, v in metrics.items()))
     print(f"conditions: {report['conditions']}, {report['elapsed_s']} s")
     return 0
 

@@ -28,7 +28,7 @@ def test_probe_run_json_and_readable(tmp_path):
     d = json.loads(res.output)
     assert d["status"] == "ok" and d["params"]["repeats"] == 1 and d["metrics"]["syscall_ns"] > 0
     res = CliRunner().invoke(main, ["probe", "run", "storage", "--lock-path", lock, "--param", f"path={tmp_path}",
-                                    "--param", "size_mib=8", "--param", "rand_seconds=0.2"])
+                                    "--param", "size_mib=8", "--param", "rand_seconds=0.2", "--param", "seq_seconds=0.2"])
     assert res.exit_code == 0, res.output
     assert "status  ok" in res.output and "rand_read_p99_latency_us" in res.output
 

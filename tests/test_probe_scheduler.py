@@ -21,7 +21,7 @@ FAST_HOST = {"repeats": 1, "syscall_iters": 10000, "clock_iters": 10000, "pipe_i
 def _cfg(tmp_path, **extra):
     table = {"lock_path": str(tmp_path / "probe.lock"), "initial_delay_s": 0, "jitter_fraction": 0,
              "host": {"params": FAST_HOST},
-             "storage": {"params": {"path": str(tmp_path), "size_mib": 16, "rand_seconds": 0.3}}}
+             "storage": {"params": {"path": str(tmp_path), "size_mib": 16, "rand_seconds": 0.3, "seq_seconds": 0.2}}}
     table.update(extra)
     return ProbeSchedulerConfig.from_mapping(table)
 
@@ -218,7 +218,7 @@ def test_probe_results_reach_the_collectors_duckdb(tmp_path):
             "[probes]\ninitial_delay_s = 0\njitter_fraction = 0\n"
             "[probes.host]\n[probes.host.params]\nrepeats = 1\npipe_iters = 200\n"
             f"[probes.storage]\nforce = true\n[probes.storage.params]\npath = \"{tmp_path}\"\n"
-            "size_mib = 16\nrand_seconds = 0.3\n"
+            "size_mib = 16\nrand_seconds = 0.3\nseq_seconds = 0.2\n"
             "[probes.pcie]\nenabled = false\n[probes.gpu_compute]\nenabled = false\n")
         state = tmp_path / "state"
         agent = start_agent(tmp_path, f"127.0.0.1:{port}", state, batch_interval=0.5, GPUAGENT_CONFIG=str(cfg))

@@ -121,7 +121,7 @@ def test_host_call_cost_estimator_subtracts_the_loop():
 # ---------------------------------------------------------------- storage
 
 def test_storage_probe_on_real_disk_leaves_no_file(tmp_path):
-    r = run_probe("storage", {"path": str(tmp_path), "size_mib": 32, "rand_seconds": 0.5, "queue_depth": 2})
+    r = run_probe("storage", {"path": str(tmp_path), "size_mib": 32, "rand_seconds": 0.5, "seq_seconds": 0.3, "queue_depth": 2})
     assert r.status == "ok", r.reason
     m = r.metrics
     for k in ("seq_read_gbps", "seq_write_gbps", "rand_read_iops"):
@@ -132,6 +132,23 @@ def test_storage_probe_on_real_disk_leaves_no_file(tmp_path):
     else:
         assert m["o_direct"] == 1 and r.reason == ""
     assert r.env["rand_reads"] >= 2
+    # time-based sequential read: whole 32 MiB passes, timed per segment; the dips sit below the median
+    assert r.env["seq_read_segment_mib"] == 32 and r.env["seq_read_segments"] >= 1
+    assert 0 < m["seq_read_p10_gbps"] <= m["seq_read_gbps"] and m["seq_read_mean_gbps"] > 0
+    assert os.listdir(tmp_path) == []
+
+
+def test_storage_segments_split_the_file_evenly():
+    from gpuagent.probes.storage import _segment
+    mib = 1 << 20
+    assert [_segment(n * mib) // mib for n in (1, 8, 32, 40, 256, 100)] == [1, 8, 32, 20, 32, 25]
+
+
+@pytest.mark.parametrize("key,value", [("seq_seconds", 0), ("rand_seconds", -1), ("seq_seconds", 3600)])
+def test_storage_rejects_durations_out_of_range(tmp_path, key, value):
+    r = run_probe("storage", {"path": str(tmp_path), "size_mib": 8, key: value})
+    assert r.status == "failed"
+    assert r.reason == f"{key} must be between 0 and 600 seconds, got {value}"
     assert os.listdir(tmp_path) == []
 
 
@@ -146,7 +163,7 @@ def test_storage_on_tmpfs_says_page_cache_may_be_in_play():
     if not os.path.isdir("/dev/shm"):
         pytest.skip("no /dev/shm tmpfs here")
     before = set(_probe_files("/dev/shm"))
-    r = run_probe("storage", {"path": "/dev/shm", "size_mib": 8, "rand_seconds": 0.2, "min_free_percent": 0})
+    r = run_probe("storage", {"path": "/dev/shm", "size_mib": 8, "rand_seconds": 0.2, "seq_seconds": 0.2, "min_free_percent": 0})
     assert r.status == "ok", r.reason
     assert r.metrics["o_direct"] == 0
     assert "page cache may be in play" in r.reason
@@ -156,7 +173,7 @@ def test_storage_on_tmpfs_says_page_cache_may_be_in_play():
 def test_storage_read_only_mode_keeps_the_given_file(tmp_path):
     f = tmp_path / "dataset.bin"
     f.write_bytes(os.urandom(8 << 20))
-    r = run_probe("storage", {"file": str(f), "rand_seconds": 0.3})
+    r = run_probe("storage", {"file": str(f), "rand_seconds": 0.3, "seq_seconds": 0.2})
     assert r.status == "ok", r.reason
     assert "seq_write_gbps" not in r.metrics and r.metrics["seq_read_gbps"] > 0
     assert r.env["read_only"] == 1 and f.stat().st_size == 8 << 20
@@ -172,7 +189,7 @@ def test_storage_file_of_a_killed_run_is_removed_by_the_next(tmp_path):
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(10)
     assert len(_probe_files(tmp_path)) == 1  # SIGKILL: no finally ran
-    r = run_probe("storage", {"path": str(tmp_path), "size_mib": 8, "rand_seconds": 0.2})
+    r = run_probe("storage", {"path": str(tmp_path), "size_mib": 8, "rand_seconds": 0.2, "seq_seconds": 0.2})
     assert r.status == "ok" and r.env["stale_files_removed"] == 1
     assert os.listdir(tmp_path) == []
 
