@@ -103,6 +103,11 @@ def run_cmd(name: str, params: tuple[str, ...], as_json: bool, timeout_s: float 
         result = run_probe(name, parsed, timeout_s, progress=_spinner(name) if tty else None)
         if tty:
             sys.stderr.write(f"\r{name}: done in {time.monotonic() - t0:.1f} s{' ' * 30}\n")
+    except KeyboardInterrupt:
+        # run_probe has stopped the probe (SIGTERM, so it cleaned up, then SIGKILL); nothing was recorded.
+        click.echo(("\n" if tty else "") + f"Interrupted: probe {name} stopped after "
+                   f"{time.monotonic() - t0:.1f} s and cleaned up; no result.", err=True)
+        sys.exit(130)
     finally:
         lock.release()
     d = result.to_dict()
