@@ -23,6 +23,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
+from gpuagent.probes import progress
 from gpuagent.probes.registry import ProbeSpec
 from gpuagent.probes.result import ProbeResult
 
@@ -57,6 +58,13 @@ def sizes(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
         out.append(s // 4 * 4)
         s *= max(2, factor)
     return out
+
+
+def _human(nbytes: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << shift and nbytes % (1 << shift) == 0:
+            return f"{nbytes >> shift} {unit}"
+    return f"{nbytes} B"
 
 
 def _worker(local_rank: int, cfg: dict[str, Any], out_path: str) -> None:
@@ -96,8 +104,13 @@ def _worker(local_rank: int, cfg: dict[str, Any], out_path: str) -> None:
 
     try:
         res: dict[str, Any] = {"sizes": {}}
-        for nbytes in cfg["sizes"]:
+        parts = len(cfg["sizes"]) + 1
+        for k, nbytes in enumerate(cfg["sizes"]):
+            if local_rank == 0:
+                progress.step(k, parts, f"all-reduce {_human(nbytes)}")
             res["sizes"][str(nbytes)] = timed(nbytes, cfg["iters"], cfg["warmup"])
+        if local_rank == 0:
+            progress.step(parts - 1, parts, f"small-message latency, {cfg['latency_bytes']} B")
         res["latency_s"] = timed(cfg["latency_bytes"], cfg["latency_iters"], cfg["warmup"])
         if local_rank == 0:
             with open(out_path, "w") as f:
@@ -154,6 +167,7 @@ def run(params: dict[str, Any]) -> ProbeResult:
     env["master"] = f"{cfg['master_addr']}:{cfg['master_port']}"
     fd, out_path = tempfile.mkstemp(prefix="gpuagent-collective-", suffix=".json")
     os.close(fd)
+    progress.step(0, len(size_list) + 1, f"starting {world if p['nnodes'] == 1 else nprocs} {backend} ranks")
     try:
         try:
             mp.start_processes(_worker, args=(cfg, out_path), nprocs=nprocs, join=True, start_method="spawn")
