@@ -75,7 +75,7 @@ def test_config_file_from_env_and_token_file(tmp_path):
 @pytest.mark.parametrize("text, env, needle", [
     ("[agent]\ninterval_s = -1\n", {}, "agent.interval_s (from config file"),
     ("[agent]\ninterval_s = \"fast\"\n", {}, "must be a number"),
-    ("[agent]\nintervall_s = 1\n", {}, "unknown key agent.'intervall_s'"),
+    ("[agent]\nintervall_s = 1\n", {}, "unknown key agent.intervall_s"),
     ("[colector]\naddress = 'x:1'\n", {}, "unknown table or key 'colector'"),
     ("[collector]\naddress = \"nohost\"\n", {}, "collector.address (from config file"),
     ("[agent]\nspool_max_bytes = \"lots\"\n", {}, "agent.spool_max_bytes"),
