@@ -200,6 +200,7 @@ def test_port_in_use_is_one_sentence(tmp_path):
         assert r.returncode == 1
         assert r.stderr.strip().splitlines() == [
             f"Error: cannot listen on 127.0.0.1:{port}: the address is in use or not available on this host"]
+        assert not (tmp_path / "other.duckdb").exists()     # the refused start created no database file
     finally:
         code, err = stop(proc)
     assert code == 0, err
