@@ -219,7 +219,8 @@ def main(run_dir: str, port: int | None, interval: float, once: bool, timeout: f
         if once:
             click.echo("\n--once: stopping the agent and the collector.")
             return
-        env = f"export PATH=\"{Path(sys.executable).parent}:$PATH\" GPUAGENT_STATE_DIR={state}"
+        env = (f"export PATH=\"{Path(sys.executable).parent}:$PATH\" GPUAGENT_STATE_DIR={state} "
+               f"GPUAGENT_JOBS_SOCKET={rd / 'jobs.sock'}")
         if port != DEFAULT_PORT:
             env += f" GPUAGENT_COLLECTOR={address}"
         click.echo("\nRunning. Ctrl-C stops both. In another shell, this makes the README's commands use this run:\n"
