@@ -275,7 +275,7 @@ def main() -> int:
     ap.add_argument("--qd", type=int, default=4)
     ap.add_argument("--rand-seconds", type=float, default=STORAGE_SPEC.defaults["rand_seconds"])
     ap.add_argument("--seq-seconds", type=float, default=STORAGE_SPEC.defaults["seq_seconds"])
-    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds for the fio and gloo comparisons")
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds for the fio and gloo comparisons")
     ap.add_argument("--repeats", type=int, default=5, help="back-to-back runs for repeatability")
     ap.add_argument("--coll-iters", type=int, default=20)
     ap.add_argument("--skip", action="append", default=[], choices=["fio", "collective", "repeat"])

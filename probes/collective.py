@@ -30,6 +30,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
+from gpuagent.probes import progress
 from gpuagent.probes.registry import ProbeSpec
 from gpuagent.probes.result import ProbeResult
 
@@ -117,6 +118,13 @@ def bandwidth_metrics(seconds_per_iter: dict[str, float], latency_s: float, worl
     return metrics
 
 
+def _human(nbytes: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << shift and nbytes % (1 << shift) == 0:
+            return f"{nbytes >> shift} {unit}"
+    return f"{nbytes} B"
+
+
 def _worker(local_rank: int, cfg: dict[str, Any], out_path: str) -> None:
     import torch
     import torch.distributed as dist
@@ -160,10 +168,15 @@ def _worker(local_rank: int, cfg: dict[str, Any], out_path: str) -> None:
 
     try:
         res: dict[str, Any] = {"sizes": {}, "counts": {}}
-        for nbytes in cfg["sizes"]:
+        parts = len(cfg["sizes"]) + 1
+        for j, nbytes in enumerate(cfg["sizes"]):
+            if local_rank == 0:
+                progress.step(j, parts, f"all-reduce {_human(nbytes)}")
             w, k = iteration_counts(nbytes, cfg["iters"], cfg["warmup"])
             res["sizes"][str(nbytes)] = timed(nbytes, k, w)
             res["counts"][str(nbytes)] = k
+        if local_rank == 0:
+            progress.step(parts - 1, parts, f"small-message latency, {cfg['latency_bytes']} B")
         res["latency_s"] = timed(cfg["latency_bytes"], cfg["latency_iters"], cfg["warmup"])
         if local_rank == 0:
             with open(out_path, "w") as f:
@@ -213,6 +226,7 @@ def run(params: dict[str, Any]) -> ProbeResult:
     env["master"] = f"{cfg['master_addr']}:{cfg['master_port']}"
     fd, out_path = tempfile.mkstemp(prefix="gpuagent-collective-", suffix=".json")
     os.close(fd)
+    progress.step(0, len(size_list) + 1, f"starting {world if p['nnodes'] == 1 else nprocs} {backend} ranks")
     try:
         try:
             mp.start_processes(_worker, args=(cfg, out_path), nprocs=nprocs, join=True, start_method="spawn")
