@@ -74,7 +74,9 @@ def pci_bus_id(torch_index: int) -> str:
     return f"{dom or 0:04x}:{bus:02x}:{dev or 0:02x}.0"
 
 
-def link(handle) -> dict[str, int]:
+def link(handle, gpu: int = -1) -> dict[str, int]:
+    """Current and maximum PCIe generation and width from NVML ({} without NVML). ``gpu`` keys NVML's
+    "not supported" memo, so one GPU's unsupported call does not silence the others'."""
     n = nvml()
     out: dict[str, int] = {}
     if n is None or handle is None:
@@ -83,7 +85,7 @@ def link(handle) -> dict[str, int]:
                     ("link_width", "nvmlDeviceGetCurrPcieLinkWidth"),
                     ("link_gen_max", "nvmlDeviceGetMaxPcieLinkGeneration"),
                     ("link_width_max", "nvmlDeviceGetMaxPcieLinkWidth")):
-        v = n.query(fn, handle)
+        v = n.query(fn, handle, gpu=gpu)
         if v is not None:
             out[key] = int(v)
     return out

@@ -86,7 +86,7 @@ def _measure(torch, i: int, p: dict[str, Any]) -> dict[str, Any]:
     with torch.cuda.stream(s1):
         for _ in range(4):
             dev.copy_(host, non_blocking=True)
-    link = gpuinfo.link(handle)
+    link = gpuinfo.link(handle, i)
     torch.cuda.synchronize(i)
     h2d = [one(dev, host) for _ in range(iters)]
     d2h = [one(host, dev) for _ in range(iters)]

@@ -113,3 +113,19 @@ def test_matmul_tflops_counts_two_flops_per_multiply_add():
     # 20 products of 8192^3 in 31.4 ms: 2 * 8192^3 * 20 / 0.0314 s = 700 TFLOP/s
     assert matmul_tflops(8192, 20, 31.4) == pytest.approx(2 * 8192 ** 3 * 20 / 0.0314 / 1e12)
     assert matmul_tflops(8192, 20, 31.4) == pytest.approx(700.3, rel=1e-3)
+
+
+def test_link_reads_current_and_max_pcie_through_the_nvml_choke_point(monkeypatch):
+    from fake_nvml import FakeNvmlBackend  # the one allowed fake: NVML's backend
+
+    from gpuagent.agent.nvml import Nvml
+    backend = FakeNvmlBackend()
+    nv = Nvml(backend=backend)
+    monkeypatch.setattr(gpuinfo, "_NVML", nv)
+    g = backend.gpus[3]
+    got = gpuinfo.link(nv.handle(3), 3)
+    assert got == {"link_gen": g["pcie_gen"], "link_width": g["pcie_width"],
+                   "link_gen_max": g["pcie_gen_max"], "link_width_max": g["pcie_width_max"]}
+    assert gpuinfo.link(None, 3) == {}
+    monkeypatch.setattr(gpuinfo, "_NVML", Nvml(backend=FakeNvmlBackend(init_error=9)))   # driver not loaded
+    assert gpuinfo.link(object(), 0) == {} and "nvmlInit failed" in gpuinfo.nvml_error()
