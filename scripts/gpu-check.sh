@@ -22,6 +22,7 @@ if [ -n "${PYTHON:-}" ]; then
 elif python3 -c 'import torch' 2>/dev/null; then
   PY=python3
   NS=$(mktemp -d)/gpuagent
+  trap 'rm -rf "$(dirname "$NS")"' EXIT
   mkdir -p "$NS" && cp gpuagent/__init__.py "$NS/"
   for d in agent collector probes proto jobs; do ln -s "$PWD/$d" "$NS/$d"; done
   export PYTHONPATH="$(dirname "$NS")${PYTHONPATH:+:$PYTHONPATH}"
