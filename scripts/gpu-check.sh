@@ -5,7 +5,9 @@
 # Python: $PYTHON if set (gpuagent must be importable from it); else the system python3 when it has torch
 # (CUDA or not): gpuagent is made importable through symlinks in a temporary folder on PYTHONPATH (no
 # pip, no venv: a venv made from python3 would not see python3's packages when python3 is itself a venv,
-# as on images that ship torch in /opt/.../.venv); else `make install` + .venv (needs the network).
+# as on images that ship torch in /opt/.../.venv; gpuagent/__init__.py extends its __path__ so the links
+# are found although the checkout's own gpuagent/ comes first on sys.path); else `make install` + .venv
+# (needs the network).
 # Exit status: 0 only when the tests passed and no probe failed or timed out (skipped is fine).
 set -uo pipefail
 cd "$(dirname "$0")/.."
