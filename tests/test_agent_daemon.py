@@ -112,6 +112,13 @@ def test_status_stale_is_reported(tmp_path):
     import re
     m = re.search(r"is stale: .* last updated (\d+) s ago", res.stderr)
     assert res.returncode == 1 and m and int(m.group(1)) >= 60, res.stderr
+    # A file that is not the agent's status (wrong --state-dir, or hand-edited): one sentence, no traceback.
+    for junk in ("[]", '{"pid": 1}', '"text"'):
+        (state / "status.json").write_text(junk)
+        res = _status_cli("--state-dir", str(state))
+        assert res.returncode == 1 and "Traceback" not in res.stderr
+        assert res.stderr.strip().splitlines() == [
+            f"Error: {state / 'status.json'} is not a gpuagent status file (no pid and updated_ns); is --state-dir right?"]
 
 
 def test_status_virt_and_container_agree_with_system_tools(tmp_path):
