@@ -18,7 +18,7 @@ import logging
 import time
 from typing import Any, Mapping
 
-from gpuagent.agent.nvml import EVENT_TYPE_XID, VIRT_MODES, Nvml, decode_throttle
+from gpuagent.agent.nvml import EVENT_TYPE_XID, VIRT_MODES, Nvml, decode_throttle, sysfs_bus_id
 
 log = logging.getLogger("gpuagent.gpu_sampler")
 
@@ -400,10 +400,10 @@ def _bus_id(pci: Any) -> str:
 
 def _numa_from_sysfs(bus_id: str, sys_root: str = "/sys") -> int | None:
     """NUMA node of a PCI device from sysfs (NVML's bus id has 8 domain digits, sysfs has 4)."""
-    if not bus_id:
+    dev = sysfs_bus_id(bus_id)
+    if not dev:
         return None
-    dom, _, rest = bus_id.lower().partition(":")
-    path = f"{sys_root}/bus/pci/devices/{dom[-4:]}:{rest}/numa_node"
+    path = f"{sys_root}/bus/pci/devices/{dev}/numa_node"
     try:
         with open(path) as f:
             v = int(f.read().strip())

@@ -71,6 +71,22 @@ def decode_throttle(mask: int) -> list[str]:
     return names
 
 
+def sysfs_bus_id(bus_id: str) -> str:
+    """NVML's PCI bus id ("00000000:1B:00.0": 8 hex digits of domain, upper case) in the form the kernel
+    uses under /sys/bus/pci/devices ("0000:1b:00.0": domain printed with at least 4 digits, lower case).
+    A domain above 0xffff (some hypervisors' virtual PCI buses) keeps all its digits, as sysfs does.
+    "" for an id that is not domain:bus:device.function."""
+    parts = bus_id.strip().lower().split(":")
+    if len(parts) != 3 or "." not in parts[2]:
+        return ""
+    try:
+        dom, bus = int(parts[0], 16), int(parts[1], 16)
+        dev, fn = (int(x, 16) for x in parts[2].split(".", 1))
+    except ValueError:
+        return ""
+    return f"{dom:04x}:{bus:02x}:{dev:02x}.{fn:x}"
+
+
 def _text(v: Any) -> str:
     return v.decode(errors="replace") if isinstance(v, bytes) else str(v)
 

@@ -235,8 +235,13 @@ class Tracker:
             idx, wall, step_ns, samples, tokens, prev_end, ready, end = pending[0]
             if end.query():
                 wait = -1
-                if prev_end is not None and ready is not None:
-                    wait = int(prev_end.elapsed_time(ready) * 1e6)
+                # elapsed_time raises (cudaErrorNotReady) unless both events completed; they precede
+                # `end` on one stream, but a script may switch streams between calls: ask each event.
+                if prev_end is not None and ready is not None and prev_end.query() and ready.query():
+                    try:
+                        wait = int(prev_end.elapsed_time(ready) * 1e6)
+                    except Exception:  # noqa: BLE001 - e.g. events on two devices: no split, no raise
+                        wait = -1
             elif force:
                 wait = -1
                 force = False

@@ -1,7 +1,8 @@
 """`gpuagent probe list` and `gpuagent probe run NAME [--json] [--param k=v]`.
 
 A manual run takes the node-wide probe lock (waiting up to --lock-wait seconds), runs the probe in a
-subprocess with its timeout, shows a spinner with elapsed/timeout on a terminal, and prints a readable
+subprocess with its timeout, shows a progress bar on a terminal (the probe's parts done, the part now
+running, elapsed time against the timeout), and prints a readable
 result (or the JSON). A manual run is not gated on jobs: you asked for it. Exit status: 0 for ok and
 skipped, 1 for failed and timeout.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import time
 
@@ -46,15 +48,25 @@ def list_cmd(as_json: bool) -> None:
         click.echo(f"{''.ljust(w)}  params: {defaults}")
 
 
-def _spinner(name: str):
-    state = {"i": 0, "last": 0.0}
+def _bar(name: str, width: int = 24):
+    """Progress display on stderr: a bar once the probe has said how far it is, a spinner before."""
+    state = {"i": 0, "last": -1.0}
 
-    def show(elapsed: float, timeout: float) -> None:
+    def show(elapsed: float, timeout: float, step: tuple[int, int, str] | None) -> None:
         if elapsed - state["last"] < 0.1:
             return
         state["last"] = elapsed
         state["i"] += 1
-        sys.stderr.write(f"\r{SPINNER[state['i'] % 4]} {name}: {elapsed:5.1f} s (timeout {timeout:g} s) ")
+        if step is not None and step[1] > 0:
+            done, total, label = step
+            filled = min(width, round(width * done / total))
+            head = f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {label}"
+        else:
+            head = f"{SPINNER[state['i'] % 4]} starting"
+        line = f"{name} {head}  {elapsed:.1f} s (timeout {timeout:g} s)"
+        cols = shutil.get_terminal_size((100, 24)).columns
+        sys.stderr.write("\r" + line[:cols - 1].ljust(state.get("w", 0)))
+        state["w"] = min(len(line), cols - 1)
         sys.stderr.flush()
     return show
 
@@ -100,9 +112,10 @@ def run_cmd(name: str, params: tuple[str, ...], as_json: bool, timeout_s: float 
                                    "(pass --lock-path or set GPUAGENT_STATE_DIR)") from None
     try:
         t0 = time.monotonic()
-        result = run_probe(name, parsed, timeout_s, progress=_spinner(name) if tty else None)
+        result = run_probe(name, parsed, timeout_s, progress=_bar(name) if tty else None)
         if tty:
-            sys.stderr.write(f"\r{name}: done in {time.monotonic() - t0:.1f} s{' ' * 30}\n")
+            sys.stderr.write(f"\r{name}: done in {time.monotonic() - t0:.1f} s".ljust(
+                shutil.get_terminal_size((100, 24)).columns - 1) + "\n")
     finally:
         lock.release()
     d = result.to_dict()

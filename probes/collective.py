@@ -4,13 +4,20 @@ One process per rank (spawned; MASTER_ADDR/MASTER_PORT rendezvous). Backends:
   * nccl over all local GPUs, one process per GPU (``backend=auto`` on a node with >= 2 GPUs);
   * gloo over ``nprocs`` local CPU processes (``backend=auto`` without CUDA, default 2), labelled
     backend=gloo: it measures the host's loopback/shared-memory path, not a GPU fabric;
-  * a node with exactly one GPU is skipped (an all-reduce needs two ranks) unless ``backend=gloo``.
+  * a node with exactly one GPU (and nnodes=1) is skipped: the NCCL all-reduce needs >= 2 GPUs (ranks);
+    ``backend=gloo`` measures the host path there instead.
 For each message size (default 1 MiB..1 GiB on GPU, 64 KiB..16 MiB on CPU, x``factor``) every rank runs
-``warmup`` then ``iters`` in-place SUM all-reduces of float32, synchronises, and the slowest rank's wall
-time per iteration counts (as nccl-tests does): algbw = bytes / time, busbw = algbw x 2(n-1)/n (the
-nccl-tests all-reduce bus bandwidth, n = ranks). small_msg_latency_us is the time per all-reduce of
-``latency_bytes``. Across nodes, run the same command on every node with master_addr, master_port,
-nnodes and node_rank set (README, "Collective across nodes").
+warm-up then timed in-place SUM all-reduces of float32 (``warmup``/``iters`` up to 64 MiB; above that the
+counts shrink with the size, to no fewer than 2 warm-up and 5 timed, so a 1 GiB all-reduce on a slow
+fabric still fits the probe's timeout; every rank derives the same counts, as it must). Before timing, the
+GPU is synchronised and all ranks meet at a barrier; after the loop each rank synchronises its GPU and
+reads its wall time, and the time per iteration is the mean over ranks (nccl-tests' default,
+``-a 1``): algbw = bytes / time, busbw = algbw x 2(n-1)/n (nccl-tests' all-reduce bus bandwidth,
+PERFORMANCE.md; n = ranks), GB = 10^9 B. small_msg_latency_us is the time per all-reduce of
+``latency_bytes``. Each rank binds its GPU (torch.cuda.set_device, and device_id to
+init_process_group) before the process group is created; only local rank 0 writes the results.
+Across nodes, run the same command on every node with master_addr, master_port, nnodes and node_rank
+set (README, "Collective across nodes").
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
+from gpuagent.probes import progress
 from gpuagent.probes.registry import ProbeSpec
 from gpuagent.probes.result import ProbeResult
 
@@ -59,6 +67,64 @@ def sizes(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
     return out
 
 
+FULL_ITERS_UP_TO = 64 << 20   # bytes: sizes up to this run the configured warm-up and iteration counts
+
+
+def iteration_counts(nbytes: int, iters: int, warmup: int) -> tuple[int, int]:
+    """(warmup, iters) for one message size: the configured counts up to FULL_ITERS_UP_TO bytes, then
+    scaled down in proportion to the size (never below 5 timed and 2 warm-up iterations, never above the
+    configured counts), so the largest sizes move about as many bytes as a 64 MiB message does."""
+    if nbytes <= FULL_ITERS_UP_TO:
+        return warmup, iters
+    scale = FULL_ITERS_UP_TO / nbytes
+    return (min(warmup, max(2, round(warmup * scale))), min(iters, max(5, round(iters * scale))))
+
+
+def decide(backend: str, nprocs: int, nnodes: int, ngpu: int) -> tuple[str, int, str, str]:
+    """(backend, ranks on this node, status, reason): status "" means run; else "skipped"/"failed"."""
+    if backend not in ("auto", "nccl", "gloo"):
+        return backend, 0, "failed", f"backend must be auto, nccl or gloo, got {backend!r}"
+    if backend == "auto":
+        backend = "nccl" if ngpu >= 1 else "gloo"
+    if backend == "nccl":
+        if ngpu < 1:
+            return backend, 0, "skipped", "backend nccl needs CUDA, which is not available here"
+        n = nprocs or ngpu
+        if n > ngpu:
+            return backend, n, "failed", f"nprocs={n} but only {ngpu} GPUs are visible"
+    else:
+        n = nprocs or 2
+    if n * nnodes < 2:
+        if backend == "nccl":
+            return backend, n, "skipped", (
+                f"only one GPU on this node and nnodes={nnodes}: the NCCL all-reduce needs >= 2 GPUs (ranks) "
+                "(pass --param backend=gloo to measure the host-side gloo path instead)")
+        return backend, n, "skipped", "an all-reduce needs at least two ranks (nprocs x nnodes >= 2)"
+    return backend, n, "", ""
+
+
+def bandwidth_metrics(seconds_per_iter: dict[str, float], latency_s: float, world: int) -> dict[str, float]:
+    """algbw/busbw per size (GB/s, 10^9 B/s) and at the largest size, from seconds per all-reduce."""
+    metrics: dict[str, float] = {}
+    factor = 2.0 * (world - 1) / world
+    for nbytes, per_iter in seconds_per_iter.items():
+        algbw = int(nbytes) / per_iter / 1e9
+        metrics[f"algbw_gbps_{nbytes}"] = algbw
+        metrics[f"busbw_gbps_{nbytes}"] = algbw * factor
+    largest = str(max(int(k) for k in seconds_per_iter))
+    metrics["algbw_gbps"] = metrics[f"algbw_gbps_{largest}"]
+    metrics["busbw_gbps"] = metrics[f"busbw_gbps_{largest}"]
+    metrics["small_msg_latency_us"] = latency_s * 1e6
+    return metrics
+
+
+def _human(nbytes: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << shift and nbytes % (1 << shift) == 0:
+            return f"{nbytes >> shift} {unit}"
+    return f"{nbytes} B"
+
+
 def _worker(local_rank: int, cfg: dict[str, Any], out_path: str) -> None:
     import torch
     import torch.distributed as dist
@@ -68,17 +134,21 @@ def _worker(local_rank: int, cfg: dict[str, Any], out_path: str) -> None:
     torch.set_num_threads(1)
     world = cfg["nnodes"] * cfg["nprocs"]
     rank = cfg["node_rank"] * cfg["nprocs"] + local_rank
+    extra: dict[str, Any] = {}
     if cfg["backend"] == "nccl":
-        torch.cuda.set_device(local_rank)
+        torch.cuda.set_device(local_rank)     # before the process group: NCCL binds this rank to its GPU
         device = torch.device("cuda", local_rank)
-        sync = torch.cuda.synchronize
+        extra["device_id"] = device           # so barrier() uses this GPU instead of guessing one
+
+        def sync() -> None:
+            torch.cuda.synchronize(device)
     else:
         device = torch.device("cpu")
 
         def sync() -> None:
             return None
     dist.init_process_group(cfg["backend"], rank=rank, world_size=world,
-                            timeout=timedelta(seconds=cfg["init_timeout_s"]))
+                            timeout=timedelta(seconds=cfg["init_timeout_s"]), **extra)
 
     def timed(nbytes: int, iters: int, warmup: int) -> float:
         t = torch.zeros(max(1, nbytes // 4), dtype=torch.float32, device=device)
@@ -86,18 +156,27 @@ def _worker(local_rank: int, cfg: dict[str, Any], out_path: str) -> None:
             dist.all_reduce(t)
         sync()
         dist.barrier()
+        sync()
         t0 = time.perf_counter()
         for _ in range(iters):
             dist.all_reduce(t)
         sync()
         el = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=device)
-        dist.all_reduce(el, op=dist.ReduceOp.MAX)
-        return float(el.item()) / iters
+        dist.all_reduce(el)                   # summed over ranks: the mean below (nccl-tests' default)
+        del t
+        return float(el.item()) / world / iters
 
     try:
-        res: dict[str, Any] = {"sizes": {}}
-        for nbytes in cfg["sizes"]:
-            res["sizes"][str(nbytes)] = timed(nbytes, cfg["iters"], cfg["warmup"])
+        res: dict[str, Any] = {"sizes": {}, "counts": {}}
+        parts = len(cfg["sizes"]) + 1
+        for j, nbytes in enumerate(cfg["sizes"]):
+            if local_rank == 0:
+                progress.step(j, parts, f"all-reduce {_human(nbytes)}")
+            w, k = iteration_counts(nbytes, cfg["iters"], cfg["warmup"])
+            res["sizes"][str(nbytes)] = timed(nbytes, k, w)
+            res["counts"][str(nbytes)] = k
+        if local_rank == 0:
+            progress.step(parts - 1, parts, f"small-message latency, {cfg['latency_bytes']} B")
         res["latency_s"] = timed(cfg["latency_bytes"], cfg["latency_iters"], cfg["warmup"])
         if local_rank == 0:
             with open(out_path, "w") as f:
@@ -114,30 +193,23 @@ def run(params: dict[str, Any]) -> ProbeResult:
     p = dict(params)
     cuda = torch.cuda.is_available()
     ngpu = torch.cuda.device_count() if cuda else 0
-    backend = p["backend"]
-    if backend not in ("auto", "nccl", "gloo"):
-        return ProbeResult("collective", "failed", f"backend must be auto, nccl or gloo, got {backend!r}", p)
-    if backend == "auto":
-        backend = "nccl" if ngpu >= 1 else "gloo"
+    backend, nprocs, status, why = decide(p["backend"], p["nprocs"], p["nnodes"], ngpu)
+    if backend not in ("nccl", "gloo"):
+        return ProbeResult("collective", "failed", why, p)
     env: dict[str, Any] = {"backend": backend, "torch": torch.__version__}
+    if backend == "nccl" and ngpu < 1:
+        return ProbeResult.skipped("collective", why, p, env)
+    if status == "failed":
+        return ProbeResult("collective", "failed", why, p, env=env)
     if backend == "nccl":
-        if ngpu < 1:
-            return ProbeResult.skipped("collective", "backend nccl needs CUDA, which is not available here", p, env)
-        nprocs = p["nprocs"] or ngpu
-        if nprocs > ngpu:
-            return ProbeResult("collective", "failed", f"nprocs={nprocs} but only {ngpu} GPUs are visible", p, env=env)
         env["devices"] = ",".join(torch.cuda.get_device_name(i) for i in range(nprocs))
         lo, hi = GPU_SIZES
     else:
-        nprocs = p["nprocs"] or 2
         env["devices"] = f"cpu x{nprocs}"
         lo, hi = CPU_SIZES
     world = nprocs * p["nnodes"]
     env.update(world_size=world, nnodes=p["nnodes"], nprocs_per_node=nprocs)
-    if world < 2:
-        why = ("only one GPU on this node and nnodes=1: an all-reduce needs two ranks "
-               "(pass --param backend=gloo to measure the host-side gloo path instead)"
-               if backend == "nccl" else "an all-reduce needs at least two ranks (nprocs x nnodes >= 2)")
+    if status == "skipped":
         return ProbeResult.skipped("collective", why, p, env)
     if p["nnodes"] > 1 and not p["master_port"]:
         return ProbeResult("collective", "failed", "master_port must be given when nnodes > 1", p, env=env)
@@ -154,6 +226,7 @@ def run(params: dict[str, Any]) -> ProbeResult:
     env["master"] = f"{cfg['master_addr']}:{cfg['master_port']}"
     fd, out_path = tempfile.mkstemp(prefix="gpuagent-collective-", suffix=".json")
     os.close(fd)
+    progress.step(0, len(size_list) + 1, f"starting {world if p['nnodes'] == 1 else nprocs} {backend} ranks")
     try:
         try:
             mp.start_processes(_worker, args=(cfg, out_path), nprocs=nprocs, join=True, start_method="spawn")
@@ -165,15 +238,8 @@ def run(params: dict[str, Any]) -> ProbeResult:
             res = json.load(f)
     finally:
         os.unlink(out_path)
-    metrics: dict[str, float] = {}
-    factor = 2.0 * (world - 1) / world
-    for nbytes, per_iter in res["sizes"].items():
-        algbw = int(nbytes) / per_iter / 1e9
-        metrics[f"algbw_gbps_{nbytes}"] = algbw
-        metrics[f"busbw_gbps_{nbytes}"] = algbw * factor
+    metrics = bandwidth_metrics(res["sizes"], res["latency_s"], world)
     largest = str(max(int(k) for k in res["sizes"]))
-    metrics["algbw_gbps"] = metrics[f"algbw_gbps_{largest}"]
-    metrics["busbw_gbps"] = metrics[f"busbw_gbps_{largest}"]
-    metrics["small_msg_latency_us"] = res["latency_s"] * 1e6
     env["largest_bytes"] = int(largest)
+    env["iters_at_largest"] = res["counts"][largest]
     return ProbeResult("collective", "ok", "", p, metrics, started, time.time_ns(), env)

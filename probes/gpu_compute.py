@@ -1,7 +1,13 @@
 """gpu_compute: matmul throughput and the CPU-GPU coordination cost, per GPU.
 
-  * bf16_tflops / fp32_tflops: ``matmul_n``-square matmuls on random data, ``warmup`` then ``iters`` timed
-    with CUDA events; 2n^3 flops each. fp32 runs with TF32 disabled, so it is true FP32.
+  * bf16_tflops / fp32_tflops: ``matmul_n``-square matmuls on random data (2n^3 flops each): at least
+    ``warmup`` products and at least ``warmup_s`` seconds of them (clocks ramp up from idle), then ``iters``
+    back-to-back products timed with CUDA events. fp32 runs with TF32 disabled
+    (``torch.backends.cuda.matmul.allow_tf32 = False``, also PyTorch's default), so it is true FP32;
+    env matmul_tf32 is the flag read back while the fp32 products ran (1 also when
+    TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 forces TF32 inside cuBLAS). At the default n=8192 one bf16 product
+    is ~1.1 TFLOP (~1.4 ms on an H100/H200), far above the ~10 us launch cost, so the figure is not
+    launch-bound.
   * launch_latency_us: host time to enqueue one tiny kernel (``x.add_(1)`` on a 1-element CUDA tensor,
     queue kept far from full), i.e. PyTorch dispatch + cudaLaunchKernel. torch_cpu_op_us is the same op on
     a CPU tensor (dispatch without a launch) measured alongside, so the launch part is the difference.
@@ -12,6 +18,7 @@ Skipped without CUDA.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from typing import Any
@@ -24,35 +31,50 @@ SPEC = ProbeSpec(
     name="gpu_compute",
     description="per GPU bf16/fp32 matmul TFLOP/s, kernel-launch and launch+sync latency",
     platform="cuda",
-    defaults={"gpus": "all", "matmul_n": 8192, "iters": 20, "warmup": 3, "launch_iters": 1000,
-              "sync_iters": 500},
+    defaults={"gpus": "all", "matmul_n": 8192, "iters": 20, "warmup": 3, "warmup_s": 0.3,
+              "launch_iters": 1000, "sync_iters": 500},
     resources=frozenset({"gpu"}),
     timeout_s=180.0,
     interval_s=3600.0,
 )
 
 
+def matmul_tflops(n: int, count: int, elapsed_ms: float) -> float:
+    """TFLOP/s of ``count`` n x n x n matrix products in ``elapsed_ms``: 2n^3 flops each (n^3 multiply-adds)."""
+    return 2.0 * n ** 3 * count / (elapsed_ms / 1e3) / 1e12
+
+
 def _measure(torch, i: int, p: dict[str, Any]) -> dict[str, Any]:
     torch.cuda.set_device(i)
     dev = f"cuda:{i}"
     n = int(p["matmul_n"])
+    iters = max(1, int(p["iters"]))
     m: dict[str, float] = {}
     prev_tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
+    tf32 = 0
     try:
         for dtype, key in ((torch.bfloat16, "bf16_tflops"), (torch.float32, "fp32_tflops")):
             a = torch.randn(n, n, dtype=dtype, device=dev)
             b = torch.randn(n, n, dtype=dtype, device=dev)
             c = torch.empty(n, n, dtype=dtype, device=dev)
-            for _ in range(max(1, p["warmup"])):
-                torch.matmul(a, b, out=c)
+            deadline = time.perf_counter() + float(p["warmup_s"])
+            while True:   # warm-up: at least `warmup` products and `warmup_s` seconds of them
+                for _ in range(max(1, int(p["warmup"]))):
+                    torch.matmul(a, b, out=c)
+                torch.cuda.synchronize(i)
+                if time.perf_counter() >= deadline:
+                    break
+            if dtype == torch.float32:
+                tf32 = int(bool(torch.backends.cuda.matmul.allow_tf32)
+                           or os.environ.get("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE") == "1")
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             s.record()
-            for _ in range(p["iters"]):
+            for _ in range(iters):
                 torch.matmul(a, b, out=c)
             e.record()
             e.synchronize()
-            m[key] = 2.0 * n ** 3 * p["iters"] / (s.elapsed_time(e) / 1e3) / 1e12
+            m[key] = matmul_tflops(n, iters, s.elapsed_time(e))
             del a, b, c
     finally:
         torch.backends.cuda.matmul.allow_tf32 = prev_tf32
@@ -82,7 +104,7 @@ def _measure(torch, i: int, p: dict[str, Any]) -> dict[str, Any]:
         sync.append(time.perf_counter_ns() - a)
     m["sync_latency_us"] = statistics.median(sync) / 1e3
     props = torch.cuda.get_device_properties(i)
-    env = {"device": props.name, "sm_count": props.multi_processor_count, "matmul_tf32": 0}
+    env = {"device": props.name, "sm_count": props.multi_processor_count, "matmul_tf32": tf32}
     torch.cuda.empty_cache()
     return {"gpu": i, "status": "ok", "reason": "", "metrics": m, "env": env}
 

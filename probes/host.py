@@ -42,6 +42,7 @@ import statistics
 import time
 from typing import Any
 
+from gpuagent.probes import progress
 from gpuagent.probes.registry import ProbeSpec
 from gpuagent.probes.result import ProbeResult
 
@@ -197,12 +198,16 @@ def run(params: dict[str, Any]) -> ProbeResult:
     rounds: dict[str, list[float]] = {k: [] for k in
                                       ("syscall_ns", "clock_gettime_ns", "page_fault_ns",
                                        "pipe_roundtrip_us", "memcpy_gbps")}
-    for _ in range(max(1, params["repeats"])):
-        rounds["syscall_ns"].append(_per_call_ns(os.getppid, params["syscall_iters"]))
-        rounds["clock_gettime_ns"].append(_per_call_ns(time.monotonic_ns, params["clock_iters"]))
-        rounds["page_fault_ns"].append(_page_fault_ns(params["fault_mib"]))
-        rounds["pipe_roundtrip_us"].append(_pipe_roundtrip_us(params["pipe_iters"]))
-        rounds["memcpy_gbps"].append(_memcpy_gbps(params["memcpy_mib"], params["memcpy_iters"]))
+    n = max(1, params["repeats"])
+    figures = (("syscall_ns", lambda: _per_call_ns(os.getppid, params["syscall_iters"])),
+               ("clock_gettime_ns", lambda: _per_call_ns(time.monotonic_ns, params["clock_iters"])),
+               ("page_fault_ns", lambda: _page_fault_ns(params["fault_mib"])),
+               ("pipe_roundtrip_us", lambda: _pipe_roundtrip_us(params["pipe_iters"])),
+               ("memcpy_gbps", lambda: _memcpy_gbps(params["memcpy_mib"], params["memcpy_iters"])))
+    for r in range(n):
+        for j, (key, measure) in enumerate(figures):
+            progress.step(r * len(figures) + j, n * len(figures), f"round {r + 1}/{n}: {key.rsplit('_', 1)[0]}")
+            rounds[key].append(measure())
     steal = _steal_percent(stat0, _cpu_times())
     metrics: dict[str, float] = {k: statistics.median(v) for k, v in rounds.items()}
     if steal is not None:

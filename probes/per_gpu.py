@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
+from gpuagent.probes import progress
 from gpuagent.probes.result import ProbeResult
 
 
@@ -36,7 +37,8 @@ def run_per_gpu(probe: str, params: dict[str, Any],
     except ValueError as exc:
         return ProbeResult(probe, "failed", str(exc), p)
     per_gpu = []
-    for i in gpus:
+    for k, i in enumerate(gpus):
+        progress.step(k, len(gpus), f"GPU {i}")
         try:
             per_gpu.append(measure(torch, i, p))
         except Exception as exc:  # noqa: BLE001 - one GPU's trouble is that GPU's result

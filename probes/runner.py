@@ -12,6 +12,7 @@ stdout/stderr go to temporary files, not pipes, so a chatty probe can never bloc
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -22,6 +23,7 @@ import threading
 import time
 from typing import Any, Callable, Mapping
 
+from gpuagent.probes import progress as progress_file
 from gpuagent.probes import registry
 from gpuagent.probes.result import ProbeResult
 
@@ -55,12 +57,14 @@ def _parse_stdout(text: str) -> dict[str, Any] | None:
 
 
 def run_probe(name: str, params: Mapping[str, Any] | None = None, timeout_s: float | None = None, *,
-              python: str | None = None, progress: Callable[[float, float], None] | None = None,
+              python: str | None = None,
+              progress: Callable[[float, float, tuple[int, int, str] | None], None] | None = None,
               cancel: threading.Event | None = None, env: Mapping[str, str] | None = None,
               poll_s: float = 0.1) -> ProbeResult:
     """Run probe ``name`` with ``params`` (validated here) and return its result; never raises for probe trouble.
 
-    ``progress(elapsed_s, timeout_s)`` is called about every ``poll_s`` while it runs (the CLI's spinner).
+    ``progress(elapsed_s, timeout_s, step)`` is called about every ``poll_s`` while it runs (the CLI's bar);
+    ``step`` is the probe's last ``(done, total, label)`` from gpuagent.probes.progress, or None yet.
     Raises ``registry.ParamError`` for an unknown probe or parameter (bad input, before anything runs).
     """
     spec = registry.get(name)
@@ -70,9 +74,13 @@ def run_probe(name: str, params: Mapping[str, Any] | None = None, timeout_s: flo
            *registry.params_as_args(full)]
     child_env = dict(os.environ if env is None else env)
     child_env.setdefault("PYTHONUNBUFFERED", "1")
+    child_env.pop(progress_file.ENV, None)
     started = time.time_ns()
     t0 = time.monotonic()
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
+            (tempfile.NamedTemporaryFile(prefix="gpuagent-progress-") if progress else contextlib.nullcontext()) as prog:
+        if prog is not None:
+            child_env[progress_file.ENV] = prog.name
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                                 env=child_env, start_new_session=True)
         pgid = proc.pid  # session leader: its pid is the group id
@@ -86,7 +94,7 @@ def run_probe(name: str, params: Mapping[str, Any] | None = None, timeout_s: flo
                     pass
                 elapsed = time.monotonic() - t0
                 if progress is not None:
-                    progress(elapsed, timeout)
+                    progress(elapsed, timeout, progress_file.read_last(prog.name))
                 if cancel is not None and cancel.is_set():
                     outcome = "cancelled"
                 elif elapsed >= timeout:

@@ -42,7 +42,7 @@ import time
 import uuid
 from typing import Any
 
-from gpuagent.probes import blockdev
+from gpuagent.probes import blockdev, progress
 from gpuagent.probes.registry import ProbeSpec
 from gpuagent.probes.result import ProbeResult
 
@@ -298,6 +298,7 @@ def run(params: dict[str, Any]) -> ProbeResult:
                 direct = False
                 fd = _open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, False)
             created = True
+            progress.step(0, 3, f"sequential write, {size >> 20} MiB")
             write_s = _seq_write(fd, size)
             os.close(fd)
             fd = -1
@@ -317,7 +318,9 @@ def run(params: dict[str, Any]) -> ProbeResult:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # drops clean pages where it can
             notes.append(f"O_DIRECT is not available or not effective on {env['fs_type'] or 'this filesystem'}; "
                          "buffered I/O was used, so the page cache may be in play")
+        progress.step(1, 3, f"sequential read, {float(p['seq_seconds']):g} s")
         seq_rates, read_bytes, read_s = _seq_read(fd, size, float(p["seq_seconds"]))
+        progress.step(2, 3, f"random 4 KiB reads at QD {qd}, {float(p['rand_seconds']):g} s")
         n, elapsed, lats = _rand_read(path, direct, size, qd, float(p["rand_seconds"]), int(p["seed"]))
     finally:
         if fd >= 0:

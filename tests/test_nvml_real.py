@@ -45,8 +45,17 @@ def test_inventory_matches_nvidia_smi(sampler):
         if gen_max.isdigit():
             assert g["pcie_gen_max"] == int(gen_max) and g["pcie_width_max"] == int(width_max)
         assert g["virtualization_mode"] in ("none", "passthrough", "vgpu", "host_vgpu", "host_vsga", "unknown")
+        assert g["mig_mode"] in ("enabled", "disabled", "unsupported")
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is None, reason="nvidia-smi not installed")
+def test_node_info_against_the_driver(sampler):
+    try:
+        from gpuagent.proto import pb  # noqa: F401  (NodeInfo is a proto message)
+    except Exception as exc:  # noqa: BLE001 - e.g. the image's protobuf runtime is older than the gencode
+        pytest.skip(f"gpuagent.proto does not import with this Python's protobuf: {type(exc).__name__}: {exc}")
     node = build_node_info({"pool": "gpu-check"}, sampler)
-    assert len(node.gpus) == len(inv) and node.driver_version == _smi("driver_version")[0][0]
+    assert len(node.gpus) == sampler.nvml.device_count and node.driver_version == _smi("driver_version")[0][0]
     print("fingerprint:", node.fingerprint)
 
 

@@ -69,3 +69,85 @@ def test_probe_run_with_an_unusable_lock_path_is_one_sentence(tmp_path):
     res = CliRunner().invoke(main, ["probe", "run", "host", "--lock-path", str(blocker / "probe.lock")])
     assert res.exit_code == 1
     assert res.output.startswith(f"Error: cannot open the probe lock {blocker / 'probe.lock'}: ")
+
+
+def _run_on_a_terminal(argv: list[str], timeout_s: float = 60.0) -> tuple[str, str, int]:
+    """Run the real CLI with stderr on a pseudo-terminal (what a user sees); returns (stderr, stdout, rc)."""
+    import os
+    import pty
+    import select
+    import subprocess
+    import sys
+    import time
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "gpuagent.agent.cli", *argv], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=slave)
+    os.close(slave)
+    seen = b""
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.2)
+            if ready:
+                try:
+                    chunk = os.read(master, 4096)
+                except OSError:  # EIO: the child closed its end
+                    break
+                if not chunk:
+                    break
+                seen += chunk
+            elif proc.poll() is not None:
+                break
+        out = proc.stdout.read().decode()
+        return seen.decode(errors="replace"), out, proc.wait(timeout=10)
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_probe_run_shows_a_progress_bar_on_a_terminal(tmp_path):
+    err, out, rc = _run_on_a_terminal(["probe", "run", "host", "--lock-path", str(tmp_path / "probe.lock"),
+                                       "--param", "repeats=3", "--param", "pipe_iters=20000",
+                                       "--param", "syscall_iters=400000"])
+    assert rc == 0, err + out
+    frames = [f for f in err.split("\r") if f.strip()]
+    bars = [f for f in frames if f.startswith("host [")]
+    # the probe reports 15 parts (3 rounds x 5 figures); the bar shows the part running and moves forward
+    done = [int(f.split("] ")[1].split("/")[0]) for f in bars]
+    assert bars and all("/15 round " in f for f in bars), frames[:5]
+    assert done == sorted(done) and done[-1] > done[0], done
+    assert frames[-1].startswith("host: done in") and "status  ok" in out
+
+
+def test_runner_reports_the_probe_parts_to_its_progress_callback(tmp_path):
+    from gpuagent.probes.runner import run_probe
+
+    steps = []
+    r = run_probe("storage", {"path": str(tmp_path), "size_mib": 8, "seq_seconds": 0.5, "rand_seconds": 0.5},
+                  progress=lambda elapsed, timeout, step: steps.append(step), poll_s=0.05)
+    assert r.status == "ok", r.reason
+    parts = [s for s in steps if s is not None]
+    assert {s[1] for s in parts} == {3}
+    labels = {s[0]: s[2] for s in parts}
+    assert labels.get(1) == "sequential read, 0.5 s" and labels.get(2) == "random 4 KiB reads at QD 4, 0.5 s"
+    assert [s[0] for s in parts] == sorted(s[0] for s in parts)
+
+
+def test_progress_file_reads_only_complete_lines(tmp_path, monkeypatch):
+    from gpuagent.probes import progress
+
+    path = tmp_path / "progress"
+    path.write_bytes(b"")
+    monkeypatch.delenv(progress.ENV, raising=False)
+    progress.step(1, 2, "ignored")  # no file named: nothing written, nothing raised
+    assert path.read_bytes() == b"" and progress.read_last(str(path)) is None
+    monkeypatch.setenv(progress.ENV, str(path))
+    progress.step(0, 4, "all-reduce 1 MiB")
+    progress.step(1, 4, "all-reduce\n4 MiB")  # a newline in a label cannot split the line
+    with open(path, "ab") as f:
+        f.write(b"2 4 half-writ")
+    assert progress.read_last(str(path)) == (1, 4, "all-reduce 4 MiB")
+    assert progress.read_last(str(tmp_path / "missing")) is None
