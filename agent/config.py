@@ -277,7 +277,7 @@ def read_toml(path: str | os.PathLike) -> dict[str, Any]:
     for table, allowed in (("agent", _AGENT_KEYS), ("collector", _COLLECTOR_KEYS)):
         extra = set(data.get(table, {})) - allowed
         if extra:
-            raise ConfigError(f"config file {str(p)!r}: unknown key {table}.{sorted(extra)[0]!r} "
+            raise ConfigError(f"config file {str(p)!r}: unknown key {table}.{sorted(extra)[0]} "
                               f"(expected one of {', '.join(sorted(allowed))}).")
     return data
 

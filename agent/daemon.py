@@ -10,6 +10,8 @@ within 5 s. This module never imports torch (tests check ``sys.modules`` of a ru
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import logging
 import os
 import signal
@@ -51,11 +53,9 @@ class Agent:
             probe = self.state_dir / ".writable"
             probe.write_bytes(b"")
             probe.unlink()
-        except PermissionError:
-            raise StartupError(f"state dir {self.state_dir} is not writable by this user "
-                               "(run as root, or pass --state-dir / GPUAGENT_STATE_DIR).") from None
         except OSError as exc:
-            raise StartupError(f"state dir {self.state_dir} cannot be used: {exc.strerror or exc}.") from None
+            raise StartupError(_state_dir_problem(self.state_dir, exc)) from None
+        self._lock_fd: int | None = lock_state_dir(self.state_dir)
         self.token = cfg.resolved_token()
         self.stop_event = threading.Event()
         self.notifier = notifier or Notifier()
@@ -230,6 +230,9 @@ class Agent:
         sp = self.spool.stats()
         log.info("stopped in %.2f s; %d batches (%d bytes) remain spooled for the next start",
                  time.monotonic() - t, sp["backlog_batches"], sp["backlog_bytes"])
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)     # releases the state dir for the next agent
+            self._lock_fd = None
 
     # ---------------------------------------------------------------- extras (probe scheduler, job listener)
     def _start_extras(self) -> None:
@@ -348,6 +351,45 @@ class Agent:
             if ("status", "write") not in self._sampler_errors:
                 self._sampler_errors.add(("status", "write"))
                 log.exception("writing the status file failed (reported once)")
+
+
+def _state_dir_problem(state_dir: Path, exc: OSError) -> str:
+    """One sentence for a state dir the agent cannot write."""
+    if exc.errno == errno.EROFS:
+        return f"state dir {state_dir} is on a read-only file system (pass --state-dir or GPUAGENT_STATE_DIR)."
+    if exc.errno in (errno.ENOTDIR, errno.EEXIST) and not state_dir.is_dir():
+        return f"state dir {state_dir} is not a directory (pass --state-dir or GPUAGENT_STATE_DIR)."
+    if isinstance(exc, PermissionError):
+        if os.geteuid() != 0:
+            return (f"state dir {state_dir} is not writable by this user (run as root, or pass --state-dir or "
+                    "GPUAGENT_STATE_DIR).")
+        return f"state dir {state_dir} is not writable, even for root (pass --state-dir or GPUAGENT_STATE_DIR)."
+    return f"state dir {state_dir} cannot be used: {exc.strerror or exc}."
+
+
+LOCK_FILE = "agent.lock"
+
+
+def lock_state_dir(state_dir: Path) -> int:
+    """Hold ``<state_dir>/agent.lock`` (flock) for the agent's life; returns the open fd.
+
+    Two agents on one state dir would hand out the same seq numbers from one seq file, and the collector
+    would then drop the second batch of each pair as a resend: the second agent must not start."""
+    path = state_dir / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise StartupError(_state_dir_problem(state_dir, exc)) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise StartupError(f"another gpuagent (pid {holder}) already runs with state dir {state_dir}; stop it "
+                           "first or give this one another --state-dir.") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
 
 
 def _n_items(batch: pb.Batch) -> int:

@@ -3,7 +3,8 @@
 Starts ``gpuagent-collector serve`` (DuckDB file under ./run/, loopback only) and ``gpuagent run``
 (state dir under ./run/) as subprocesses, waits until the collector has stored the first samples
 from this machine, prints ``gpuagent status`` and a first SQL query through ``gpuagent-collector sql``,
-then keeps both running until Ctrl-C and stops them cleanly (agent first, so its last batch lands).
+then keeps both running until Ctrl-C (or SIGTERM/SIGHUP) and stops them cleanly (agent first, so its
+last batch lands). The collector gets port 7443, the default of every command, when it is free.
 ``--once`` (or ``GPUAGENT_RUN_ONCE=1``) stops right after showing the numbers; the tests use it.
 """
 
@@ -25,17 +26,49 @@ class LocalRunError(Exception):
     pass
 
 
+DEFAULT_PORT = 7443   # what `gpuagent-collector sql/analyze/...` and the agent use when not told otherwise
+
+
+class _Stop(Exception):
+    """SIGTERM or SIGHUP (terminal closed): stop both children like Ctrl-C does, leaving no orphans."""
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _tail(path: Path, n: int = 15) -> str:
+def pick_port(requested: int | None) -> int:
+    """``requested`` if given (0: any free port); else 7443 when free, so the README's commands work as
+    written, else a free port."""
+    if requested is not None:
+        return requested or free_port()
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", DEFAULT_PORT))
+            return DEFAULT_PORT
+        except OSError:
+            return free_port()
+
+
+def _tail(path: Path, n: int = 15, start: int = 0) -> str:
+    """The last ``n`` lines of a log, written after byte offset ``start`` (this run's lines only)."""
     try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+        with open(path, "rb") as fh:
+            fh.seek(start)
+            lines = fh.read().decode(errors="replace").splitlines()
+        return "\n".join(lines[-n:]) or "(nothing logged)"
     except OSError:
         return "(no log)"
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def start_collector(db: Path, port: int, log: Path, extra_env: dict | None = None) -> subprocess.Popen:
@@ -53,17 +86,18 @@ def start_agent(collector: str, state_dir: Path, log: Path, interval: float = 1.
     return subprocess.Popen(cmd, stdout=open(log, "ab"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
 
-def wait_port(port: int, proc: subprocess.Popen, log: Path, timeout: float = 60.0) -> None:
+def wait_port(port: int, proc: subprocess.Popen, log: Path, timeout: float = 60.0, log_start: int = 0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise LocalRunError(f"the collector exited with code {proc.returncode}:\n{_tail(log)}")
+            raise LocalRunError(f"the collector exited with code {proc.returncode}:\n{_tail(log, start=log_start)}")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.5):
                 return
         except OSError:
             time.sleep(0.1)
-    raise LocalRunError(f"the collector did not listen on 127.0.0.1:{port} within {timeout:.0f} s:\n{_tail(log)}")
+    raise LocalRunError(f"the collector did not listen on 127.0.0.1:{port} within {timeout:.0f} s:\n"
+                        f"{_tail(log, start=log_start)}")
 
 
 def query(address: str, sql: str, timeout: float = 10.0) -> tuple[list[str], list[list]]:
@@ -79,14 +113,14 @@ def query(address: str, sql: str, timeout: float = 10.0) -> tuple[list[str], lis
 
 
 def wait_samples(address: str, agent: subprocess.Popen, agent_log: Path, timeout: float = 60.0,
-                 min_ticks: int = 2) -> int:
+                 min_ticks: int = 2, log_start: int = 0) -> int:
     """Wait until the collector holds host samples from at least ``min_ticks`` distinct ticks."""
     import grpc
     deadline = time.monotonic() + timeout
     last = 0
     while time.monotonic() < deadline:
         if agent.poll() is not None:
-            raise LocalRunError(f"the agent exited with code {agent.returncode}:\n{_tail(agent_log)}")
+            raise LocalRunError(f"the agent exited with code {agent.returncode}:\n{_tail(agent_log, start=log_start)}")
         try:
             _, rows = query(address, "SELECT count(DISTINCT ts) FROM samples WHERE gpu IS NULL")
             last = int(rows[0][0]) if rows else 0
@@ -96,7 +130,7 @@ def wait_samples(address: str, agent: subprocess.Popen, agent_log: Path, timeout
             pass
         time.sleep(0.5)
     raise LocalRunError(f"no samples stored within {timeout:.0f} s (ticks stored: {last}); agent log:\n"
-                        f"{_tail(agent_log)}")
+                        f"{_tail(agent_log, start=log_start)}")
 
 
 def stop_process(proc: subprocess.Popen, timeout: float = 10.0) -> int | None:
@@ -133,18 +167,23 @@ def _run_cli(args: list[str]) -> int:
     return res.returncode
 
 
+def _on_signal(signum, frame) -> None:
+    raise _Stop(signal.Signals(signum).name)
+
+
 @click.command()
 @click.option("--run-dir", default="run", show_default=True, help="Where the DuckDB file, agent state and logs go.")
-@click.option("--port", type=int, default=0, help="Collector port on 127.0.0.1 (default: a free one).")
+@click.option("--port", type=int, default=None,
+              help="Collector port on 127.0.0.1 (default: 7443 when free, else a free one; 0: a free one).")
 @click.option("--interval", type=float, default=1.0, show_default=True, help="Sampling interval, seconds.")
 @click.option("--once", is_flag=True, envvar="GPUAGENT_RUN_ONCE",
               help="Stop after showing the first numbers (env GPUAGENT_RUN_ONCE=1).")
 @click.option("--timeout", type=float, default=60.0, show_default=True, help="How long to wait for the first samples.")
-def main(run_dir: str, port: int, interval: float, once: bool, timeout: float) -> None:
+def main(run_dir: str, port: int | None, interval: float, once: bool, timeout: float) -> None:
     """Run a local collector and this node's agent; show real numbers from this machine."""
     rd = Path(run_dir).resolve()
     rd.mkdir(parents=True, exist_ok=True)
-    port = port or free_port()
+    port = pick_port(port)
     address = f"127.0.0.1:{port}"
     db, state = rd / "gpuagent.duckdb", rd / "agent-state"
     clog, alog = rd / "collector.log", rd / "agent.log"
@@ -152,15 +191,22 @@ def main(run_dir: str, port: int, interval: float, once: bool, timeout: float) -
     t0 = time.monotonic()
     click.echo(f"gpuagent local run: collector on {address} (DuckDB {db}), agent on this machine ({host}).")
     click.echo(f"Logs: {clog}, {alog}")
-    collector = start_collector(db, port, clog)
-    agent = None
+    # SIGTERM, or SIGHUP when the terminal goes away, must stop the children too: they run in their own
+    # sessions (so that Ctrl-C reaches only this process) and would otherwise be left running.
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGHUP, _on_signal)
+    cstart, astart = _size(clog), _size(alog)
+    collector = agent = None
+    started = False
     try:
-        wait_port(port, collector, clog)
+        collector = start_collector(db, port, clog)
+        wait_port(port, collector, clog, log_start=cstart)
         agent = start_agent(address, state, alog, interval=interval, batch_interval=2.0,
                             extra_env={"GPUAGENT_JOBS_SOCKET": str(rd / "jobs.sock")})
-        ticks = wait_samples(address, agent, alog, timeout=timeout)
+        ticks = wait_samples(address, agent, alog, timeout=timeout, log_start=astart)
         # A couple more ticks so rates (which need two readings) and averages have something in them.
-        wait_samples(address, agent, alog, timeout=timeout, min_ticks=ticks + 2)
+        wait_samples(address, agent, alog, timeout=timeout, min_ticks=ticks + 2, log_start=astart)
+        started = True
         click.echo(f"\nFirst samples stored after {time.monotonic() - t0:.1f} s. Everything below is REAL data "
                    f"measured on this machine ({host}) by the agent, sent over gRPC and stored in {db}.\n")
         click.echo("$ gpuagent status --state-dir " + str(state))
@@ -173,22 +219,35 @@ def main(run_dir: str, port: int, interval: float, once: bool, timeout: float) -
         if once:
             click.echo("\n--once: stopping the agent and the collector.")
             return
-        click.echo(f"\nRunning. Ctrl-C stops both. Meanwhile, in another shell:\n"
-                   f"  .venv/bin/gpuagent status --state-dir {state}\n"
-                   f"  .venv/bin/gpuagent-collector sql --target {address} "
-                   f"\"SELECT metric, count(*) FROM samples GROUP BY 1 ORDER BY 2 DESC LIMIT 10\"")
+        env = (f"export PATH=\"{Path(sys.executable).parent}:$PATH\" GPUAGENT_STATE_DIR={state} "
+               f"GPUAGENT_JOBS_SOCKET={rd / 'jobs.sock'}")
+        if port != DEFAULT_PORT:
+            env += f" GPUAGENT_COLLECTOR={address}"
+        click.echo("\nRunning. Ctrl-C stops both. In another shell, this makes the README's commands use this run:\n"
+                   f"  {env}\n"
+                   "  gpuagent status; gpuagent probe run host; gpuagent-collector analyze\n"
+                   "  gpuagent-collector sql \"SELECT metric, count(*) FROM samples GROUP BY 1 ORDER BY 2 DESC LIMIT 10\"")
         while agent.poll() is None and collector.poll() is None:
             time.sleep(0.5)
         raise LocalRunError(f"{'the agent' if agent.poll() is not None else 'the collector'} exited unexpectedly; "
                             f"see {alog if agent.poll() is not None else clog}")
     except KeyboardInterrupt:
         click.echo("\nCtrl-C: stopping the agent, then the collector.")
+    except _Stop as exc:
+        click.echo(f"\n{exc}: stopping the agent, then the collector.")
     except LocalRunError as exc:
         raise click.ClickException(str(exc)) from None
     finally:
+        # A second Ctrl-C (or SIGTERM) while the children stop must not leave them behind.
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
         if agent is not None:
             stop_process(agent)
-        stop_process(collector, timeout=30)
+        if collector is not None:
+            stop_process(collector, timeout=30)
+        if started:
+            click.echo(f"Stopped. The data stays in {db}: `make run` again adds to it, and "
+                       f"`{Path(sys.executable).parent / 'duckdb'} -readonly {db}` opens it (SQL as in the README).")
 
 
 if __name__ == "__main__":

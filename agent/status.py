@@ -55,6 +55,8 @@ def read_status(state_dir: str | os.PathLike, now_ns: int | None = None, check_l
         raise StatusError(f"cannot read {path}: permission denied (run as a user who can read the state dir).") from None
     except (OSError, ValueError) as exc:
         raise StatusError(f"cannot read {path}: {exc}.") from None
+    if not (isinstance(data, dict) and isinstance(data.get("pid"), int) and isinstance(data.get("updated_ns"), int)):
+        raise StatusError(f"{path} is not a gpuagent status file (no pid and updated_ns); is --state-dir right?")
     if not check_live:
         return data
     now_ns = now_ns if now_ns is not None else time.time_ns()

@@ -177,10 +177,23 @@ class AnalyzerConfig:
     @classmethod
     def from_mapping(cls, doc: Mapping[str, Any]) -> "AnalyzerConfig":
         """Build from a parsed collector TOML document; unknown keys are one clear error."""
+        unknown = sorted(set(doc) - {"analyzer", "baselines", "pricing"})
+        if unknown:
+            raise AnalyzerError(f"unknown table or key {unknown[0]!r} in the collector config "
+                                "(expected [analyzer], [[baselines.declared]] and [pricing])")
+        for table in ("analyzer", "baselines", "pricing"):
+            if not isinstance(doc.get(table, {}), Mapping):
+                raise AnalyzerError(f"[{table}] in the collector config must be a table")
+        extra = sorted(set(doc.get("baselines") or {}) - {"declared"})
+        if extra:
+            raise AnalyzerError(f"unknown key baselines.{extra[0]} (only [[baselines.declared]] rows go there)")
         section = dict(doc.get("analyzer") or {})
         known = {f.name for f in fields(cls)} - {"declared", "pool_prices", "thresholds"}
         kwargs: dict[str, Any] = {}
         thresholds = section.pop("thresholds", {}) or {}
+        if not isinstance(thresholds, Mapping):
+            raise AnalyzerError("[analyzer] thresholds must be a table like { \"virtualization_overhead.h2d\" = 8 }")
+        thresholds = dict(thresholds)
         for key, value in section.items():
             name = key
             if key in ("interval", "window", "probe_window", "baseline_lookback", "baseline_refresh"):
@@ -200,10 +213,18 @@ class AnalyzerConfig:
         for key, value in thresholds.items():
             if key not in valid:
                 raise AnalyzerError(f"unknown threshold {key!r}: use kind.component, e.g. virtualization_overhead.h2d")
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise AnalyzerError(f"[analyzer] threshold {key} must be a number, got {value!r}")
             thresholds[key] = float(value)
         declared = []
         components = {c.component for c in COMPONENTS if c.kind == _VO}
         for i, row in enumerate((doc.get("baselines") or {}).get("declared") or []):
+            if not isinstance(row, Mapping):
+                raise AnalyzerError(f"[[baselines.declared]] #{i + 1} must be a table")
+            extra = sorted(set(row) - {"component", "value", "gpu_model_like", "params_like", "note"})
+            if extra:
+                raise AnalyzerError(f"[[baselines.declared]] #{i + 1}: unknown key {extra[0]!r} (known: component, "
+                                    "value, gpu_model_like, params_like, note)")
             comp = row.get("component")
             if comp not in components:
                 raise AnalyzerError(f"[[baselines.declared]] #{i + 1}: unknown component {comp!r} "

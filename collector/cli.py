@@ -231,9 +231,12 @@ def analyze(db_path, target, window, config_path, token, token_file, tls_ca, fmt
 
 
 def _source_args(ctx: click.Context, db_path: str | None, target: str | None) -> tuple[str | None, str | None]:
-    """--db wins over a --target that only came from the environment."""
+    """--db wins over a --target that only came from the environment; with neither, the local default
+    collector (127.0.0.1:7443), as for `sql` and `analyze`."""
     if db_path and target and ctx.get_parameter_source("target") == click.core.ParameterSource.ENVIRONMENT:
         target = None
+    if not db_path and not target:
+        target = DEFAULT_TARGET
     return db_path, target or None
 
 
@@ -242,7 +245,7 @@ def _source_options(fn):
         click.option("--db", "db_path", type=click.Path(dir_okay=False), default=None,
                      help="Read this DuckDB file (read-only; not while a collector holds it)."),
         click.option("--target", envvar=TARGET_ENV, default=None, metavar="HOST:PORT",
-                     help=f"Ask the live collector instead [env {TARGET_ENV}]."),
+                     help=f"Ask this live collector [env {TARGET_ENV}; default {DEFAULT_TARGET} without --db]."),
         click.option("--token", envvar=TOKEN_ENV, default=None, help=f"Bearer token [env {TOKEN_ENV}]."),
         click.option("--token-file", type=click.Path(dir_okay=False), default=None),
         click.option("--tls-ca", type=click.Path(exists=True, dir_okay=False), default=None,

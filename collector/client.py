@@ -93,7 +93,7 @@ def format_result(result: QueryResult, fmt: str = "table") -> str:
     numeric = [bool(result.rows) and all(isinstance(r[i], (int, float)) and not isinstance(r[i], bool)
                                           or r[i] is None for r in result.rows)
                for i in range(len(result.columns))]
-    lines = ["  ".join(c.rjust(w) if num else c.ljust(w) for c, w, num in zip(result.columns, widths, numeric)),
+    lines = ["  ".join(c.rjust(w) if num else c.ljust(w) for c, w, num in zip(result.columns, widths, numeric)).rstrip(),
              "  ".join("-" * w for w in widths)]
     lines += ["  ".join(c.rjust(w) if num else c.ljust(w) for c, w, num in zip(r, widths, numeric)).rstrip()
               for r in cells]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import errno
 import ipaddress
 import logging
 import re
@@ -62,6 +63,29 @@ def split_listen(listen: str) -> tuple[str, int]:
     if port > 65535:
         raise CollectorError(f"--listen {listen!r} has port {port}, above 65535")
     return host, port
+
+
+def port_in_use(listen: str) -> bool:
+    """True when HOST:PORT is already bound by another listener (checked before the database is opened,
+    so a collector that cannot listen leaves no new database file behind). Port 0 is never in use."""
+    import socket
+
+    host, port = split_listen(listen)
+    if port == 0:
+        return False
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError:
+        return False           # an unresolvable host: the gRPC bind reports it
+    for family, kind, proto, _, addr in infos:
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)     # as gRPC binds
+            try:
+                s.bind(addr)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    return True
+    return False
 
 
 def is_loopback(host: str) -> bool:
@@ -513,6 +537,8 @@ def start_collector(db_path: str | Path, listen: str = "127.0.0.1:0", token: str
         except ImportError:
             raise CollectorError("--reflection needs the grpcio-reflection package "
                                  "(pip install 'gpuagent[collector]')") from None
+    if port_in_use(listen):
+        raise CollectorError(f"cannot listen on {listen}: the address is in use or not available on this host")
     con = open_database(db_path, options.memory_limit)
     reader_root = con.cursor()
     cursor_lock = threading.Lock()

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import multiprocessing
+import sys
 import time
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
@@ -380,6 +381,10 @@ def main(dry_run: bool, as_json: bool, **kw) -> None:
         summary = run_sim(config, fleet)
     except (ScenarioError, SimError) as exc:
         raise click.ClickException(str(exc)) from None
+    except KeyboardInterrupt:
+        click.echo("\nSYNTHETIC run interrupted: the batches the collector acknowledged stay stored; the rest "
+                   "were not sent.", err=True)
+        sys.exit(130)
     if as_json:
         click.echo(json.dumps(summary.to_dict(), indent=2, sort_keys=True))
     else:

@@ -116,6 +116,11 @@ def run_cmd(name: str, params: tuple[str, ...], as_json: bool, timeout_s: float 
         if tty:
             sys.stderr.write(f"\r{name}: done in {time.monotonic() - t0:.1f} s".ljust(
                 shutil.get_terminal_size((100, 24)).columns - 1) + "\n")
+    except KeyboardInterrupt:
+        # run_probe has stopped the probe (SIGTERM, so it cleaned up, then SIGKILL); nothing was recorded.
+        click.echo(("\n" if tty else "") + f"Interrupted: probe {name} stopped after "
+                   f"{time.monotonic() - t0:.1f} s and cleaned up; no result.", err=True)
+        sys.exit(130)
     finally:
         lock.release()
     d = result.to_dict()

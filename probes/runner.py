@@ -6,7 +6,9 @@ spawned (collective's ranks). Outcomes:
   * the probe printed its JSON object -> that result (ok/skipped/failed, as the probe said);
   * the deadline passed -> SIGTERM to the group, SIGKILL after a grace period, status ``timeout``;
   * no parseable object (crash, OOM kill) -> ``failed`` with the exit code and the end of stderr;
-  * ``cancel`` set (agent shutting down) -> the group is killed, ``failed`` with reason "cancelled".
+  * ``cancel`` set (agent shutting down) -> the group is killed, ``failed`` with reason "cancelled";
+  * the caller interrupted (KeyboardInterrupt) -> SIGTERM to the group, SIGKILL after the grace, re-raised;
+  * the subprocess cannot start at all -> ``failed`` with the OS error.
 stdout/stderr go to temporary files, not pipes, so a chatty probe can never block on a full pipe.
 """
 
@@ -81,8 +83,12 @@ def run_probe(name: str, params: Mapping[str, Any] | None = None, timeout_s: flo
             (tempfile.NamedTemporaryFile(prefix="gpuagent-progress-") if progress else contextlib.nullcontext()) as prog:
         if prog is not None:
             child_env[progress_file.ENV] = prog.name
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                env=child_env, start_new_session=True)
+        try:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                    env=child_env, start_new_session=True)
+        except OSError as exc:
+            return ProbeResult(name, "failed", f"cannot start the probe subprocess {cmd[0]}: {exc.strerror or exc}",
+                               params=full, started_ns=started, ended_ns=time.time_ns())
         pgid = proc.pid  # session leader: its pid is the group id
         outcome = "exited"
         try:
@@ -107,6 +113,16 @@ def run_probe(name: str, params: Mapping[str, Any] | None = None, timeout_s: flo
                 except subprocess.TimeoutExpired:
                     pass
                 break
+        except BaseException:
+            # Interrupted (Ctrl-C in `gpuagent probe run`): SIGTERM first, so the probe unwinds through its
+            # own cleanup (the storage probe removes its test file) before the SIGKILL below.
+            if proc.poll() is None:
+                _kill_group(pgid, signal.SIGTERM)
+                try:
+                    proc.wait(timeout=TERM_GRACE_S)
+                except subprocess.TimeoutExpired:
+                    pass
+            raise
         finally:
             # Whatever happened, leave no process of the probe's group behind.
             _kill_group(pgid, signal.SIGKILL)

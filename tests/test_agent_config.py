@@ -75,7 +75,7 @@ def test_config_file_from_env_and_token_file(tmp_path):
 @pytest.mark.parametrize("text, env, needle", [
     ("[agent]\ninterval_s = -1\n", {}, "agent.interval_s (from config file"),
     ("[agent]\ninterval_s = \"fast\"\n", {}, "must be a number"),
-    ("[agent]\nintervall_s = 1\n", {}, "unknown key agent.'intervall_s'"),
+    ("[agent]\nintervall_s = 1\n", {}, "unknown key agent.intervall_s"),
     ("[colector]\naddress = 'x:1'\n", {}, "unknown table or key 'colector'"),
     ("[collector]\naddress = \"nohost\"\n", {}, "collector.address (from config file"),
     ("[agent]\nspool_max_bytes = \"lots\"\n", {}, "agent.spool_max_bytes"),
@@ -109,3 +109,22 @@ def test_cli_run_bad_config_exits_with_sentence(tmp_path):
     res = CliRunner().invoke(main, ["run", "--config", path, "--state-dir", str(tmp_path / "s")])
     assert res.exit_code == 1
     assert "agent.interval_s" in res.output and "Traceback" not in res.output
+
+
+def test_example_config_with_every_commented_key_enabled_loads_and_shows_the_defaults(tmp_path):
+    """packaging/agent.toml documents optional keys as comments; enabled, they must load (the [jobs] example
+    once showed a [[jobs.rules]] table the agent refuses), and the job-discovery values shown are the defaults."""
+    import re
+    from pathlib import Path
+
+    from gpuagent.agent.job_discovery import DEFAULT_CMDLINE, DEFAULT_ENV_KEYS, JobRules
+
+    text = (Path(__file__).resolve().parents[1] / "packaging" / "agent.toml").read_text()
+    enabled = "\n".join(re.sub(r"^# ((\[[a-z_.]+\])|([a-z_0-9]+ = .*))$", r"\1", line) for line in text.splitlines())
+    assert enabled.count("\n[") > text.count("\n[")          # some commented tables were enabled
+    p = tmp_path / "agent.toml"
+    p.write_text(enabled)
+    cfg = load_config(str(p), env={})
+    assert cfg.jobs["cmdline_regex"] == DEFAULT_CMDLINE and cfg.jobs["env_keys"] == DEFAULT_ENV_KEYS
+    assert cfg.jobs["env_argv0_regex"] == JobRules().env_argv0_regex
+    assert cfg.jobs["step_socket"] == "/run/gpuagent/jobs.sock"

@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from agent_helpers import free_port, read_status, start_agent, stop, wait_running
 from conftest import wait_for
@@ -111,6 +112,13 @@ def test_status_stale_is_reported(tmp_path):
     import re
     m = re.search(r"is stale: .* last updated (\d+) s ago", res.stderr)
     assert res.returncode == 1 and m and int(m.group(1)) >= 60, res.stderr
+    # A file that is not the agent's status (wrong --state-dir, or hand-edited): one sentence, no traceback.
+    for junk in ("[]", '{"pid": 1}', '"text"'):
+        (state / "status.json").write_text(junk)
+        res = _status_cli("--state-dir", str(state))
+        assert res.returncode == 1 and "Traceback" not in res.stderr
+        assert res.stderr.strip().splitlines() == [
+            f"Error: {state / 'status.json'} is not a gpuagent status file (no pid and updated_ns); is --state-dir right?"]
 
 
 def test_status_virt_and_container_agree_with_system_tools(tmp_path):
@@ -145,3 +153,44 @@ def test_status_virt_and_container_agree_with_system_tools(tmp_path):
             assert vm in what
         if container != "none":
             assert container in what
+
+
+def test_second_agent_on_the_same_state_dir_refuses_and_the_first_keeps_going(tmp_path):
+    """Two agents on one state dir would allocate the same seqs (the collector then drops one batch of each
+    pair as a resend): the second exits at once with one sentence naming the first; the first is untouched."""
+    state = tmp_path / "state"
+    collector = f"127.0.0.1:{free_port()}"
+    first = start_agent(tmp_path, collector, state, interval=0.2, batch_interval=0.5)
+    try:
+        wait_running(state, first)
+        second = start_agent(tmp_path, collector, state, interval=0.2, log_name="second.log")
+        assert second.wait(timeout=60) == 1
+        lines = (tmp_path / "second.log").read_text().strip().splitlines()
+        assert lines[-1] == (f"Error: another gpuagent (pid {first.pid}) already runs with state dir {state}; "
+                             "stop it first or give this one another --state-dir.")
+        assert "Traceback" not in "\n".join(lines)
+        ticks = read_status(state)["counters"]["ticks"]
+        wait_for(lambda: (read_status(state) or {}).get("counters", {}).get("ticks", 0) > ticks + 2,
+                 timeout=30, what="the first agent still ticking")
+        assert read_status(state)["pid"] == first.pid
+    finally:
+        assert stop(first) == 0
+    # Once the first has stopped, the state dir is free again.
+    again = start_agent(tmp_path, collector, state, interval=0.2, log_name="again.log")
+    try:
+        wait_running(state, again)
+    finally:
+        assert stop(again) == 0
+
+
+def test_state_dir_that_is_a_file_or_read_only_is_one_sentence(tmp_path):
+    (tmp_path / "afile").write_text("")
+    for state, words in ((tmp_path / "afile", "is not a directory"),
+                         (Path("/proc/gpuagent-state"), "cannot be used"),      # /proc: no new entries, even for root
+                         (Path("/sys/fs/gpuagent-state"), "not writable")):
+        proc = start_agent(tmp_path, f"127.0.0.1:{free_port()}", state, log_name="bad.log")
+        assert proc.wait(timeout=60) == 1
+        out = (tmp_path / "bad.log").read_text().strip().splitlines()
+        assert out[-1].startswith(f"Error: state dir {state} ") and words in out[-1], out
+        assert "Traceback" not in "\n".join(out)
+        (tmp_path / "bad.log").unlink()

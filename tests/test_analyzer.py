@@ -332,6 +332,14 @@ def test_input_bound_from_host_iowait_without_step_data(con):
     ({"analyzer": {"thresholds": {"virtualization_overhead.h3d": 5}}}, "unknown threshold"),
     ({"baselines": {"declared": [{"component": "nope", "value": 1}]}}, "unknown component 'nope'"),
     ({"pricing": {"cloud-a": "cheap"}}, "[pricing] cloud-a must be a price"),
+    # A typo'd table or key used to be ignored silently (prices or baselines quietly missing).
+    ({"pricng": {"cloud-a": 3.4}}, "unknown table or key 'pricng'"),
+    ({"baselines": {"declard": []}}, "unknown key baselines.declard"),
+    ({"baselines": {"declared": [{"component": "h2d", "value": 50, "gpu_model_lik": "NVIDIA%"}]}},
+     "unknown key 'gpu_model_lik'"),
+    ({"analyzer": {"thresholds": {"virtualization_overhead.h2d": "8%"}}}, "threshold virtualization_overhead.h2d must be a number"),
+    ({"analyzer": {"thresholds": 8}}, "thresholds must be a table"),
+    ({"analyzer": 3}, "[analyzer] in the collector config must be a table"),
 ])
 def test_bad_config_is_one_clear_sentence(doc, message):
     with pytest.raises(A.AnalyzerError, match=None) as exc:

@@ -180,3 +180,6 @@ def test_table_format_aligns_numbers_and_avoids_exponents():
     ]
     assert json.loads(client.format_result(res, "json"))[0] == {"metric": "mem_used_bytes", "n": 5, "v": 2.35813e10}
     assert client.format_result(res, "csv").splitlines()[3] == "x,,1e-07"
+    # A wide text column at the end pads no line, the header included (no trailing blanks to copy).
+    wide = client.QueryResult(["node_id", "sentence"], ["VARCHAR", "VARCHAR"], [["n1", "a long sentence"]], False)
+    assert client.format_result(wide).splitlines()[0] == "node_id  sentence"

@@ -200,6 +200,19 @@ def test_port_in_use_is_one_sentence(tmp_path):
         assert r.returncode == 1
         assert r.stderr.strip().splitlines() == [
             f"Error: cannot listen on 127.0.0.1:{port}: the address is in use or not available on this host"]
+        assert not (tmp_path / "other.duckdb").exists()     # the refused start created no database file
     finally:
         code, err = stop(proc)
     assert code == 0, err
+
+
+def test_serve_config_with_a_typod_table_is_one_sentence_and_creates_nothing(tmp_path):
+    cfg = tmp_path / "collector.toml"
+    cfg.write_text('[analyzer]\nwindow = "1h"\n\n[pricng]\ncloud-a = 3.4\n')   # [pricing] misspelt
+    db = tmp_path / "c.duckdb"
+    r = run_cli("serve", "--listen", "127.0.0.1:0", "--db", str(db), "--config", str(cfg))
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines() == [
+        "Error: unknown table or key 'pricng' in the collector config (expected [analyzer], "
+        "[[baselines.declared]] and [pricing])"]
+    assert not db.exists()

@@ -127,3 +127,15 @@ def test_heatmap_keeps_the_least_utilized_nodes(fx, monkeypatch):
     assert title.endswith("the 2 least-utilized of 8 nodes")
     assert rows == ["sim-0007 (cloud-b)", "sim-0008 (cloud-b)"]      # half idle, input-bound
     assert bucket == 300 and len(cols) == len(values[0]) and 20 <= len(cols) <= 30
+
+
+def test_compare_and_report_without_db_or_target_ask_the_default_collector(tmp_path):
+    """Like `sql` and `analyze`, they default to 127.0.0.1:7443 instead of demanding --db or --target."""
+    from gpuagent.collector.cli import main
+
+    for cmd in (["compare"], ["report", "--out", str(tmp_path / "r.html")]):
+        res = CliRunner().invoke(main, cmd, env={"GPUAGENT_COLLECTOR": ""})
+        assert "exactly one of" not in res.output, res.output
+        if res.exit_code != 0:      # nothing on 7443 (the usual case in CI): one sentence naming it
+            assert res.output.startswith("Error: cannot reach the collector at 127.0.0.1:7443"), res.output
+            assert len(res.output.strip().splitlines()) == 1

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 
+import psutil
 import pytest
+from conftest import wait_for
 
 pytest.importorskip("gpuagent.collector.cli", reason="the collector is not in this tree yet")
 
@@ -14,7 +17,8 @@ pytest.importorskip("gpuagent.collector.cli", reason="the collector is not in th
 def test_local_run_once_shows_real_numbers(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUAGENT_")}
     env["GPUAGENT_RUN_ONCE"] = "1"
-    res = subprocess.run([sys.executable, "-m", "gpuagent.agent.local_run", "--run-dir", str(tmp_path / "run")],
+    res = subprocess.run([sys.executable, "-m", "gpuagent.agent.local_run", "--run-dir", str(tmp_path / "run"),
+                          "--port", "0"],
                          capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path)
     out = res.stdout
     assert res.returncode == 0, out + res.stderr
@@ -28,3 +32,34 @@ def test_local_run_once_shows_real_numbers(tmp_path):
     assert (tmp_path / "run" / "gpuagent.duckdb").exists()
     # Both processes were stopped: nothing still holds the run dir's jobs socket or DuckDB file.
     assert not (tmp_path / "run" / "jobs.sock").exists()
+    assert "Stopped. The data stays in" in out
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_local_run_stopped_by_sigterm_or_hangup_leaves_no_process_behind(tmp_path, sig):
+    """The collector and agent run in their own sessions (so Ctrl-C reaches only `make run`); SIGTERM or a
+    closed terminal (SIGHUP) used to kill `make run` alone and leave both running."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUAGENT_")}
+    out_path = tmp_path / "out.txt"
+    with open(out_path, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "gpuagent.agent.local_run", "--run-dir", str(tmp_path / "run"),
+                                 "--port", "0"], stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
+    try:
+        wait_for(lambda: "Running. Ctrl-C stops both." in out_path.read_text() or proc.poll() is not None,
+                 timeout=150, interval=0.2, what="make run's running message")
+        children = psutil.Process(proc.pid).children()
+        assert len(children) == 2, out_path.read_text()
+        text = out_path.read_text()
+        # What to paste in another shell so the README's commands reach this run.
+        assert "GPUAGENT_STATE_DIR=" + str(tmp_path / "run" / "agent-state") in text and "GPUAGENT_COLLECTOR=127.0.0.1:" in text
+        proc.send_signal(sig)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    gone, alive = psutil.wait_procs(children, timeout=30)
+    assert not alive, [p.cmdline() for p in alive]
+    text = out_path.read_text()
+    assert f"{signal.Signals(sig).name}: stopping the agent, then the collector." in text
+    assert "Traceback" not in text and "Stopped. The data stays in" in text

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 
+import psutil
 from click.testing import CliRunner
+from conftest import wait_for
 
 from gpuagent.agent.cli import main
 from gpuagent.probes.lock import ProbeLock
+from gpuagent.probes.runner import run_probe
 
 
 def test_probe_list_shows_every_probe_with_platform():
@@ -69,6 +75,46 @@ def test_probe_run_with_an_unusable_lock_path_is_one_sentence(tmp_path):
     res = CliRunner().invoke(main, ["probe", "run", "host", "--lock-path", str(blocker / "probe.lock")])
     assert res.exit_code == 1
     assert res.output.startswith(f"Error: cannot open the probe lock {blocker / 'probe.lock'}: ")
+
+
+def test_ctrl_c_during_a_probe_stops_it_cleanly_and_leaves_no_file(tmp_path):
+    """SIGINT (Ctrl-C) to `gpuagent probe run storage` mid-run: one sentence, exit 130, the probe's process
+    group gone, its 64 MiB test file removed (it used to be SIGKILLed at once, leaving the file), lock free."""
+    target = tmp_path / "target"
+    target.mkdir()
+    lock = tmp_path / "probe.lock"
+    proc = subprocess.Popen([sys.executable, "-m", "gpuagent.agent.cli", "probe", "run", "storage",
+                             "--lock-path", str(lock), "--param", f"path={target}", "--param", "size_mib=64",
+                             "--param", "seq_seconds=60", "--param", "min_free_percent=0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        # The probe has written its file and is in the timed read loop.
+        wait_for(lambda: any(p.stat().st_size >= 64 << 20 for p in target.iterdir()), timeout=60,
+                 what="the storage probe's test file")
+        probe_pids = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+        assert probe_pids
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Interrupted: probe storage stopped after "), err
+    assert lines[0].endswith("and cleaned up; no result.")
+    assert list(target.iterdir()) == []
+    for pid in probe_pids:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    other = ProbeLock(str(lock))
+    assert other.acquire(0)
+    other.release()
+
+
+def test_probe_that_cannot_start_is_a_failed_result(tmp_path):
+    res = run_probe("host", {"repeats": 1}, python=str(tmp_path / "no-python"))
+    assert res.status == "failed" and res.reason.startswith(f"cannot start the probe subprocess {tmp_path}")
 
 
 def _run_on_a_terminal(argv: list[str], timeout_s: float = 60.0) -> tuple[str, str, int]:

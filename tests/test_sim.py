@@ -308,3 +308,30 @@ def test_live_and_paced_modes(live_collector):
                               speed=18.0, batch_s=9.0, gpus=1, prefix="paced"))
     assert paced.nodes_ok == 1 and paced.batches_acked == 4
     assert paced.wall_s >= 1.8                                          # 36 simulated s at 18x
+
+
+def test_ctrl_c_mid_backfill_is_one_sentence_and_keeps_what_was_acknowledged(live_collector):
+    import signal
+
+    from conftest import wait_for
+
+    address, _ = live_collector
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("GPUAGENT_")}
+    proc = subprocess.Popen([sys.executable, "-m", "gpuagent.collector.sim", "--collector", address, "--token",
+                             "t0ken", "--nodes", "20", "--sim-hours", "24", "--speed", "20000"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        wait_for(lambda: _sql(address, "SELECT count(*) FROM ingest_log")[0][0] > 0 or proc.poll() is not None,
+                 timeout=60, interval=0.2, what="the first acknowledged batches")
+        assert proc.poll() is None, proc.communicate()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    assert err.strip().splitlines()[-1] == ("SYNTHETIC run interrupted: the batches the collector acknowledged "
+                                            "stay stored; the rest were not sent.")
+    stored = _sql(address, "SELECT count(*), count(DISTINCT (node_id, seq)) FROM ingest_log")[0]
+    assert stored[0] > 0 and stored[0] == stored[1]
