@@ -10,6 +10,7 @@ install: $(STAMP)
 
 # torch is installed first and pinned: an unpinned torch pulls a multi-GB CUDA build.
 $(STAMP): pyproject.toml
+	@echo "Installing into $(VENV): torch 2.13.0 (CPU) first, then gpuagent with all extras; about a minute the first time."
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0

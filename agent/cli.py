@@ -32,9 +32,9 @@ def main() -> None:
 @click.option("--config", "config_file", metavar="FILE",
               help="TOML config (default /etc/gpuagent/agent.toml when it exists; env GPUAGENT_CONFIG).")
 @click.option("--collector", metavar="HOST:PORT", help="Collector address (env GPUAGENT_COLLECTOR).")
-@click.option("--state-dir", metavar="DIR", help="State dir for spool and status (default /var/lib/gpuagent).")
-@click.option("--interval", type=float, metavar="SECONDS", help="Sampling interval (default 1).")
-@click.option("--batch-interval", type=float, metavar="SECONDS", help="Batch interval (default 5).")
+@click.option("--state-dir", metavar="DIR", help="State dir for spool and status (env GPUAGENT_STATE_DIR; default /var/lib/gpuagent).")
+@click.option("--interval", type=float, metavar="SECONDS", help="Sampling interval (env GPUAGENT_INTERVAL; default 1).")
+@click.option("--batch-interval", type=float, metavar="SECONDS", help="Batch interval (env GPUAGENT_BATCH_INTERVAL; default 5).")
 @click.option("--label", "labels", multiple=True, metavar="KEY=VALUE",
               help="Node label, repeatable (pool, provider, region, price_per_gpu_hour, ...).")
 def run(config_file, collector, state_dir, interval, batch_interval, labels) -> None:
@@ -50,7 +50,7 @@ def run(config_file, collector, state_dir, interval, batch_interval, labels) -> 
 
 
 @main.command()
-@click.option("--state-dir", metavar="DIR", help="The agent's state dir (default from config, /var/lib/gpuagent).")
+@click.option("--state-dir", metavar="DIR", help="The agent's state dir (default: env GPUAGENT_STATE_DIR, the config's, /var/lib/gpuagent).")
 @click.option("--config", "config_file", metavar="FILE", help="Read the state dir from this config.")
 @click.option("--json", "as_json", is_flag=True, help="Print the raw status JSON.")
 def status(state_dir, config_file, as_json) -> None:

@@ -193,12 +193,15 @@ def _read(path: str) -> str:
 
 
 def run(params: dict[str, Any]) -> ProbeResult:
+    bad = sorted(k for k, v in params.items() if isinstance(v, int) and v < 1)
+    if bad:   # e.g. repeats=0 would otherwise run one round while the stored params say 0
+        return ProbeResult("host", "failed", f"{bad[0]} must be at least 1, got {params[bad[0]]}", params)
     started = time.time_ns()
     stat0 = _cpu_times()
     rounds: dict[str, list[float]] = {k: [] for k in
                                       ("syscall_ns", "clock_gettime_ns", "page_fault_ns",
                                        "pipe_roundtrip_us", "memcpy_gbps")}
-    n = max(1, params["repeats"])
+    n = params["repeats"]
     figures = (("syscall_ns", lambda: _per_call_ns(os.getppid, params["syscall_iters"])),
                ("clock_gettime_ns", lambda: _per_call_ns(time.monotonic_ns, params["clock_iters"])),
                ("page_fault_ns", lambda: _page_fault_ns(params["fault_mib"])),

@@ -216,3 +216,16 @@ def test_serve_config_with_a_typod_table_is_one_sentence_and_creates_nothing(tmp
         "Error: unknown table or key 'pricng' in the collector config (expected [analyzer], "
         "[[baselines.declared]] and [pricing])"]
     assert not db.exists()
+
+
+def test_a_file_that_is_not_duckdb_is_one_sentence_and_left_untouched(tmp_path):
+    db = tmp_path / "notes.duckdb"
+    db.write_text("these are somebody's notes, not a database\n")
+    for args in (["serve", "--listen", "127.0.0.1:0", "--db", str(db)], ["analyze", "--db", str(db)],
+                 ["compare", "--db", str(db)], ["report", "--db", str(db), "--out", str(tmp_path / "r.html")]):
+        r = run_cli(*args)
+        assert r.returncode == 1, (args, r.stderr)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and "not a valid DuckDB database file" in lines[0], (args, r.stderr)
+    assert db.read_text() == "these are somebody's notes, not a database\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.duckdb"]      # no .wal, no report

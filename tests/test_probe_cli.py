@@ -197,3 +197,11 @@ def test_progress_file_reads_only_complete_lines(tmp_path, monkeypatch):
         f.write(b"2 4 half-writ")
     assert progress.read_last(str(path)) == (1, 4, "all-reduce 4 MiB")
     assert progress.read_last(str(tmp_path / "missing")) is None
+
+
+def test_host_probe_refuses_zero_rounds_instead_of_running_one(tmp_path):
+    res = CliRunner().invoke(main, ["probe", "run", "host", "--json", "--lock-path", str(tmp_path / "probe.lock"),
+                                    "--param", "repeats=0"])
+    assert res.exit_code == 1
+    d = json.loads(res.output)
+    assert d["status"] == "failed" and d["reason"] == "repeats must be at least 1, got 0" and d["metrics"] == {}
