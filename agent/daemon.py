@@ -71,7 +71,7 @@ class Agent:
         self.samplers: list[Sampler] = list(samplers) if samplers is not None else default_samplers(cfg)
         self.node_info = node_info if node_info is not None else build_node_info(cfg, self.samplers)
         self.sender = Sender(cfg.collector, self.spool, lambda: self.node_info, token=self.token,
-                             on_registered=self._on_registered)
+                             on_registered=self._on_registered, batch_interval_s=cfg.batch_interval_s)
         self.extras: list[Any] = []          # probe scheduler and other parts with stop()
         self.job_steps: Any = None           # the JobStepReceiver when listening
         self.unavailable: list[str] = []     # optional parts that could not start (for status)

@@ -14,14 +14,26 @@ OpenTelemetry OTLP gRPC exporter). Error mapping:
 * INVALID_ARGUMENT (or RESOURCE_EXHAUSTED naming a batch: over the collector's size limit) on the
   stream: the collector will never take that batch; it is moved to ``spool/rejected/`` and counted,
   never retried forever; the others are resent at once.
+* ALREADY_EXISTS (Register or Stream): another agent already streams as this node (same machine-id and
+  hostname, see collector/identity.py). One log line and the status line carry the collector's sentence;
+  the batches stay spooled and the agent retries with backoff (it takes over once the other stops).
 * Anything else (UNAVAILABLE, DEADLINE_EXCEEDED, ...): reconnect with backoff, resend unacked batches.
+
+The backoff starts over only after a session got an ack, so a collector that takes Register but then
+refuses or drops the stream is retried at a growing interval, not in a tight loop.
+
+Every call carries ``gpuagent-instance`` (this process: pid and a random part), and the stream also
+``gpuagent-node-id`` and ``gpuagent-batch-interval-s``: the collector tells a restart of this agent
+(a new process, or this one reconnecting) from a second agent presenting the same node by them.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import random
 import re
+import secrets
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -71,7 +83,7 @@ class LinkState:
 class Sender(threading.Thread):
     def __init__(self, cfg: CollectorConfig, spool: Spool, node_info: Callable[[], pb.NodeInfo],
                  token: str = "", on_registered: Callable[[pb.RegisterResponse], None] | None = None,
-                 rng: random.Random | None = None):
+                 rng: random.Random | None = None, batch_interval_s: float = 0.0):
         super().__init__(name="gpuagent-sender", daemon=True)
         self.cfg = cfg
         self.spool = spool
@@ -88,6 +100,9 @@ class Sender(threading.Thread):
         self.state = LinkState(collector=cfg.address, since_ns=time.time_ns())
         self._logged_error = ""
         self._registered = False
+        self._acked = False               # this session got an ack (the stream was accepted and works)
+        self.instance = f"{os.getpid()}-{secrets.token_hex(6)}"
+        self._batch_interval_s = batch_interval_s
 
     # ---------------------------------------------------------------- lifecycle
     def stop(self, grace_s: float = 1.5) -> None:
@@ -126,6 +141,7 @@ class Sender(threading.Thread):
         delay = self.cfg.backoff_initial_s
         while not self.stopping:
             self._registered = False
+            self._acked = False
             retry_now = False
             try:
                 self._session()
@@ -139,7 +155,7 @@ class Sender(threading.Thread):
                 self._close_channel()
             if self.stopping:
                 break
-            if self._registered:
+            if self._registered and self._acked:
                 delay = self.cfg.backoff_initial_s
             if retry_now:
                 continue   # e.g. a rejected batch was set aside: resend the rest at once
@@ -153,8 +169,9 @@ class Sender(threading.Thread):
         with self._lock:
             self._set_connected(False)
 
-    def _metadata(self):
-        return (("authorization", f"Bearer {self._token}"),) if self._token else None
+    def _metadata(self, *extra: tuple[str, str]) -> tuple[tuple[str, str], ...]:
+        auth = (("authorization", f"Bearer {self._token}"),) if self._token else ()
+        return (*auth, ("gpuagent-instance", self.instance), *extra)
 
     def _open_channel(self) -> grpc.Channel:
         opts = [("grpc.enable_retries", 0), ("grpc.max_send_message_length", 64 * 1024 * 1024)]
@@ -203,7 +220,8 @@ class Sender(threading.Thread):
 
         stream = channel.stream_stream(STREAM_METHOD, request_serializer=lambda b: b,
                                        response_deserializer=pb.Ack.FromString)
-        call = stream(self._requests(resp.node_id), metadata=self._metadata())
+        call = stream(self._requests(resp.node_id), metadata=self._metadata(
+            ("gpuagent-node-id", resp.node_id), ("gpuagent-batch-interval-s", f"{self._batch_interval_s:g}")))
         with self._lock:
             self._call = call
         for ack in call:
@@ -242,6 +260,7 @@ class Sender(threading.Thread):
 
     def _on_ack(self, ack: pb.Ack) -> None:
         self.spool.ack(ack.seq)
+        self._acked = True
         with self._lock:
             self._inflight.pop(ack.seq, None)
             st = self.state
@@ -287,6 +306,8 @@ class Sender(threading.Thread):
         if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
             text = (f"collector {self.cfg.address} refused this agent's credentials ({code.name}: {details}); "
                     "check collector.token / collector.token_file (GPUAGENT_TOKEN) against the collector's tokens")
+        elif code == grpc.StatusCode.ALREADY_EXISTS:
+            text = f"collector {self.cfg.address} refused this agent (ALREADY_EXISTS): {details}"
         elif code == grpc.StatusCode.UNAVAILABLE:
             text = f"collector {self.cfg.address} unavailable: {details}"
         else:
@@ -294,11 +315,12 @@ class Sender(threading.Thread):
         if self.state.last_error.startswith("no ack within"):
             text = self.state.last_error
         self._set_error(text)
-        if text.split(":")[0] != self._logged_error:
+        if code.name != self._logged_error:
             # One line per kind of failure; the status file carries the rest.
-            (log.error if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
+            (log.error if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
+                                   grpc.StatusCode.ALREADY_EXISTS)
              else log.warning)("%s; spooling and retrying with backoff", text)
-            self._logged_error = text.split(":")[0]
+            self._logged_error = code.name
         return False
 
     def _rejected_seq(self, exc: grpc.RpcError, details: str) -> int | None:

@@ -26,7 +26,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from gpuagent.collector import schema, sqlguard
 from gpuagent.collector.auth import BearerTokenInterceptor
-from gpuagent.collector.writer import BatchError, Limits, Writer, prepare_batch, register_node
+from gpuagent.collector.identity import INSTANCE_KEY, INTERVAL_KEY, NODE_KEY, NodeClaims, Refused
+from gpuagent.collector.writer import (BatchError, Limits, Writer, find_node, mark_shared_machine_id, prepare_batch,
+                                       register_node)
 from gpuagent.proto import pb, pb_grpc
 
 log = logging.getLogger("gpuagent.collector")
@@ -46,6 +48,7 @@ class ServerOptions:
     query_max_rows: int = 10_000
     query_timeout_s: float = 60.0
     stop_grace_s: float = 2.0
+    stream_takeover_idle_s: float = 60.0      # a node's stream silent this long (or 3 batch intervals) gives way
 
 
 # ------------------------------------------------------------------------------- listen policy
@@ -177,13 +180,31 @@ _END = object()
 
 
 class _StreamState:
-    __slots__ = ("out", "pending", "idle")
+    __slots__ = ("out", "pending", "idle", "claimed", "instance", "peer", "interval_s")
 
-    def __init__(self):
+    def __init__(self, instance: str | None = None, peer: str = "", interval_s: float = 0.0):
         self.out: asyncio.Queue = asyncio.Queue()
         self.pending = 0
         self.idle = asyncio.Event()
         self.idle.set()
+        self.claimed: set[str] = set()      # nodes this stream streams as (identity.NodeClaims)
+        self.instance = instance
+        self.peer = peer
+        self.interval_s = interval_s
+
+    def evict(self, message: str) -> None:
+        """Another stream took over this stream's node: end this one with ABORTED."""
+        self.out.put_nowait(("ABORTED", message, None))
+
+
+def _client_meta(context) -> tuple[str | None, str | None, float]:
+    """(instance id, node id, batch interval s) an agent sends as metadata; None/0 when absent."""
+    md = {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
+    try:
+        interval = max(0.0, min(float(md.get(INTERVAL_KEY, "0") or 0), 86_400.0))
+    except ValueError:
+        interval = 0.0
+    return md.get(INSTANCE_KEY) or None, md.get(NODE_KEY) or None, interval
 
 
 class CollectorServicer(pb_grpc.CollectorServicer):
@@ -198,6 +219,8 @@ class CollectorServicer(pb_grpc.CollectorServicer):
         self._inflight = 0
         self._waiters: collections.deque = collections.deque()   # (n_samples, future), first come first served
         self._query_pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="gpuagent-query")
+        self.claims = NodeClaims(takeover_idle_s=options.stream_takeover_idle_s)
+        self._refusals_logged: set[tuple[str, str | None]] = set()
 
     def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -212,14 +235,28 @@ class CollectorServicer(pb_grpc.CollectorServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 "Register needs node.hostname and node.machine_id")
         writer = self._writer
+        instance, _, interval = _client_meta(context)
+        peer = context.peer()
 
         def do(con):
             node_id = register_node(con, node)
             writer.known_nodes.add(node_id)
+            writer.node_identity[node_id] = (node.machine_id, node.hostname)
             return node_id, writer.node_seqs(node_id).highest
 
         try:
+            if instance:
+                # Before anything is written: a second agent as this node must not overwrite its row, and must
+                # not get its last_committed_seq (it would drop its own spooled batches up to it).
+                known = await asyncio.wrap_future(writer.call(
+                    lambda con: find_node(con, node.hostname, node.machine_id)))
+                if known:
+                    await self._claim(known, node.machine_id, node.hostname, instance, peer, interval, None)
             node_id, highest = await asyncio.wrap_future(writer.call(do))
+            if instance:
+                await self._claim(node_id, node.machine_id, node.hostname, instance, peer, interval, None)
+        except Refused as exc:
+            await context.abort(grpc.StatusCode.ALREADY_EXISTS, str(exc))
         except BatchError as exc:
             await context.abort(grpc.StatusCode[exc.code], exc.message)
         except duckdb.Error as exc:
@@ -227,6 +264,34 @@ class CollectorServicer(pb_grpc.CollectorServicer):
                                 f"the collector could not store the registration: {str(exc).splitlines()[0]}")
         log.info("registered node %s (machine_id %s, hostname %s)", node_id, node.machine_id, node.hostname)
         return pb.RegisterResponse(node_id=node_id, last_committed_seq=highest)
+
+    async def _claim(self, node_id: str, machine_id: str, hostname: str, instance: str | None, peer: str,
+                     interval: float, owner) -> None:
+        """Claim ``node_id`` (identity.NodeClaims); log a refusal once per agent, and a machine-id shared
+        with another live host once per pair (also recorded in nodes.machine_id_shared_with)."""
+        try:
+            await self.claims.acquire(node_id, machine_id, hostname, instance, peer, interval, owner)
+        except Refused as exc:
+            key = (node_id, instance or peer)
+            if key not in self._refusals_logged:
+                self._refusals_logged.add(key)
+                log.warning("refused a second agent for node %s from %s: %s", node_id, peer, exc)
+            raise
+        for sentence, other, other_host in self.claims.newly_shared(node_id, machine_id, hostname):
+            log.warning("%s", sentence)
+
+            def mark(con, a=node_id, b=other, ha=hostname, hb=other_host):
+                mark_shared_machine_id(con, a, [hb])
+                mark_shared_machine_id(con, b, [ha])
+
+            fut = self._writer.call(mark)
+            fut.add_done_callback(lambda f: f.exception() and log.error(
+                "recording the shared machine-id failed: %s", f.exception()))
+
+    async def _claim_stream(self, state: _StreamState, node_id: str) -> None:
+        machine_id, hostname = self._writer.node_identity.get(node_id, ("", node_id))
+        await self._claim(node_id, machine_id, hostname, state.instance, state.peer, state.interval_s, state)
+        state.claimed.add(node_id)
 
     # -- Stream
     def _deliver(self, state: _StreamState, n_samples: int, ack, exc) -> None:
@@ -277,6 +342,15 @@ class CollectorServicer(pb_grpc.CollectorServicer):
                         raise BatchError("FAILED_PRECONDITION",
                                          f"node {batch.node_id!r} is not registered with this collector; "
                                          "call Register first")
+                    if batch.node_id in state.claimed:
+                        if not self.claims.holds(batch.node_id, state):
+                            break       # taken over (evict() queued the ABORTED status); store nothing more
+                    elif batch.node_id:
+                        try:
+                            await self._claim_stream(state, batch.node_id)
+                        except Refused as exc:
+                            error = ("ALREADY_EXISTS", str(exc), None)
+                            break
                     prepared = prepare_batch(batch, self._limits)
                 except BatchError as exc:
                     error = (exc.code, f"batch seq {batch.seq}: {exc.message}", batch.seq)
@@ -301,7 +375,14 @@ class CollectorServicer(pb_grpc.CollectorServicer):
         state.out.put_nowait(error if error else _END)
 
     async def Stream(self, request_iterator, context):
-        state = _StreamState()
+        instance, node_id, interval = _client_meta(context)
+        state = _StreamState(instance, context.peer(), interval)
+        if node_id and node_id in self._writer.known_nodes:
+            # Claimed as the stream opens, so that a second agent is refused even before a batch is due.
+            try:
+                await self._claim_stream(state, node_id)
+            except Refused as exc:
+                await context.abort(grpc.StatusCode.ALREADY_EXISTS, str(exc))
         reader = asyncio.ensure_future(self._read(request_iterator, state))
         try:
             while True:
@@ -317,6 +398,7 @@ class CollectorServicer(pb_grpc.CollectorServicer):
                 yield item
         finally:
             reader.cancel()
+            self.claims.release(state)
 
     # -- Query
     async def Query(self, request: pb.QueryRequest, context):

@@ -371,19 +371,28 @@ _STOP = object()
 
 
 class _NodeSeqs:
-    """Which seqs of one node are stored: everything up to ``watermark`` plus the set ``above``."""
+    """Which seqs of one node are stored: everything up to ``watermark`` plus the set ``above``.
 
-    __slots__ = ("watermark", "above", "highest")
+    A node's first stored seq sets the floor: the watermark starts just below it, so a node whose agent
+    came with seqs already far above 1 (a renamed host keeps its agent's seq file, a clone may carry one)
+    does not keep every later seq in ``above`` forever. Its agent sends oldest first and drops what the
+    collector reports stored at Register, so nothing below its first stored seq arrives later."""
 
-    def __init__(self, watermark: int, above: set[int]):
+    __slots__ = ("watermark", "above", "highest", "empty")
+
+    def __init__(self, watermark: int, above: set[int], empty: bool = False):
         self.watermark = watermark
         self.above = above
         self.highest = max([watermark, *above]) if above else watermark
+        self.empty = empty
 
     def __contains__(self, seq: int) -> bool:
         return seq <= self.watermark or seq in self.above
 
     def add(self, seq: int) -> None:
+        if self.empty:
+            self.empty = False
+            self.watermark = seq - 1
         if seq <= self.watermark:
             return
         self.above.add(seq)
@@ -460,7 +469,10 @@ class Writer:
         self._node_touch_interval_s = node_touch_interval_s
         self._seqs: dict[str, _NodeSeqs] = {}
         self._touched: dict[str, float] = {}
-        self.known_nodes: set[str] = {r[0] for r in con.execute("SELECT node_id FROM nodes").fetchall()}
+        rows = con.execute("SELECT node_id, machine_id, hostname FROM nodes").fetchall()
+        self.known_nodes: set[str] = {r[0] for r in rows}
+        # node_id -> (machine_id, hostname), for the stream claims (identity.py); updated at Register.
+        self.node_identity: dict[str, tuple[str, str]] = {r[0]: (r[1], r[2]) for r in rows}
         self.stats = {"groups": 0, "batches": 0, "duplicates": 0, "samples": 0, "failed_batches": 0,
                       "commit_s": 0.0}
         self.fatal: str | None = None     # set when the database cannot be written any more
@@ -530,18 +542,21 @@ class Writer:
         """Stored seqs of a node (loaded once from ingest_log, then kept current). Writer thread only."""
         st = self._seqs.get(node_id)
         if st is None:
-            gap = self._con.execute(
-                "SELECT min(rn) - 1 FROM (SELECT seq, row_number() OVER (ORDER BY seq) AS rn "
-                "FROM ingest_log WHERE node_id = ?) WHERE seq <> rn", [node_id]).fetchone()[0]
-            if gap is None:
-                watermark = self._con.execute("SELECT count(*) FROM ingest_log WHERE node_id = ?",
-                                              [node_id]).fetchone()[0]
-                above: set[int] = set()
+            # The contiguous run of seqs from the node's first stored one (its floor, see _NodeSeqs).
+            first, n, run_end = self._con.execute(
+                "SELECT min(seq), count(*), max(seq) FILTER (WHERE seq - rn = first - 1) FROM "
+                "(SELECT seq, row_number() OVER (ORDER BY seq) AS rn, min(seq) OVER () AS first "
+                " FROM ingest_log WHERE node_id = ?)", [node_id]).fetchone()
+            if not n:
+                st = _NodeSeqs(0, set(), empty=True)
             else:
-                watermark = int(gap)
-                above = {r[0] for r in self._con.execute(
-                    "SELECT seq FROM ingest_log WHERE node_id = ? AND seq > ?", [node_id, watermark]).fetchall()}
-            st = _NodeSeqs(int(watermark), above)
+                watermark = int(run_end)
+                above: set[int] = set()
+                if watermark - int(first) + 1 < n:
+                    above = {r[0] for r in self._con.execute(
+                        "SELECT seq FROM ingest_log WHERE node_id = ? AND seq > ?",
+                        [node_id, watermark]).fetchall()}
+                st = _NodeSeqs(watermark, above)
             self._seqs[node_id] = st
         return st
 
@@ -663,8 +678,39 @@ def _node_id_for(con: duckdb.DuckDBPyConnection, hostname: str, machine_id: str)
     raise StorageError("could not find a free node id")  # pragma: no cover - 1000 collisions
 
 
+def find_node(con: duckdb.DuckDBPyConnection, hostname: str, machine_id: str) -> str | None:
+    """The node id of the host presenting ``machine_id`` and ``hostname``, or None for a new node.
+
+    A node is the pair, not the machine id alone: VM images cloned without a fresh /etc/machine-id give
+    several hosts one id, and keyed by it alone they shared one node and one seq space, so one host's
+    batches were dropped as resends of the other's. Hostnames compare case-insensitively (as in DNS).
+    A renamed host therefore starts a new node (its old rows stay under the old id). One exception keeps
+    the fix we ask for cheap: a host whose node was marked as sharing its machine id with other hosts
+    (``machine_id_shared_with``) and that comes back with a new machine id keeps its node."""
+    row = con.execute("SELECT node_id FROM nodes WHERE machine_id = ? AND lower(hostname) = lower(?) "
+                      "ORDER BY first_seen LIMIT 1", [machine_id, hostname]).fetchone()
+    if row:
+        return row[0]
+    row = con.execute("SELECT node_id FROM nodes WHERE lower(hostname) = lower(?) AND machine_id <> ? "
+                      "AND machine_id_shared_with IS NOT NULL ORDER BY last_seen DESC LIMIT 1",
+                      [hostname, machine_id]).fetchone()
+    return row[0] if row else None
+
+
+def mark_shared_machine_id(con: duckdb.DuckDBPyConnection, node_id: str, hostnames: list[str]) -> None:
+    """Record on ``node_id`` that ``hostnames`` streamed beside it with the same machine id."""
+    row = con.execute("SELECT machine_id_shared_with FROM nodes WHERE node_id = ?", [node_id]).fetchone()
+    if row is None:
+        return
+    have = set(filter(None, (row[0] or "").split(",")))
+    want = ",".join(sorted(have | set(hostnames)))
+    if want != (row[0] or ""):
+        con.execute("UPDATE nodes SET machine_id_shared_with = ? WHERE node_id = ?", [want, node_id])
+
+
 def register_node(con: duckdb.DuckDBPyConnection, node: pb.NodeInfo) -> str:
-    """Upsert ``nodes`` and ``gpus`` for this machine; return its stable node id. Writer thread only."""
+    """Upsert ``nodes`` and ``gpus`` for this host; return its stable node id (see ``find_node``).
+    Writer thread only."""
     from google.protobuf import json_format
 
     now = utc_now()
@@ -682,8 +728,8 @@ def register_node(con: duckdb.DuckDBPyConnection, node: pb.NodeInfo) -> str:
                                   sort_keys=True)
     con.execute("BEGIN TRANSACTION")
     try:
-        row = con.execute("SELECT node_id FROM nodes WHERE machine_id = ?", [node.machine_id]).fetchone()
-        node_id = row[0] if row else _node_id_for(con, node.hostname, node.machine_id)
+        node_id = find_node(con, node.hostname, node.machine_id) or _node_id_for(con, node.hostname,
+                                                                                 node.machine_id)
         keys = sorted(labels)
         con.execute(
             """INSERT INTO nodes (node_id, machine_id, hostname, agent_version, pool, provider, region,
@@ -694,6 +740,8 @@ def register_node(con: duckdb.DuckDBPyConnection, node: pb.NodeInfo) -> str:
                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, map(?::VARCHAR[], ?::VARCHAR[]), ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,
                        ?, ?, ?, ?, ?, ?, ?, ?, ?)
                ON CONFLICT (node_id) DO UPDATE SET
+                   machine_id_shared_with = CASE WHEN nodes.machine_id = excluded.machine_id
+                                                 THEN nodes.machine_id_shared_with END,
                    machine_id = excluded.machine_id, hostname = excluded.hostname,
                    agent_version = excluded.agent_version, pool = excluded.pool, provider = excluded.provider,
                    region = excluded.region, price_per_gpu_hour = excluded.price_per_gpu_hour,

@@ -61,7 +61,10 @@ class CollectorServicer:
 
     def Register(self, request, context):
         """The agent says who it is; the collector answers with a stable node id
-        (the same machine_id always maps to the same node id).
+        (the same machine_id and hostname always map to the same node id).
+        Metadata an agent sends on Register and Stream: "gpuagent-instance" (one id per agent process);
+        on Stream also "gpuagent-node-id" and "gpuagent-batch-interval-s". ALREADY_EXISTS: another agent
+        streams as this node now (collector/identity.py); keep the batches and retry with backoff.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -47,13 +47,17 @@ def test_register_gives_stable_readable_ids_and_stores_node(tmp_path):
             stub.Register(pb.RegisterRequest(node=pb.NodeInfo(hostname="x")))
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         list(stub.Stream(iter([sample_batch("gpu-01", 1), sample_batch("gpu-01", 2)])))
-    # a restart keeps the id and reports what is stored
+    # a restart keeps the id and reports what is stored; a node is (machine id, hostname), so the same
+    # machine under a new hostname is a new node (README: node identity) and the old one keeps its rows
     with start_collector(db) as h, grpc.insecure_channel(f"127.0.0.1:{h.port}") as ch:
-        resp = pb_grpc.CollectorStub(ch).Register(pb.RegisterRequest(node=node_info("renamed", "m-1")))
+        stub = pb_grpc.CollectorStub(ch)
+        resp = stub.Register(pb.RegisterRequest(node=node_info("Gpu-01", "m-1")))
         assert resp.node_id == "gpu-01" and resp.last_committed_seq == 2
+        renamed = stub.Register(pb.RegisterRequest(node=node_info("renamed", "m-1")))
+        assert renamed.node_id == "renamed" and renamed.last_committed_seq == 0
     node = rows(db, "SELECT hostname, pool, provider, price_per_gpu_hour, virtualized, virt_type, gpu_count, "
                     "gpu_model, labels['pool'], fingerprint FROM nodes WHERE node_id = 'gpu-01'")[0]
-    assert node[:9] == ("renamed", "a", "onprem", 2.5, True, "kvm", 2, "NVIDIA H100 80GB HBM3", "a")
+    assert node[:9] == ("Gpu-01", "a", "onprem", 2.5, True, "kvm", 2, "NVIDIA H100 80GB HBM3", "a")
     assert json.loads(node[9])["cpuid_hypervisor_vendor"] == "KVMKVMKVM"
     # re-registering with one GPU fewer removed gpu 1 at that time; the restart registered two again
     assert rows(db, "SELECT count(*) FROM gpus WHERE node_id = 'gpu-01'")[0][0] == 2
