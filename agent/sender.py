@@ -201,7 +201,9 @@ class Sender(threading.Thread):
                         metadata=self._metadata())
         self._registered = True
         self._on_registered(resp)     # may renumber spooled batches when the collector is ahead of us
-        removed = self.spool.ack_upto(resp.last_committed_seq)
+        # Nothing is dropped from the spool here: last_committed_seq is the highest stored seq, not "all
+        # below it are stored" (a batch whose store failed while a later one committed leaves a hole).
+        # Everything spooled is sent; the collector dedupes per seq and acks what it already holds.
         with self._lock:
             self.state.node_id = resp.node_id
             self.state.highest_committed_seq = max(self.state.highest_committed_seq, resp.last_committed_seq)
@@ -214,9 +216,6 @@ class Sender(threading.Thread):
             log.info("connected to collector %s as node %s", self.cfg.address, resp.node_id)
         self._logged_error = ""
         self.state.consecutive_failures = 0
-        if removed:
-            log.info("collector already holds %d spooled batches (<= seq %d); dropped them from the spool",
-                     removed, resp.last_committed_seq)
 
         stream = channel.stream_stream(STREAM_METHOD, request_serializer=lambda b: b,
                                        response_deserializer=pb.Ack.FromString)

@@ -306,14 +306,6 @@ class Spool:
         with self._lock:
             return self._remove(seq)
 
-    def ack_upto(self, seq: int) -> int:
-        """The collector holds everything up to ``seq``: forget those. Returns how many were removed."""
-        with self._lock:
-            done = [s for s in self._index if s <= seq]
-            for s in done:
-                self._remove(s)
-            return len(done)
-
     def reject(self, seq: int, reason: str) -> None:
         """The collector refused this batch as malformed: set it aside in rejected/ and count it."""
         with self._lock:

@@ -375,8 +375,8 @@ class _NodeSeqs:
 
     A node's first stored seq sets the floor: the watermark starts just below it, so a node whose agent
     came with seqs already far above 1 (a renamed host keeps its agent's seq file, a clone may carry one)
-    does not keep every later seq in ``above`` forever. Its agent sends oldest first and drops what the
-    collector reports stored at Register, so nothing below its first stored seq arrives later."""
+    does not keep every later seq in ``above`` forever. Its agent sends its spool oldest first, so nothing
+    below its first stored seq arrives later."""
 
     __slots__ = ("watermark", "above", "highest", "empty")
 

@@ -364,3 +364,36 @@ def test_two_real_agents_one_machine_id_two_hostnames(tmp_path, caplog):
         expected = identity.shared_machine_id_sentence(mid, ("clone-x", "clone-x"), ("clone-y", "clone-y"))
         assert [r.getMessage() for r in caplog.records if "machine-id" in r.getMessage()] == [expected]
         assert expected.startswith(f"hosts clone-x and clone-y both present machine-id {mid} ")
+
+
+def test_a_batch_missing_below_the_collectors_highest_seq_is_still_delivered(tmp_path):
+    """The collector holds seqs 1..20 of a node except 7 (its store failed while later batches committed).
+    Register reports 20 as the highest stored seq; the agent must not take that as "everything up to 20 is
+    stored" and drop 7 from its spool: it sends its whole spool and the collector's exact per-seq dedupe
+    acks the 19 it already has as duplicates and stores 7."""
+    with start_collector(tmp_path / "c.duckdb", analyze=False) as h:
+        address = f"127.0.0.1:{h.port}"
+        info = node_info("gap-host", "m-gap")
+        with grpc.insecure_channel(address) as ch:
+            stub = pb_grpc.CollectorStub(ch)
+            nid = stub.Register(pb.RegisterRequest(node=info)).node_id
+            sent = []
+            for seq in range(1, N_BATCHES + 1):
+                if seq != 7:
+                    b = host_batch(seq, 0.0)
+                    b.node_id = nid
+                    sent.append(b)
+            assert [a.seq for a in stub.Stream(iter(sent))] == [b.seq for b in sent]
+            assert stub.Register(pb.RegisterRequest(node=info)).last_committed_seq == N_BATCHES
+        s = sender_for(address, filled_spool(tmp_path / "spool", 0.0), info)
+        s.start()
+        try:
+            wait_for(lambda: s.spool.stats()["backlog_batches"] == 0, timeout=60, what="the spool delivered")
+            snap = s.snapshot()
+        finally:
+            s.stop()
+        assert snap["acked_batches"] == N_BATCHES and snap["duplicate_acks"] == N_BATCHES - 1, snap
+        assert db_rows(h, "SELECT list(seq ORDER BY seq) FROM ingest_log WHERE node_id = ?",
+                       [nid])[0][0] == list(range(1, N_BATCHES + 1))
+        assert db_rows(h, "SELECT count(*), count(DISTINCT value) FROM samples WHERE node_id = ?",
+                       [nid])[0] == (N_BATCHES * PER_BATCH, N_BATCHES * PER_BATCH)
