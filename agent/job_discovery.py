@@ -30,7 +30,16 @@ Lifecycle events (the ``gpuagent.jobs`` tracker and the analyzer rely on these):
 - ``job_end``: a job id unseen for ``end_grace_s``; **value = mean GPU utilization over its life**
   (NaN when none was sampled: a CPU-only job; stored as NULL)
   (per tick, the mean over the GPUs it used of its processes' SM util; 0 when it used no GPU);
-  attrs {job_id, job_name, source, duration_s, gpus, gpu_util_samples}.
+  attrs {job_id, job_name, source, duration_s, started_ns, first_seen_ns, last_seen_ns, gpus,
+  gpu_util_samples}.
+
+When a job ran (all wall-clock ns): ``started_ns`` is the earliest start time of any process seen in the
+job (/proc/<pid>/stat starttime on the boot clock, 10 ms resolution), so a job found by a scan up to
+``scan_interval_s`` after it began still starts when it began; the first tick that saw it when no
+start time could be read (a GPU process whose /proc entry is not readable). ``last_seen_ns`` is the
+last tick at which any of its processes was alive: once found, a process is checked every tick, so the
+job really ended between ``last_seen_ns`` and the next tick (one sampling interval later).
+``duration_s`` = last_seen_ns - started_ns. ``first_seen_ns`` is the first tick that saw the job.
 """
 
 from __future__ import annotations
@@ -105,8 +114,9 @@ class _Job:
     job_id: str
     job_name: str
     source: str
-    first_ns: int
-    last_ns: int
+    first_ns: int       # first tick that saw the job
+    last_ns: int        # last tick at which one of its processes was alive
+    start_ns: int       # earliest process start time (first_ns when none could be read)
     util_sum: float = 0.0
     util_n: int = 0
     pids: set[int] = field(default_factory=set)
@@ -134,11 +144,36 @@ class JobDiscovery:
         self._last_scan_ns: int | None = None
         self._jobs: dict[str, _Job] = {}
         self._self_pid = os.getpid()
+        self._boot_wall_ns = self._boot_wall_clock()
         self._own_container = own_container_id()   # the agent's own container is not a job boundary
         # Set by the daemon to JobStepReceiver.tracked_pids (pid -> job_id of processes sending steps).
         self.tracked_pids: Callable[[], dict[int, str]] | None = None
 
     # ------------------------------------------------------------------ /proc readers
+    def _start_wall_ns(self, p: _Proc | None) -> int | None:
+        """A process's start as wall-clock ns: /proc/<pid>/stat starttime counts clock ticks on the boot
+        clock (CLOCK_BOOTTIME), so wall = now - boot clock now + starttime. None when unknown."""
+        if p is None:
+            return None
+        if self._boot_wall_ns is None:
+            return None
+        return self._boot_wall_ns() + p.start * 1_000_000_000 // _CLK_TCK
+
+    def _boot_wall_clock(self) -> Callable[[], int] | None:
+        """Wall-clock ns of boot: from the live boot clock for the real /proc; from ``btime`` (whole
+        seconds) of <proc_root>/stat for another procfs; None when neither is available."""
+        if self.proc == "/proc" and hasattr(time, "CLOCK_BOOTTIME"):
+            return lambda: time.time_ns() - time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+        try:
+            with open(f"{self.proc}/stat", "rb") as f:
+                for line in f:
+                    if line.startswith(b"btime "):
+                        btime_ns = int(line.split()[1]) * 1_000_000_000
+                        return lambda: btime_ns
+        except (OSError, ValueError, IndexError):
+            pass
+        return None
+
     def _stat(self, pid: int) -> tuple[int, int, int] | None:
         """(utime+stime ticks, start time ticks, parent pid) or None when the process is gone."""
         try:
@@ -351,11 +386,17 @@ class JobDiscovery:
                             attrs=attrs)
             seen_jobs.setdefault(ident["job_id"], []).append((gpu, gutil))
             job = self._jobs.get(ident["job_id"])
+            proc_start = self._start_wall_ns(p)
+            if proc_start is not None:
+                proc_start = min(proc_start, ts_ns)   # a clock step must not start a job in the future
             if job is None:
                 job = self._jobs[ident["job_id"]] = _Job(ident["job_id"], ident["job_name"], ident["source"],
-                                                         ts_ns, ts_ns)
+                                                         ts_ns, ts_ns, ts_ns if proc_start is None else proc_start)
                 sink.event("job_start", f"job {job.job_id} started ({job.source})", ts_ns=ts_ns,
-                           attrs={"job_id": job.job_id, "job_name": job.job_name, "source": job.source})
+                           attrs={"job_id": job.job_id, "job_name": job.job_name, "source": job.source,
+                                  "started_ns": str(job.start_ns)})
+            elif proc_start is not None and proc_start < job.start_ns:
+                job.start_ns = proc_start   # e.g. the launcher, adopted after its workers were found
             job.last_ns = ts_ns
             seen_pids.setdefault(job.job_id, set()).add(pid)
             if gpu >= 0:
@@ -396,18 +437,20 @@ class JobDiscovery:
             # No GPU utilization was ever sampled (a CPU-only job): the mean is unknown, not 0 %. NaN
             # travels in the proto double and the collector stores it as NULL.
             mean = job.util_sum / job.util_n if job.util_n else float("nan")
-            dur = (job.last_ns - job.first_ns) / 1e9
+            dur = (job.last_ns - job.start_ns) / 1e9
             util_text = f"mean GPU util {mean:.1f} %" if job.util_n else "no GPU utilization sampled"
             sink.event("job_end", f"job {job_id} ended after {dur:.0f} s, {util_text}",
                        value=mean, ts_ns=ts_ns,
                        attrs={"job_id": job_id, "job_name": job.job_name, "source": job.source,
-                              "duration_s": f"{dur:.3f}", "gpus": ",".join(map(str, sorted(job.gpus))),
+                              "duration_s": f"{dur:.3f}", "started_ns": str(job.start_ns),
+                              "first_seen_ns": str(job.first_ns), "last_seen_ns": str(job.last_ns), "gpus": ",".join(map(str, sorted(job.gpus))),
                               "gpu_util_samples": str(job.util_n)})
 
     def active_jobs(self) -> list[dict[str, Any]]:
         """Jobs currently seen (for `gpuagent status`)."""
         return [{"job_id": j.job_id, "job_name": j.job_name, "source": j.source, "pids": sorted(j.pids),
-                 "gpus": sorted(j.gpus), "started_ns": j.first_ns,
+                 "gpus": sorted(j.gpus), "started_ns": j.start_ns,
+                 "first_seen_ns": j.first_ns, "last_seen_ns": j.last_ns,
                  "mean_gpu_util_percent": (j.util_sum / j.util_n) if j.util_n else None}
                 for j in self._jobs.values()]
 

@@ -98,6 +98,25 @@ def _check_ts(name: str, lo: int, hi: int, max_ts: int) -> None:
                          f"(must lie between 2000-01-01 and the collector's clock plus the allowed skew)")
 
 
+def _job_end_time(e, key: str, max_ts: int) -> int | None:
+    """One of a job_end event's wall-clock ns attrs (started_ns, first_seen_ns, last_seen_ns), or None
+    when the agent did not send it (older agents)."""
+    raw = e.attrs.get(key)
+    if raw is None:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BatchError("INVALID_ARGUMENT",
+                         f"job_end event of job {e.attrs['job_id']!r} has a non-integer {key} {raw!r}") from None
+    if value < MIN_TS_NS or value > max_ts:
+        raise BatchError("INVALID_ARGUMENT",
+                         f"job_end event of job {e.attrs['job_id']!r} has {key} {value}, not a plausible Unix "
+                         f"time in nanoseconds (must lie between 2000-01-01 and the collector's clock plus "
+                         f"the allowed skew)")
+    return value
+
+
 def _samples_table(node_id: str, cols: pb.SampleColumns, max_ts: int) -> pa.Table | None:
     n = len(cols.ts_ns)
     if len(cols.series_id) != n or len(cols.value) != n:
@@ -309,7 +328,8 @@ def prepare_batch(batch: pb.Batch, limits: Limits = Limits(), now_ns: int | None
     events = job_end = None
     if batch.events:
         cols = {k: [] for k in ("ts", "node_id", "gpu", "kind", "message", "value", "attrs")}
-        ends = {"node_id": [], "job_id": [], "job_name": [], "ts": [], "duration_s": [], "avg_gpu_util_percent": []}
+        ends = {"node_id": [], "job_id": [], "job_name": [], "ts": [], "duration_s": [], "avg_gpu_util_percent": [],
+                "started_ns": [], "first_seen_ns": [], "last_seen_ns": []}
         for e in batch.events:
             if not e.kind:
                 raise BatchError("INVALID_ARGUMENT", "event without a kind")
@@ -333,12 +353,15 @@ def prepare_batch(batch: pb.Batch, limits: Limits = Limits(), now_ns: int | None
                 ends["ts"].append(e.ts_ns)
                 ends["duration_s"].append(duration)
                 ends["avg_gpu_util_percent"].append(None if math.isnan(e.value) else e.value)
+                for key in ("started_ns", "first_seen_ns", "last_seen_ns"):   # absent from older agents
+                    ends[key].append(_job_end_time(e, key, max_ts))
         events = _table(cols, {"ts": _ts_type(), "node_id": pa.string(), "gpu": pa.int16(), "kind": pa.string(),
                                "message": pa.string(), "value": pa.float64(), "attrs": pa.string()})
         if ends["job_id"]:
             job_end = _table(ends, {"node_id": pa.string(), "job_id": pa.string(), "job_name": pa.string(),
                                     "ts": _ts_type(), "duration_s": pa.float64(),
-                                    "avg_gpu_util_percent": pa.float64()})
+                                    "avg_gpu_util_percent": pa.float64(), "started_ns": _ts_type(),
+                                    "first_seen_ns": _ts_type(), "last_seen_ns": _ts_type()})
 
     job_seen = None
     if seen["job_id"]:
@@ -432,18 +455,24 @@ ON CONFLICT (node_id, job_id) DO UPDATE SET
     world_size = coalesce(excluded.world_size, jobs.world_size)
 """
 _JOB_END_SQL = """
-INSERT INTO jobs (node_id, job_id, job_name, first_seen, last_seen, ended_at, duration_s, avg_gpu_util_percent)
+INSERT INTO jobs (node_id, job_id, job_name, first_seen, last_seen, started_at, ended_at, duration_s,
+                  avg_gpu_util_percent)
 SELECT node_id, job_id, job_name,
-       ts::TIMESTAMP - to_microseconds(CAST(coalesce(duration_s, 0) * 1e6 AS BIGINT)),
-       ts, ts, coalesce(duration_s, 0), avg_gpu_util_percent
+       -- an agent that sends no first_seen_ns (older ones): the event time less the duration, as before
+       coalesce(first_seen_ns::TIMESTAMP,
+                ts::TIMESTAMP - to_microseconds(CAST(coalesce(duration_s, 0) * 1e6 AS BIGINT))),
+       coalesce(last_seen_ns, ts)::TIMESTAMP, started_ns::TIMESTAMP, coalesce(last_seen_ns, ts)::TIMESTAMP,
+       coalesce(duration_s, 0), avg_gpu_util_percent
 FROM _in_job_end
 QUALIFY row_number() OVER (PARTITION BY node_id, job_id ORDER BY ts DESC) = 1
 ON CONFLICT (node_id, job_id) DO UPDATE SET
     job_name = coalesce(jobs.job_name, excluded.job_name),
     last_seen = greatest(jobs.last_seen, excluded.last_seen),
+    started_at = excluded.started_at,
     ended_at = excluded.ended_at,
     duration_s = CASE WHEN excluded.duration_s > 0 THEN excluded.duration_s
-                      ELSE date_diff('microsecond', jobs.first_seen, excluded.ended_at) / 1e6 END,
+                      ELSE date_diff('microsecond', coalesce(excluded.started_at, jobs.first_seen),
+                                     excluded.ended_at) / 1e6 END,
     avg_gpu_util_percent = excluded.avg_gpu_util_percent
 """
 

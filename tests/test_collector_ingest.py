@@ -165,6 +165,46 @@ def test_job_end_without_gpu_utilization_stores_null_not_zero(collector, stub):
     assert q("SELECT kind, value FROM events") == [["job_end", None]]
 
 
+def test_job_end_times_set_started_at_ended_at_and_duration(collector, stub):
+    """The agent's job_end carries when the job's processes started and when they were last seen alive:
+    started_at and ended_at store those, first_seen/last_seen keep the sample times, duration_s is the
+    agent's. A job known only from its job_end takes first_seen from the event too."""
+    node_id = stub.Register(pb.RegisterRequest(node=node_info())).node_id
+    t = (NOW_NS - 60 * 10**9) // 1000 * 1000    # TIMESTAMP keeps microseconds
+    b = pb.Batch(node_id=node_id, seq=1)
+    b.job_samples.add(ts_ns=t + 5 * 10**9, job_id="slurm:7", job_name="short", source="slurm", pid=7, gpu=-1)
+    b.events.add(ts_ns=t + 9 * 10**9, kind="job_end", message="job slurm:7 ended", value=float("nan"), gpu=-1,
+                 attrs={"job_id": "slurm:7", "duration_s": "6.250", "started_ns": str(t),
+                        "first_seen_ns": str(t + 5 * 10**9), "last_seen_ns": str(t + 6_250_000_000)})
+    b.events.add(ts_ns=t + 9 * 10**9, kind="job_end", message="job pid:8 ended", value=50.0, gpu=-1,
+                 attrs={"job_id": "pid:8", "duration_s": "2.000", "started_ns": str(t + 10**9),
+                        "first_seen_ns": str(t + 2 * 10**9), "last_seen_ns": str(t + 3 * 10**9)})
+    assert [a.seq for a in stub.Stream(iter([b]))] == [1]
+
+    def q(sql):
+        return json.loads(stub.Query(pb.QueryRequest(sql=sql)).rows_json)
+
+    got = q(f"SELECT job_id, epoch_ns(started_at) - {t}, epoch_ns(first_seen) - {t}, epoch_ns(last_seen) - {t}, "
+            f"epoch_ns(ended_at) - {t}, duration_s FROM jobs ORDER BY job_id")
+    assert got == [["pid:8", 10**9, 2 * 10**9, 3 * 10**9, 3 * 10**9, 2.0],
+                   ["slurm:7", 0, 5 * 10**9, 6_250_000_000, 6_250_000_000, 6.25]]
+
+
+@pytest.mark.parametrize("attrs, word", [({"started_ns": "soon"}, "non-integer started_ns 'soon'"),
+                                         ({"last_seen_ns": "12"}, "has last_seen_ns 12, not a plausible Unix time")])
+def test_job_end_with_bad_times_is_refused_and_stores_nothing(collector, stub, attrs, word):
+    node_id = stub.Register(pb.RegisterRequest(node=node_info())).node_id
+    b = sample_batch(node_id, 1, n=3)
+    b.events.add(ts_ns=NOW_NS - 10**9, kind="job_end", message="job x ended", value=1.0, gpu=-1,
+                 attrs={"job_id": "x", "duration_s": "1.0", **attrs})
+    with pytest.raises(grpc.RpcError) as err:
+        list(stub.Stream(iter([b])))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and word in err.value.details()
+    counts = json.loads(stub.Query(pb.QueryRequest(
+        sql="SELECT (SELECT count(*) FROM samples), (SELECT count(*) FROM jobs)")).rows_json)
+    assert counts == [[0, 0]]
+
+
 def test_nan_values_are_stored_as_null(collector, stub):
     node_id = stub.Register(pb.RegisterRequest(node=node_info())).node_id
     b = sample_batch(node_id, 1, n=3)

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -86,6 +87,48 @@ def test_env_rules_find_real_processes(procs):
     # no GPU utilization was ever sampled: the mean is unknown (NaN, stored as NULL), not 0 %
     assert ends[0].attrs["job_name"] == "pretrain" and math.isnan(ends[0].value)
     assert f"torchelastic:run-{tag}" in {j["job_id"] for j in jd.active_jobs()}
+
+
+def test_short_job_duration_runs_from_its_process_start_to_last_seen(procs):
+    """A job that lives ~6 s while the /proc scan runs every 5 s, started just after a scan, so the scan
+    finds it about 5 s late: its start is still its process's start, and its duration its wall time
+    (to within the gap between two ticks: the end is the last tick that saw it alive)."""
+    tag = f"{os.getpid()}d{time.monotonic_ns() % 100000}"
+    jd = JobDiscovery(scan_interval_s=5.0, end_grace_s=1.0, orphan_grace_s=0)
+    sink = ListSink()
+    ticks: list[int] = []
+
+    def tick():
+        ticks.append(now_ns())
+        jd.sample(ticks[-1], sink)
+    tick()   # a scan now, before the job exists: the next one is 5 s away
+    exited: list[int] = []
+    t_spawn = time.time_ns()
+    job = _spawn("import time\ntime.sleep(6)\n", SLURM_JOB_ID=tag)
+    procs.append(job)
+    reaper = threading.Thread(target=lambda: (job.wait(), exited.append(time.time_ns())), daemon=True)
+    reaper.start()
+
+    def ended():
+        tick()
+        return [e for e in sink.events if e.kind == "job_end" and e.attrs["job_id"] == f"slurm:{tag}"]
+    (end,) = wait_for(ended, timeout=30, interval=0.5, what="the short job's job_end")
+    reaper.join(10)
+    wall_s = (exited[0] - t_spawn) / 1e9
+    duration_s = float(end.attrs["duration_s"])
+    max_gap_s = max(b - a for a, b in zip(ticks, ticks[1:])) / 1e9
+    print(f"wall {wall_s:.3f} s, duration_s {duration_s:.3f} s, largest tick gap {max_gap_s:.2f} s")
+    assert wall_s - max_gap_s - 0.2 <= duration_s <= wall_s + 0.02
+    assert 5.5 < duration_s < 6.0 + max_gap_s + 1.0     # and well within one scan interval (5 s) of ~6 s
+    started_ns, last_ns = int(end.attrs["started_ns"]), int(end.attrs["last_seen_ns"])
+    first_ns = int(end.attrs["first_seen_ns"])
+    print(f"start {(started_ns - t_spawn) / 1e6:+.1f} ms "
+          f"from spawn, first seen {(first_ns - t_spawn) / 1e9:.2f} s after spawn, last seen "
+          f"{(exited[0] - last_ns) / 1e9:.2f} s before exit, largest tick gap {max_gap_s:.2f} s")
+    assert first_ns - t_spawn > 3e9                     # the scan did find it late
+    assert abs(started_ns - t_spawn) < 1e9              # ... but it starts when its process started
+    assert t_spawn - 20e6 <= started_ns <= last_ns <= exited[0]
+    assert duration_s == pytest.approx((last_ns - started_ns) / 1e9, abs=1e-3)
 
 
 def test_torchrun_launcher_and_workers_share_a_job(tmp_path):
