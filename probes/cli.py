@@ -38,7 +38,8 @@ def list_cmd(as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps([{"name": s.name, "platform": s.platform, "resources": sorted(s.resources),
                                 "timeout_s": s.timeout_s, "interval_s": s.interval_s,
-                                "defaults": dict(s.defaults), "description": s.description}
+                                "defaults": dict(s.defaults), "description": s.description,
+                                "limits": {k: list(v) for k, v in s.limits.items()}}
                                for s in specs], indent=2))
         return
     w = max(len(s.name) for s in specs)

@@ -47,6 +47,10 @@ SPEC = ProbeSpec(
     interval_s=3600.0,
     param_help={"backend": "auto | nccl | gloo", "nprocs": "ranks on this node (0: all GPUs, or 2 on CPU)",
                 "min_bytes": "0: 1 MiB on GPU, 64 KiB on CPU", "max_bytes": "0: 1 GiB on GPU, 16 MiB on CPU"},
+    limits={"nprocs": (0, 1024), "min_bytes": (0, 1 << 36), "max_bytes": (0, 1 << 36), "factor": (2, 1024),
+            "iters": (1, 100000), "warmup": (0, 10000), "latency_bytes": (4, 1 << 30),
+            "latency_iters": (1, 10**6), "master_port": (0, 65535), "nnodes": (1, 100000),
+            "node_rank": (0, 99999), "init_timeout_s": (1, 3600)},
 )
 
 GPU_SIZES = (1 << 20, 1 << 30)

@@ -36,6 +36,8 @@ SPEC = ProbeSpec(
     resources=frozenset({"gpu"}),
     timeout_s=180.0,
     interval_s=3600.0,
+    limits={"matmul_n": (64, 65536), "iters": (1, 10000), "warmup": (0, 1000), "warmup_s": (0, 60),
+            "launch_iters": (1, 10**6), "sync_iters": (1, 10**6)},
 )
 
 

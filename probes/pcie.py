@@ -31,6 +31,7 @@ SPEC = ProbeSpec(
     timeout_s=120.0,
     interval_s=3600.0,
     param_help={"gpus": "'all' or a comma list of CUDA indices"},
+    limits={"size_mib": (1, 65536), "iters": (1, 10000), "warmup": (0, 1000)},
 )
 
 

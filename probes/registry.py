@@ -34,6 +34,9 @@ class ProbeSpec:
     timeout_s: float = 120.0           # the runner's default timeout
     interval_s: float = 3600.0         # the scheduler's default interval
     param_help: Mapping[str, str] = field(default_factory=dict)
+    # Allowed range of numeric parameters, (lowest, highest), either None for open; checked in
+    # parse_params so a bad value is refused before anything runs, in one sentence.
+    limits: Mapping[str, tuple[float | None, float | None]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.platform not in PLATFORMS:
@@ -41,6 +44,9 @@ class ProbeSpec:
         unknown = set(self.resources) - set(RESOURCES)
         if unknown:
             raise ValueError(f"probe {self.name}: unknown resources {sorted(unknown)}")
+        stray = set(self.limits) - set(self.defaults)
+        if stray:
+            raise ValueError(f"probe {self.name}: limits for unknown parameters {sorted(stray)}")
 
 
 def _load() -> dict[str, tuple[ProbeSpec, str]]:
@@ -132,7 +138,22 @@ def parse_params(name: str, given: Mapping[str, Any] | Iterable[str] | None = No
             raise ParamError(f"unknown parameter {k!r} for probe {name} "
                              f"(known: {', '.join(sorted(spec.defaults)) or 'none'})")
         params[k] = _coerce(name, k, spec.defaults[k], v)
+        _check_limit(spec, k, params[k])
     return params
+
+
+def _check_limit(spec: ProbeSpec, key: str, value: Any) -> None:
+    lo, hi = spec.limits.get(key, (None, None))
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        if lo is not None and hi is not None:
+            want = f"between {lo:g} and {hi:g}"
+        elif lo is not None:
+            want = f"at least {lo:g}"
+        else:
+            want = f"at most {hi:g}"
+        raise ParamError(f"parameter {key} of probe {spec.name} must be {want}, got {value:g}")
 
 
 def params_as_args(params: Mapping[str, Any]) -> list[str]:

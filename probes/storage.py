@@ -58,6 +58,8 @@ SPEC = ProbeSpec(
     param_help={"path": "directory on the filesystem to test", "file": "existing file to read (read-only mode)",
                 "queue_depth": "concurrent 4 KiB reads in flight (processes)",
                 "seq_seconds": "how long the sequential read loops over the file"},
+    limits={"size_mib": (1, None), "queue_depth": (1, 256), "rand_seconds": (0.05, 600),
+            "seq_seconds": (0.05, 600), "min_free_percent": (0, 100)},
 )
 
 MEMORY_FS = ("tmpfs", "ramfs", "devtmpfs", "hugetlbfs")
@@ -245,15 +247,8 @@ def _pct(sorted_vals: list[int], q: float) -> float:
 def run(params: dict[str, Any]) -> ProbeResult:
     started = time.time_ns()
     p = dict(params)
-    qd = int(p["queue_depth"])
-    if qd < 1 or qd > 256:
-        return ProbeResult("storage", "failed", f"queue_depth must be between 1 and 256, got {qd}", p)
+    qd = int(p["queue_depth"])             # ranges are checked by registry.parse_params (SPEC.limits)
     size = int(p["size_mib"]) * SEQ_BLOCK
-    for key in ("seq_seconds", "rand_seconds"):
-        if not 0 < float(p[key]) <= 600:
-            return ProbeResult("storage", "failed", f"{key} must be between 0 and 600 seconds, got {float(p[key]):g}", p)
-    if size <= 0:
-        return ProbeResult("storage", "failed", f"size_mib must be positive, got {p['size_mib']}", p)
     read_only = bool(p["file"])
     target_dir = os.path.dirname(os.path.abspath(p["file"])) if read_only else p["path"]
     env: dict[str, Any] = {"backend": "cpu", "path": os.path.abspath(p["file"] or p["path"]),

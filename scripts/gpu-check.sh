@@ -78,7 +78,20 @@ $PY - "$OUT_DIR" "$TEST_RC" <<'PYEOF'
 import json, os, sys
 out, test_rc = sys.argv[1], int(sys.argv[2])
 bad = test_rc != 0
-verdict = "passed" if test_rc == 0 else f"FAILED (exit {test_rc}" + (", timed out)" if test_rc == 124 else ")")
+import re
+try:  # pytest's last line, e.g. "3 passed, 5 skipped in 9.1s": say what ran, not just the exit code
+    lines = [ln for ln in open(os.path.join(out, "pytest-gpu.log")).read().splitlines() if ln.strip()]
+    counts = dict((k, int(n)) for n, k in re.findall(r"(\d+) (passed|failed|skipped|error|errors)", lines[-1]))
+except (OSError, IndexError):
+    counts = {}
+tally = ", ".join(f"{n} {k}" for k, n in counts.items()) or "no pytest summary"
+if test_rc != 0:
+    verdict = f"FAILED (exit {test_rc}" + (", timed out" if test_rc == 124 else "") + f"; {tally})"
+elif not counts.get("passed"):
+    verdict = f"NONE RAN ({tally}: no CUDA or no NVIDIA driver here)"
+    bad = True  # a GPU check that checked nothing is not a pass (exit 1 with this line)
+else:
+    verdict = f"passed ({tally})"
 print(f"gpu/nvml-marked tests: {verdict}")
 for name in ("pcie", "gpu_compute", "collective"):
     try:

@@ -24,6 +24,7 @@ def test_probe_list_shows_every_probe_with_platform():
         assert any(line.split()[:2] == [name, platform] for line in res.output.splitlines()), name
     data = json.loads(CliRunner().invoke(main, ["probe", "list", "--json"]).output)
     assert {d["name"]: d["defaults"]["size_mib"] for d in data if d["name"] == "storage"} == {"storage": 256}
+    assert {d["name"]: d["limits"]["queue_depth"] for d in data if d["name"] == "storage"} == {"storage": [1, 256]}
 
 
 def test_probe_run_json_and_readable(tmp_path):
@@ -202,6 +203,5 @@ def test_progress_file_reads_only_complete_lines(tmp_path, monkeypatch):
 def test_host_probe_refuses_zero_rounds_instead_of_running_one(tmp_path):
     res = CliRunner().invoke(main, ["probe", "run", "host", "--json", "--lock-path", str(tmp_path / "probe.lock"),
                                     "--param", "repeats=0"])
-    assert res.exit_code == 1
-    d = json.loads(res.output)
-    assert d["status"] == "failed" and d["reason"] == "repeats must be at least 1, got 0" and d["metrics"] == {}
+    assert res.exit_code == 1   # refused before anything runs: one sentence, no result to store
+    assert res.output.strip() == "Error: parameter repeats of probe host must be between 1 and 100, got 0"

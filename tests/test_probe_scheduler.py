@@ -35,6 +35,9 @@ def test_config_from_toml_table_and_bad_keys(tmp_path):
         ProbeSchedulerConfig.from_mapping({"budget": 1})
     with pytest.raises(ValueError, match=r"\[probes.storage.params\]: unknown parameter 'size'"):
         ProbeSchedulerConfig.from_mapping({"storage": {"params": {"size": 1}}})
+    with pytest.raises(ValueError, match=r"^\[probes.storage.params\]: parameter queue_depth of probe storage must be "
+                                         r"between 1 and 256, got 0$"):
+        ProbeSchedulerConfig.from_mapping({"storage": {"params": {"queue_depth": 0}}})
     with pytest.raises(ValueError, match="unknown key\\(s\\) every in \\[probes.host\\]"):
         ProbeSchedulerConfig.from_mapping({"host": {"every": 5}})
     with pytest.raises(ValueError, match="budget_fraction is a fraction"):

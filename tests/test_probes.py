@@ -144,12 +144,26 @@ def test_storage_segments_split_the_file_evenly():
     assert [_segment(n * mib) // mib for n in (1, 8, 32, 40, 256, 100)] == [1, 8, 32, 20, 32, 25]
 
 
-@pytest.mark.parametrize("key,value", [("seq_seconds", 0), ("rand_seconds", -1), ("seq_seconds", 3600)])
-def test_storage_rejects_durations_out_of_range(tmp_path, key, value):
-    r = run_probe("storage", {"path": str(tmp_path), "size_mib": 8, key: value})
-    assert r.status == "failed"
-    assert r.reason == f"{key} must be between 0 and 600 seconds, got {value}"
+@pytest.mark.parametrize("probe,key,value,want", [
+    ("storage", "seq_seconds", 0, "between 0.05 and 600"), ("storage", "rand_seconds", -1, "between 0.05 and 600"),
+    ("storage", "seq_seconds", 3600, "between 0.05 and 600"), ("storage", "queue_depth", 0, "between 1 and 256"),
+    ("storage", "size_mib", -5, "at least 1"), ("host", "memcpy_iters", 0, "between 1 and 1000"),
+    ("pcie", "iters", 0, "between 1 and 10000"), ("gpu_compute", "matmul_n", 8, "between 64 and 65536"),
+    ("collective", "master_port", 70000, "between 0 and 65535"), ("collective", "factor", 1, "between 2 and 1024")])
+def test_out_of_range_parameters_are_refused_before_anything_runs(tmp_path, probe, key, value, want):
+    params = {"path": str(tmp_path), "size_mib": 8, key: value} if probe == "storage" else {key: value}
+    with pytest.raises(registry.ParamError) as err:
+        run_probe(probe, params)
+    assert str(err.value) == f"parameter {key} of probe {probe} must be {want}, got {value:g}"
     assert os.listdir(tmp_path) == []
+
+
+def test_limits_may_only_name_known_parameters():
+    from gpuagent.probes.registry import ProbeSpec
+    with pytest.raises(ValueError, match=r"probe p: limits for unknown parameters \['iter'\]"):
+        ProbeSpec(name="p", description="", platform="any", defaults={"iters": 1}, limits={"iter": (1, 2)})
+    for spec in registry.specs():  # and every real probe's limits admit its own defaults
+        assert registry.parse_params(spec.name, {k: spec.defaults[k] for k in spec.limits}) == dict(spec.defaults)
 
 
 def test_storage_refuses_when_space_is_short(tmp_path):
