@@ -226,7 +226,6 @@ def test_disk_activity_comes_from_the_host_samplers_latest_values(tmp_path):
 def test_probe_results_reach_the_collectors_duckdb(tmp_path):
     """Agent (subprocess) -> collector (subprocess, DuckDB file): ok, forced and platform-skipped runs are
     stored in probe_results with their reason, and the metrics in probe_metrics."""
-    pytest.importorskip("gpuagent.collector.cli", reason="the collector is not in this tree")
     from agent_helpers import free_port, start_agent, stop, wait_running
     from gpuagent.agent import local_run
 
