@@ -62,4 +62,6 @@ def test_example_configs_load():
     from gpuagent.collector.analyzer import AnalyzerConfig
     cfg = load_config(str(ROOT / "packaging" / "agent.toml"), env={})
     assert cfg.interval_s == 1.0 and cfg.labels["pool"] == "a100-80g-cloud"
-    assert AnalyzerConfig.from_toml(ROOT / "packaging" / "collector.toml") is not None
+    an = AnalyzerConfig.from_toml(ROOT / "packaging" / "collector.toml")   # from_toml raises or returns a config
+    assert (an.interval_s, an.window_s, an.baseline_lookback_s, an.min_baseline_nodes) == (60.0, 3600.0, 86400.0, 3)
+    assert an.declared == () and dict(an.pool_prices) == {}               # the file's examples are commented out
