@@ -60,6 +60,12 @@ def test_example_configs_load():
     """packaging/agent.toml and collector.toml are valid for the code that reads them."""
     from gpuagent.agent.config import load_config
     from gpuagent.collector.analyzer import AnalyzerConfig
+    from gpuagent.agent.config import AgentConfig, CollectorConfig
     cfg = load_config(str(ROOT / "packaging" / "agent.toml"), env={})
     assert cfg.interval_s == 1.0 and cfg.labels["pool"] == "a100-80g-cloud"
-    assert AnalyzerConfig.from_toml(ROOT / "packaging" / "collector.toml") is not None
+    # Both files say their uncommented non-example values are the built-in defaults: keep them so.
+    assert cfg.collector == CollectorConfig()
+    ref = AgentConfig()
+    for key in ("interval_s", "batch_interval_s", "batch_max_samples", "state_dir", "spool_max_bytes", "log_level"):
+        assert getattr(cfg, key) == getattr(ref, key), key
+    assert AnalyzerConfig.from_toml(ROOT / "packaging" / "collector.toml") == AnalyzerConfig()
