@@ -26,10 +26,10 @@ no per-process utilization (MIG) the sample carries 0 with attrs ``gpu_util_know
 does not count toward the job's mean; a MIG process carries ``mig_gpu_instance``.
 
 Lifecycle events (the ``gpuagent.jobs`` tracker and the analyzer rely on these):
-- ``job_start``: a job id seen for the first time; attrs {job_id, job_name, source}.
+- ``job_start``: a job id seen for the first time; attrs {job_id, job_name, source, started_ns}.
 - ``job_end``: a job id unseen for ``end_grace_s``; **value = mean GPU utilization over its life**
-  (NaN when none was sampled: a CPU-only job; stored as NULL)
-  (per tick, the mean over the GPUs it used of its processes' SM util; 0 when it used no GPU);
+  (per tick, the mean over the GPUs it used of its processes' SM util; NaN when no GPU utilization was
+  ever sampled, i.e. a CPU-only job, stored as NULL);
   attrs {job_id, job_name, source, duration_s, started_ns, first_seen_ns, last_seen_ns, gpus,
   gpu_util_samples}.
 
