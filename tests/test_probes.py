@@ -105,6 +105,24 @@ def test_host_probe_real_run():
         assert r.env["clocksource"] == f.read().strip()
 
 
+def test_host_probe_steal_share_from_recorded_proc_stat():
+    """The live run above can only range-check cpu_steal_percent (steal is ~0 here); the arithmetic is
+    checked on the /proc/stat pairs the host sampler's tests use (synthetic VM: 10 % steal)."""
+    from pathlib import Path
+
+    from gpuagent.probes import host
+    data = Path(__file__).parent / "data"
+
+    def cpu_line(pair, t):
+        return [int(x) for x in (data / pair / t / "stat").read_text().splitlines()[0].split()[1:]]
+    vm = host._steal_percent(cpu_line("proc_synthetic_vm", "t0"), cpu_line("proc_synthetic_vm", "t1"))
+    assert vm == pytest.approx(10.0)
+    kvm = host._steal_percent(cpu_line("proc_recorded_kvm", "t0"), cpu_line("proc_recorded_kvm", "t1"))
+    assert kvm == 0.0                                   # the recorded guest had no steal in that second
+    same = cpu_line("proc_recorded_kvm", "t0")
+    assert host._steal_percent(same, same) is None      # no time passed: unknown, not 0 %
+
+
 def test_host_call_cost_estimator_subtracts_the_loop():
     """The baseline loop is subtracted: the no-op measured against itself costs next to nothing, while a
     real syscall stays well above it; memcpy on its 4 KiB-page buffers gives a positive rate."""
