@@ -34,7 +34,9 @@ def test_status_shows_fake_gpus_with_throttle_reasons(tmp_path):
     fixture = backend.gpus
     for g, f in zip(gpus, fixture):
         assert g["name"] == f["name"]
-        assert g["temperature_celsius"] is not None and g["memory_total_bytes"] > 0 and g["power_watts"] > 0
+        # the fixture's values, in the status's units (not merely present)
+        assert (g["temperature_celsius"], g["memory_total_bytes"]) == (f["temperature_c"], f["memory_total_bytes"])
+        assert g["power_watts"] == f["power_mw"] / 1000
         util_missing = any(u.startswith(f"GPU {g['index']}: nvmlDeviceGetUtilizationRates") for u in data["unavailable"])
         assert (g.get("util_percent") is None) == util_missing     # a missing metric is listed, not invented
     # The fixture has throttle bits set on some GPU: they appear by name, not as a bitmask.
