@@ -157,7 +157,7 @@ CREATE TABLE flags (
     node_id          VARCHAR NOT NULL,
     gpu              SMALLINT,
     kind             VARCHAR NOT NULL,   -- virtualization_overhead, noisy_neighbor_variance, utilization_gap
-    component        VARCHAR,            -- e.g. collective_busbw, h2d, storage_seq_read, idle_no_job
+    component        VARCHAR,            -- e.g. collective_busbw, h2d, storage_seq_read, no_job
     severity         VARCHAR NOT NULL,   -- info, warning, critical
     state            VARCHAR NOT NULL,   -- open, closed
     first_seen       TIMESTAMP NOT NULL,
