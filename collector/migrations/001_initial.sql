@@ -165,7 +165,7 @@ CREATE TABLE flags (
     closed_at        TIMESTAMP,
     value            DOUBLE,             -- the measured value
     baseline         DOUBLE,             -- what it was compared against (NULL: no baseline)
-    baseline_source  VARCHAR,            -- fleet_bare_metal, reference_table, user_declared, none
+    baseline_source  VARCHAR,            -- fleet_bare_metal, reference_table, user_declared, fleet_class_median (noise), none
     unit             VARCHAR,
     evidence         VARCHAR,            -- JSON: probe runs / sample windows behind it
     sentence         VARCHAR NOT NULL    -- one sentence a person can act on
