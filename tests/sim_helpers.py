@@ -42,8 +42,6 @@ class FleetDb:
     fleet: list[NodeSpec]
     compare_via_target_json: str
     report_via_target: Path
-    analyzed: bool
-    analyze_note: str
 
 
 _CACHE: dict[str, FleetDb] = {}
@@ -68,13 +66,8 @@ def fleet_db(tmp_path_factory) -> FleetDb:
         write_report(str(report_via_target), target=f"127.0.0.1:{port}", token=TOKEN)
     finally:
         local_run.stop_process(proc, timeout=30)
-    analyzed, note = False, "the analyzer is not in this tree"
-    try:
-        from gpuagent.collector.analyzer import analyze_db  # noqa: PLC0415
-    except ImportError:
-        pass
-    else:
-        analyze_db(str(db))
-        analyzed, note = True, ""
-    _CACHE["fleet"] = FleetDb(db, summary, fleet(), via_target, report_via_target, analyzed, note)
+    from gpuagent.collector.analyzer import analyze_db  # noqa: PLC0415
+
+    analyze_db(str(db))
+    _CACHE["fleet"] = FleetDb(db, summary, fleet(), via_target, report_via_target)
     return _CACHE["fleet"]

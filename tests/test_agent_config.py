@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from gpuagent.agent.config import ConfigError, load_config
@@ -19,7 +21,8 @@ def test_defaults_without_file():
     assert cfg.batch_interval_s == 5.0
     assert cfg.state_dir == "/var/lib/gpuagent"
     assert cfg.spool_max_bytes == 512 * 1024 * 1024
-    assert cfg.config_file in ("", "/etc/gpuagent/agent.toml")
+    # /etc/gpuagent/agent.toml is read only when it exists (it does not on CI, and then nothing is read).
+    assert cfg.config_file == ("/etc/gpuagent/agent.toml" if os.path.exists("/etc/gpuagent/agent.toml") else "")
 
 
 def test_precedence_flag_over_env_over_file(tmp_path):

@@ -9,8 +9,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("gpuagent.collector.cli", reason="the collector is not in this tree yet")
-
 from agent_helpers import free_port, read_status, start_agent, stop, wait_running
 from conftest import wait_for
 

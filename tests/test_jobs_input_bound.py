@@ -20,11 +20,10 @@ from types import MappingProxyType
 import pytest
 
 pytest.importorskip("torch")
-server = pytest.importorskip("gpuagent.collector.server", reason="the collector is not in this tree yet")
-analyzer = pytest.importorskip("gpuagent.collector.analyzer", reason="the analyzer is not in this tree yet")
-client = pytest.importorskip("gpuagent.collector.client")
-psutil = pytest.importorskip("psutil")
 
+import psutil  # noqa: E402
+
+from gpuagent.collector import analyzer, client, server  # noqa: E402
 from fake_nvml import H100_8GPU, FakeNvmlBackend  # noqa: E402
 from gpuagent.agent.config import AgentConfig, CollectorConfig  # noqa: E402
 from gpuagent.agent.daemon import Agent, build_node_info  # noqa: E402

@@ -181,7 +181,16 @@ def test_receiver_replaces_stale_socket(tmp_path):
     s.bind(path)
     s.close()        # file stays, nobody listens
     r = JobStepReceiver(path).start()
-    r.close()
+    try:
+        # The stale file was replaced by a live socket: a real tracker's steps now reach the receiver.
+        t = track(name="after-stale", socket_path=path, flush_interval_s=0.0, retry_s=3600)
+        for _ in range(3):
+            t.step()
+        t.close()
+        assert (t.sent, t.dropped) == (3, 0)
+        wait_for(lambda: r.records >= 3, timeout=10, what="3 step records on the replaced socket")
+    finally:
+        r.close()
 
 
 # ---------------------------------------------------------------- aggregation

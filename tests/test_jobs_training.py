@@ -15,9 +15,8 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("torch")
-server = pytest.importorskip("gpuagent.collector.server", reason="the collector is not in this tree yet")
-client = pytest.importorskip("gpuagent.collector.client")
 
+from gpuagent.collector import client, server  # noqa: E402
 from agent_helpers import ROOT, read_status, start_agent, stop, wait_running  # noqa: E402
 from tests.conftest import wait_for  # noqa: E402
 

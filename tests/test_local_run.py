@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 
@@ -11,7 +12,19 @@ import psutil
 import pytest
 from conftest import wait_for
 
-pytest.importorskip("gpuagent.collector.cli", reason="the collector is not in this tree yet")
+from gpuagent.agent.fingerprint import fingerprint
+
+
+def _columns(rule: str, row: str) -> list[str]:
+    """Cells of one row of `gpuagent-collector sql`'s table, cut at the spans of its '----' rule line."""
+    spans, start = [], None
+    for i, ch in enumerate(rule + " "):
+        if ch == "-" and start is None:
+            start = i
+        elif ch != "-" and start is not None:
+            spans.append((start, i))
+            start = None
+    return [row[a:b].strip() for a, b in spans]
 
 
 def test_local_run_once_shows_real_numbers(tmp_path):
@@ -24,7 +37,13 @@ def test_local_run_once_shows_real_numbers(tmp_path):
     assert res.returncode == 0, out + res.stderr
     assert "REAL data measured on this machine" in out
     assert "connected" in out and "NOT connected" not in out          # gpuagent status of the live agent
-    assert "kvm" in out or "none" in out                               # the node row's virt_type column
+    # The node row (hostname, virt_type, ...) says what this machine is, as the agent's fingerprint sees it.
+    lines = out.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("hostname ") and "virt_type" in line)
+    cols = dict(zip(lines[head].split(), _columns(lines[head + 1], lines[head + 2])))
+    fp = fingerprint()
+    assert (cols["hostname"], cols["virt_type"]) == (socket.gethostname(), fp.virt_type), lines[head:head + 3]
+    assert cols["virtualized"] == str(fp.virtualized)
     # The SQL result has a load1 row with a count and numbers (the host sampler's real values).
     row = next(line for line in out.splitlines() if line.startswith("load1 "))
     n, lo, avg, hi = row.split()[1:5]
