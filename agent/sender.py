@@ -5,8 +5,8 @@ oldest first, deleting each one from the spool when its ``Ack`` arrives (the col
 the DuckDB commit). It never parses batches: the spooled bytes go out as they are, with the node id
 appended as one more encoding of field 1 (a protobuf parser keeps the last value of a singular field).
 
-Reconnects use exponential backoff with full jitter. Every RPC has a deadline: ``Register`` directly,
-the long-lived stream through an ack watchdog (a batch not acked within ``rpc_timeout_s`` cancels the
+Reconnects use exponential backoff with jitter (each wait is 50-100 % of the current delay). Every RPC
+has a deadline: ``Register`` directly, the long-lived stream through an ack watchdog (a batch not acked within ``rpc_timeout_s`` cancels the
 call). ``stop()`` interrupts the backoff through ``threading.Event.wait`` (the pattern of the
 OpenTelemetry OTLP gRPC exporter). Error mapping:
 

@@ -66,14 +66,15 @@ def main() -> None:
     loss_fn = nn.CrossEntropyLoss()
     batches = SyntheticLoader(args.steps, args.batch_size, args.features, args.data_sleep_ms / 1000.0, seed=rank)
 
+    dist.barrier()
     # The integration: one line to create the tracker, one call per step (wrap_loader is optional
-    # and splits each step into data wait and compute).
+    # and splits each step into data wait and compute). Created right before the loop: the first
+    # step is timed from track(), so setup done in between would count as that step.
     tracker = None if args.no_tracker else gpuagent.jobs.track(name=args.name, samples_per_step=args.batch_size)
     if tracker is not None:
         batches = tracker.wrap_loader(batches)
 
-    own_steps: list[float] = []
-    dist.barrier()
+    own_steps: list[float] = []   # the job's own step times, from the same starting point
     prev = time.perf_counter()
     for x, y in batches:
         opt.zero_grad(set_to_none=True)

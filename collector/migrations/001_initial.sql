@@ -157,7 +157,7 @@ CREATE TABLE flags (
     node_id          VARCHAR NOT NULL,
     gpu              SMALLINT,
     kind             VARCHAR NOT NULL,   -- virtualization_overhead, noisy_neighbor_variance, utilization_gap
-    component        VARCHAR,            -- e.g. collective_busbw, h2d, storage_seq_read, idle_no_job
+    component        VARCHAR,            -- e.g. collective_busbw, h2d, storage_seq_read, no_job
     severity         VARCHAR NOT NULL,   -- info, warning, critical
     state            VARCHAR NOT NULL,   -- open, closed
     first_seen       TIMESTAMP NOT NULL,
@@ -165,7 +165,7 @@ CREATE TABLE flags (
     closed_at        TIMESTAMP,
     value            DOUBLE,             -- the measured value
     baseline         DOUBLE,             -- what it was compared against (NULL: no baseline)
-    baseline_source  VARCHAR,            -- fleet_bare_metal, reference_table, user_declared, none
+    baseline_source  VARCHAR,            -- fleet_bare_metal, reference_table, user_declared, fleet_class_median (noise), none
     unit             VARCHAR,
     evidence         VARCHAR,            -- JSON: probe runs / sample windows behind it
     sentence         VARCHAR NOT NULL    -- one sentence a person can act on
