@@ -57,9 +57,41 @@ def fio(args: list[str]) -> dict:
     return json.loads(text)["jobs"][0]
 
 
+def _fio_psync(path: str, size_mib: int) -> list[str]:
+    """The file, size, O_DIRECT and engine every psync fio job here shares with the probe."""
+    return [f"--filename={path}", f"--size={size_mib}M", "--direct=1", "--ioengine=psync"]
+
+
+def fio_layout(path: str, size_mib: int) -> None:
+    fio(["--name=layout", "--rw=write", "--bs=1M", "--end_fsync=1", *_fio_psync(path, size_mib)])
+
+
+def fio_seq_read_gbps(path: str, size_mib: int, seq_s: float) -> float:
+    r = fio(["--name=seqread", "--rw=read", "--bs=1M", "--numjobs=1", "--time_based", f"--runtime={seq_s}",
+             *_fio_psync(path, size_mib)])
+    return r["read"]["bw_bytes"] / 1e9
+
+
+def fio_rand_read(path: str, size_mib: int, qd: int, rand_s: float, name: str = "randread"
+                  ) -> tuple[float, float, float]:
+    """(IOPS, p50 us, p99 us) of QD psync processes, each with one 4 KiB read in flight: the probe's model."""
+    rr = fio([f"--name={name}", "--rw=randread", "--bs=4k", f"--numjobs={qd}", "--group_reporting",
+              "--time_based", f"--runtime={rand_s}", "--norandommap", "--randrepeat=0", *_fio_psync(path, size_mib)])
+    pct = rr["read"]["clat_ns"]["percentile"]
+    return rr["read"]["iops"], pct["50.000000"] / 1e3, pct["99.000000"] / 1e3
+
+
+def probe_metrics(name: str, params: dict) -> dict[str, float]:
+    """One run of the probe; anything but ok stops the benchmark with its reason."""
+    r = run_probe(name, params)
+    if r.status != "ok":
+        raise RuntimeError(f"{name} probe: {r.status}: {r.reason}")
+    return r.metrics
+
+
 def storage_vs_fio(directory: str, size_mib: int, qd: int, rand_s: float, seq_s: float, rounds: int) -> dict:
     path = os.path.join(directory, f"gpuagent-accuracy-{os.getpid()}.dat")
-    common = [f"--filename={path}", f"--size={size_mib}M", "--direct=1", "--ioengine=psync"]
+    common = _fio_psync(path, size_mib)
     res: dict = {"fio_seq_read_gbps": [], "probe_seq_read_gbps": [], "probe_seq_read_median_gbps": [],
                  "fio_rand_read_iops": [],
                  "probe_rand_read_iops": [], "fio_rand_p50_us": [], "probe_rand_p50_us": [],
@@ -69,35 +101,27 @@ def storage_vs_fio(directory: str, size_mib: int, qd: int, rand_s: float, seq_s:
     try:
         for _ in range(rounds):
             if not os.path.exists(path):  # lay the file out once, flushed, so no writeback lands in a timed run
-                fio(["--name=layout", "--rw=write", "--bs=1M", "--end_fsync=1", *common])
+                fio_layout(path, size_mib)
                 os.sync()
             w = fio(["--name=seqwrite", "--rw=write", "--bs=1M", "--end_fsync=1", *common])
             res["fio_seq_write_gbps"].append(w["write"]["bw_bytes"] / 1e9)
-            r = fio(["--name=seqread", "--rw=read", "--bs=1M", "--numjobs=1", "--time_based",
-                     f"--runtime={seq_s}", *common])
-            res["fio_seq_read_gbps"].append(r["read"]["bw_bytes"] / 1e9)
-            p = run_probe("storage", {"file": path, "size_mib": size_mib, "queue_depth": qd,
-                                      "rand_seconds": rand_s, "seq_seconds": seq_s})
-            if p.status != "ok":
-                raise RuntimeError(f"storage probe: {p.status}: {p.reason}")
-            res["probe_seq_read_gbps"].append(p.metrics["seq_read_mean_gbps"])
-            res["probe_seq_read_median_gbps"].append(p.metrics["seq_read_gbps"])
-            res["probe_rand_read_iops"].append(p.metrics["rand_read_iops"])
-            res["probe_rand_p50_us"].append(p.metrics["rand_read_p50_latency_us"])
-            res["probe_rand_p99_us"].append(p.metrics["rand_read_p99_latency_us"])
-            rr = fio(["--name=randread", "--rw=randread", "--bs=4k", f"--numjobs={qd}", "--group_reporting",
-                      "--time_based", f"--runtime={rand_s}", "--norandommap", "--randrepeat=0", *common])
-            res["fio_rand_read_iops"].append(rr["read"]["iops"])
-            pct = rr["read"]["clat_ns"]["percentile"]
-            res["fio_rand_p50_us"].append(pct["50.000000"] / 1e3)
-            res["fio_rand_p99_us"].append(pct["99.000000"] / 1e3)
+            res["fio_seq_read_gbps"].append(fio_seq_read_gbps(path, size_mib, seq_s))
+            pm = probe_metrics("storage", {"file": path, "size_mib": size_mib, "queue_depth": qd,
+                                           "rand_seconds": rand_s, "seq_seconds": seq_s})
+            res["probe_seq_read_gbps"].append(pm["seq_read_mean_gbps"])
+            res["probe_seq_read_median_gbps"].append(pm["seq_read_gbps"])
+            res["probe_rand_read_iops"].append(pm["rand_read_iops"])
+            res["probe_rand_p50_us"].append(pm["rand_read_p50_latency_us"])
+            res["probe_rand_p99_us"].append(pm["rand_read_p99_latency_us"])
+            iops, p50, p99 = fio_rand_read(path, size_mib, qd, rand_s)
+            res["fio_rand_read_iops"].append(iops)
+            res["fio_rand_p50_us"].append(p50)
+            res["fio_rand_p99_us"].append(p99)
             ur = fio(["--name=uring", "--rw=randread", "--bs=4k", "--ioengine=io_uring", f"--iodepth={qd}",
                       "--time_based", f"--runtime={rand_s}", "--norandommap", "--randrepeat=0",
                       f"--filename={path}", f"--size={size_mib}M", "--direct=1"])
             res["fio_iouring_iops"].append(ur["read"]["iops"])
-            rr2 = fio(["--name=randread2", "--rw=randread", "--bs=4k", f"--numjobs={qd}", "--group_reporting",
-                       "--time_based", f"--runtime={rand_s}", "--norandommap", "--randrepeat=0", *common])
-            res["fio_rand_read_iops_again"].append(rr2["read"]["iops"])
+            res["fio_rand_read_iops_again"].append(fio_rand_read(path, size_mib, qd, rand_s, "randread2")[0])
             # the probe's own write path, on a fresh file in the same directory
             pw = run_probe("storage", {"path": directory, "size_mib": size_mib, "queue_depth": qd,
                                        "rand_seconds": 0.2, "seq_seconds": 0.2})
@@ -214,39 +238,28 @@ HEADLINE = {"storage": ("seq_read_gbps", "seq_read_mean_gbps", "seq_write_gbps",
             "host": ("syscall_ns", "clock_gettime_ns", "page_fault_ns", "pipe_roundtrip_us", "memcpy_gbps")}
 
 
-def _fio_storage_round(path: str, size_mib: int, qd: int, seq_s: float, rand_s: float) -> dict:
-    common = [f"--filename={path}", f"--size={size_mib}M", "--direct=1", "--ioengine=psync"]
-    r = fio(["--name=seqread", "--rw=read", "--bs=1M", "--time_based", f"--runtime={seq_s}", *common])
-    rr = fio(["--name=randread", "--rw=randread", "--bs=4k", f"--numjobs={qd}", "--group_reporting",
-              "--time_based", f"--runtime={rand_s}", "--norandommap", "--randrepeat=0", *common])
-    return {"seq_read_gbps": r["read"]["bw_bytes"] / 1e9, "rand_read_iops": rr["read"]["iops"],
-            "rand_read_p50_latency_us": rr["read"]["clat_ns"]["percentile"]["50.000000"] / 1e3}
-
-
 def _summary(vals: dict[str, list[float]]) -> dict:
     return {k: {"median": med(v), "cv_percent": cv(v), "runs": v} for k, v in vals.items()}
 
 
 def storage_repeatability(n: int, directory: str, with_fio: bool) -> dict:
     """n back-to-back default storage runs; after each, fio on a laid-out file in the same directory."""
-    spec_defaults = STORAGE_SPEC.defaults
+    d = STORAGE_SPEC.defaults
     probe_vals: dict[str, list[float]] = {k: [] for k in HEADLINE["storage"]}
     fio_vals: dict[str, list[float]] = {"seq_read_gbps": [], "rand_read_iops": [], "rand_read_p50_latency_us": []}
     path = os.path.join(directory, f"gpuagent-repeat-{os.getpid()}.dat")
     try:
         if with_fio:
-            fio(["--name=layout", "--rw=write", "--bs=1M", "--end_fsync=1", f"--filename={path}",
-                 f"--size={spec_defaults['size_mib']}M", "--direct=1"])
+            fio_layout(path, d["size_mib"])
         for _ in range(n):
-            r = run_probe("storage", {"path": directory})
-            if r.status != "ok":
-                raise RuntimeError(f"storage: {r.status}: {r.reason}")
+            pm = probe_metrics("storage", {"path": directory})
             for k in probe_vals:
-                probe_vals[k].append(r.metrics[k])
+                probe_vals[k].append(pm[k])
             if with_fio:
-                for k, v in _fio_storage_round(path, spec_defaults["size_mib"], spec_defaults["queue_depth"],
-                                               spec_defaults["seq_seconds"], spec_defaults["rand_seconds"]).items():
-                    fio_vals[k].append(v)
+                fio_vals["seq_read_gbps"].append(fio_seq_read_gbps(path, d["size_mib"], d["seq_seconds"]))
+                iops, p50, _ = fio_rand_read(path, d["size_mib"], d["queue_depth"], d["rand_seconds"])
+                fio_vals["rand_read_iops"].append(iops)
+                fio_vals["rand_read_p50_latency_us"].append(p50)
     finally:
         if os.path.exists(path):
             os.unlink(path)
@@ -259,11 +272,9 @@ def storage_repeatability(n: int, directory: str, with_fio: bool) -> dict:
 def host_repeatability(n: int) -> dict:
     vals: dict[str, list[float]] = {k: [] for k in HEADLINE["host"]}
     for _ in range(n):
-        r = run_probe("host", {})
-        if r.status != "ok":
-            raise RuntimeError(f"host: {r.status}: {r.reason}")
+        pm = probe_metrics("host", {})
         for k in vals:
-            vals[k].append(r.metrics[k])
+            vals[k].append(pm[k])
     return {"probe": _summary(vals)}
 
 
