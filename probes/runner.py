@@ -39,6 +39,15 @@ def _kill_group(pgid: int, sig: int) -> None:
         pass
 
 
+def _terminate(proc: subprocess.Popen, pgid: int) -> None:
+    """SIGTERM the probe's group and give it TERM_GRACE_S to unwind through its own cleanup."""
+    _kill_group(pgid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=TERM_GRACE_S)
+    except subprocess.TimeoutExpired:
+        pass
+
+
 def _tail(f, limit: int = 600) -> str:
     f.seek(0)
     data = f.read().decode("utf-8", "replace").strip()
@@ -107,21 +116,13 @@ def run_probe(name: str, params: Mapping[str, Any] | None = None, timeout_s: flo
                     outcome = "timeout"
                 else:
                     continue
-                _kill_group(pgid, signal.SIGTERM)
-                try:
-                    proc.wait(timeout=TERM_GRACE_S)
-                except subprocess.TimeoutExpired:
-                    pass
+                _terminate(proc, pgid)
                 break
         except BaseException:
             # Interrupted (Ctrl-C in `gpuagent probe run`): SIGTERM first, so the probe unwinds through its
             # own cleanup (the storage probe removes its test file) before the SIGKILL below.
             if proc.poll() is None:
-                _kill_group(pgid, signal.SIGTERM)
-                try:
-                    proc.wait(timeout=TERM_GRACE_S)
-                except subprocess.TimeoutExpired:
-                    pass
+                _terminate(proc, pgid)
             raise
         finally:
             # Whatever happened, leave no process of the probe's group behind.
