@@ -51,7 +51,7 @@ def list_cmd(as_json: bool) -> None:
 
 def _bar(name: str, width: int = 24):
     """Progress display on stderr: a bar once the probe has said how far it is, a spinner before."""
-    state = {"i": 0, "last": -1.0}
+    state = {"i": 0, "last": -1.0, "w": 0}   # w: width of the last line drawn, to blank its tail
 
     def show(elapsed: float, timeout: float, step: tuple[int, int, str] | None) -> None:
         if elapsed - state["last"] < 0.1:
@@ -66,7 +66,7 @@ def _bar(name: str, width: int = 24):
             head = f"{SPINNER[state['i'] % 4]} starting"
         line = f"{name} {head}  {elapsed:.1f} s (timeout {timeout:g} s)"
         cols = shutil.get_terminal_size((100, 24)).columns
-        sys.stderr.write("\r" + line[:cols - 1].ljust(state.get("w", 0)))
+        sys.stderr.write("\r" + line[:cols - 1].ljust(state["w"]))
         state["w"] = min(len(line), cols - 1)
         sys.stderr.flush()
     return show
