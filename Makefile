@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 
 # The main job on this machine: a collector with a DuckDB file plus this node's agent.
 run: install
-	$(PY) -m gpuagent.agent.local_run
+	$(PY) -m gpuagent.local_run
 
 test: install
 	$(PY) -m pytest -q

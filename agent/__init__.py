@@ -1,4 +1,4 @@
 """The node daemon: samplers, NVML access, job discovery, batcher, spool, sender, status, CLI.
 
-Nothing in this package may import torch: the resident daemon stays light (DESIGN.md section 4).
+Nothing in this package may import torch: the resident daemon stays light (docs/ARCHITECTURE.md, "Principles").
 """

@@ -9,7 +9,7 @@ import os
 import click
 
 from gpuagent import __version__
-from gpuagent.probes.cli import probe
+from gpuagent.agent.probe_cli import probe
 
 
 def _label_pairs(values: tuple[str, ...]) -> dict[str, str]:

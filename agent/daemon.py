@@ -25,7 +25,7 @@ from gpuagent import __version__
 from gpuagent.agent.batcher import Batcher, SeqAllocator
 from gpuagent.agent.config import AgentConfig
 from gpuagent.agent.sampling import Sampler
-from gpuagent.agent.sdnotify import Notifier, WatchdogPinger
+from gpuagent.common.sdnotify import Notifier, WatchdogPinger
 from gpuagent.agent.sender import Sender
 from gpuagent.agent.spool import Spool
 from gpuagent.agent.status import write_status

@@ -1,6 +1,6 @@
 """GPU sampler: per-GPU NVML telemetry, XID and throttle-change events, per-process GPU usage.
 
-All NVML access goes through :class:`gpuagent.agent.nvml.Nvml` (one choke point). A metric the driver
+All NVML access goes through :class:`gpuagent.common.nvml.Nvml` (one choke point). A metric the driver
 does not offer is skipped after being reported once (as a ``metric_unavailable`` event and in
 ``Nvml.unavailable``); without NVML at all the sampler emits one ``nvml_unavailable`` event and then
 does nothing, so the agent runs host-only. Metric names: docs/METRICS.md ("GPU sampler").
@@ -18,7 +18,7 @@ import logging
 import time
 from typing import Any, Mapping
 
-from gpuagent.agent.nvml import EVENT_TYPE_XID, VIRT_MODES, Nvml, decode_throttle, sysfs_bus_id
+from gpuagent.common.nvml import EVENT_TYPE_XID, VIRT_MODES, Nvml, decode_throttle, sysfs_bus_id
 
 log = logging.getLogger("gpuagent.gpu_sampler")
 

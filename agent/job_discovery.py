@@ -6,7 +6,7 @@ Where processes come from:
   match :class:`JobRules`: a command-line regex (default: torchrun / torch.distributed.run / launch) or,
   for python processes, one of the env keys (default TORCHELASTIC_RUN_ID, RANK, LOCAL_RANK, SLURM_JOB_ID).
 
-Identity: the shared rule in :mod:`gpuagent.agent.job_identity` (the step tracker uses the same one, so
+Identity: the shared rule in :mod:`gpuagent.common.job_identity` (the step tracker uses the same one, so
 ``job_samples`` and ``job_steps`` join on ``job_id``): GPUAGENT_JOB_ID, Slurm, torchelastic run id, k8s
 pod uid, container id (not the agent's own container), torchelastic ``none-<ppid>``, else ``pid:<pid>``
 (source ``rule`` when a rule matched it, ``process`` for a GPU process). Cached per (pid, start time);
@@ -50,7 +50,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from gpuagent.agent.job_identity import cgroup_ids, job_identity, own_container_id
+from gpuagent.common.job_identity import cgroup_ids, job_identity, own_container_id
 
 RECHECK_S = 2.0
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from gpuagent.agent.job_identity import JobIdentity, identity_for_pid, own_container_id
+from gpuagent.common.job_identity import JobIdentity, identity_for_pid, own_container_id
 from gpuagent.jobs import wire
 
 _UCRED = struct.Struct("iII")          # struct ucred: pid, uid, gid

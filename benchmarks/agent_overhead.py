@@ -11,7 +11,7 @@ a warm-up, and reads /proc/<pid>/stat and /proc/<pid>/status once a second:
 Where ``prometheus-node-exporter`` is installed it runs on 127.0.0.1 over the same window, is scraped
 once a second, and the same figures are reported for it. It also checks that torch is not loaded in
 the daemon (no libtorch in /proc/<pid>/maps; ``torch_loaded`` false in its status file) and that the
-collector stored what the agent sent. Targets (DESIGN.md): RSS <= 64 MiB, CPU <= 1 % of one core.
+collector stored what the agent sent. Targets (docs/ARCHITECTURE.md): RSS <= 64 MiB, CPU <= 1 % of one core.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from gpuagent.agent import local_run
+from gpuagent import local_run
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")

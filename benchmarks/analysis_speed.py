@@ -23,8 +23,8 @@ from pathlib import Path
 
 import duckdb
 
-from gpuagent.collector import analyzer as A
-from gpuagent.collector import synthetic_rows as S
+from gpuagent.collector.analysis import analyzer as A
+from gpuagent.sim import synthetic_rows as S
 
 ALL_GPU_METRICS = ("gpu_util_percent", "gpu_power_watts", "gpu_temperature_celsius", "gpu_sm_clock_mhz")
 

@@ -28,10 +28,10 @@ from pathlib import Path
 
 import duckdb
 
-from gpuagent.collector import analyzer as A
-from gpuagent.collector.client import analyze as remote_analyze
-from gpuagent.collector.sim import SimConfig, run_sim
-from gpuagent.collector.sim_fleet import NodeSpec, VIRT_COMPONENTS
+from gpuagent.collector.analysis import analyzer as A
+from gpuagent.collector.views.client import analyze as remote_analyze
+from gpuagent.sim.run import SimConfig, run_sim
+from gpuagent.sim.fleet import NodeSpec, VIRT_COMPONENTS
 
 VO_THRESHOLD = {c.component: c.threshold for c in A.COMPONENTS if c.kind == "virtualization_overhead"}
 GAP = {"held_idle": "idle_fraction", "no_job": "no_job_fraction", "input_bound": "input_bound_fraction"}

@@ -126,8 +126,8 @@ def reference_insert(batch_samples: int, series: int, rows: int, repeats: int) -
     import duckdb
     import pyarrow as pa
 
-    from gpuagent.collector import schema
-    from gpuagent.collector.writer import prepare_batch
+    from gpuagent.collector.store import schema
+    from gpuagent.collector.store.writer import prepare_batch
 
     def cpu_s() -> float:
         r = resource.getrusage(resource.RUSAGE_SELF)
@@ -156,7 +156,7 @@ def reference_insert(batch_samples: int, series: int, rows: int, repeats: int) -
 # ------------------------------------------------------------------------------------ driver
 
 def _committed(target: str) -> int:
-    from gpuagent.collector import client
+    from gpuagent.collector.views import client
 
     return int(client.query(target, "SELECT coalesce(sum(n_samples), 0) FROM ingest_log").rows[0][0])
 

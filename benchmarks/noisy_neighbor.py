@@ -29,7 +29,7 @@ from pathlib import Path
 
 import duckdb
 
-from gpuagent.collector.client import analyze as remote_analyze
+from gpuagent.collector.views.client import analyze as remote_analyze
 
 
 def _start(cmd, log: Path, **kw):

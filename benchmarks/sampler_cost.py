@@ -38,7 +38,7 @@ sys.path.insert(0, sys.argv[2])
 from gpuagent.agent.host_sampler import HostSampler
 from gpuagent.agent.gpu_sampler import GpuSampler
 from gpuagent.agent.job_discovery import JobDiscovery
-from gpuagent.agent.nvml import Nvml
+from gpuagent.common.nvml import Nvml
 from gpuagent.agent.sampling import ListSink
 from fake_nvml import FakeNvmlBackend
 h = HostSampler(); g = GpuSampler(Nvml(backend=FakeNvmlBackend())); j = JobDiscovery()
@@ -98,7 +98,7 @@ def main() -> int:
     from gpuagent.agent.gpu_sampler import GpuSampler
     from gpuagent.agent.host_sampler import HostSampler
     from gpuagent.agent.job_discovery import JobDiscovery
-    from gpuagent.agent.nvml import Nvml
+    from gpuagent.common.nvml import Nvml
 
     sink = _NullSink()
     out: dict[str, object] = {"ticks": args.ticks, "cpus": os.cpu_count(), "python": sys.version.split()[0],

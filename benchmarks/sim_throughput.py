@@ -22,10 +22,10 @@ from pathlib import Path
 
 import click
 
-from gpuagent.agent import local_run
-from gpuagent.collector.sim import SimConfig, run_sim
-from gpuagent.collector.sim_data import NS, NodeSim, SimTiming
-from gpuagent.collector.sim_fleet import scenario_fleet
+from gpuagent import local_run
+from gpuagent.sim.run import SimConfig, run_sim
+from gpuagent.sim.data import NS, NodeSim, SimTiming
+from gpuagent.sim.fleet import scenario_fleet
 
 
 def _cpu_s() -> float:

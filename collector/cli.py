@@ -19,7 +19,7 @@ import click
 # sentence; it reads this before the first `import grpc`, so it is set here, ahead of every import of grpc.
 os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 
-from gpuagent.collector.client import DEFAULT_TARGET  # noqa: E402 - after GRPC_VERBOSITY
+from gpuagent.collector.views.client import DEFAULT_TARGET  # noqa: E402 - after GRPC_VERBOSITY
 
 TOKEN_ENV = "GPUAGENT_COLLECTOR_TOKEN"
 TARGET_ENV = "GPUAGENT_COLLECTOR"
@@ -32,7 +32,7 @@ def main() -> None:
 
 
 def _token(token: str | None, token_file: str | None) -> str | None:
-    from gpuagent.collector.auth import TokenError, load_token
+    from gpuagent.collector.ingest.auth import TokenError, load_token
 
     try:
         return load_token(token, token_file)
@@ -75,8 +75,8 @@ def serve(listen, db_path, token, token_file, tls_cert, tls_key, insecure, refle
     """Receive agent batches over gRPC and store them in DuckDB until SIGTERM/SIGINT."""
     logging.basicConfig(level=getattr(logging, log_level.upper()), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from gpuagent.collector.server import CollectorError, ServerOptions, start_collector
-    from gpuagent.collector.writer import Limits
+    from gpuagent.collector.ingest.server import CollectorError, ServerOptions, start_collector
+    from gpuagent.collector.store.writer import Limits
 
     tok = _token(None, token_file) if token_file else _token(token, None)
     analyzer_config = _analyzer_config(config_path)
@@ -125,7 +125,7 @@ def serve(listen, db_path, token, token_file, tls_cert, tls_key, insecure, refle
 
 def _notifier():
     """sd_notify(3) (READY=1, WATCHDOG=1, STOPPING=1) under systemd; None elsewhere. Shared with the agent."""
-    from gpuagent.agent.sdnotify import Notifier
+    from gpuagent.common.sdnotify import Notifier
 
     n = Notifier()
     return n if n.enabled else None
@@ -143,8 +143,8 @@ def _notifier():
 @click.option("--max-rows", type=click.IntRange(0), default=0, help="Row cap (0: the collector's default).")
 def sql(query, target, token, token_file, tls_ca, fmt, max_rows):
     """Run a read-only SQL QUERY on the live collector (writes, files and extensions are refused)."""
-    from gpuagent.collector.client import QueryError, format_result
-    from gpuagent.collector.client import query as run_query
+    from gpuagent.collector.views.client import QueryError, format_result
+    from gpuagent.collector.views.client import query as run_query
 
     tok = _token(None, token_file) if token_file else _token(token, None)
     try:
@@ -157,7 +157,7 @@ def sql(query, target, token, token_file, tls_ca, fmt, max_rows):
 
 
 def _analyzer_config(config_path: str | None, window: str | None = None):
-    from gpuagent.collector.analyzer import AnalyzerConfig, AnalyzerError, parse_duration, with_window
+    from gpuagent.collector.analysis.analyzer import AnalyzerConfig, AnalyzerError, parse_duration, with_window
 
     try:
         config = AnalyzerConfig.from_toml(config_path) if config_path else AnalyzerConfig()
@@ -202,7 +202,7 @@ def _print_analysis(run: dict, flags: list[dict], fmt: str, truncated: bool) -> 
 def analyze(db_path, target, window, config_path, token, token_file, tls_ca, fmt, max_flags):
     """Run one analysis pass now (rollups + flags) and print the open flags."""
     if db_path:
-        from gpuagent.collector.analyzer import AnalyzerError, analyze_db, open_flags_in
+        from gpuagent.collector.analysis.analyzer import AnalyzerError, analyze_db, open_flags_in
 
         config = _analyzer_config(config_path, window)
         try:
@@ -212,9 +212,9 @@ def analyze(db_path, target, window, config_path, token, token_file, tls_ca, fmt
             raise click.ClickException(str(exc)) from None
         _print_analysis(result.as_dict(), flags[:max_flags], fmt, len(flags) > max_flags)
         return
-    from gpuagent.collector.analyzer import AnalyzerError, parse_duration
-    from gpuagent.collector.client import QueryError
-    from gpuagent.collector.client import analyze as run_analyze
+    from gpuagent.collector.analysis.analyzer import AnalyzerError, parse_duration
+    from gpuagent.collector.views.client import QueryError
+    from gpuagent.collector.views.client import analyze as run_analyze
 
     if config_path:
         raise click.ClickException("--config applies with --db; a live collector uses its own serve --config")
@@ -267,7 +267,7 @@ def _source_options(fn):
 @click.pass_context
 def compare(ctx, by, db_path, target, token, token_file, tls_ca, window, reference_pool, fmt):
     """Pools side by side: probe medians and spread, utilization, flagged nodes, cost per effective GPU-hour."""
-    from gpuagent.collector.compare import CompareError, run_compare
+    from gpuagent.collector.views.compare import CompareError, run_compare
 
     db_path, target = _source_args(ctx, db_path, target)
     tok = _token(None, token_file) if token_file else _token(token, None)
@@ -284,8 +284,8 @@ def compare(ctx, by, db_path, target, token, token_file, tls_ca, window, referen
 @click.pass_context
 def report(ctx, out, db_path, target, token, token_file, tls_ca, window, reference_pool):
     """Write one self-contained HTML fleet report (opens offline: no CDN, no fetches)."""
-    from gpuagent.collector.compare import CompareError
-    from gpuagent.collector.report import write_report
+    from gpuagent.collector.views.compare import CompareError
+    from gpuagent.collector.views.report import write_report
 
     db_path, target = _source_args(ctx, db_path, target)
     tok = _token(None, token_file) if token_file else _token(token, None)

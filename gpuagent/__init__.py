@@ -1,8 +1,10 @@
 """gpuagent: a node agent and a collector for GPU training fleets.
 
-The import namespace maps the repository's top-level folders (see DESIGN.md section 3):
-``gpuagent.agent`` (agent/), ``gpuagent.collector`` (collector/), ``gpuagent.probes`` (probes/),
-``gpuagent.proto`` (proto/) and ``gpuagent.jobs`` (jobs/, the in-training-process tracker).
+The import namespace maps the repository's top-level folders (docs/ARCHITECTURE.md, "Packages"):
+``gpuagent.common`` (common/), ``gpuagent.agent`` (agent/), ``gpuagent.probes`` (probes/),
+``gpuagent.jobs`` (jobs/, the in-training-process tracker), ``gpuagent.proto`` (proto/),
+``gpuagent.collector`` (collector/) and ``gpuagent.sim`` (sim/, the synthetic fleet). This folder itself
+holds only ``local_run`` (``make run``), which starts a collector and an agent as subprocesses.
 """
 
 from pkgutil import extend_path

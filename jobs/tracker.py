@@ -24,7 +24,7 @@ import time
 from collections import deque
 from typing import Any, Iterable, Iterator
 
-from gpuagent.agent.job_identity import read_own_identity
+from gpuagent.common.job_identity import read_own_identity
 from gpuagent.jobs import wire
 
 _perf = time.perf_counter_ns

@@ -1,7 +1,7 @@
 """GPU facts the CUDA probes need beyond torch: NVML handle, PCIe link, NUMA placement.
 
 Runs only inside probe subprocesses. NVML goes through the agent's one choke point
-(gpuagent.agent.nvml.Nvml): a node without NVML gets empty answers, never an exception.
+(gpuagent.common.nvml.Nvml): a node without NVML gets empty answers, never an exception.
 
 Theoretical PCIe rate per lane and direction (PCI-SIG base specifications; PCI-SIG's "PCI Express
 specifications" overview lists the per-lane transfer rates): Gen1 2.5 GT/s and Gen2 5 GT/s with 8b/10b line
@@ -35,10 +35,10 @@ _NVML: Any = None
 
 
 def nvml():
-    """The agent's NVML choke point (gpuagent.agent.nvml.Nvml), or None when NVML is unavailable."""
+    """The agent's NVML choke point (gpuagent.common.nvml.Nvml), or None when NVML is unavailable."""
     global _NVML
     if _NVML is None:
-        from gpuagent.agent.nvml import Nvml
+        from gpuagent.common.nvml import Nvml
         _NVML = Nvml()
     return _NVML if _NVML.available else None
 
@@ -93,7 +93,7 @@ def link(handle, gpu: int = -1) -> dict[str, int]:
 
 def gpu_numa_node(bus_id: str, sys_root: str = "/sys") -> int:
     """The GPU's NUMA node from sysfs (-1: unknown; the kernel also writes -1 when firmware gives none)."""
-    from gpuagent.agent.nvml import sysfs_bus_id
+    from gpuagent.common.nvml import sysfs_bus_id
     dev = sysfs_bus_id(bus_id)
     if not dev:
         return -1

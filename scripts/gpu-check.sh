@@ -26,7 +26,7 @@ elif python3 -c 'import torch' 2>/dev/null; then
   NS=$(mktemp -d)/gpuagent
   trap 'rm -rf "$(dirname "$NS")"' EXIT
   mkdir -p "$NS" && cp gpuagent/__init__.py "$NS/"
-  for d in agent collector probes proto jobs; do ln -s "$PWD/$d" "$NS/$d"; done
+  for d in common agent collector probes proto jobs sim; do ln -s "$PWD/$d" "$NS/$d"; done
   export PYTHONPATH="$(dirname "$NS")${PYTHONPATH:+:$PYTHONPATH}"
   echo "(gpuagent importable through links in $NS)"
 else

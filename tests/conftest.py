@@ -47,7 +47,7 @@ _NVML_REASON: list[str] = []
 def _nvml_reason() -> str:
     """'' when a real NVML with at least one GPU answers, else why not (asked once per session)."""
     if not _NVML_REASON:
-        from gpuagent.agent.nvml import Nvml  # noqa: PLC0415
+        from gpuagent.common.nvml import Nvml  # noqa: PLC0415
 
         nv = Nvml()
         _NVML_REASON.append("" if nv.available else nv.reason)

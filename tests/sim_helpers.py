@@ -6,11 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuagent.agent import local_run
-from gpuagent.collector.compare import run_compare
-from gpuagent.collector.report import write_report
-from gpuagent.collector.sim import SimConfig, SimSummary, run_sim
-from gpuagent.collector.sim_fleet import NodeSpec, validate
+from gpuagent import local_run
+from gpuagent.collector.views.compare import run_compare
+from gpuagent.collector.views.report import write_report
+from gpuagent.sim.run import SimConfig, SimSummary, run_sim
+from gpuagent.sim.fleet import NodeSpec, validate
 
 TOKEN = "sim-test-token"
 
@@ -66,7 +66,7 @@ def fleet_db(tmp_path_factory) -> FleetDb:
         write_report(str(report_via_target), target=f"127.0.0.1:{port}", token=TOKEN)
     finally:
         local_run.stop_process(proc, timeout=30)
-    from gpuagent.collector.analyzer import analyze_db  # noqa: PLC0415
+    from gpuagent.collector.analysis.analyzer import analyze_db  # noqa: PLC0415
 
     analyze_db(str(db))
     _CACHE["fleet"] = FleetDb(db, summary, fleet(), via_target, report_via_target)

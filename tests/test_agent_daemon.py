@@ -12,7 +12,7 @@ from pathlib import Path
 from agent_helpers import free_port, read_status, start_agent, stop, wait_running
 from conftest import wait_for
 
-from gpuagent.agent.sdnotify import Notifier
+from gpuagent.common.sdnotify import Notifier
 
 
 def test_notifier_path_and_abstract_socket(tmp_path):

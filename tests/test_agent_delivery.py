@@ -12,7 +12,7 @@ import pytest
 from agent_helpers import free_port, read_status, start_agent, stop, wait_running
 from conftest import wait_for
 
-from gpuagent.agent import local_run
+from gpuagent import local_run
 from gpuagent.agent.spool import decode_record, encode_record
 from gpuagent.proto import pb
 
@@ -318,8 +318,8 @@ def test_agent_over_tls_with_token(tmp_path):
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
                     "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", str(tmp_path / "key.pem"),
                     "-out", str(tmp_path / "cert.pem")], check=True, capture_output=True, timeout=60)
-    from gpuagent.collector import client
-    from gpuagent.collector.server import start_collector
+    from gpuagent.collector.views import client
+    from gpuagent.collector.ingest.server import start_collector
     state = tmp_path / "state"
     with start_collector(tmp_path / "c.duckdb", token="tls-token", tls_cert=str(tmp_path / "cert.pem"),
                          tls_key=str(tmp_path / "key.pem")) as h:

@@ -10,7 +10,7 @@ from gpuagent.agent.config import load_config
 from gpuagent.agent.daemon import Agent, build_node_info
 from gpuagent.agent.gpu_sampler import GpuSampler
 from gpuagent.agent.host_sampler import HostSampler
-from gpuagent.agent.nvml import Nvml
+from gpuagent.common.nvml import Nvml
 from gpuagent.agent.status import read_status, render
 
 

@@ -9,8 +9,8 @@ import random
 import duckdb
 import pytest
 
-from gpuagent.collector import analyzer as A
-from gpuagent.collector import synthetic_rows as S
+from gpuagent.collector.analysis import analyzer as A
+from gpuagent.sim import synthetic_rows as S
 
 NOW = dt.datetime(2026, 1, 1, 12, 0)
 

@@ -8,10 +8,10 @@ import json
 import duckdb
 import pytest
 
-from gpuagent.collector import analyzer as A
-from gpuagent.collector import synthetic_rows as S
-from gpuagent.collector.client import analyze as remote_analyze
-from gpuagent.collector.server import start_collector
+from gpuagent.collector.analysis import analyzer as A
+from gpuagent.sim import synthetic_rows as S
+from gpuagent.collector.views.client import analyze as remote_analyze
+from gpuagent.collector.ingest.server import start_collector
 
 from conftest import wait_for
 from test_collector_cli import run_cli, start_serve, stop

@@ -7,8 +7,8 @@ import grpc
 import pytest
 
 from collector_helpers import node_info, sample_batch
-from gpuagent.collector import schema
-from gpuagent.collector.server import CollectorError, start_collector
+from gpuagent.collector.store import schema
+from gpuagent.collector.ingest.server import CollectorError, start_collector
 from gpuagent.proto import pb, pb_grpc
 
 

@@ -9,8 +9,8 @@ import grpc
 import pytest
 
 from collector_helpers import node_info, sample_batch
-from gpuagent.collector import client
-from gpuagent.collector.server import start_collector
+from gpuagent.collector.views import client
+from gpuagent.collector.ingest.server import start_collector
 from gpuagent.proto import pb, pb_grpc
 
 
@@ -43,7 +43,7 @@ def test_tls_serves_and_plaintext_clients_fail(tmp_path, cert):
 
 
 def test_tls_beyond_loopback_policy_accepts_token_and_tls(tmp_path, cert):
-    from gpuagent.collector.server import check_listen_policy, CollectorError
+    from gpuagent.collector.ingest.server import check_listen_policy, CollectorError
 
     check_listen_policy("0.0.0.0:7443", "t", tls=True, insecure=False)   # no exception
     with pytest.raises(CollectorError, match="without a token"):

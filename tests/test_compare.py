@@ -11,7 +11,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from gpuagent.collector.compare import DbSource, compare_pools, run_compare
+from gpuagent.collector.views.compare import DbSource, compare_pools, run_compare
 from sim_helpers import GPUS, fleet_db
 
 
@@ -114,7 +114,7 @@ def test_compare_cli_errors_are_one_sentence(fx, tmp_path):
 
 
 def test_heatmap_keeps_the_least_utilized_nodes(fx, monkeypatch):
-    from gpuagent.collector import report
+    from gpuagent.collector.views import report
 
     monkeypatch.setattr(report, "MAX_HEATMAP_ROWS", 2)
     src = DbSource(str(fx.db))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gpuagent.agent.gpu_sampler import _numa_from_sysfs
-from gpuagent.agent.nvml import sysfs_bus_id
+from gpuagent.common.nvml import sysfs_bus_id
 from gpuagent.probes import collective, gpuinfo
 from gpuagent.probes.gpu_compute import matmul_tflops
 
@@ -118,7 +118,7 @@ def test_matmul_tflops_counts_two_flops_per_multiply_add():
 def test_link_reads_current_and_max_pcie_through_the_nvml_choke_point(monkeypatch):
     from fake_nvml import FakeNvmlBackend  # the one allowed fake: NVML's backend
 
-    from gpuagent.agent.nvml import Nvml
+    from gpuagent.common.nvml import Nvml
     backend = FakeNvmlBackend()
     nv = Nvml(backend=backend)
     monkeypatch.setattr(gpuinfo, "_NVML", nv)

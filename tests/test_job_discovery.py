@@ -19,7 +19,7 @@ from conftest import wait_for
 from fake_nvml import H100_8GPU, FakeNvmlBackend
 from gpuagent.agent.gpu_sampler import GpuSampler
 from gpuagent.agent.job_discovery import JobDiscovery, identify
-from gpuagent.agent.nvml import Nvml
+from gpuagent.common.nvml import Nvml
 from gpuagent.agent.sampling import ListSink, now_ns
 
 DATA = Path(__file__).parent / "data"

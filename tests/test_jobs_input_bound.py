@@ -23,14 +23,16 @@ pytest.importorskip("torch")
 
 import psutil  # noqa: E402
 
-from gpuagent.collector import analyzer, client, server  # noqa: E402
+from gpuagent.collector.analysis import analyzer  # noqa: E402
+from gpuagent.collector.views import client
+from gpuagent.collector.ingest import server
 from fake_nvml import H100_8GPU, FakeNvmlBackend  # noqa: E402
 from gpuagent.agent.config import AgentConfig, CollectorConfig  # noqa: E402
 from gpuagent.agent.daemon import Agent, build_node_info  # noqa: E402
 from gpuagent.agent.gpu_sampler import GpuSampler  # noqa: E402
 from gpuagent.agent.host_sampler import HostSampler  # noqa: E402
 from gpuagent.agent.job_discovery import JobDiscovery  # noqa: E402
-from gpuagent.agent.nvml import Nvml  # noqa: E402
+from gpuagent.common.nvml import Nvml  # noqa: E402
 from tests.conftest import wait_for  # noqa: E402
 
 pytestmark = pytest.mark.slow

@@ -12,7 +12,7 @@ import pytest
 from fake_nvml import H100_8GPU, FakeNvmlBackend
 from gpuagent.agent.gpu_sampler import GpuSampler
 from gpuagent.agent.job_discovery import JobDiscovery
-from gpuagent.agent.nvml import Nvml
+from gpuagent.common.nvml import Nvml
 from gpuagent.agent.sampling import ListSink, now_ns
 from tests.conftest import wait_for
 

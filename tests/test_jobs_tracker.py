@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from gpuagent.agent.job_identity import cgroup_ids, job_identity, parent_pid
+from gpuagent.common.job_identity import cgroup_ids, job_identity, parent_pid
 from gpuagent.agent.job_steps import JobSocketError, JobStepReceiver, aggregate
 from gpuagent.agent.sampling import ListSink
 from gpuagent.jobs import track, wire, wrap_optimizer

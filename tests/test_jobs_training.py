@@ -16,7 +16,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from gpuagent.collector import client, server  # noqa: E402
+from gpuagent.collector.views import client  # noqa: E402
+from gpuagent.collector.ingest import server
 from agent_helpers import ROOT, read_status, start_agent, stop, wait_running  # noqa: E402
 from tests.conftest import wait_for  # noqa: E402
 

@@ -30,7 +30,7 @@ def _columns(rule: str, row: str) -> list[str]:
 def test_local_run_once_shows_real_numbers(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUAGENT_")}
     env["GPUAGENT_RUN_ONCE"] = "1"
-    res = subprocess.run([sys.executable, "-m", "gpuagent.agent.local_run", "--run-dir", str(tmp_path / "run"),
+    res = subprocess.run([sys.executable, "-m", "gpuagent.local_run", "--run-dir", str(tmp_path / "run"),
                           "--port", "0"],
                          capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path)
     out = res.stdout
@@ -61,7 +61,7 @@ def test_local_run_stopped_by_sigterm_or_hangup_leaves_no_process_behind(tmp_pat
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUAGENT_")}
     out_path = tmp_path / "out.txt"
     with open(out_path, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "gpuagent.agent.local_run", "--run-dir", str(tmp_path / "run"),
+        proc = subprocess.Popen([sys.executable, "-m", "gpuagent.local_run", "--run-dir", str(tmp_path / "run"),
                                  "--port", "0"], stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
     try:
         wait_for(lambda: "Running. Ctrl-C stops both." in out_path.read_text() or proc.poll() is not None,

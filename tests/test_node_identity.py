@@ -26,8 +26,8 @@ from gpuagent.agent.config import CollectorConfig
 from gpuagent.agent.nodeinfo import machine_id as read_machine_id
 from gpuagent.agent.sender import Sender
 from gpuagent.agent.spool import Spool, decode_record
-from gpuagent.collector import identity
-from gpuagent.collector.server import ServerOptions, start_collector
+from gpuagent.collector.ingest import identity
+from gpuagent.collector.ingest.server import ServerOptions, start_collector
 from gpuagent.proto import pb, pb_grpc
 
 N_BATCHES = 20

@@ -11,7 +11,7 @@ from fake_nvml import H100_8GPU, FakeNvmlBackend
 from gpuagent import __version__
 from gpuagent.agent.gpu_sampler import GpuSampler
 from gpuagent.agent.nodeinfo import build_node_info, machine_id
-from gpuagent.agent.nvml import Nvml
+from gpuagent.common.nvml import Nvml
 
 
 def test_this_machine_without_nvml():

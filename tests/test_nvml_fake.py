@@ -14,7 +14,7 @@ import pytest
 
 from fake_nvml import A10_VGPU, H100_8GPU, FakeNvmlBackend
 from gpuagent.agent.gpu_sampler import GpuSampler
-from gpuagent.agent.nvml import Nvml, decode_throttle
+from gpuagent.common.nvml import Nvml, decode_throttle
 from gpuagent.agent.sampling import ListSink
 
 T0 = 1_800_000_000_000_000_000

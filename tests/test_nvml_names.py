@@ -13,7 +13,8 @@ import re
 
 import pytest
 
-from gpuagent.agent import gpu_sampler, nvml
+from gpuagent.agent import gpu_sampler
+from gpuagent.common import nvml
 
 pynvml = pytest.importorskip("pynvml")
 

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from gpuagent.agent.gpu_sampler import GpuSampler
-from gpuagent.agent.nvml import Nvml
+from gpuagent.common.nvml import Nvml
 from gpuagent.agent.nodeinfo import build_node_info
 from gpuagent.agent.sampling import ListSink, now_ns
 

@@ -59,7 +59,7 @@ def test_agent_unit_allows_nvidia_devices_and_state_dir():
 def test_example_configs_load():
     """packaging/agent.toml and collector.toml are valid for the code that reads them."""
     from gpuagent.agent.config import load_config
-    from gpuagent.collector.analyzer import AnalyzerConfig
+    from gpuagent.collector.analysis.analyzer import AnalyzerConfig
     from gpuagent.agent.config import AgentConfig, CollectorConfig
     cfg = load_config(str(ROOT / "packaging" / "agent.toml"), env={})
     assert cfg.interval_s == 1.0 and cfg.labels["pool"] == "a100-80g-cloud"

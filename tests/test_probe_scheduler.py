@@ -227,7 +227,7 @@ def test_probe_results_reach_the_collectors_duckdb(tmp_path):
     """Agent (subprocess) -> collector (subprocess, DuckDB file): ok, forced and platform-skipped runs are
     stored in probe_results with their reason, and the metrics in probe_metrics."""
     from agent_helpers import free_port, start_agent, stop, wait_running
-    from gpuagent.agent import local_run
+    from gpuagent import local_run
 
     port = free_port()
     col = local_run.start_collector(tmp_path / "c.duckdb", port, tmp_path / "collector.log")

@@ -20,8 +20,8 @@ import duckdb
 import pytest
 from click.testing import CliRunner
 
-from gpuagent.collector.compare import HEADLINE
-from gpuagent.collector.report import write_report
+from gpuagent.collector.views.compare import HEADLINE
+from gpuagent.collector.views.report import write_report
 from sim_helpers import FLEET_SPEC, fleet_db
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -163,7 +163,7 @@ def test_report_loads_without_errors_and_draws_plots(tmp_path, tmp_path_factory)
 
 def test_empty_database_report_loads(tmp_path):
     """A collector that stored nothing yet still gets a valid page that says so."""
-    from gpuagent.collector import schema
+    from gpuagent.collector.store import schema
 
     db = tmp_path / "empty.duckdb"
     con = duckdb.connect(str(db))

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from gpuagent.collector import sim_fleet
-from gpuagent.collector.sim import SimConfig, main as sim_main
-from gpuagent.collector.sim_data import NS, NodeSim, SimTiming
-from gpuagent.collector.sim_fleet import NodeSpec, ScenarioError, load_scenario_file, scenario_fleet, validate
+from gpuagent.sim import fleet
+from gpuagent.sim.run import SimConfig, main as sim_main
+from gpuagent.sim.data import NS, NodeSim, SimTiming
+from gpuagent.sim.fleet import NodeSpec, ScenarioError, load_scenario_file, scenario_fleet, validate
 from gpuagent.proto import pb
 
 END_NS = 1_790_000_000 * NS
@@ -174,7 +174,7 @@ def test_bad_scenario_gets_one_sentence(tmp_path, text, message):
 
 
 def test_run_sim_validates_a_hand_built_fleet():
-    from gpuagent.collector.sim import run_sim
+    from gpuagent.sim.run import run_sim
 
     bad = [NodeSpec(0, "sim-0001", "bm", virtualized=False, inject={"virt_penalty_h2d": 20})]
     with pytest.raises(ScenarioError, match="needs a virtualized node"):
@@ -192,9 +192,9 @@ def test_bad_options_get_one_sentence():
 
 
 def test_unreachable_collector_is_one_sentence(tmp_path):
-    from gpuagent.agent.local_run import free_port
+    from gpuagent.local_run import free_port
     port = free_port()   # nothing listens there
-    res = subprocess.run([sys.executable, "-m", "gpuagent.collector.sim", "--nodes", "2", "--sim-hours", "0.05",
+    res = subprocess.run([sys.executable, "-m", "gpuagent.sim.run", "--nodes", "2", "--sim-hours", "0.05",
                           "--collector", f"127.0.0.1:{port}", "--connect-timeout", "2"],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 1
@@ -210,13 +210,13 @@ def test_config_defaults_match_cli():
     cfg = SimConfig()
     assert cfg.interval_s == 1.0 and cfg.batch_s == 300.0 and cfg.scenario == "mixed"
     assert "SYNTHETIC fleet: 3 nodes" in res.output and "backfilling 1 h at 1 s" in res.output
-    assert sim_fleet.HEALTHY_CV == pytest.approx(0.02)
+    assert fleet.HEALTHY_CV == pytest.approx(0.02)
 
 
 @pytest.fixture
 def live_collector(tmp_path):
     """`gpuagent-collector serve` (subprocess) on a loopback port with a token and a DuckDB file."""
-    from gpuagent.agent import local_run
+    from gpuagent import local_run
 
     port = local_run.free_port()
     proc = local_run.start_collector(tmp_path / "c.duckdb", port, tmp_path / "collector.log",
@@ -229,13 +229,13 @@ def live_collector(tmp_path):
 
 
 def _sql(address, q):
-    from gpuagent.collector.client import query
+    from gpuagent.collector.views.client import query
     return query(address, q, token="t0ken").rows
 
 
 def _run_sim_cli(address, *args, token="t0ken"):
     env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("GPUAGENT_")}
-    return subprocess.run([sys.executable, "-m", "gpuagent.collector.sim", "--collector", address, "--token", token,
+    return subprocess.run([sys.executable, "-m", "gpuagent.sim.run", "--collector", address, "--token", token,
                            *args], capture_output=True, text=True, timeout=120, env=env)
 
 
@@ -293,7 +293,7 @@ def test_live_and_paced_modes(live_collector):
     """--duration sends each batch once its window has passed; --speed paces a backfill."""
     import time
 
-    from gpuagent.collector.sim import run_sim
+    from gpuagent.sim.run import run_sim
 
     address, _ = live_collector
     before_ns = time.time_ns()
@@ -317,7 +317,7 @@ def test_ctrl_c_mid_backfill_is_one_sentence_and_keeps_what_was_acknowledged(liv
 
     address, _ = live_collector
     env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("GPUAGENT_")}
-    proc = subprocess.Popen([sys.executable, "-m", "gpuagent.collector.sim", "--collector", address, "--token",
+    proc = subprocess.Popen([sys.executable, "-m", "gpuagent.sim.run", "--collector", address, "--token",
                              "t0ken", "--nodes", "20", "--sim-hours", "24", "--speed", "20000"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import grpc
 
-from gpuagent.collector.auth import bearer_metadata
+from gpuagent.collector.ingest.auth import bearer_metadata
 from gpuagent.proto import pb, pb_grpc
 
 DEFAULT_TARGET = "127.0.0.1:7443"

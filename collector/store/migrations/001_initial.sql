@@ -1,6 +1,6 @@
 -- gpuagent collector schema, version 1.
 -- All timestamps are UTC (TIMESTAMP without time zone). gpu is NULL for host-level rows.
--- Migrations are applied in order by gpuagent.collector.schema; never edit a released one,
+-- Migrations are applied in order by gpuagent.collector.store.schema; never edit a released one,
 -- add NNN_next.sql instead.
 
 CREATE TABLE nodes (

@@ -1,12 +1,12 @@
 """The fleet report (``gpuagent-collector report --out report.html``): one self-contained HTML file.
 
 It opens offline: styles, the few lines of script (table sorting, flag filter) and every plot (inline SVG
-from :mod:`gpuagent.collector.svgplot`) are inside the file; nothing is fetched. Content:
+from :mod:`gpuagent.collector.views.svgplot`) are inside the file; nothing is fetched. Content:
 
 - fleet summary (nodes, pools, GPUs, open flags, lost GPU-hours), marked SYNTHETIC when simulated nodes
   are in the data;
 - open flags with their sentences;
-- the pool comparison (:mod:`gpuagent.collector.compare`);
+- the pool comparison (:mod:`gpuagent.collector.views.compare`);
 - plots: per-probe distributions by pool (per-node medians), noisy nodes over time, and a GPU
   utilization heatmap by node and time bucket (hourly when the data spans ≥ 6 h, finer otherwise).
 """
@@ -20,8 +20,8 @@ from datetime import datetime, timezone
 from html import escape
 from typing import Any
 
-from gpuagent.collector import svgplot
-from gpuagent.collector.compare import (FLAG_KINDS, HEADLINE, NO_POOL, CompareError, PoolComparison, Window,
+from gpuagent.collector.views import svgplot
+from gpuagent.collector.views.compare import (FLAG_KINDS, HEADLINE, NO_POOL, CompareError, PoolComparison, Window,
                                         _lit, compare_pools, fmt_value, has_table, open_source, parse_window,
                                         pool_rows, probe_cell)
 

@@ -9,7 +9,7 @@ Time: by default the simulator *backfills* ``--sim-hours`` ending now (timestamp
 as the collector acks, or paced with ``--speed`` sim-seconds per wall-second). ``--duration S`` instead
 runs live: timestamps start now and each batch is sent when its window has elapsed.
 
-How to inject per-node conditions (see :mod:`gpuagent.collector.sim_fleet` for their exact semantics):
+How to inject per-node conditions (see :mod:`gpuagent.sim.fleet` for their exact semantics):
 
 - from Python: build ``NodeSpec(index, hostname, pool, virtualized, inject={"virt_penalty_h2d": 20,
   "noise_cv": 0.3, "idle_fraction": 0.5, ...})`` and call ``run_sim(SimConfig(...), fleet)``;
@@ -34,8 +34,8 @@ from dataclasses import asdict, dataclass, field
 import click
 import grpc
 
-from gpuagent.collector.sim_data import NS, NodeSim, SimTiming
-from gpuagent.collector.sim_fleet import (GPU_MODELS, NodeSpec, ScenarioError, load_scenario_file,
+from gpuagent.sim.data import NS, NodeSim, SimTiming
+from gpuagent.sim.fleet import (GPU_MODELS, NodeSpec, ScenarioError, load_scenario_file,
                                           scenario_fleet, validate)
 from gpuagent.proto import pb, pb_grpc
 

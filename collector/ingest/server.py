@@ -24,10 +24,11 @@ import duckdb
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from gpuagent.collector import schema, sqlguard
-from gpuagent.collector.auth import BearerTokenInterceptor
-from gpuagent.collector.identity import INSTANCE_KEY, INTERVAL_KEY, NODE_KEY, NodeClaims, Refused
-from gpuagent.collector.writer import (BatchError, Limits, Writer, find_node, mark_shared_machine_id, prepare_batch,
+from gpuagent.collector.store.db import DatabaseError, open_database
+from gpuagent.collector.views import sqlguard
+from gpuagent.collector.ingest.auth import BearerTokenInterceptor
+from gpuagent.collector.ingest.identity import INSTANCE_KEY, INTERVAL_KEY, NODE_KEY, NodeClaims, Refused
+from gpuagent.collector.store.writer import (BatchError, Limits, Writer, find_node, mark_shared_machine_id, prepare_batch,
                                        register_node)
 from gpuagent.proto import pb, pb_grpc
 
@@ -111,67 +112,6 @@ def check_listen_policy(listen: str, token: str | None, tls: bool, insecure: boo
         raise CollectorError(
             f"refusing to listen on {listen} in plaintext: the token and the data would cross the network "
             "unencrypted, so pass --tls-cert/--tls-key, or --insecure if the network is trusted")
-
-
-# ------------------------------------------------------------------------------- database
-
-_LOCK_RE = re.compile(r"Conflicting lock is held in (?P<prog>.*?) \(PID (?P<pid>\d+)\)(?: by user (?P<user>\S+))?")
-
-
-def describe_open_error(db_path: str, exc: Exception) -> str:
-    """One sentence for why ``db_path`` could not be opened."""
-    text = str(exc)
-    m = _LOCK_RE.search(text)
-    if m:
-        pid = int(m.group("pid"))
-        who = m.group("prog")
-        try:
-            import psutil
-
-            who = " ".join(psutil.Process(pid).cmdline()) or who
-        except Exception:  # noqa: BLE001 - best effort: the PID alone is still useful
-            pass
-        user = f" (user {m.group('user')})" if m.group("user") else ""
-        return (f"the database {db_path} is already open in another process, PID {pid}{user}: {who}; "
-                "stop that collector first or use another --db")
-    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
-    return f"cannot open the database {db_path}: {first}"
-
-
-def open_database(db_path: str | Path, memory_limit: str | None = None) -> duckdb.DuckDBPyConnection:
-    """Open (creating if needed) and migrate the database, then close it to everything external.
-
-    After this, no connection or cursor of this database can read or write files other than its own,
-    load extensions or change settings; the SQL guard relies on it.
-    """
-    db_path = str(db_path)
-    parent = Path(db_path).expanduser().resolve().parent
-    if not parent.is_dir():
-        raise CollectorError(f"cannot open the database {db_path}: the folder {parent} does not exist")
-    try:
-        con = duckdb.connect(db_path)
-    except duckdb.Error as exc:
-        raise CollectorError(describe_open_error(db_path, exc)) from None
-    try:
-        schema.migrate(con)
-        if memory_limit:
-            con.execute("SET memory_limit = ?", [memory_limit])
-        # Rows have no order without ORDER BY anyway; letting DuckDB append in parallel without keeping the
-        # Arrow order costs about a third less CPU per inserted row (benchmarks/ingest.py). Each transaction's
-        # rows still get rowids above every earlier one, which the analyzer's incremental rollups rely on.
-        con.execute("SET preserve_insertion_order = false")
-        con.execute("SET autoinstall_known_extensions = false")
-        con.execute("SET autoload_known_extensions = false")
-        con.execute("SET enable_external_access = false")
-        con.execute("SET lock_configuration = true")
-    except schema.SchemaError as exc:
-        con.close()
-        raise CollectorError(str(exc)) from None
-    except duckdb.Error as exc:
-        con.close()
-        first = str(exc).strip().splitlines()[0]
-        raise CollectorError(f"cannot prepare the database {db_path}: {first}") from None
-    return con
 
 
 # ------------------------------------------------------------------------------- servicer
@@ -419,7 +359,7 @@ class CollectorServicer(pb_grpc.CollectorServicer):
     # -- Analyze
     async def Analyze(self, request: pb.AnalyzeRequest, context):
         """One analysis pass now, on the writer thread (the single-writer rule), then the open flags."""
-        from gpuagent.collector import analyzer as an  # noqa: PLC0415 - only the analyzer needs it
+        from gpuagent.collector.analysis import analyzer as an  # noqa: PLC0415 - only the analyzer needs it
 
         config = self._analyzer_config or an.AnalyzerConfig()
         if request.window_s < 0:
@@ -539,7 +479,10 @@ def start_collector(db_path: str | Path, listen: str = "127.0.0.1:0", token: str
                                  "(pip install 'gpuagent[collector]')") from None
     if port_in_use(listen):
         raise CollectorError(f"cannot listen on {listen}: the address is in use or not available on this host")
-    con = open_database(db_path, options.memory_limit)
+    try:
+        con = open_database(db_path, options.memory_limit)
+    except DatabaseError as exc:
+        raise CollectorError(str(exc)) from None
     reader_root = con.cursor()
     cursor_lock = threading.Lock()
 
@@ -607,7 +550,7 @@ def start_collector(db_path: str | Path, listen: str = "127.0.0.1:0", token: str
             raise exc
         raise CollectorError(f"the collector failed to start: {exc}") from exc
     if analyze:
-        from gpuagent.collector import analyzer as an  # noqa: PLC0415
+        from gpuagent.collector.analysis import analyzer as an  # noqa: PLC0415
 
         try:
             analysis = an.Analyzer(analyzer_config)

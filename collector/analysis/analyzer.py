@@ -254,7 +254,7 @@ class AnalyzerConfig:
 def load_reference(path: str | Path | None = None) -> list[dict[str, Any]]:
     """The reference baseline rows (collector/baselines.toml); every row must cite its source."""
     if path is None:
-        text = resources.files("gpuagent.collector").joinpath("baselines.toml").read_text()
+        text = resources.files("gpuagent.collector.analysis").joinpath("baselines.toml").read_text()
         where = "collector/baselines.toml"
     else:
         try:
@@ -280,7 +280,7 @@ def load_reference(path: str | Path | None = None) -> list[dict[str, Any]]:
 # ----------------------------------------------------------------------------------------------- SQL
 
 def _sql_dir():
-    return resources.files("gpuagent.collector").joinpath("analysis")
+    return resources.files("gpuagent.collector.analysis").joinpath("sql")
 
 
 def load_steps() -> list[tuple[str, list[str]]]:
@@ -525,7 +525,7 @@ def analyze_db(path: str | Path, config: AnalyzerConfig | None = None,
 def migrate(con) -> None:
     """Bring a database to the current schema with the collector's migrations."""
     try:
-        from gpuagent.collector import schema  # noqa: PLC0415
+        from gpuagent.collector.store import schema  # noqa: PLC0415
     except ImportError:
         schema = None
     if schema is not None and hasattr(schema, "migrate"):
@@ -535,7 +535,7 @@ def migrate(con) -> None:
     con.execute("CREATE TABLE IF NOT EXISTS schema_migrations ("
                 "version INTEGER PRIMARY KEY, name VARCHAR NOT NULL, applied_at TIMESTAMP NOT NULL)")
     done = {r[0] for r in con.execute("SELECT version FROM schema_migrations").fetchall()}
-    mig = resources.files("gpuagent.collector").joinpath("migrations")
+    mig = resources.files("gpuagent.collector.store").joinpath("migrations")
     for entry in sorted(mig.iterdir(), key=lambda p: p.name):
         if entry.name.endswith(".sql") and int(entry.name[:3]) not in done:
             con.execute(entry.read_text())

@@ -28,7 +28,7 @@ import pyarrow as pa
 
 from gpuagent.proto import pb
 
-log = logging.getLogger("gpuagent.collector.writer")
+log = logging.getLogger("gpuagent.collector.store.writer")
 
 # Timestamps before 2000-01-01 are certainly a unit mistake (seconds or ms sent as ns).
 MIN_TS_NS = 946_684_800 * 1_000_000_000

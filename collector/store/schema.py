@@ -32,7 +32,7 @@ class SchemaError(RuntimeError):
 def migrations() -> list[Migration]:
     """All migrations shipped with this package, in version order."""
     found = []
-    for entry in resources.files("gpuagent.collector").joinpath("migrations").iterdir():
+    for entry in resources.files("gpuagent.collector.store").joinpath("migrations").iterdir():
         m = _NAME.match(entry.name)
         if m:
             found.append(Migration(int(m.group(1)), m.group(2), entry.read_text()))

@@ -1,6 +1,6 @@
 """SYNTHETIC telemetry for one simulated node, encoded as real ``gpuagent.v1.Batch`` wire bytes.
 
-Everything here is generated, never measured: values come from :mod:`gpuagent.collector.sim_fleet`'s
+Everything here is generated, never measured: values come from :mod:`gpuagent.sim.fleet`'s
 nominal levels, scaled by the node's injected conditions and random noise (numpy, seeded per node, so a
 fleet is reproducible whatever the number of processes).
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpuagent.collector.sim_fleet import VIRT_COMPONENTS, NodeSpec
+from gpuagent.sim.fleet import VIRT_COMPONENTS, NodeSpec
 from gpuagent.proto import pb
 from gpuagent.proto.wire import length_delimited, varint
 

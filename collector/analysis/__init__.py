@@ -1,0 +1,1 @@
+"""Analysis: rollups, baselines and flags, computed by SQL steps over the store."""

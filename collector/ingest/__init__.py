@@ -1,0 +1,1 @@
+"""Ingest: the gRPC server, authentication, node identity claims and batch validation."""

@@ -1,0 +1,3 @@
+from gpuagent.sim.run import main
+
+main()
