@@ -110,7 +110,7 @@ def test_clones_sharing_a_machine_id_are_two_nodes_and_each_keeps_all_its_data(t
 
 def test_new_node_with_high_first_seq_keeps_no_per_seq_state(tmp_path):
     """A renamed host keeps its agent's seq file, so its new node starts far above 1: the dedupe state
-    starts at that first seq (nothing piles up in memory), also after a collector restart."""
+    is one run from that first seq (nothing piles up in memory), also after a collector restart."""
     db = tmp_path / "c.duckdb"
     from collector_helpers import sample_batch
     with start_collector(db, analyze=False) as h, grpc.insecure_channel(f"127.0.0.1:{h.port}") as ch:
@@ -119,14 +119,14 @@ def test_new_node_with_high_first_seq_keeps_no_per_seq_state(tmp_path):
         acks = list(stub.Stream(iter([sample_batch(nid, s) for s in range(5000, 5010)])))
         assert [(a.seq, a.duplicate) for a in acks] == [(s, False) for s in range(5000, 5010)]
         st = h.writer.call(lambda con: h.writer.node_seqs(nid)).result(10)
-        assert (st.watermark, st.above, st.highest) == (5009, set(), 5009)
+        assert (st.runs(), st.highest) == ([(5000, 5009)], 5009)
     with start_collector(db, analyze=False) as h, grpc.insecure_channel(f"127.0.0.1:{h.port}") as ch:
         stub = pb_grpc.CollectorStub(ch)
         assert stub.Register(pb.RegisterRequest(node=node_info("renamed-host", "m-9"))).last_committed_seq == 5009
         acks = list(stub.Stream(iter([sample_batch(nid, s) for s in (5003, 5010, 5012)])))
         assert [(a.seq, a.duplicate) for a in acks] == [(5003, True), (5010, False), (5012, False)]
         st = h.writer.call(lambda con: h.writer.node_seqs(nid)).result(10)
-        assert (st.watermark, st.above) == (5010, {5012})
+        assert st.runs() == [(5000, 5010), (5012, 5012)]
     with duckdb.connect(str(db), read_only=True) as con:
         assert con.execute("SELECT count(*), count(DISTINCT seq) FROM ingest_log").fetchone() == (12, 12)
 

@@ -120,7 +120,7 @@ _END = object()
 
 
 class _StreamState:
-    __slots__ = ("out", "pending", "idle", "claimed", "instance", "peer", "interval_s")
+    __slots__ = ("out", "pending", "idle", "claimed", "instance", "peer", "interval_s", "node_id")
 
     def __init__(self, instance: str | None = None, peer: str = "", interval_s: float = 0.0):
         self.out: asyncio.Queue = asyncio.Queue()
@@ -131,6 +131,19 @@ class _StreamState:
         self.instance = instance
         self.peer = peer
         self.interval_s = interval_s
+        # The one node this stream writes as: from gpuagent-node-id, else its first batch. A stream never
+        # switches node, so a client that registered several nodes cannot write one node's data as another.
+        self.node_id: str | None = None
+
+    def bind(self, node_id: str) -> str | None:
+        """Bind to ``node_id`` on first use; the refusal sentence when the stream is bound to another node."""
+        if self.node_id is None:
+            self.node_id = node_id
+            return None
+        if node_id == self.node_id:
+            return None
+        return (f"this stream writes as node {self.node_id!r}, so a batch for node {node_id!r} is refused; "
+                "open one stream per node")
 
     def evict(self, message: str) -> None:
         """Another stream took over this stream's node: end this one with ABORTED."""
@@ -161,6 +174,7 @@ class CollectorServicer(pb_grpc.CollectorServicer):
         self._query_pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="gpuagent-query")
         self.claims = NodeClaims(takeover_idle_s=options.stream_takeover_idle_s)
         self._refusals_logged: set[tuple[str, str | None]] = set()
+        self.refusals: collections.Counter = collections.Counter()   # refused requests by cause
 
     def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -278,6 +292,11 @@ class CollectorServicer(pb_grpc.CollectorServicer):
         try:
             async for batch in request_iterator:
                 try:
+                    refusal = state.bind(batch.node_id)
+                    if refusal:
+                        self.refusals["stream_other_node"] += 1
+                        error = ("PERMISSION_DENIED", f"batch seq {batch.seq}: {refusal}", batch.seq)
+                        break
                     if batch.node_id and batch.node_id not in self._writer.known_nodes:
                         raise BatchError("FAILED_PRECONDITION",
                                          f"node {batch.node_id!r} is not registered with this collector; "
@@ -317,6 +336,8 @@ class CollectorServicer(pb_grpc.CollectorServicer):
     async def Stream(self, request_iterator, context):
         instance, node_id, interval = _client_meta(context)
         state = _StreamState(instance, context.peer(), interval)
+        if node_id:
+            state.bind(node_id)
         if node_id and node_id in self._writer.known_nodes:
             # Claimed as the stream opens, so that a second agent is refused even before a batch is due.
             try:

@@ -10,6 +10,7 @@ call each batch's callback with the Ack. A (node_id, seq) already in ``ingest_lo
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 import math
@@ -32,6 +33,7 @@ log = logging.getLogger("gpuagent.collector.store.writer")
 
 # Timestamps before 2000-01-01 are certainly a unit mistake (seconds or ms sent as ns).
 MIN_TS_NS = 946_684_800 * 1_000_000_000
+MAX_SEQ = 2**63 - 1     # seqs are stored as UBIGINT but exported to Parquet/Spark, which have no unsigned type
 PROBE_STATUSES = frozenset({"ok", "skipped", "failed", "timeout"})
 
 
@@ -78,8 +80,18 @@ def _ts_type() -> pa.DataType:
     return pa.timestamp("ns")
 
 
-def _labels_text(labels) -> str:
-    return ",".join(f"{k}={labels[k]}" for k in sorted(labels))
+_LABEL_ESCAPES = str.maketrans({"\\": "\\\\", ",": "\\,", "=": "\\="})
+
+
+def labels_text(labels) -> str:
+    """The stored form of a label set: ``k=v,k2=v2`` sorted by key, '' when empty.
+
+    Backslash, comma and equals sign inside keys and values are escaped with a backslash, so two different
+    label sets never give the same text ({a: "1,b=2"} is ``a=1\\,b\\=2``; {a: "1", b: "2"} is ``a=1,b=2``)."""
+    if not labels:
+        return ""
+    esc = _LABEL_ESCAPES
+    return ",".join(f"{str(k).translate(esc)}={str(labels[k]).translate(esc)}" for k in sorted(labels))
 
 
 def _json(mapping) -> str:
@@ -135,7 +147,7 @@ def _samples_table(node_id: str, cols: pb.SampleColumns, max_ts: int) -> pa.Tabl
         raise BatchError("INVALID_ARGUMENT", "the series dictionary defines the same series id twice")
     metrics = [s.metric for s in series]
     gpus = [s.gpu for s in series]
-    labels = [(",".join(f"{k}={lab[k]}" for k in sorted(lab)) if (lab := s.labels) else "") for s in series]
+    labels = [labels_text(s.labels) for s in series]
     if not all(metrics):
         raise BatchError("INVALID_ARGUMENT", f"series {series[metrics.index('')].id} has an empty metric name")
     if min(gpus) < -1:
@@ -181,8 +193,10 @@ def prepare_batch(batch: pb.Batch, limits: Limits = Limits(), now_ns: int | None
     """
     if not batch.node_id:
         raise BatchError("INVALID_ARGUMENT", "batch has no node_id (call Register first)")
-    if batch.seq <= 0:
-        raise BatchError("INVALID_ARGUMENT", "batch seq must be 1 or more")
+    if not 1 <= batch.seq <= MAX_SEQ:
+        raise BatchError("INVALID_ARGUMENT", f"batch seq {batch.seq} is out of range: seq must be 1 or more and at "
+                                             f"most 2^63-1 ({MAX_SEQ}), the signed 64-bit range every reader of "
+                                             "the store has")
     n_samples = len(batch.samples.ts_ns)
     if n_samples > limits.max_samples_per_batch:
         raise BatchError("RESOURCE_EXHAUSTED",
@@ -224,7 +238,7 @@ def prepare_batch(batch: pb.Batch, limits: Limits = Limits(), now_ns: int | None
             if ended < started:
                 raise BatchError("INVALID_ARGUMENT", f"probe {r.probe!r} ended before it started")
             _check_ts(f"probe {r.probe!r} ended_ns", ended, ended, max_ts)
-            key = _labels_text(r.params)
+            key = labels_text(r.params)
             gpu = _gpu_or_none(r.gpu)
             pr["node_id"].append(node_id)
             pr["probe"].append(r.probe)
@@ -393,36 +407,48 @@ class _CallItem:
 _STOP = object()
 
 
-class _NodeSeqs:
-    """Which seqs of one node are stored: everything up to ``watermark`` plus the set ``above``.
+class SeqSet:
+    """Exactly which seqs of one node are stored, as sorted disjoint runs ``[lo, hi]``.
 
-    A node's first stored seq sets the floor: the watermark starts just below it, so a node whose agent
-    came with seqs already far above 1 (a renamed host keeps its agent's seq file, a clone may carry one)
-    does not keep every later seq in ``above`` forever. Its agent sends its spool oldest first, so nothing
-    below its first stored seq arrives later."""
+    A cache of ``ingest_log``, never a guess: a seq is "stored" only when its row is there, so an ack with
+    ``duplicate=true`` always names a batch the collector holds. Agents send their spool oldest first, so a
+    node's seqs form one run (or a few, around a restart); membership and insertion are a bisect."""
 
-    __slots__ = ("watermark", "above", "highest", "empty")
+    __slots__ = ("_lo", "_hi")
 
-    def __init__(self, watermark: int, above: set[int], empty: bool = False):
-        self.watermark = watermark
-        self.above = above
-        self.highest = max([watermark, *above]) if above else watermark
-        self.empty = empty
+    def __init__(self, runs: list[tuple[int, int]] | None = None):
+        runs = sorted(runs or [])
+        self._lo = [a for a, _ in runs]
+        self._hi = [b for _, b in runs]
+
+    @property
+    def highest(self) -> int:
+        """The highest stored seq, 0 when none."""
+        return self._hi[-1] if self._hi else 0
+
+    def runs(self) -> list[tuple[int, int]]:
+        return list(zip(self._lo, self._hi))
 
     def __contains__(self, seq: int) -> bool:
-        return seq <= self.watermark or seq in self.above
+        i = bisect.bisect_right(self._lo, seq) - 1
+        return i >= 0 and seq <= self._hi[i]
 
     def add(self, seq: int) -> None:
-        if self.empty:
-            self.empty = False
-            self.watermark = seq - 1
-        if seq <= self.watermark:
+        i = bisect.bisect_right(self._lo, seq) - 1
+        if i >= 0 and seq <= self._hi[i]:
             return
-        self.above.add(seq)
-        while self.watermark + 1 in self.above:
-            self.watermark += 1
-            self.above.discard(self.watermark)
-        self.highest = max(self.highest, seq)
+        joins_left = i >= 0 and self._hi[i] == seq - 1
+        joins_right = i + 1 < len(self._lo) and self._lo[i + 1] == seq + 1
+        if joins_left and joins_right:
+            self._hi[i] = self._hi[i + 1]
+            del self._lo[i + 1], self._hi[i + 1]
+        elif joins_left:
+            self._hi[i] = seq
+        elif joins_right:
+            self._lo[i + 1] = seq
+        else:
+            self._lo.insert(i + 1, seq)
+            self._hi.insert(i + 1, seq)
 
 
 def utc_now() -> datetime:
@@ -496,7 +522,7 @@ class Writer:
         self._group_max_samples = group_max_samples
         self._group_max_batches = group_max_batches
         self._node_touch_interval_s = node_touch_interval_s
-        self._seqs: dict[str, _NodeSeqs] = {}
+        self._seqs: dict[str, SeqSet] = {}
         self._touched: dict[str, float] = {}
         rows = con.execute("SELECT node_id, machine_id, hostname FROM nodes").fetchall()
         self.known_nodes: set[str] = {r[0] for r in rows}
@@ -567,25 +593,14 @@ class Writer:
         except BaseException as exc:  # noqa: BLE001 - handed to the caller
             item.future.set_exception(exc)
 
-    def node_seqs(self, node_id: str) -> _NodeSeqs:
+    def node_seqs(self, node_id: str) -> SeqSet:
         """Stored seqs of a node (loaded once from ingest_log, then kept current). Writer thread only."""
         st = self._seqs.get(node_id)
         if st is None:
-            # The contiguous run of seqs from the node's first stored one (its floor, see _NodeSeqs).
-            first, n, run_end = self._con.execute(
-                "SELECT min(seq), count(*), max(seq) FILTER (WHERE seq - rn = first - 1) FROM "
-                "(SELECT seq, row_number() OVER (ORDER BY seq) AS rn, min(seq) OVER () AS first "
-                " FROM ingest_log WHERE node_id = ?)", [node_id]).fetchone()
-            if not n:
-                st = _NodeSeqs(0, set(), empty=True)
-            else:
-                watermark = int(run_end)
-                above: set[int] = set()
-                if watermark - int(first) + 1 < n:
-                    above = {r[0] for r in self._con.execute(
-                        "SELECT seq FROM ingest_log WHERE node_id = ? AND seq > ?",
-                        [node_id, watermark]).fetchall()}
-                st = _NodeSeqs(watermark, above)
+            # Runs of consecutive seqs (gaps and islands): seq minus its rank is constant along a run.
+            st = SeqSet([(int(a), int(b)) for a, b in self._con.execute(
+                "SELECT min(seq), max(seq) FROM (SELECT seq, seq - row_number() OVER (ORDER BY seq) AS run "
+                "FROM ingest_log WHERE node_id = ?) GROUP BY run", [node_id]).fetchall()])
             self._seqs[node_id] = st
         return st
 

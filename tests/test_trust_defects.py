@@ -1,0 +1,127 @@
+"""Data-integrity defects found by an adversarial client (issue #11); each test failed before its fix."""
+
+from __future__ import annotations
+
+import json
+
+import duckdb
+import grpc
+import pytest
+
+from collector_helpers import node_info, sample_batch
+from gpuagent.collector.ingest.server import start_collector
+from gpuagent.collector.store import schema
+from gpuagent.proto import pb, pb_grpc
+
+
+def rows(stub, sql):
+    return json.loads(stub.Query(pb.QueryRequest(sql=sql)).rows_json)
+
+
+@pytest.fixture
+def collector(tmp_path):
+    handle = start_collector(tmp_path / "c.duckdb")
+    ch = grpc.insecure_channel(f"127.0.0.1:{handle.port}")
+    yield handle, pb_grpc.CollectorStub(ch)
+    ch.close()
+    handle.stop()
+
+
+def test_a_seq_below_the_first_stored_one_is_stored_not_acked_as_duplicate(collector, tmp_path):
+    handle, stub = collector
+    node = stub.Register(pb.RegisterRequest(node=node_info())).node_id
+    acks = list(stub.Stream(iter([sample_batch(node, 10), sample_batch(node, 5)])))
+    assert [(a.seq, a.duplicate) for a in acks] == [(10, False), (5, False)]
+    acks = list(stub.Stream(iter([sample_batch(node, 3), sample_batch(node, 5), sample_batch(node, 10)])))
+    assert [(a.seq, a.duplicate) for a in acks] == [(3, False), (5, True), (10, True)]
+    assert rows(stub, "SELECT seq FROM ingest_log ORDER BY seq") == [[3], [5], [10]]
+    assert rows(stub, "SELECT count(*) FROM samples") == [[18]]
+    assert acks[-1].highest_committed_seq == 10
+
+
+def test_duplicates_after_a_restart_come_from_ingest_log(tmp_path):
+    db = tmp_path / "c.duckdb"
+    with start_collector(db) as h, grpc.insecure_channel(f"127.0.0.1:{h.port}") as ch:
+        stub = pb_grpc.CollectorStub(ch)
+        node = stub.Register(pb.RegisterRequest(node=node_info())).node_id
+        list(stub.Stream(iter([sample_batch(node, s) for s in (4, 5, 6, 9)])))
+    with start_collector(db) as h, grpc.insecure_channel(f"127.0.0.1:{h.port}") as ch:
+        stub = pb_grpc.CollectorStub(ch)
+        reg = stub.Register(pb.RegisterRequest(node=node_info()))
+        assert reg.last_committed_seq == 9
+        acks = list(stub.Stream(iter([sample_batch(node, s) for s in (1, 5, 7, 9, 8)])))
+        assert [(a.seq, a.duplicate) for a in acks] == [(1, False), (5, True), (7, False), (9, True), (8, False)]
+        assert rows(stub, "SELECT list(seq ORDER BY seq) FROM ingest_log") == [[[1, 4, 5, 6, 7, 8, 9]]]
+
+
+def test_seq_beyond_the_signed_64_bit_range_is_invalid_not_unavailable(collector):
+    _, stub = collector
+    node = stub.Register(pb.RegisterRequest(node=node_info())).node_id
+    def batch(seq):
+        b = sample_batch(node, 1)
+        b.seq = seq
+        return b
+
+    acks = list(stub.Stream(iter([batch(2**63 - 1)])))
+    assert [a.seq for a in acks] == [2**63 - 1] and not acks[0].duplicate
+    with pytest.raises(grpc.RpcError) as err:
+        list(stub.Stream(iter([batch(2**63)])))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "out of range" in err.value.details() and "2^63-1" in err.value.details()
+    assert rows(stub, "SELECT count(*) FROM ingest_log") == [[1]]
+
+
+def test_a_stream_bound_by_metadata_cannot_write_as_another_node(collector):
+    _, stub = collector
+    a = stub.Register(pb.RegisterRequest(node=node_info("gpu-a", "m-a"))).node_id
+    b = stub.Register(pb.RegisterRequest(node=node_info("gpu-b", "m-b"))).node_id
+    with pytest.raises(grpc.RpcError) as err:
+        list(stub.Stream(iter([sample_batch(a, 1), sample_batch(b, 1)]),
+                         metadata=(("gpuagent-node-id", a), ("gpuagent-instance", "1-x"))))
+    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert f"writes as node {a!r}" in err.value.details() and repr(b) in err.value.details()
+    assert rows(stub, "SELECT node_id, seq FROM ingest_log") == [[a, 1]]
+
+
+def test_a_stream_without_metadata_is_bound_by_its_first_batch(collector):
+    _, stub = collector
+    a = stub.Register(pb.RegisterRequest(node=node_info("gpu-a", "m-a"))).node_id
+    b = stub.Register(pb.RegisterRequest(node=node_info("gpu-b", "m-b"))).node_id
+    acks = []
+    with pytest.raises(grpc.RpcError) as err:
+        for ack in stub.Stream(iter([sample_batch(b, 1), sample_batch(b, 2), sample_batch(a, 3)])):
+            acks.append(ack.seq)
+    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert acks == [1, 2]
+    assert rows(stub, "SELECT count(*) FROM ingest_log WHERE node_id = " + repr(a)) == [[0]]
+
+
+def test_label_sets_that_used_to_collide_stay_apart(collector):
+    _, stub = collector
+    node = stub.Register(pb.RegisterRequest(node=node_info())).node_id
+    b = pb.Batch(node_id=node, seq=1)
+    s1 = b.samples.series.add(id=1, metric="x_percent", gpu=-1)
+    s1.labels["a"] = "1,b=2"
+    s2 = b.samples.series.add(id=2, metric="x_percent", gpu=-1)
+    s2.labels["a"] = "1"
+    s2.labels["b"] = "2"
+    s3 = b.samples.series.add(id=3, metric="x_percent", gpu=-1)
+    s3.labels["a\\"] = "c"
+    ts = sample_batch(node, 1).samples.ts_ns[0]
+    b.samples.ts_ns.extend([ts, ts + 1000, ts + 2000])
+    b.samples.series_id.extend([1, 2, 3])
+    b.samples.value.extend([1.0, 2.0, 3.0])
+    list(stub.Stream(iter([b])))
+    got = rows(stub, "SELECT labels, value FROM samples ORDER BY value")
+    assert got == [["a=1\\,b\\=2", 1.0], ["a=1,b=2", 2.0], ["a\\\\=c", 3.0]]
+    assert len({r[0] for r in got}) == 3
+
+
+def test_migration_escapes_backslashes_of_rows_written_before(tmp_path):
+    db = tmp_path / "old.duckdb"
+    with duckdb.connect(str(db)) as con:
+        schema.migrate(con, target=5)
+        con.execute("INSERT INTO samples VALUES (now()::TIMESTAMP, 'n', NULL, 'm', 'path=C:\\x', 1.0), "
+                    "(now()::TIMESTAMP, 'n', NULL, 'm', 'a=1', 2.0)")
+        schema.migrate(con)
+        assert con.execute("SELECT labels FROM samples ORDER BY value").fetchall() == [("path=C:\\\\x",), ("a=1",)]
