@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import duckdb
 import grpc
@@ -125,3 +126,92 @@ def test_migration_escapes_backslashes_of_rows_written_before(tmp_path):
                     "(now()::TIMESTAMP, 'n', NULL, 'm', 'a=1', 2.0)")
         schema.migrate(con)
         assert con.execute("SELECT labels FROM samples ORDER BY value").fetchall() == [("path=C:\\\\x",), ("a=1",)]
+
+
+def _rss_bytes() -> int:
+    import psutil
+
+    return psutil.Process().memory_info().rss
+
+
+def test_one_huge_row_is_refused_before_it_is_turned_into_python_objects(collector):
+    _, stub = collector
+    before = _rss_bytes()
+    with pytest.raises(grpc.RpcError) as err:
+        stub.Query(pb.QueryRequest(sql="SELECT range(10000000) AS xs"))
+    grown = _rss_bytes() - before
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "first row of the result alone" in err.value.details() and "MiB" in err.value.details()
+    # Before the bound, this query held 10^7 Python ints plus their JSON: about 1.5 GB.
+    assert grown < 400 * 2**20, f"collector grew by {grown / 2**20:.0f} MiB"
+    assert rows(stub, "SELECT 1") == [[1]]
+
+
+def test_results_are_cut_at_the_byte_bound_and_say_so(tmp_path):
+    from gpuagent.collector.ingest.server import ServerOptions
+
+    opts = ServerOptions(query_max_bytes=64 * 1024)
+    with start_collector(tmp_path / "c.duckdb", options=opts) as h, \
+            grpc.insecure_channel(f"127.0.0.1:{h.port}") as ch:
+        resp = pb_grpc.CollectorStub(ch).Query(pb.QueryRequest(sql="SELECT repeat('x', 1000) FROM range(1000)"))
+        got = json.loads(resp.rows_json)
+        assert resp.truncated and 0 < len(got) < 1000
+        assert sum(len(r[0]) for r in got) <= 64 * 1024
+
+
+def test_abandoned_slow_queries_are_interrupted_and_ingest_goes_on(collector):
+    import time
+
+    _, stub = collector
+    node = stub.Register(pb.RegisterRequest(node=node_info())).node_id
+    slow = "SELECT sum(hash(i)) FROM range(20000000000) t(i)"
+    for _ in range(4):
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Query(pb.QueryRequest(sql=slow), timeout=0.5)
+        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    t0 = time.monotonic()
+    acks = list(stub.Stream(iter([sample_batch(node, s) for s in range(1, 6)])))
+    assert [a.seq for a in acks] == [1, 2, 3, 4, 5]
+    assert rows(stub, "SELECT 1") == [[1]]
+    # Before: the four abandoned queries held both query workers for the full 60 s timeout.
+    assert time.monotonic() - t0 < 10
+
+
+def test_garbage_and_infinite_windows_get_invalid_argument_and_one_log_line(collector, caplog):
+    _, stub = collector
+    ch = grpc.insecure_channel(f"127.0.0.1:{collector[0].port}")
+    raw = ch.unary_unary("/gpuagent.v1.Collector/Register")
+    caplog.set_level(logging.INFO)
+    for _ in range(20):
+        with pytest.raises(grpc.RpcError) as err:
+            raw(b"\xff\xfe not protobuf \x00\x01")
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "not a valid gpuagent.v1.RegisterRequest" in err.value.details()
+    for window in (float("inf"), float("-inf"), float("nan")):
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Analyze(pb.AnalyzeRequest(window_s=window))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "finite" in err.value.details()
+    ch.close()
+    text = caplog.text
+    assert "Traceback" not in text
+    assert sum("not a valid gpuagent.v1.RegisterRequest" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_rate_limited_log_counts_what_it_held_back():
+    from gpuagent.collector.ingest.ratelog import RateLimitedLog
+
+    lines = []
+
+    class Sink(logging.Handler):
+        def emit(self, record):
+            lines.append(record.getMessage())
+
+    logger = logging.getLogger("test.ratelog")
+    logger.addHandler(Sink())
+    now = [0.0]
+    lim = RateLimitedLog(logger, every_s=60, clock=lambda: now[0])
+    assert [lim.warning("a", "cause a") for _ in range(5)] == [True, False, False, False, False]
+    assert lim.warning("b", "cause b")
+    now[0] = 61.0
+    assert lim.warning("a", "cause a")
+    assert lines == ["cause a", "cause b", "cause a (4 more like it in the last 60 s)"]

@@ -15,6 +15,7 @@ import concurrent.futures
 import errno
 import ipaddress
 import logging
+import math
 import re
 import threading
 from dataclasses import dataclass
@@ -27,6 +28,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from gpuagent.collector.store.db import DatabaseError, open_database
 from gpuagent.collector.views import sqlguard
 from gpuagent.collector.ingest.auth import BearerTokenInterceptor
+from gpuagent.collector.ingest.ratelog import OneLineServicerErrors, RateLimitedLog
+from gpuagent.collector.ingest.rpc import Undecodable, add_collector_servicer
 from gpuagent.collector.ingest.identity import INSTANCE_KEY, INTERVAL_KEY, NODE_KEY, NodeClaims, Refused
 from gpuagent.collector.store.writer import (BatchError, Limits, Writer, find_node, mark_shared_machine_id, prepare_batch,
                                        register_node)
@@ -48,6 +51,7 @@ class ServerOptions:
     memory_limit: str = "512MB"               # DuckDB's buffer manager limit (spills beyond it)
     query_max_rows: int = 10_000
     query_timeout_s: float = 60.0
+    query_max_bytes: int = 16 * 1024 * 1024      # result size bound of one Query, measured in Arrow before JSON
     stop_grace_s: float = 2.0
     stream_takeover_idle_s: float = 60.0      # a node's stream silent this long (or 3 batch intervals) gives way
 
@@ -175,6 +179,15 @@ class CollectorServicer(pb_grpc.CollectorServicer):
         self.claims = NodeClaims(takeover_idle_s=options.stream_takeover_idle_s)
         self._refusals_logged: set[tuple[str, str | None]] = set()
         self.refusals: collections.Counter = collections.Counter()   # refused requests by cause
+        self.client_errors = RateLimitedLog(log)
+
+    async def _refuse_undecodable(self, request, context) -> None:
+        """Answer a request that is not valid protobuf: INVALID_ARGUMENT, one rate-limited log line."""
+        if isinstance(request, Undecodable):
+            self.refusals["undecodable"] += 1
+            self.client_errors.warning(f"undecodable {request.type_name}",
+                                       f"refused a request from {context.peer()}: {request.sentence()}")
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.sentence())
 
     def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -184,6 +197,7 @@ class CollectorServicer(pb_grpc.CollectorServicer):
 
     # -- Register
     async def Register(self, request: pb.RegisterRequest, context):
+        await self._refuse_undecodable(request, context)
         node = request.node
         if not node.machine_id or not node.hostname:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
@@ -292,6 +306,12 @@ class CollectorServicer(pb_grpc.CollectorServicer):
         try:
             async for batch in request_iterator:
                 try:
+                    if isinstance(batch, Undecodable):
+                        self.refusals["undecodable"] += 1
+                        self.client_errors.warning(f"undecodable {batch.type_name}",
+                                                   f"refused a stream from {state.peer}: {batch.sentence()}")
+                        error = ("INVALID_ARGUMENT", batch.sentence(), None)
+                        break
                     refusal = state.bind(batch.node_id)
                     if refusal:
                         self.refusals["stream_other_node"] += 1
@@ -363,12 +383,23 @@ class CollectorServicer(pb_grpc.CollectorServicer):
 
     # -- Query
     async def Query(self, request: pb.QueryRequest, context):
+        await self._refuse_undecodable(request, context)
         cap = self._options.query_max_rows
         max_rows = min(request.max_rows, cap) if request.max_rows else cap
+        timeout_s = self._options.query_timeout_s
+        remaining = context.time_remaining()
+        if remaining is not None:
+            timeout_s = max(0.001, min(timeout_s, remaining))
+        cursor = self._cursor_factory()
+        work = asyncio.get_running_loop().run_in_executor(
+            self._query_pool, sqlguard.run_readonly, cursor, request.sql, max_rows, timeout_s,
+            self._options.query_max_bytes)
         try:
-            result = await asyncio.get_running_loop().run_in_executor(
-                self._query_pool, sqlguard.run_readonly, self._cursor_factory, request.sql, max_rows,
-                self._options.query_timeout_s)
+            result = await work
+        except asyncio.CancelledError:
+            # The client went away or its deadline passed: stop the query so it frees its worker and memory.
+            cursor.interrupt()
+            raise
         except sqlguard.QueryRefused as exc:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
         except sqlguard.QueryFailed as exc:
@@ -376,15 +407,17 @@ class CollectorServicer(pb_grpc.CollectorServicer):
         return pb.QueryResponse(columns=result.columns, column_types=result.column_types,
                                 rows_json=result.rows_json(), truncated=result.truncated)
 
-
     # -- Analyze
     async def Analyze(self, request: pb.AnalyzeRequest, context):
         """One analysis pass now, on the writer thread (the single-writer rule), then the open flags."""
         from gpuagent.collector.analysis import analyzer as an  # noqa: PLC0415 - only the analyzer needs it
 
+        await self._refuse_undecodable(request, context)
         config = self._analyzer_config or an.AnalyzerConfig()
-        if request.window_s < 0:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "window_s must be positive (or 0 for the default)")
+        if not math.isfinite(request.window_s) or request.window_s < 0:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"window_s must be a finite number of seconds, 0 or more (0: the default), "
+                                f"not {request.window_s}")
         if request.window_s > 0:
             config = an.with_window(config, request.window_s)
         limit = request.max_flags or 1000
@@ -528,7 +561,10 @@ def start_collector(db_path: str | Path, listen: str = "127.0.0.1:0", token: str
             options=[("grpc.max_receive_message_length", options.max_message_bytes),
                      ("grpc.max_send_message_length", options.max_message_bytes),
                      ("grpc.so_reuseport", 0)])
-        pb_grpc.add_CollectorServicer_to_server(servicer, server)
+        add_collector_servicer(servicer, server)
+        grpc_log = logging.getLogger("grpc._cython.cygrpc")
+        if not any(isinstance(f, OneLineServicerErrors) for f in grpc_log.filters):
+            grpc_log.addFilter(OneLineServicerErrors(RateLimitedLog(log)))
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         if reflection:

@@ -23,6 +23,9 @@ import uuid
 from dataclasses import dataclass
 
 import duckdb
+import pyarrow as pa
+
+from gpuagent.common.errors import first_line
 
 
 class QueryRefused(ValueError):
@@ -117,7 +120,9 @@ def _jsonable(v):
     if isinstance(v, _dt.timedelta):
         return v.total_seconds()
     if isinstance(v, decimal.Decimal):
-        return float(v)
+        return int(v) if v == v.to_integral_value() and v.as_tuple().exponent >= 0 else float(v)
+    if isinstance(v, pa.MonthDayNano):       # an INTERVAL, in seconds (a month counted as 30 days)
+        return (v.months * 30 + v.days) * 86400.0 + v.nanoseconds / 1e9
     if isinstance(v, uuid.UUID):
         return str(v)
     if isinstance(v, (bytes, bytearray, memoryview)):
@@ -140,9 +145,25 @@ class QueryResult:
         return json.dumps(self.rows, separators=(",", ":"))
 
 
-def run_readonly(cursor_factory, sql: str, max_rows: int, timeout_s: float) -> QueryResult:
-    """Check ``sql`` and run it read-only on a fresh cursor, returning at most ``max_rows`` rows."""
-    cur = cursor_factory()
+DEFAULT_MAX_RESULT_BYTES = 16 * 1024 * 1024
+
+
+def _rows(batch) -> list[list]:
+    """Arrow rows as JSON-ready lists (maps as objects, like DuckDB's own Python conversion)."""
+    cols = batch.schema.names
+    return [[_jsonable(r[c]) for c in cols] for r in batch.to_pylist(maps_as_pydicts="lossy")]
+
+
+def run_readonly(cursor, sql: str, max_rows: int, timeout_s: float,
+                 max_bytes: int = DEFAULT_MAX_RESULT_BYTES) -> QueryResult:
+    """Check ``sql`` and run it read-only on ``cursor`` (a fresh cursor; this closes it).
+
+    At most ``max_rows`` rows and about ``max_bytes`` of result come back (``truncated`` says when more
+    existed). The result is read in Arrow batches and measured before any Python object is made, so one
+    huge row cannot blow up the collector's memory. The caller may ``cursor.interrupt()`` from another
+    thread (an abandoned RPC); the query then ends with QueryFailed.
+    """
+    cur = cursor
     timer = threading.Timer(timeout_s, cur.interrupt)
     try:
         text = check(cur, sql)
@@ -154,19 +175,45 @@ def run_readonly(cursor_factory, sql: str, max_rows: int, timeout_s: float) -> Q
                 return QueryResult([], [], [], False)
             columns = [d[0] for d in cur.description]
             types = [str(d[1]) for d in cur.description]
-            rows = cur.fetchmany(max_rows + 1)
+            rows: list[list] = []
+            used = 0
+            truncated = False
+            for batch in cur.to_arrow_reader(batch_size=1024):
+                i = 0
+                while i < batch.num_rows and not truncated:
+                    chunk = batch.slice(i, min(batch.num_rows - i, max_rows + 1 - len(rows)))
+                    while chunk.num_rows > 1 and used + chunk.nbytes > max_bytes:
+                        chunk = chunk.slice(0, chunk.num_rows // 2)
+                    if used + chunk.nbytes > max_bytes:
+                        if not rows:
+                            raise QueryFailed(
+                                f"the first row of the result alone is {chunk.nbytes / 2**20:.1f} MiB, above the "
+                                f"{max_bytes / 2**20:g} MiB a query may return; select fewer or smaller columns")
+                        truncated = True
+                        break
+                    rows.extend(_rows(chunk))
+                    used += chunk.nbytes
+                    i += chunk.num_rows
+                    if len(rows) > max_rows:
+                        truncated = True
+                if truncated:
+                    break
         except duckdb.InterruptException:
-            raise QueryFailed(f"the query ran longer than {timeout_s:g} s and was stopped") from None
+            raise QueryFailed(f"the query was stopped: it ran longer than {timeout_s:g} s or its caller went "
+                              "away") from None
         except duckdb.PermissionException as exc:
             raise QueryRefused("refused: the read-only SQL endpoint has no file, network or extension access "
-                               f"({str(exc).splitlines()[0]})") from None
+                               f"({first_line(exc)})") from None
         except duckdb.TransactionException as exc:
-            raise QueryRefused(f"refused: the read-only SQL endpoint cannot write ({str(exc).splitlines()[0]})") \
-                from None
+            raise QueryRefused(f"refused: the read-only SQL endpoint cannot write ({first_line(exc)})") from None
         except duckdb.Error as exc:
             raise QueryFailed(str(exc).strip()) from None
-        truncated = len(rows) > max_rows
-        return QueryResult(columns, types, [[_jsonable(v) for v in r] for r in rows[:max_rows]], truncated)
+        except pa.ArrowException as exc:      # an interrupt can surface through the Arrow reader
+            if "interrupt" in str(exc).lower():
+                raise QueryFailed(f"the query was stopped: it ran longer than {timeout_s:g} s or its caller "
+                                  "went away") from None
+            raise QueryFailed(first_line(exc)) from None
+        return QueryResult(columns, types, rows[:max_rows], truncated)
     finally:
         timer.cancel()
         try:
