@@ -1,0 +1,291 @@
+"""The package rules of docs/ARCHITECTURE.md, checked on the source tree with `ast` (nothing is imported).
+
+- "Import rules": which top-level gpuagent package may import which, and no import cycle between them.
+- "Packages": the table names exactly the packages in the tree, each with its folder.
+
+The checker reads every import statement, including those inside functions, relative imports and
+``importlib.import_module("gpuagent...")`` with a literal name, so a lazy import cannot hide an edge.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ARCHITECTURE = ROOT / "docs" / "ARCHITECTURE.md"
+
+ROOT_PKG = "gpuagent"
+COMMON, AGENT, PROBES, JOBS, PROTO, COLLECTOR, SIM = (
+    f"gpuagent.{n}" for n in ("common", "agent", "probes", "jobs", "proto", "collector", "sim"))
+TOP_PACKAGES = (ROOT_PKG, COMMON, AGENT, PROBES, JOBS, PROTO, COLLECTOR, SIM)
+
+# importer -> top-level packages it must never import (docs/ARCHITECTURE.md, "Import rules").
+FORBIDDEN: dict[str, frozenset[str]] = {
+    COMMON: frozenset(TOP_PACKAGES) - {COMMON},
+    AGENT: frozenset({COLLECTOR, SIM}),
+    PROBES: frozenset({AGENT, COLLECTOR, SIM}),
+    JOBS: frozenset({AGENT, COLLECTOR, SIM}),
+    COLLECTOR: frozenset({AGENT, SIM}),
+}
+
+
+def package_dirs() -> dict[str, str]:
+    """Folder -> import package, from pyproject's package-dir (the one place that maps them)."""
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    mapping = cfg["tool"]["setuptools"]["package-dir"]
+    return {folder: pkg for pkg, folder in mapping.items()}
+
+
+def top_package(dotted: str) -> str | None:
+    """The top-level gpuagent package a dotted name belongs to; None outside gpuagent."""
+    parts = dotted.split(".")
+    if parts[0] != ROOT_PKG:
+        return None
+    if len(parts) > 1 and f"{ROOT_PKG}.{parts[1]}" in TOP_PACKAGES:
+        return f"{ROOT_PKG}.{parts[1]}"
+    return ROOT_PKG  # the namespace root itself or a module in gpuagent/ (local_run, __version__)
+
+
+@dataclass(frozen=True)
+class Edge:
+    where: str          # path:line of the import
+    module: str         # the importing module
+    imported: str       # the dotted name it imports
+    src: str            # top-level package of the importer
+    dst: str            # top-level package of the imported name
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.module} -> {self.dst} (imports {self.imported})"
+
+
+def _resolve_relative(module: str, is_package: bool, level: int, name: str | None) -> str:
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    if level - 1 > len(base) - 1:
+        raise ValueError(f"relative import beyond the top of {module}")
+    base = base[: len(base) - (level - 1)]
+    return ".".join(base + ([name] if name else []))
+
+
+def _literal_import_module(node: ast.Call) -> str | None:
+    """The module name of importlib.import_module("...") / f"gpuagent.x.{...}" when it starts literally."""
+    func = node.func
+    called = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+    if called not in ("import_module", "__import__") or not node.args:
+        return None
+    arg = node.args[0]
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return arg.value
+    if isinstance(arg, ast.JoinedStr) and arg.values and isinstance(arg.values[0], ast.Constant):
+        prefix = str(arg.values[0].value).rstrip(".")
+        return prefix or None
+    return None
+
+
+def imported_names(source: str, module: str, is_package: bool, filename: str = "<string>") -> list[tuple[int, str]]:
+    """(line, dotted name) for every import in ``source``, relative ones resolved against ``module``."""
+    out: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(source, filename=filename)):
+        if isinstance(node, ast.Import):
+            out.extend((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = (_resolve_relative(module, is_package, node.level, node.module) if node.level
+                    else node.module or "")
+            for alias in node.names:
+                # "from gpuagent import agent" imports a package; "from x import name" at least imports x.
+                out.append((node.lineno, base if alias.name == "*" else f"{base}.{alias.name}"))
+        elif isinstance(node, ast.Call):
+            name = _literal_import_module(node)
+            if name:
+                out.append((node.lineno, name))
+    return out
+
+
+def module_edges(source: str, relpath: str, dirs: dict[str, str]) -> list[Edge]:
+    """Edges between top-level packages made by the module at ``relpath`` (e.g. "agent/x.py")."""
+    parts = Path(relpath).with_suffix("").parts
+    is_package = parts[-1] == "__init__"
+    module = ".".join([dirs[parts[0]], *parts[1:-1], *([] if is_package else [parts[-1]])])
+    src = top_package(module)
+    edges = []
+    for line, name in imported_names(source, module, is_package, relpath):
+        dst = top_package(name)
+        if dst is not None and dst != src:
+            edges.append(Edge(f"{relpath}:{line}", module, name, src, dst))
+    return edges
+
+
+def violations(edges: list[Edge]) -> list[str]:
+    return [str(e) for e in edges if e.dst in FORBIDDEN.get(e.src, ())]
+
+
+def cycles(edges: list[Edge]) -> list[list[str]]:
+    """Strongly connected groups of more than one top-level package (Tarjan), each sorted."""
+    graph: dict[str, set[str]] = {}
+    for e in edges:
+        graph.setdefault(e.src, set()).add(e.dst)
+        graph.setdefault(e.dst, set())
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def tree_sources() -> list[tuple[str, str]]:
+    """(relative path, source) of every .py module in the package folders."""
+    out = []
+    for folder in sorted(package_dirs()):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if "__pycache__" not in path.parts:
+                out.append((path.relative_to(ROOT).as_posix(), path.read_text()))
+    return out
+
+
+def tree_edges() -> list[Edge]:
+    dirs = package_dirs()
+    return [e for rel, src in tree_sources() for e in module_edges(src, rel, dirs)]
+
+
+# ------------------------------------------------------------------------------------------------ the tree
+
+def test_package_dirs_cover_every_top_level_package():
+    assert sorted(package_dirs().values()) == sorted(TOP_PACKAGES)
+    for folder in package_dirs():
+        assert (ROOT / folder / "__init__.py").is_file(), f"{folder}/ has no __init__.py"
+
+
+def test_import_rules_hold():
+    bad = violations(tree_edges())
+    assert not bad, "imports that break docs/ARCHITECTURE.md's import rules:\n" + "\n".join(bad)
+
+
+def test_no_import_cycle_between_top_level_packages():
+    edges = tree_edges()
+    found = cycles(edges)
+    detail = []
+    for group in found:
+        detail.append(" <-> ".join(group))
+        detail.extend(f"    {e}" for e in edges if e.src in group and e.dst in group)
+    assert not found, "import cycles between top-level packages:\n" + "\n".join(detail)
+
+
+# ------------------------------------------------------------------------------------------ the checker
+
+DIRS = {"agent": AGENT, "probes": PROBES, "collector": COLLECTOR, "common": COMMON, "gpuagent": ROOT_PKG}
+
+
+@pytest.mark.parametrize("relpath, source, dst", [
+    ("agent/x.py", "from gpuagent.collector.store import writer\n", COLLECTOR),
+    ("agent/x.py", "def f():\n    import gpuagent.sim.run\n", SIM),
+    ("agent/x.py", "from .. import collector\n", COLLECTOR),
+    ("probes/sub/__init__.py", "from ...agent import config\n", AGENT),
+    ("probes/x.py", "import importlib\nimportlib.import_module('gpuagent.agent.daemon')\n", AGENT),
+    ("collector/views/x.py", "from gpuagent import agent\n", AGENT),
+    ("common/x.py", "from gpuagent import __version__\n", ROOT_PKG),
+    ("common/x.py", "from gpuagent.proto import pb\n", PROTO),
+])
+def test_checker_catches_a_forbidden_edge(relpath, source, dst):
+    bad = violations(module_edges(source, relpath, DIRS))
+    assert len(bad) == 1, bad
+    assert bad[0].startswith(f"{relpath}:") and f"-> {dst} (imports" in bad[0]
+
+
+@pytest.mark.parametrize("relpath, source", [
+    ("agent/x.py", "from gpuagent.common import nvml\nfrom gpuagent.probes import registry\n"),
+    ("collector/ingest/x.py", "from gpuagent.proto import pb\nfrom ..store import writer\nfrom . import auth\n"),
+    ("gpuagent/x.py", "import gpuagent.agent.cli\nimport gpuagent.collector.cli\n"),
+    ("agent/x.py", "import os\nfrom gpuagent import __version__\n"),
+])
+def test_checker_lets_allowed_edges_pass(relpath, source):
+    assert violations(module_edges(source, relpath, DIRS)) == []
+
+
+def test_checker_resolves_relative_imports_inside_a_package():
+    edges = module_edges("from ..store import writer\nfrom ...agent import config\n", "collector/ingest/x.py", DIRS)
+    assert [(e.imported, e.dst) for e in edges] == [("gpuagent.agent.config", AGENT)]
+
+
+def test_cycle_finder_reports_a_cycle_and_only_that():
+    def e(a: str, b: str) -> Edge:
+        return Edge("x.py:1", a, b, a, b)
+
+    assert cycles([e(AGENT, COMMON), e(COLLECTOR, PROTO), e(AGENT, PROTO)]) == []
+    assert cycles([e(AGENT, PROBES), e(PROBES, COMMON), e(COMMON, AGENT), e(COLLECTOR, PROTO)]) == [
+        sorted([AGENT, PROBES, COMMON])]
+
+
+# --------------------------------------------------------------------------------- docs "Packages" table
+
+def documented_packages() -> dict[str, str]:
+    """Package -> folder from the table in docs/ARCHITECTURE.md's "## Packages" section."""
+    text = ARCHITECTURE.read_text()
+    m = re.search(r"^## Packages\s*$(.*?)(?=^## |\Z)", text, re.M | re.S)
+    assert m, "docs/ARCHITECTURE.md has no '## Packages' section"
+    rows: dict[str, str] = {}
+    for line in m.group(1).splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.lstrip().startswith("|") else []
+        if len(cells) < 2:
+            continue
+        pkg = re.fullmatch(r"`(gpuagent(?:\.\w+)*)`", cells[0])
+        folder = re.fullmatch(r"`([\w./]+?)/?`", cells[1])
+        if pkg and folder:
+            assert pkg.group(1) not in rows, f"{pkg.group(1)} is listed twice"
+            rows[pkg.group(1)] = folder.group(1)
+    return rows
+
+
+def tree_packages() -> dict[str, str]:
+    """Every gpuagent package in the tree: package-dir entries and their subfolders with an __init__.py."""
+    out: dict[str, str] = {}
+
+    def walk(folder: Path, pkg: str) -> None:
+        out[pkg] = folder.relative_to(ROOT).as_posix()
+        for sub in sorted(p for p in folder.iterdir() if p.is_dir() and (p / "__init__.py").is_file()):
+            walk(sub, f"{pkg}.{sub.name}")
+
+    for folder, pkg in package_dirs().items():
+        walk(ROOT / folder, pkg)
+    return out
+
+
+def test_packages_table_names_exactly_the_packages_in_the_tree():
+    documented, tree = documented_packages(), tree_packages()
+    assert {f"{COLLECTOR}.{s}" for s in ("ingest", "store", "analysis", "views")} <= set(tree)
+    missing = sorted(set(tree) - set(documented))
+    stale = sorted(set(documented) - set(tree))
+    assert not missing and not stale, (
+        f"docs/ARCHITECTURE.md 'Packages' table: not listed {missing}; listed but not in the tree {stale}")
+    wrong = {p: (documented[p], tree[p]) for p in tree if documented[p] != tree[p]}
+    assert not wrong, f"documented folder differs from the tree (documented, actual): {wrong}"
