@@ -20,9 +20,11 @@ import json
 import re
 import threading
 import uuid
-from dataclasses import dataclass
 
 import duckdb
+
+from gpuagent.collector.views.result import QueryResult
+from gpuagent.common.errors import first_line
 
 
 class QueryRefused(ValueError):
@@ -129,17 +131,6 @@ def _jsonable(v):
     return str(v)
 
 
-@dataclass(frozen=True)
-class QueryResult:
-    columns: list[str]
-    column_types: list[str]
-    rows: list[list]
-    truncated: bool
-
-    def rows_json(self) -> str:
-        return json.dumps(self.rows, separators=(",", ":"))
-
-
 def run_readonly(cursor_factory, sql: str, max_rows: int, timeout_s: float) -> QueryResult:
     """Check ``sql`` and run it read-only on a fresh cursor, returning at most ``max_rows`` rows."""
     cur = cursor_factory()
@@ -159,10 +150,9 @@ def run_readonly(cursor_factory, sql: str, max_rows: int, timeout_s: float) -> Q
             raise QueryFailed(f"the query ran longer than {timeout_s:g} s and was stopped") from None
         except duckdb.PermissionException as exc:
             raise QueryRefused("refused: the read-only SQL endpoint has no file, network or extension access "
-                               f"({str(exc).splitlines()[0]})") from None
+                               f"({first_line(exc)})") from None
         except duckdb.TransactionException as exc:
-            raise QueryRefused(f"refused: the read-only SQL endpoint cannot write ({str(exc).splitlines()[0]})") \
-                from None
+            raise QueryRefused(f"refused: the read-only SQL endpoint cannot write ({first_line(exc)})") from None
         except duckdb.Error as exc:
             raise QueryFailed(str(exc).strip()) from None
         truncated = len(rows) > max_rows
