@@ -24,6 +24,7 @@ from pathlib import Path
 import duckdb
 
 from gpuagent.collector.analysis import analyzer as A
+from gpuagent.collector.store import schema
 from gpuagent.sim import synthetic_rows as S
 
 ALL_GPU_METRICS = ("gpu_util_percent", "gpu_power_watts", "gpu_temperature_celsius", "gpu_sm_clock_mhz")
@@ -110,7 +111,7 @@ def main(argv=None) -> int:
     con = duckdb.connect(str(path))
     if args.threads:
         con.execute(f"SET threads = {int(args.threads)}")
-    A.migrate(con)
+    schema.migrate(con)
     start = dt.datetime(2026, 1, 1, 0, 0)
     add_fleet(con, args.nodes, args.gpus, start)
     cfg = A.AnalyzerConfig(window_s=args.minutes * 60.0)

@@ -26,9 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import duckdb
-
 from gpuagent.collector.analysis import analyzer as A
+from gpuagent.collector.store.db import open_readonly
 from gpuagent.collector.views.client import analyze as remote_analyze
 from gpuagent.sim.run import SimConfig, run_sim
 from gpuagent.sim.fleet import NodeSpec, VIRT_COMPONENTS
@@ -81,7 +80,7 @@ def start_collector(db: Path, workdir: Path):
 
 
 def score(db: Path) -> dict:
-    con = duckdb.connect(str(db), read_only=True)
+    con = open_readonly(db)
     try:
         nodes = con.execute("SELECT node_id, virtualized, labels FROM nodes WHERE synthetic").fetchall()
         flagged = con.execute("""SELECT DISTINCT node_id, kind, component FROM flags

@@ -10,6 +10,7 @@ import duckdb
 import pytest
 
 from gpuagent.collector.analysis import analyzer as A
+from gpuagent.collector.store import schema
 from gpuagent.sim import synthetic_rows as S
 
 NOW = dt.datetime(2026, 1, 1, 12, 0)
@@ -18,7 +19,7 @@ NOW = dt.datetime(2026, 1, 1, 12, 0)
 @pytest.fixture
 def con(tmp_path):
     c = duckdb.connect(str(tmp_path / "collector.duckdb"))
-    A.migrate(c)
+    schema.migrate(c)
     yield c
     c.close()
 

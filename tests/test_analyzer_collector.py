@@ -9,9 +9,11 @@ import duckdb
 import pytest
 
 from gpuagent.collector.analysis import analyzer as A
+from gpuagent.collector.store import schema
 from gpuagent.sim import synthetic_rows as S
 from gpuagent.collector.views.client import analyze as remote_analyze
 from gpuagent.collector.ingest.server import start_collector
+from gpuagent.common.timeutil import utc_now
 
 from conftest import wait_for
 from test_collector_cli import run_cli, start_serve, stop
@@ -33,7 +35,7 @@ def test_scheduled_passes_run_on_the_writer_and_analyze_rpc_answers(tmp_path):
     handle = start_collector(db, "127.0.0.1:0", analyzer_config=cfg)
     try:
         # Rows go in through the writer (the single-writer rule), like ingest would.
-        handle.writer.call(lambda con: slow_vm_fleet(con, A.utcnow())).result(timeout=30)
+        handle.writer.call(lambda con: slow_vm_fleet(con, utc_now())).result(timeout=30)
         wait_for(lambda: handle.analyzer.passes >= 2, timeout=60, what="two scheduled analysis passes")
         assert handle.analyzer.last_error is None
         res = remote_analyze(handle.address, window_s=1800)
@@ -59,8 +61,8 @@ def test_scheduled_passes_run_on_the_writer_and_analyze_rpc_answers(tmp_path):
 def test_analyze_cli_live_collector_and_stopped_file(tmp_path):
     db = tmp_path / "c.duckdb"
     con = duckdb.connect(str(db))
-    A.migrate(con)
-    slow_vm_fleet(con, A.utcnow())
+    schema.migrate(con)
+    slow_vm_fleet(con, utc_now())
     con.close()
     proc, port = start_serve(tmp_path, db=db)
     try:

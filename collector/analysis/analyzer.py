@@ -1,12 +1,14 @@
 """The analyzer: turns stored telemetry into flags (virtualization overhead, noisy neighbors, utilization gaps).
 
-All logic is plain SQL in ``collector/analysis/*.sql``, run in file order on one DuckDB connection:
-incremental 1-minute rollups first, then one file per flag kind writing *conditions*, then one step that
-opens, updates and closes rows of ``flags``. This module only prepares parameters and the small lookup
-tables (components and thresholds from docs/FLAGS.md, the reference baselines, declared baselines, prices).
+All logic is plain SQL in ``collector/analysis/sql/``, run on one DuckDB connection in the order of
+``steps.STEPS``: incremental 1-minute rollups first, then one file per flag kind writing *conditions*, then
+one step that opens, updates and closes rows of ``flags``. This module only prepares parameters and the
+small lookup tables (components and thresholds from docs/FLAGS.md, the reference baselines, declared
+baselines, prices).
 
 The collector's single-writer rule holds: inside the collector, a pass runs on the writer's connection
-through ``Writer.run_in_transaction``; ``analyze_db`` runs a pass on a database file no collector holds.
+(``Writer.call`` with ``run_in_transaction``); ``analyze_db`` runs a pass on a database file no collector
+holds.
 """
 
 from __future__ import annotations
@@ -16,15 +18,14 @@ import json
 import re
 import threading
 import time
+import tomllib
 from dataclasses import dataclass, field, fields, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-try:  # Python >= 3.11
-    import tomllib
-except ModuleNotFoundError:  # pragma: no cover - Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
+from gpuagent.collector.analysis.steps import BASELINE, STEPS, Step, pass_steps, rollup_steps
+from gpuagent.common.timeutil import utc_now
 
 KINDS = ("virtualization_overhead", "noisy_neighbor_variance", "utilization_gap")
 
@@ -172,7 +173,7 @@ class AnalyzerConfig:
     thresholds: Mapping[str, float] = field(default_factory=dict)   # "kind.component" -> threshold
     declared: tuple[DeclaredBaseline, ...] = ()
     pool_prices: Mapping[str, float] = field(default_factory=dict)
-    reference_path: str | None = None   # None: the shipped collector/baselines.toml
+    reference_path: str | None = None   # None: the shipped collector/analysis/baselines.toml
 
     @classmethod
     def from_mapping(cls, doc: Mapping[str, Any]) -> "AnalyzerConfig":
@@ -252,10 +253,10 @@ class AnalyzerConfig:
 
 
 def load_reference(path: str | Path | None = None) -> list[dict[str, Any]]:
-    """The reference baseline rows (collector/baselines.toml); every row must cite its source."""
+    """The reference baseline rows (collector/analysis/baselines.toml); every row must cite its source."""
     if path is None:
         text = resources.files("gpuagent.collector.analysis").joinpath("baselines.toml").read_text()
-        where = "collector/baselines.toml"
+        where = "collector/analysis/baselines.toml"
     else:
         try:
             text = Path(path).read_text()
@@ -283,13 +284,15 @@ def _sql_dir():
     return resources.files("gpuagent.collector.analysis").joinpath("sql")
 
 
-def load_steps() -> list[tuple[str, list[str]]]:
-    """(file name, statements) for every analysis SQL file, in file-name order."""
-    steps = []
-    for entry in sorted(_sql_dir().iterdir(), key=lambda p: p.name):
-        if entry.name.endswith(".sql"):
-            steps.append((entry.name, split_sql(entry.read_text())))
-    return steps
+def load_sql(steps: tuple[Step, ...] = STEPS) -> dict[str, list[str]]:
+    """Statements of each step's SQL file, by step name."""
+    out = {}
+    for step in steps:
+        entry = _sql_dir().joinpath(step.sql_file)
+        if not entry.is_file():
+            raise AnalyzerError(f"analysis SQL file {step.sql_file} is missing from the installed package")
+        out[step.name] = split_sql(entry.read_text())
+    return out
 
 
 def split_sql(text: str) -> list[str]:
@@ -344,26 +347,21 @@ class PassResult:
                 "step_s": {k: round(v, 4) for k, v in self.step_s.items()}}
 
 
-def utcnow() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
-
-
 class Analyzer:
     """Runs analysis passes on a connection that may write (the writer's)."""
 
     def __init__(self, config: AnalyzerConfig | None = None):
         self.config = config or AnalyzerConfig()
         self.reference = load_reference(self.config.reference_path)
-        self.steps = load_steps()
-        if not any(n.startswith("90_") for n, _ in self.steps):
-            raise AnalyzerError("analysis SQL files are missing from the installed package")
+        self.sql = load_sql()
 
     # -- rollups -----------------------------------------------------------------------------------------
 
     def rollup(self, con) -> int:
         """Bring samples_1m and job_samples_1m up to date; returns the raw rows read."""
         total = 0
-        for source, step in (("samples", "10_rollup_samples.sql"), ("job_samples", "11_rollup_job_samples.sql")):
+        for step in rollup_steps():
+            source = step.source
             row = con.execute(f"SELECT max(rowid), count(*) FROM {source}").fetchone()
             hi = -1 if row[0] is None else int(row[0])
             wm = con.execute("SELECT last_rowid FROM rollup_watermarks WHERE source = ?", [source]).fetchone()
@@ -378,10 +376,10 @@ class Analyzer:
                     f"FROM {source} WHERE rowid > $lo AND rowid <= $hi", {"lo": lo, "hi": hi}).fetchone()
                 if bounds[2]:
                     params = {"lo": lo, "hi": hi, "dmin": bounds[0], "dmax": bounds[1]}
-                    for stmt in dict(self.steps)[step]:
+                    for stmt in self.sql[step.name]:
                         _run(con, stmt, params)
                     total += int(bounds[2])
-            con.execute("INSERT OR REPLACE INTO rollup_watermarks VALUES (?, ?, ?)", [source, hi, utcnow()])
+            con.execute("INSERT OR REPLACE INTO rollup_watermarks VALUES (?, ?, ?)", [source, hi, utc_now()])
         return total
 
     # -- flags -------------------------------------------------------------------------------------------
@@ -450,39 +448,48 @@ class Analyzer:
 
     def run_pass(self, con, now: dt.datetime | None = None) -> PassResult:
         """One pass: rollups, then every flag kind, then the flags table. The caller owns the transaction."""
-        now = now or utcnow()
+        now = now or utc_now()
         t0 = time.perf_counter()
         rows_in = self.rollup(con)
         t1 = time.perf_counter()
         params = self.params(now)
         self._lookup_tables(con)
-        counts: dict[int, int] = {}
+        counts: dict[str, int] = {}
         step_s: dict[str, float] = {}
-        for name, stmts in self.steps:
-            if name.startswith("1"):
-                continue
-            if name.startswith("25_") and not self._baselines_stale(con, now):
+        for step in pass_steps():
+            if step.produces == BASELINE and not self._baselines_stale(con, now):
                 continue
             ts = time.perf_counter()
-            for stmt in stmts:
-                try:
-                    res = _run(con, stmt, params)
-                except Exception as exc:  # a bug in our SQL: name the file so it can be found
-                    raise AnalyzerError(f"analysis step {name} failed: {exc}") from exc
-                if name.startswith("90_"):
-                    counts[len(counts)] = res.fetchone()[0]
-            step_s[name] = time.perf_counter() - ts
+            counts.update(self._run_step(con, step, params))
+            step_s[step.sql_file] = time.perf_counter() - ts
         conditions = con.execute("SELECT count(*) FROM _conditions").fetchone()[0]
         t2 = time.perf_counter()
         result = PassResult(now, rows_in, t1 - t0, t2 - t1, int(conditions),
-                            int(counts.get(1, 0)), int(counts.get(0, 0)), int(counts.get(2, 0)), step_s)
+                            counts.get("opened", 0), counts.get("updated", 0), counts.get("closed", 0), step_s)
         con.execute("INSERT INTO analysis_runs VALUES (?,?,?,?,?,?,?,?,?,?)", [
-            now, utcnow(), self.config.window_s, rows_in, result.rollup_s, result.flags_s, result.conditions,
+            now, utc_now(), self.config.window_s, rows_in, result.rollup_s, result.flags_s, result.conditions,
             result.opened, result.updated, result.closed])
-        for table in ("_delta_samples", "_merged_samples", "_delta_jobs", "_merged_jobs", "_ok_metrics",
-                      "_ug_minutes", "_nn_points"):
-            con.execute(f"DROP TABLE IF EXISTS {table}")
+        # Temp tables live as long as the connection, which inside the collector is the writer's: free them.
+        for step in STEPS:
+            for table in step.temp_tables:
+                con.execute(f"DROP TABLE IF EXISTS {table}")
         return result
+
+    def _run_step(self, con, step: Step, params: Mapping[str, Any]) -> dict[str, int]:
+        """Run one step's statements; returns the row counts of the result columns it declares."""
+        counts: dict[str, int] = {}
+        for stmt in self.sql[step.name]:
+            try:
+                res = _run(con, stmt, params)
+            except Exception as exc:  # a bug in our SQL: name the file so it can be found
+                raise AnalyzerError(f"analysis step {step.sql_file} failed: {exc}") from exc
+            column = res.description[0][0] if res.description else None
+            if column in step.counts:
+                counts[column] = len(res.fetchall())
+        missing = [name for name in step.counts if name not in counts]
+        if missing:
+            raise AnalyzerError(f"analysis step {step.sql_file} returned no {missing[0]!r} column")
+        return counts
 
 
 # ----------------------------------------------------------------------------------------------- entry points
@@ -501,53 +508,38 @@ def run_in_transaction(con, fn: Callable[[Any], Any]):
 
 def analyze_db(path: str | Path, config: AnalyzerConfig | None = None,
                now: dt.datetime | None = None) -> PassResult:
-    """One pass directly on a database file (the collector must be stopped: DuckDB allows one writer)."""
-    import duckdb  # noqa: PLC0415 - the collector extra
+    """One pass directly on a database file (the collector must be stopped: DuckDB allows one writer).
+
+    The file is opened and migrated the way the collector opens it, so the pass runs as it would there.
+    """
+    from gpuagent.collector.store import db  # noqa: PLC0415 - the collector extra
 
     path = Path(path)
-    if not path.exists():
+    if not path.exists():   # open_database would create it
         raise AnalyzerError(f"database {path} does not exist")
     try:
-        con = duckdb.connect(str(path))
-    except duckdb.IOException as exc:
-        if "lock" in str(exc).lower():
-            raise AnalyzerError(f"database {path} is held by a running collector: use "
-                                "`gpuagent-collector analyze --target HOST:PORT` instead") from None
-        raise AnalyzerError(f"cannot open database {path}: {exc}") from None
+        con = db.open_database(path)
+    except db.DatabaseError as exc:
+        raise AnalyzerError(f"{exc}{_LIVE_HINT}") from None
     try:
-        migrate(con)
         analyzer = Analyzer(config)
         return run_in_transaction(con, lambda c: analyzer.run_pass(c, now))
     finally:
         con.close()
 
 
-def migrate(con) -> None:
-    """Bring a database to the current schema with the collector's migrations."""
-    try:
-        from gpuagent.collector.store import schema  # noqa: PLC0415
-    except ImportError:
-        schema = None
-    if schema is not None and hasattr(schema, "migrate"):
-        schema.migrate(con)
-        return
-    # Until the collector's schema module is present: the same bookkeeping table, every migration once.
-    con.execute("CREATE TABLE IF NOT EXISTS schema_migrations ("
-                "version INTEGER PRIMARY KEY, name VARCHAR NOT NULL, applied_at TIMESTAMP NOT NULL)")
-    done = {r[0] for r in con.execute("SELECT version FROM schema_migrations").fetchall()}
-    mig = resources.files("gpuagent.collector.store").joinpath("migrations")
-    for entry in sorted(mig.iterdir(), key=lambda p: p.name):
-        if entry.name.endswith(".sql") and int(entry.name[:3]) not in done:
-            con.execute(entry.read_text())
-            con.execute("INSERT INTO schema_migrations VALUES (?, ?, ?)",
-                        [int(entry.name[:3]), entry.name[4:-4], utcnow()])
+# store.db words why a file cannot be opened; what to do instead is this command's to say.
+_LIVE_HINT = "; a database held by a running collector is analysed with `gpuagent-collector analyze --target HOST:PORT`"
 
 
 def open_flags_in(path: str | Path, limit: int = 1000) -> list[dict[str, Any]]:
     """Open flags of a database file no collector holds (read-only)."""
-    import duckdb  # noqa: PLC0415
+    from gpuagent.collector.store import db  # noqa: PLC0415
 
-    con = duckdb.connect(str(path), read_only=True)
+    try:
+        con = db.open_readonly(path)
+    except db.DatabaseError as exc:
+        raise AnalyzerError(f"{exc}{_LIVE_HINT}") from None
     try:
         return open_flags(con, limit)
     finally:
@@ -562,7 +554,7 @@ def open_flags(con, limit: int = 1000) -> list[dict[str, Any]]:
 
 
 class AnalyzerThread:
-    """Runs a pass every ``interval_s`` through ``submit`` (the writer's run_in_transaction) until stopped."""
+    """Runs a pass every ``interval_s`` through ``submit`` (a transaction on the writer) until stopped."""
 
     def __init__(self, analyzer: Analyzer, submit: Callable[[Callable[[Any], Any]], Any],
                  on_error: Callable[[BaseException], None] | None = None):

@@ -11,6 +11,7 @@ from pathlib import Path
 import grpc
 
 from gpuagent.collector.ingest.auth import bearer_metadata
+from gpuagent.collector.views.result import QueryResult
 from gpuagent.proto import pb, pb_grpc
 
 DEFAULT_TARGET = "127.0.0.1:7443"
@@ -18,14 +19,6 @@ DEFAULT_TARGET = "127.0.0.1:7443"
 
 class QueryError(RuntimeError):
     """The collector refused or failed the query, or could not be reached; the message says which."""
-
-
-@dataclass(frozen=True)
-class QueryResult:
-    columns: list[str]
-    column_types: list[str]
-    rows: list[list]
-    truncated: bool
 
 
 def channel(target: str, tls_ca: str | None = None) -> grpc.Channel:

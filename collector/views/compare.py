@@ -55,18 +55,16 @@ class DbSource:
     """A DuckDB file opened read-only (the collector must not hold it open for writing)."""
 
     def __init__(self, path: str):
-        import duckdb  # noqa: PLC0415 - collector extra
+        from gpuagent.collector.store import db  # noqa: PLC0415 - collector extra
 
         if not os.path.exists(path):
             raise CompareError(f"database {path} does not exist")
         try:
-            self.con = duckdb.connect(path, read_only=True)
-        except duckdb.Error as exc:
-            text = str(exc)
-            if "lock" in text.lower():
-                raise CompareError(f"database {path} is held by a running collector: use "
-                                   f"--target HOST:PORT to ask the collector instead") from None
-            raise CompareError(f"cannot open database {path}: {text.splitlines()[0]}") from None
+            self.con = db.open_readonly(path)
+        except db.DatabaseError as exc:
+            # store.db says why the file cannot be opened; what to do instead is this command's to say.
+            raise CompareError(f"{exc}; a database held by a running collector is read with "
+                               "--target HOST:PORT") from None
         self.label = path
 
     def query(self, sql: str) -> list[dict[str, Any]]:

@@ -20,11 +20,11 @@ import json
 import re
 import threading
 import uuid
-from dataclasses import dataclass
 
 import duckdb
 import pyarrow as pa
 
+from gpuagent.collector.views.result import QueryResult
 from gpuagent.common.errors import first_line
 
 
@@ -132,17 +132,6 @@ def _jsonable(v):
     if isinstance(v, (list, tuple)):
         return [_jsonable(x) for x in v]
     return str(v)
-
-
-@dataclass(frozen=True)
-class QueryResult:
-    columns: list[str]
-    column_types: list[str]
-    rows: list[list]
-    truncated: bool
-
-    def rows_json(self) -> str:
-        return json.dumps(self.rows, separators=(",", ":"))
 
 
 DEFAULT_MAX_RESULT_BYTES = 16 * 1024 * 1024

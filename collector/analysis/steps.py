@@ -1,0 +1,63 @@
+"""The analysis steps, in the order a pass runs them: one SQL file in ``collector/analysis/sql/`` each.
+
+The analyzer walks ``STEPS`` and nothing else decides what runs: adding a flag kind is one SQL file that
+inserts into ``_conditions`` and ``_evaluated`` plus one ``Step(..., CONDITIONS, ...)`` line before the
+``FLAGS`` step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# What a step produces, which also says when the analyzer runs it.
+ROLLUP = "rollup"          # merges newly appended raw rows of ``source`` into its 1-minute table
+CONTEXT = "context"        # temp tables every later step of the pass reads
+BASELINE = "baseline"      # fleet_baselines; only run when the stored baselines are stale
+CONDITIONS = "conditions"  # rows of _conditions (and _evaluated) for one flag kind
+FLAGS = "flags"            # turns _conditions into opened, updated and closed rows of flags
+PRODUCES = (ROLLUP, CONTEXT, BASELINE, CONDITIONS, FLAGS)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One analysis SQL file and what the analyzer needs to know to run it and read its result."""
+
+    name: str
+    sql_file: str
+    produces: str
+    temp_tables: tuple[str, ...] = ()   # created by the SQL; dropped at the end of the pass
+    source: str | None = None           # ROLLUP: the raw table read by rowid window
+    counts: tuple[str, ...] = ()        # result columns whose row counts the pass reports, read by name
+
+    def __post_init__(self) -> None:
+        if self.produces not in PRODUCES:
+            raise ValueError(f"step {self.name}: produces must be one of {', '.join(PRODUCES)}")
+        if (self.produces == ROLLUP) != (self.source is not None):
+            raise ValueError(f"step {self.name}: a source table goes with rollup steps and only with them")
+
+
+STEPS: tuple[Step, ...] = (
+    Step("rollup_samples", "10_rollup_samples.sql", ROLLUP,
+         temp_tables=("_delta_samples", "_merged_samples"), source="samples"),
+    Step("rollup_job_samples", "11_rollup_job_samples.sql", ROLLUP,
+         temp_tables=("_delta_jobs", "_merged_jobs"), source="job_samples"),
+    Step("node_class", "20_node_class.sql", CONTEXT,
+         temp_tables=("_node_class", "_ok_metrics", "_pressure")),
+    Step("fleet_baselines", "25_fleet_baselines.sql", BASELINE),
+    Step("virtualization_overhead", "30_virtualization_overhead.sql", CONDITIONS,
+         temp_tables=("_vo_values", "_vo_pooled", "_vo_fleet", "_vo_ref", "_vo_declared", "_vo", "_vo_scored")),
+    Step("noisy_neighbor_variance", "40_noisy_neighbor_variance.sql", CONDITIONS,
+         temp_tables=("_nn_points", "_nn_series", "_nn_fleet", "_nn")),
+    Step("utilization_gap", "50_utilization_gap.sql", CONDITIONS,
+         temp_tables=("_ug_minutes", "_ug_wait", "_ug", "_ug_dw", "_ug_scored", "_ug_cond")),
+    Step("apply_flags", "90_apply_flags.sql", FLAGS, counts=("updated", "opened", "closed")),
+)
+
+
+def rollup_steps() -> tuple[Step, ...]:
+    return tuple(s for s in STEPS if s.produces == ROLLUP)
+
+
+def pass_steps() -> tuple[Step, ...]:
+    """The steps after the rollups, in order."""
+    return tuple(s for s in STEPS if s.produces != ROLLUP)
