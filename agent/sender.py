@@ -6,10 +6,10 @@ the DuckDB commit). It never parses batches: the spooled bytes go out as they ar
 appended as one more encoding of field 1 (a protobuf parser keeps the last value of a singular field).
 
 Reconnects use the exponential backoff with jitter of :mod:`gpuagent.common.retry` (each wait is 50-100 %
-of the current delay), shared with the synthetic fleet, which calls the same RPC paths. Every RPC
-has a deadline: ``Register`` directly, the long-lived stream through an ack watchdog (a batch not acked within ``rpc_timeout_s`` cancels the
-call). ``stop()`` interrupts the backoff through ``threading.Event.wait`` (the pattern of the
-OpenTelemetry OTLP gRPC exporter). Error mapping:
+of the current delay), shared with the synthetic fleet, which calls the same RPC paths. Every RPC has a
+deadline: ``Register`` directly, the long-lived stream through an ack watchdog (a batch not acked within
+``rpc_timeout_s`` cancels the call). ``stop()`` interrupts the backoff through ``threading.Event.wait``
+(the pattern of the OpenTelemetry OTLP gRPC exporter). Error mapping:
 
 * UNAUTHENTICATED / PERMISSION_DENIED: one clear log line naming the token setting; retried with backoff.
 * INVALID_ARGUMENT (or RESOURCE_EXHAUSTED naming a batch: over the collector's size limit) on the
