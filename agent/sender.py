@@ -5,10 +5,11 @@ oldest first, deleting each one from the spool when its ``Ack`` arrives (the col
 the DuckDB commit). It never parses batches: the spooled bytes go out as they are, with the node id
 appended as one more encoding of field 1 (a protobuf parser keeps the last value of a singular field).
 
-Reconnects use exponential backoff with jitter (each wait is 50-100 % of the current delay). Every RPC
-has a deadline: ``Register`` directly, the long-lived stream through an ack watchdog (a batch not acked within ``rpc_timeout_s`` cancels the
-call). ``stop()`` interrupts the backoff through ``threading.Event.wait`` (the pattern of the
-OpenTelemetry OTLP gRPC exporter). Error mapping:
+Reconnects use the exponential backoff with jitter of :mod:`gpuagent.common.retry` (each wait is 50-100 %
+of the current delay), shared with the synthetic fleet, which calls the same RPC paths. Every RPC has a
+deadline: ``Register`` directly, the long-lived stream through an ack watchdog (a batch not acked within
+``rpc_timeout_s`` cancels the call). ``stop()`` interrupts the backoff through ``threading.Event.wait``
+(the pattern of the OpenTelemetry OTLP gRPC exporter). Error mapping:
 
 * UNAUTHENTICATED / PERMISSION_DENIED: one clear log line naming the token setting; retried with backoff.
 * INVALID_ARGUMENT (or RESOURCE_EXHAUSTED naming a batch: over the collector's size limit) on the
@@ -43,15 +44,13 @@ import grpc
 
 from gpuagent.agent.config import CollectorConfig
 from gpuagent.agent.spool import Spool
+from gpuagent.common.retry import REFUSED, REGISTER_METHOD, STREAM_METHOD, Backoff
 from gpuagent.proto import pb
 from gpuagent.proto.wire import length_delimited
 
 log = logging.getLogger("gpuagent.sender")
 
-STREAM_METHOD = "/gpuagent.v1.Collector/Stream"
-REGISTER_METHOD = "/gpuagent.v1.Collector/Register"
 _SEQ_IN_DETAILS = re.compile(r"\bseq\D{0,3}(\d+)")
-
 
 
 def with_node_id(payload: bytes, node_id: str) -> bytes:
@@ -138,7 +137,7 @@ class Sender(threading.Thread):
 
     # ---------------------------------------------------------------- main loop
     def run(self) -> None:
-        delay = self.cfg.backoff_initial_s
+        backoff = Backoff(self.cfg.backoff_initial_s, self.cfg.backoff_max_s, self._rng)
         while not self.stopping:
             self._registered = False
             self._acked = False
@@ -156,16 +155,14 @@ class Sender(threading.Thread):
             if self.stopping:
                 break
             if self._registered and self._acked:
-                delay = self.cfg.backoff_initial_s
+                backoff.reset()
             if retry_now:
                 continue   # e.g. a rejected batch was set aside: resend the rest at once
-            # Jitter: anywhere in [delay/2, delay], so a fleet does not reconnect in lockstep.
-            wait = delay * (0.5 + 0.5 * self._rng.random())
+            wait = backoff.next_wait()
             with self._lock:
                 self.state.next_retry_ns = time.time_ns() + int(wait * 1e9)
             if self._halt.wait(wait) or self._draining.is_set():
                 break
-            delay = min(delay * 2, self.cfg.backoff_max_s)
         with self._lock:
             self._set_connected(False)
 
@@ -302,7 +299,7 @@ class Sender(threading.Thread):
                     self._set_connected(False)
                     self.state.last_error = ""
                 return True
-        if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+        if code in REFUSED:
             text = (f"collector {self.cfg.address} refused this agent's credentials ({code.name}: {details}); "
                     "check collector.token / collector.token_file (GPUAGENT_TOKEN) against the collector's tokens")
         elif code == grpc.StatusCode.ALREADY_EXISTS:
@@ -316,8 +313,7 @@ class Sender(threading.Thread):
         self._set_error(text)
         if code.name != self._logged_error:
             # One line per kind of failure; the status file carries the rest.
-            (log.error if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
-                                   grpc.StatusCode.ALREADY_EXISTS)
+            (log.error if code in REFUSED or code == grpc.StatusCode.ALREADY_EXISTS
              else log.warning)("%s; spooling and retrying with backoff", text)
             self._logged_error = code.name
         return False

@@ -19,7 +19,7 @@ decodes the bytes with the generated ``Batch`` class and compares them with the 
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -68,16 +68,30 @@ def encode_sample_columns(series: bytes, ts_ns: np.ndarray, n_series: int, value
     return series + length_delimited(2, ts_bytes) + length_delimited(3, ids) + length_delimited(4, vals)
 
 
-@dataclass(frozen=True)
-class SimTiming:
-    start_ns: int
-    end_ns: int
+@dataclass(frozen=True, kw_only=True)
+class Cadence:
+    """How often a simulated node samples, batches, probes and reports job rows, and which GPU series it
+    sends. Its fields are also :class:`gpuagent.sim.run.SimConfig`'s (and the CLI's) defaults."""
+
     interval_s: float = 1.0
     batch_s: float = 300.0
     probe_interval_s: float = 300.0
     job_sample_interval_s: float = 30.0
     step_window_s: float = 60.0
     gpu_metrics: str = "full"
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimTiming(Cadence):
+    """A cadence over the simulated span ``[start_ns, end_ns)``."""
+
+    start_ns: int
+    end_ns: int
+
+    @classmethod
+    def over(cls, cadence: Cadence, start_ns: int, end_ns: int) -> "SimTiming":
+        """``cadence`` (a SimConfig, say) over ``[start_ns, end_ns)``."""
+        return cls(start_ns=start_ns, end_ns=end_ns, **{f.name: getattr(cadence, f.name) for f in fields(Cadence)})
 
 
 @dataclass

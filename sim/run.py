@@ -18,6 +18,11 @@ How to inject per-node conditions (see :mod:`gpuagent.sim.fleet` for their exact
 
 Efficiency: one process (or ``--procs N``) drives all its nodes from one asyncio event loop over one gRPC
 channel, with at most ``--streams`` RPCs in flight; sample columns are encoded straight to wire bytes.
+
+Delivery follows the agent's rules (:mod:`gpuagent.common.retry`: the same RPC paths, retryable codes and
+backoff with jitter), so a collector sees what a real fleet would send it after a hiccup. Unlike the
+agent, a simulated node gives up after ``retries`` attempts and the run stops on refused credentials: a
+one-shot load generator must end.
 """
 
 from __future__ import annotations
@@ -34,23 +39,25 @@ from dataclasses import asdict, dataclass, field
 import click
 import grpc
 
-from gpuagent.sim.data import NS, NodeSim, SimTiming
-from gpuagent.sim.fleet import (GPU_MODELS, NodeSpec, ScenarioError, load_scenario_file,
-                                          scenario_fleet, validate)
+from gpuagent.common.retry import REFUSED, RETRYABLE, STREAM_METHOD, Backoff
 from gpuagent.proto import pb, pb_grpc
+from gpuagent.sim.data import GPU_METRIC_SETS, NS, Cadence, NodeSim, SimTiming
+from gpuagent.sim.fleet import GPU_MODELS, NodeSpec, ScenarioError, load_scenario_file, scenario_fleet, validate
 
 AGENT_VERSION = "gpuagent-sim/0.1.0 (SYNTHETIC)"
-STREAM_METHOD = "/gpuagent.v1.Collector/Stream"
-RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED,
-             grpc.StatusCode.ABORTED)
+# A simulated node's first resend comes 0.1-0.2 s after a failure, later ones at most 5 s apart: short,
+# because a backfill run is waiting on it, and jittered like the agent's so nodes do not resend in lockstep.
+RESEND_BACKOFF_S = (0.2, 5.0)
 
 
 class SimError(RuntimeError):
     """The simulation could not run at all (collector unreachable, refused credentials); one sentence."""
 
 
-@dataclass(frozen=True)
-class SimConfig:
+@dataclass(frozen=True, kw_only=True)
+class SimConfig(Cadence):
+    """What to simulate and where to send it; the cadence fields come from :class:`Cadence`."""
+
     collector: str = "127.0.0.1:7443"
     token: str | None = None
     nodes: int = 10
@@ -60,12 +67,6 @@ class SimConfig:
     sim_hours: float = 1.0
     duration_s: float | None = None       # live mode when set
     speed: float = 0.0                    # sim-seconds per wall-second; 0 = as fast as the collector acks
-    interval_s: float = 1.0
-    batch_s: float = 300.0
-    probe_interval_s: float = 300.0
-    job_sample_interval_s: float = 30.0
-    step_window_s: float = 60.0
-    gpu_metrics: str = "full"
     gpu_model: str = "h100-sxm"
     gpus: int = 8
     streams: int = 16
@@ -125,12 +126,6 @@ def build_fleet(config: SimConfig) -> list[NodeSpec]:
                           gpu_model=config.gpu_model, gpu_count=config.gpus)
 
 
-def _timing(config: SimConfig, start_ns: int, end_ns: int) -> SimTiming:
-    return SimTiming(start_ns=start_ns, end_ns=end_ns, interval_s=config.interval_s, batch_s=config.batch_s,
-                     probe_interval_s=config.probe_interval_s, job_sample_interval_s=config.job_sample_interval_s,
-                     step_window_s=config.step_window_s, gpu_metrics=config.gpu_metrics)
-
-
 def _span(config: SimConfig) -> tuple[int, int, bool]:
     """(start_ns, end_ns, live)."""
     if config.duration_s is not None:
@@ -154,7 +149,7 @@ def validate_config(config: SimConfig) -> None:
                                                  "(the analyzer needs a job sample per held GPU per minute)"),
         (config.step_window_s > 0, "--step-window-s must be positive"),
         (config.streams >= 1 and config.procs >= 1, "--streams and --procs must be at least 1"),
-        (config.gpu_metrics in ("full", "util"), "--gpu-metrics must be full or util"),
+        (config.gpu_metrics in GPU_METRIC_SETS, f"--gpu-metrics must be one of {', '.join(sorted(GPU_METRIC_SETS))}"),
         (config.gpu_model in GPU_MODELS, f"--gpu-model must be one of {', '.join(sorted(GPU_MODELS))}"),
     ]
     for ok, msg in checks:
@@ -170,7 +165,7 @@ class _Runner:
 
     def __init__(self, config: SimConfig, start_ns: int, end_ns: int, live: bool):
         self.c = config
-        self.timing = _timing(config, start_ns, end_ns)
+        self.timing = SimTiming.over(config, start_ns, end_ns)
         self.live = live
         self.summary = SimSummary(sim_start_ns=start_ns, sim_end_ns=end_ns)
         self.metadata = (("authorization", f"Bearer {config.token}"),) if config.token else None
@@ -232,6 +227,7 @@ class _Runner:
         s = self.summary
         encoded: dict[int, object] = {}
         pending = list(batches)
+        backoff = Backoff(*RESEND_BACKOFF_S)
         for attempt in range(self.c.retries + 1):
             acked: set[int] = set()
 
@@ -271,14 +267,14 @@ class _Runner:
                     return False
                 exc_text = exc.details()
             s.retries += 1
-            await asyncio.sleep(min(5.0, 0.2 * 2 ** attempt))
+            await asyncio.sleep(backoff.next_wait())
         s.errors.append(f"{node.hostname}: Stream: {exc_text}")
         return False
 
     def _error(self, node: NodeSpec, rpc: str, exc: grpc.aio.AioRpcError) -> None:
         msg = f"{node.hostname}: {rpc} failed: {exc.code().name}: {exc.details()}"
         self.summary.errors.append(msg)
-        if exc.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+        if exc.code() in REFUSED:
             self.fatal = f"the collector at {self.c.collector} refused the credentials: {exc.details()}"
         elif exc.code() == grpc.StatusCode.UNAVAILABLE and rpc == "Register":
             self.fatal = f"cannot reach the collector at {self.c.collector}: {exc.details()}"
@@ -291,9 +287,10 @@ def _run_slice(config: SimConfig, fleet: list[NodeSpec], start_ns: int, end_ns: 
 def run_sim(config: SimConfig, fleet: list[NodeSpec] | None = None) -> SimSummary:
     """Run a SYNTHETIC fleet against ``config.collector`` and return what was sent and acked.
 
-    ``fleet`` defaults to :func:`build_fleet`; a given fleet is validated (and completed) node by node. Raises :class:`ScenarioError` for an impossible scenario and
-    :class:`SimError` when the collector cannot be reached or refuses the credentials. Per-node stream
-    errors do not stop the others; they are listed in ``summary.errors``.
+    ``fleet`` defaults to :func:`build_fleet`; a given fleet is validated (and completed) node by node.
+    Raises :class:`ScenarioError` for an impossible scenario and :class:`SimError` when the collector cannot
+    be reached or refuses the credentials. Per-node stream errors do not stop the others; they are listed in
+    ``summary.errors``.
     """
     validate_config(config)
     fleet = build_fleet(config) if fleet is None else [validate(n) for n in fleet]
@@ -329,33 +326,39 @@ def _describe(fleet: list[NodeSpec]) -> list[str]:
     return lines
 
 
+# The CLI shows and uses the library's defaults: one place to change them.
+_DEFAULTS = SimConfig()
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
-@click.option("--collector", envvar="GPUAGENT_COLLECTOR", default="127.0.0.1:7443", help="collector HOST:PORT")
+@click.option("--collector", envvar="GPUAGENT_COLLECTOR", default=_DEFAULTS.collector,
+              help="collector HOST:PORT")
 @click.option("--token", envvar=["GPUAGENT_TOKEN", "GPUAGENT_COLLECTOR_TOKEN"], default=None,
               help="bearer token for the collector [env GPUAGENT_TOKEN or GPUAGENT_COLLECTOR_TOKEN]")
-@click.option("--nodes", type=int, default=10, help="number of simulated nodes (named scenarios)")
-@click.option("--scenario", default="mixed", help="named mix: mixed or healthy")
+@click.option("--nodes", type=int, default=_DEFAULTS.nodes, help="number of simulated nodes (named scenarios)")
+@click.option("--scenario", default=_DEFAULTS.scenario, help="named mix: mixed or healthy")
 @click.option("--scenario-file", type=click.Path(dir_okay=False), default=None,
               help="TOML file with pools and per-node injections (overrides --scenario/--nodes)")
-@click.option("--seed", type=int, default=0)
-@click.option("--sim-hours", type=float, default=1.0, help="backfill this much simulated time ending now")
+@click.option("--seed", type=int, default=_DEFAULTS.seed)
+@click.option("--sim-hours", type=float, default=_DEFAULTS.sim_hours,
+              help="backfill this much simulated time ending now")
 @click.option("--duration", "duration_s", type=float, default=None,
               help="run live for this many seconds instead of backfilling")
-@click.option("--speed", type=float, default=0.0,
+@click.option("--speed", type=float, default=_DEFAULTS.speed,
               help="backfill pace in sim-seconds per wall-second (0: as fast as the collector acks)")
-@click.option("--interval-s", type=float, default=1.0, help="sample interval")
-@click.option("--batch-s", type=float, default=300.0, help="simulated seconds per batch")
-@click.option("--probe-interval-s", type=float, default=300.0)
-@click.option("--job-sample-interval-s", type=float, default=30.0)
-@click.option("--step-window-s", type=float, default=60.0)
-@click.option("--gpu-metrics", type=click.Choice(["full", "util"]), default="full",
+@click.option("--interval-s", type=float, default=_DEFAULTS.interval_s, help="sample interval")
+@click.option("--batch-s", type=float, default=_DEFAULTS.batch_s, help="simulated seconds per batch")
+@click.option("--probe-interval-s", type=float, default=_DEFAULTS.probe_interval_s)
+@click.option("--job-sample-interval-s", type=float, default=_DEFAULTS.job_sample_interval_s)
+@click.option("--step-window-s", type=float, default=_DEFAULTS.step_window_s)
+@click.option("--gpu-metrics", type=click.Choice(sorted(GPU_METRIC_SETS)), default=_DEFAULTS.gpu_metrics,
               help="per-GPU series: util, memory, power, temperature (full) or util only")
-@click.option("--gpu-model", type=click.Choice(sorted(GPU_MODELS)), default="h100-sxm")
-@click.option("--gpus", type=int, default=8, help="GPUs per node (named scenarios)")
-@click.option("--streams", type=int, default=16, help="RPCs in flight per process")
-@click.option("--procs", type=int, default=1, help="worker processes")
-@click.option("--prefix", default="sim", help="hostname prefix (sim-0001, ...)")
-@click.option("--connect-timeout", "connect_timeout_s", type=float, default=15.0,
+@click.option("--gpu-model", type=click.Choice(sorted(GPU_MODELS)), default=_DEFAULTS.gpu_model)
+@click.option("--gpus", type=int, default=_DEFAULTS.gpus, help="GPUs per node (named scenarios)")
+@click.option("--streams", type=int, default=_DEFAULTS.streams, help="RPCs in flight per process")
+@click.option("--procs", type=int, default=_DEFAULTS.procs, help="worker processes")
+@click.option("--prefix", default=_DEFAULTS.prefix, help="hostname prefix (sim-0001, ...)")
+@click.option("--connect-timeout", "connect_timeout_s", type=float, default=_DEFAULTS.connect_timeout_s,
               help="seconds to wait for the collector to answer")
 @click.option("--dry-run", is_flag=True, help="print the fleet and its injections, send nothing")
 @click.option("--json", "as_json", is_flag=True, help="print the summary as JSON")

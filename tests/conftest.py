@@ -1,9 +1,14 @@
 """Shared test fixtures. Tests use real parts (loopback gRPC, DuckDB files, subprocesses);
-the only fake is the NVML backend (see agent/nvml.py's seam)."""
+the only fake is the NVML backend (see common/nvml.py's seam)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import subprocess
 import time
+from typing import Iterator
 
 import pytest
 
@@ -23,6 +28,34 @@ def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05, what: str
 @pytest.fixture
 def waiter():
     return wait_for
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment without GPUAGENT_* (a developer's own settings must not reach a CLI
+    under test), plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUAGENT_")}
+    env.update(extra)
+    return env
+
+
+@contextlib.contextmanager
+def spawned(argv: list[str], **popen_kw) -> Iterator[subprocess.Popen]:
+    """A CLI subprocess (text stdout/stderr piped, environment from :func:`clean_env` unless given) that is
+    killed and reaped when the block exits, also when an assertion inside it failed."""
+    kw = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True, "env": clean_env(), **popen_kw}
+    proc = subprocess.Popen(argv, **kw)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+def interrupt(proc: subprocess.Popen, timeout: float = 30.0) -> tuple[str, str]:
+    """Ctrl-C: SIGINT to ``proc``, then its (stdout, stderr) once it has exited."""
+    proc.send_signal(signal.SIGINT)
+    return proc.communicate(timeout=timeout)
 
 
 def _cuda_available() -> bool:

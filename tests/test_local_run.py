@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
@@ -10,7 +9,7 @@ import sys
 
 import psutil
 import pytest
-from conftest import wait_for
+from conftest import clean_env, spawned, wait_for
 
 from gpuagent.agent.fingerprint import fingerprint
 
@@ -28,11 +27,10 @@ def _columns(rule: str, row: str) -> list[str]:
 
 
 def test_local_run_once_shows_real_numbers(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUAGENT_")}
-    env["GPUAGENT_RUN_ONCE"] = "1"
     res = subprocess.run([sys.executable, "-m", "gpuagent.local_run", "--run-dir", str(tmp_path / "run"),
                           "--port", "0"],
-                         capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path)
+                         capture_output=True, text=True, timeout=180, env=clean_env(GPUAGENT_RUN_ONCE="1"),
+                         cwd=tmp_path)
     out = res.stdout
     assert res.returncode == 0, out + res.stderr
     assert "REAL data measured on this machine" in out
@@ -56,14 +54,12 @@ def test_local_run_once_shows_real_numbers(tmp_path):
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
 def test_local_run_stopped_by_sigterm_or_hangup_leaves_no_process_behind(tmp_path, sig):
-    """The collector and agent run in their own sessions (so Ctrl-C reaches only `make run`); SIGTERM or a
-    closed terminal (SIGHUP) used to kill `make run` alone and leave both running."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUAGENT_")}
+    """The collector and agent run in their own sessions (so Ctrl-C reaches only `make run`), so SIGTERM or a
+    closed terminal (SIGHUP) to `make run` must stop them too, not leave both running."""
     out_path = tmp_path / "out.txt"
-    with open(out_path, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "gpuagent.local_run", "--run-dir", str(tmp_path / "run"),
-                                 "--port", "0"], stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
-    try:
+    with open(out_path, "w") as out, spawned([sys.executable, "-m", "gpuagent.local_run", "--run-dir",
+                                              str(tmp_path / "run"), "--port", "0"],
+                                             stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path) as proc:
         wait_for(lambda: "Running. Ctrl-C stops both." in out_path.read_text() or proc.poll() is not None,
                  timeout=150, interval=0.2, what="make run's running message")
         children = psutil.Process(proc.pid).children()
@@ -73,10 +69,6 @@ def test_local_run_stopped_by_sigterm_or_hangup_leaves_no_process_behind(tmp_pat
         assert "GPUAGENT_STATE_DIR=" + str(tmp_path / "run" / "agent-state") in text and "GPUAGENT_COLLECTOR=127.0.0.1:" in text
         proc.send_signal(sig)
         assert proc.wait(timeout=60) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     gone, alive = psutil.wait_procs(children, timeout=30)
     assert not alive, [p.cmdline() for p in alive]
     text = out_path.read_text()

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
 import sys
 
 import psutil
 from click.testing import CliRunner
-from conftest import wait_for
+from conftest import interrupt, spawned, wait_for
 
 from gpuagent.agent.cli import main
 from gpuagent.probes.lock import ProbeLock
@@ -84,22 +82,15 @@ def test_ctrl_c_during_a_probe_stops_it_cleanly_and_leaves_no_file(tmp_path):
     target = tmp_path / "target"
     target.mkdir()
     lock = tmp_path / "probe.lock"
-    proc = subprocess.Popen([sys.executable, "-m", "gpuagent.agent.cli", "probe", "run", "storage",
-                             "--lock-path", str(lock), "--param", f"path={target}", "--param", "size_mib=64",
-                             "--param", "seq_seconds=60", "--param", "min_free_percent=0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+    with spawned([sys.executable, "-m", "gpuagent.agent.cli", "probe", "run", "storage",
+                  "--lock-path", str(lock), "--param", f"path={target}", "--param", "size_mib=64",
+                  "--param", "seq_seconds=60", "--param", "min_free_percent=0"]) as proc:
         # The probe has written its file and is in the timed read loop.
         wait_for(lambda: any(p.stat().st_size >= 64 << 20 for p in target.iterdir()), timeout=60,
                  what="the storage probe's test file")
         probe_pids = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
         assert probe_pids
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        out, err = interrupt(proc)
     assert proc.returncode == 130
     assert out == ""
     lines = err.strip().splitlines()

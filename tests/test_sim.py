@@ -8,15 +8,18 @@ import statistics
 import subprocess
 import sys
 
+import grpc
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from conftest import clean_env, interrupt, spawned, wait_for
 
-from gpuagent.sim import fleet
-from gpuagent.sim.run import SimConfig, main as sim_main
-from gpuagent.sim.data import NS, NodeSim, SimTiming
-from gpuagent.sim.fleet import NodeSpec, ScenarioError, load_scenario_file, scenario_fleet, validate
+from gpuagent.common import retry
 from gpuagent.proto import pb
+from gpuagent.sim import fleet
+from gpuagent.sim.data import NS, Cadence, NodeSim, SimTiming
+from gpuagent.sim.fleet import NodeSpec, ScenarioError, load_scenario_file, scenario_fleet, validate
+from gpuagent.sim.run import SimConfig, main as sim_main
 
 END_NS = 1_790_000_000 * NS
 
@@ -213,6 +216,41 @@ def test_config_defaults_match_cli():
     assert fleet.HEALTHY_CV == pytest.approx(0.02)
 
 
+def test_config_timing_is_the_cadence_over_the_span():
+    """SimConfig carries the cadence fields once (from Cadence); SimTiming.over copies every one of them."""
+    cfg = SimConfig(interval_s=5.0, batch_s=60.0, probe_interval_s=240.0, job_sample_interval_s=15.0,
+                    step_window_s=30.0, gpu_metrics="util", nodes=3)
+    t = SimTiming.over(cfg, 10 * NS, 20 * NS)
+    assert (t.start_ns, t.end_ns) == (10 * NS, 20 * NS)
+    assert (t.interval_s, t.batch_s, t.probe_interval_s, t.job_sample_interval_s, t.step_window_s,
+            t.gpu_metrics) == (5.0, 60.0, 240.0, 15.0, 30.0, "util")
+    assert SimTiming.over(Cadence(), 0, NS) == SimTiming(start_ns=0, end_ns=NS)
+
+
+def test_rpc_paths_match_the_proto():
+    """The hand-written paths in gpuagent.common.retry are the generated service's."""
+    service = pb.DESCRIPTOR.services_by_name["Collector"]
+    assert retry.STREAM_METHOD == f"/{service.full_name}/{service.methods_by_name['Stream'].name}"
+    assert retry.REGISTER_METHOD == f"/{service.full_name}/{service.methods_by_name['Register'].name}"
+
+
+def test_backoff_is_jittered_doubling_and_capped():
+    import random
+
+    b = retry.Backoff(0.2, 1.0, random.Random(5))
+    delays, waits = [], []
+    for _ in range(6):
+        delays.append(b.delay)
+        waits.append(b.next_wait())
+    assert delays == [0.2, 0.4, 0.8, 1.0, 1.0, 1.0]
+    assert all(d / 2 <= w <= d for d, w in zip(delays, waits)), (delays, waits)
+    assert len({round(w / d, 6) for d, w in zip(delays, waits)}) > 1         # jittered, not a fixed share
+    b.reset()
+    assert b.delay == 0.2 and 0.1 <= b.next_wait() <= 0.2
+    assert grpc.StatusCode.UNAVAILABLE in retry.RETRYABLE
+    assert retry.REFUSED.isdisjoint(retry.RETRYABLE)
+
+
 @pytest.fixture
 def live_collector(tmp_path):
     """`gpuagent-collector serve` (subprocess) on a loopback port with a token and a DuckDB file."""
@@ -234,9 +272,8 @@ def _sql(address, q):
 
 
 def _run_sim_cli(address, *args, token="t0ken"):
-    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("GPUAGENT_")}
     return subprocess.run([sys.executable, "-m", "gpuagent.sim.run", "--collector", address, "--token", token,
-                           *args], capture_output=True, text=True, timeout=120, env=env)
+                           *args], capture_output=True, text=True, timeout=120, env=clean_env())
 
 
 def test_small_fleet_lands_in_a_real_collector(live_collector):
@@ -311,25 +348,13 @@ def test_live_and_paced_modes(live_collector):
 
 
 def test_ctrl_c_mid_backfill_is_one_sentence_and_keeps_what_was_acknowledged(live_collector):
-    import signal
-
-    from conftest import wait_for
-
     address, _ = live_collector
-    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("GPUAGENT_")}
-    proc = subprocess.Popen([sys.executable, "-m", "gpuagent.sim.run", "--collector", address, "--token",
-                             "t0ken", "--nodes", "20", "--sim-hours", "24", "--speed", "20000"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    try:
+    with spawned([sys.executable, "-m", "gpuagent.sim.run", "--collector", address, "--token", "t0ken",
+                  "--nodes", "20", "--sim-hours", "24", "--speed", "20000"]) as proc:
         wait_for(lambda: _sql(address, "SELECT count(*) FROM ingest_log")[0][0] > 0 or proc.poll() is not None,
                  timeout=60, interval=0.2, what="the first acknowledged batches")
         assert proc.poll() is None, proc.communicate()
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        out, err = interrupt(proc)
     assert proc.returncode == 130 and "Traceback" not in err, err
     assert err.strip().splitlines()[-1] == ("SYNTHETIC run interrupted: the batches the collector acknowledged "
                                             "stay stored; the rest were not sent.")
