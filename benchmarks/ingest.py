@@ -127,7 +127,7 @@ def reference_insert(batch_samples: int, series: int, rows: int, repeats: int) -
     import pyarrow as pa
 
     from gpuagent.collector.store import schema
-    from gpuagent.collector.store.writer import prepare_batch
+    from gpuagent.collector.ingest.validate import prepare_batch
 
     def cpu_s() -> float:
         r = resource.getrusage(resource.RUSAGE_SELF)

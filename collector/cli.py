@@ -76,7 +76,7 @@ def serve(listen, db_path, token, token_file, tls_cert, tls_key, insecure, refle
     logging.basicConfig(level=getattr(logging, log_level.upper()), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from gpuagent.collector.ingest.server import CollectorError, ServerOptions, start_collector
-    from gpuagent.collector.store.writer import Limits
+    from gpuagent.collector.ingest.validate import Limits
 
     tok = _token(None, token_file) if token_file else _token(token, None)
     analyzer_config = _analyzer_config(config_path)

@@ -10,7 +10,7 @@ import pytest
 
 from collector_helpers import NOW_NS, node_info, sample_batch
 from gpuagent.collector.ingest.server import start_collector
-from gpuagent.collector.store.writer import Limits
+from gpuagent.collector.ingest.validate import Limits
 from gpuagent.proto import pb, pb_grpc
 
 

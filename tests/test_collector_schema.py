@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import duckdb
+import pyarrow as pa
 import grpc
 import pytest
 
-from collector_helpers import node_info, sample_batch
-from gpuagent.collector.store import schema
+from collector_helpers import NOW_NS, node_info, sample_batch
 from gpuagent.collector.ingest.server import CollectorError, start_collector
+from gpuagent.collector.ingest.validate import prepare_batch
+from gpuagent.collector.store import schema, tables
 from gpuagent.proto import pb, pb_grpc
 
 
@@ -75,3 +77,36 @@ def test_file_from_a_newer_collector_is_refused(tmp_path):
         con.execute("INSERT INTO schema_migrations VALUES (99, 'future', TIMESTAMP '2030-01-01')")
     with pytest.raises(CollectorError, match="schema version 99 .* upgrade gpuagent"):
         start_collector(db)
+
+
+def test_every_table_declaration_matches_the_migrated_database(tmp_path):
+    """store/tables.py and the migrations describe the same columns, in the same order, with the same types."""
+    with duckdb.connect(str(tmp_path / "c.duckdb")) as con:
+        schema.migrate(con)
+        assert tables.schema_mismatches(con) == []
+        described = con.execute("DESCRIBE job_steps").fetchall()
+        assert [(r[0], r[1]) for r in described] == [(c.name, c.sql_type) for c in tables.JOB_STEPS.columns]
+        # A migration that changed a declared column would be caught, by name and by type.
+        con.execute("ALTER TABLE events RENAME COLUMN attrs TO attributes")
+        con.execute("ALTER TABLE ingest_log ALTER n_events TYPE BIGINT")
+        problems = tables.schema_mismatches(con)
+    assert len(problems) == 2
+    assert problems[0].startswith("table events:") and "attributes" in problems[0]
+    assert problems[1].startswith("table ingest_log:") and "BIGINT" in problems[1]
+
+
+def test_prepared_tables_have_the_declared_columns_and_types():
+    """Validation builds every table from its declaration (samples dictionary-encode some columns)."""
+    b = sample_batch("n", 1)
+    t = NOW_NS - 10**9
+    b.probe_results.add(probe="pcie", status="ok", params={"size_mb": "256"}, metrics={"gbps": 25.0},
+                        started_ns=t, ended_ns=t + 10**6, gpu=0)
+    b.job_samples.add(ts_ns=t, job_id="slurm:1", pid=7, gpu=0, rank=-1)
+    b.job_steps.add(ts_ns=t, job_id="slurm:1", rank=0, steps=3)
+    b.events.add(ts_ns=t, kind="job_end", gpu=-1, attrs={"job_id": "slurm:1", "duration_s": "5"})
+    prepared = prepare_batch(b)
+    for decl in tables.BATCH_TABLES:
+        got = getattr(prepared, decl.name)
+        assert got is not None, decl.name
+        types = [f.type.value_type if isinstance(f.type, pa.DictionaryType) else f.type for f in got.schema]
+        assert (got.schema.names, types) == (decl.names, [c.type for c in decl.columns]), decl.name

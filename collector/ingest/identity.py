@@ -1,6 +1,6 @@
 """Who may stream as a node: one agent at a time, and a warning when hosts share a machine-id.
 
-A node is the pair (machine_id, hostname) (``writer.find_node``). VM images cloned without a fresh
+A node is the pair (machine_id, hostname) (``collector/store/nodes.find_node``). VM images cloned without a fresh
 /etc/machine-id give several hosts one machine id, which causes two problems:
 
 * Different hostnames: they are separate nodes and each one's data is stored completely, but the shared

@@ -11,6 +11,8 @@ import threading
 import time
 from typing import Callable
 
+from gpuagent.common.errors import first_line
+
 
 class RateLimitedLog:
     def __init__(self, logger: logging.Logger, every_s: float = 60.0,
@@ -50,6 +52,6 @@ class OneLineServicerErrors(logging.Filter):
         if not msg.startswith("Unexpected [") and not msg.startswith("Exception "):
             return True
         exc = record.exc_info[1] if record.exc_info else None
-        detail = f": {str(exc).strip().splitlines()[0]}" if exc is not None and str(exc).strip() else ""
+        detail = f": {first_line(exc)}" if exc is not None and str(exc).strip() else ""
         self._limiter.warning(msg, f"{msg}{detail}")
         return False

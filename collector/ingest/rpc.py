@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import grpc
 from google.protobuf.message import DecodeError
 
+from gpuagent.common.errors import first_line
 from gpuagent.proto import pb
 
 SERVICE = "gpuagent.v1.Collector"
@@ -32,8 +33,8 @@ def _decoder(cls):
         try:
             return cls.FromString(data)
         except (DecodeError, ValueError) as exc:
-            return Undecodable(cls.DESCRIPTOR.full_name, str(exc).strip().splitlines()[0] if str(exc).strip()
-                               else "wire format is corrupt")
+            return Undecodable(cls.DESCRIPTOR.full_name,
+                               first_line(exc) if str(exc).strip() else "wire format is corrupt")
     return decode
 
 

@@ -1,6 +1,6 @@
 """Numbered schema migrations for the collector's DuckDB file.
 
-Migrations live in ``collector/migrations/NNN_name.sql`` and are applied in order, each in its own
+Migrations live in ``collector/store/migrations/NNN_name.sql`` and are applied in order, each in its own
 transaction, recording its number in ``schema_migrations``. A file written by an older collector
 therefore opens in a newer one (the missing migrations run); a file written by a *newer* collector
 is refused, since this code would not know its tables.
