@@ -190,7 +190,7 @@ def test_garbage_and_infinite_windows_get_invalid_argument_and_one_log_line(coll
     for window in (float("inf"), float("-inf"), float("nan")):
         with pytest.raises(grpc.RpcError) as err:
             stub.Analyze(pb.AnalyzeRequest(window_s=window))
-        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "finite" in err.value.details()
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "positive and finite" in err.value.details()
     ch.close()
     text = caplog.text
     assert "Traceback" not in text

@@ -301,7 +301,7 @@ class CollectorServicer(pb_grpc.CollectorServicer):
         config = self._analyzer_config or an.AnalyzerConfig()
         if not math.isfinite(request.window_s) or request.window_s < 0:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"window_s must be a finite number of seconds, 0 or more (0: the default), "
+                                f"window_s must be positive and finite, in seconds (or 0 for the default), "
                                 f"not {request.window_s}")
         if request.window_s > 0:
             config = an.with_window(config, request.window_s)
