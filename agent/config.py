@@ -15,6 +15,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from gpuagent.common.parse import parse_bool
+
 DEFAULT_CONFIG_PATH = "/etc/gpuagent/agent.toml"
 DEFAULT_STATE_DIR = "/var/lib/gpuagent"
 DEFAULT_COLLECTOR = "127.0.0.1:7443"
@@ -160,14 +162,10 @@ def _as_address(v: Any, key: str, src: str) -> str:
 
 
 def _as_bool(v: Any, key: str, src: str) -> bool:
-    if isinstance(v, bool):
-        return v
-    s = str(v).strip().lower()
-    if s in ("1", "true", "yes", "on"):
-        return True
-    if s in ("0", "false", "no", "off"):
-        return False
-    raise ConfigError(f"{_where(src, key)} must be true or false, not {v!r}.")
+    out = parse_bool(v)
+    if out is None:
+        raise ConfigError(f"{_where(src, key)} must be true or false, not {v!r}.")
+    return out
 
 
 def _parse_labels(text: str, key: str, src: str) -> dict[str, str]:
