@@ -402,13 +402,12 @@ def default_samplers(cfg: AgentConfig) -> list[Sampler]:
     """The node's data sources: host (psutil + /proc), GPU (NVML, one choke point), job discovery."""
     from gpuagent.agent.gpu_sampler import GpuSampler
     from gpuagent.agent.host_sampler import HostSampler
-    from gpuagent.agent.job_discovery import JobDiscovery, JobRules
+    from gpuagent.agent.job_discovery import JobDiscovery
 
     gpu = GpuSampler()
     jobs = cfg.jobs
-    rules = JobRules(**{k: jobs[k] for k in ("cmdline_regex", "env_keys", "env_argv0_regex") if k in jobs})
-    disc_kw = {k: float(jobs[k]) for k in ("scan_interval_s", "end_grace_s", "orphan_grace_s") if k in jobs}
-    return [HostSampler(), gpu, JobDiscovery(gpu_sampler=gpu, rules=rules, **disc_kw)]
+    return [HostSampler(), gpu, JobDiscovery(gpu_sampler=gpu, rules=jobs.rules, scan_interval_s=jobs.scan_interval_s,
+                                             end_grace_s=jobs.end_grace_s, orphan_grace_s=jobs.orphan_grace_s)]
 
 
 def build_node_info(cfg: AgentConfig, samplers: list[Sampler]) -> pb.NodeInfo:
@@ -426,11 +425,11 @@ def start_job_step_receiver(agent: Agent) -> None:
     listens; ``[jobs] step_listener = false`` turns it off. A socket that cannot be created (e.g. not
     root and /run/gpuagent not writable) leaves the rest of the agent running and is reported once."""
     jobs = agent.cfg.jobs
-    if str(jobs.get("step_listener", True)).lower() in ("false", "0", "no", "off"):
+    if not jobs.step_listener:
         return None
     from gpuagent.agent.job_steps import JobSocketError, JobStepReceiver
-    receiver = JobStepReceiver(socket_path=jobs.get("step_socket") or None,
-                               window_s=float(jobs.get("step_window_s", agent.cfg.batch_interval_s)))
+    window_s = jobs.step_window_s if jobs.step_window_s is not None else agent.cfg.batch_interval_s
+    receiver = JobStepReceiver(socket_path=jobs.step_socket or None, window_s=window_s)
     try:
         receiver.start()
     except JobSocketError as exc:

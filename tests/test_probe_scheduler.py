@@ -7,7 +7,8 @@ import threading
 
 import pytest
 
-from gpuagent.agent.probe_scheduler import ProbeScheduler, ProbeSchedulerConfig
+from gpuagent.agent.config import ProbesConfig
+from gpuagent.agent.probe_scheduler import ProbeScheduler
 from gpuagent.agent.sampling import ListSink
 from gpuagent.probes import blockdev
 from gpuagent.probes.lock import ProbeLock
@@ -23,7 +24,7 @@ def _cfg(tmp_path, **extra):
              "host": {"params": FAST_HOST},
              "storage": {"params": {"path": str(tmp_path), "size_mib": 16, "rand_seconds": 0.3, "seq_seconds": 0.2}}}
     table.update(extra)
-    return ProbeSchedulerConfig.from_mapping(table)
+    return ProbesConfig.from_mapping(table)
 
 
 def test_config_from_toml_table_and_bad_keys(tmp_path):
@@ -32,16 +33,16 @@ def test_config_from_toml_table_and_bad_keys(tmp_path):
     assert c.schedule("collective").interval_s == 7200 and not c.schedule("collective").enabled
     assert c.schedule("host").params == FAST_HOST and c.schedule("host").interval_s == 600
     with pytest.raises(ValueError, match="unknown key probes.budget"):
-        ProbeSchedulerConfig.from_mapping({"budget": 1})
+        ProbesConfig.from_mapping({"budget": 1})
     with pytest.raises(ValueError, match=r"\[probes.storage.params\]: unknown parameter 'size'"):
-        ProbeSchedulerConfig.from_mapping({"storage": {"params": {"size": 1}}})
+        ProbesConfig.from_mapping({"storage": {"params": {"size": 1}}})
     with pytest.raises(ValueError, match=r"^\[probes.storage.params\]: parameter queue_depth of probe storage must be "
                                          r"between 1 and 256, got 0$"):
-        ProbeSchedulerConfig.from_mapping({"storage": {"params": {"queue_depth": 0}}})
+        ProbesConfig.from_mapping({"storage": {"params": {"queue_depth": 0}}})
     with pytest.raises(ValueError, match="unknown key\\(s\\) every in \\[probes.host\\]"):
-        ProbeSchedulerConfig.from_mapping({"host": {"every": 5}})
+        ProbesConfig.from_mapping({"host": {"every": 5}})
     with pytest.raises(ValueError, match="budget_fraction is a fraction"):
-        ProbeSchedulerConfig.from_mapping({"budget_fraction": 2})
+        ProbesConfig.from_mapping({"budget_fraction": 2})
 
 
 def test_held_lock_makes_the_scheduler_skip_then_run(tmp_path):
