@@ -427,6 +427,11 @@ class JobDiscovery:
                               "first_seen_ns": str(job.first_ns), "last_seen_ns": str(job.last_ns), "gpus": ",".join(map(str, sorted(job.gpus))),
                               "gpu_util_samples": str(job.util_n)})
 
+    def is_job_process(self, pid: int) -> bool | None:
+        """Whether discovery's current verdict on ``pid`` is "a job process"; None when it has not seen it."""
+        p = self._procs.get(pid)
+        return None if p is None else p.ident is not None
+
     def active_jobs(self) -> list[dict[str, Any]]:
         """Jobs currently seen (for `gpuagent status`)."""
         return [{"job_id": j.job_id, "job_name": j.job_name, "source": j.source, "pids": sorted(j.pids),

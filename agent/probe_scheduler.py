@@ -48,7 +48,7 @@ class ProbeScheduler:
         self.config = config or ProbesConfig.from_mapping({})
         self.busy_gpus = busy_gpus
         self.gpu_count = gpu_count
-        self.disk_activity = disk_activity or self._diskstats_activity
+        self.disk_activity = disk_activity or self.diskstats_activity
         self._runner = runner
         self._rng = rng or random.Random()
         self.lock_path = self.config.lock_path or os.path.join(state_dir or default_state_dir(), LOCK_NAME)
@@ -106,12 +106,17 @@ class ProbeScheduler:
             self._window.popleft()
         return sum(s for _, s in self._window)
 
+    def last_run_s(self, name: str) -> float | None:
+        """How long the last run of ``name`` took (the estimate the budget check uses); None before one."""
+        return self._last_duration.get(name)
+
     @property
     def budget_s(self) -> float:
         return self.config.budget_fraction * self.config.budget_window_s
 
     # ---------------------------------------------------------------- gating
-    def _diskstats_activity(self, device: str) -> tuple[float, float] | None:
+    def diskstats_activity(self, device: str) -> tuple[float, float] | None:
+        """(busy %, IOPS) of ``device`` over ``disk_quiet_window_s`` from /proc/diskstats; None if unknown."""
         a = blockdev.read_diskstats(device)
         if a is None:
             return None
@@ -134,8 +139,8 @@ class ProbeScheduler:
             act = None
             if device:
                 act = self.disk_activity(device)
-                if act is None and self.disk_activity is not self._diskstats_activity:
-                    act = self._diskstats_activity(device)  # the given source had nothing fresh
+                if act is None and self.disk_activity != self.diskstats_activity:
+                    act = self.diskstats_activity(device)  # the given source had nothing fresh
             if act is not None:
                 busy_pct, iops = act
                 c = self.config
@@ -218,7 +223,7 @@ def _busy_gpus_from(samplers: Iterable[Any]) -> Callable[[], list[int]]:
     return busy
 
 
-def _disk_activity_from(batcher: Any, max_age_s: float = 30.0) -> DiskActivity:
+def disk_activity_from(batcher: Any, max_age_s: float = 30.0) -> DiskActivity:
     """(busy %, IOPS) of a device from the host sampler's latest values, when fresh; else None."""
     def activity(device: str) -> tuple[float, float] | None:
         latest = getattr(batcher, "latest", None)
@@ -244,7 +249,7 @@ def start_probe_scheduler(agent: Any) -> ProbeScheduler | None:
         return None
     gpus = len(agent.node_info.gpus)
     sched = ProbeScheduler(agent.batcher, cfg, busy_gpus=_busy_gpus_from(agent.samplers),
-                           gpu_count=lambda: gpus, disk_activity=_disk_activity_from(agent.batcher),
+                           gpu_count=lambda: gpus, disk_activity=disk_activity_from(agent.batcher),
                            state_dir=str(agent.cfg.state_dir))
     sched.start()
     log.info("probe scheduler started: %s; budget %.0f s per %.0f s",
