@@ -22,7 +22,7 @@ DEFAULT_STATE_DIR = "/var/lib/gpuagent"
 DEFAULT_COLLECTOR = "127.0.0.1:7443"
 DEFAULT_SPOOL_MAX_BYTES = 512 * 1024 * 1024
 
-# Labels that the collector stores in their own `nodes` columns (see collector/migrations/001_initial.sql).
+# Labels that the collector stores in their own `nodes` columns (see collector/store/migrations/001_initial.sql).
 KNOWN_LABELS = ("pool", "provider", "region", "price_per_gpu_hour")
 
 

@@ -238,9 +238,8 @@ class Agent:
 
     # ---------------------------------------------------------------- extras (probe scheduler, job listener)
     def _start_extras(self) -> None:
-        """Start the optional parts that live in other modules, when present.
-
-        HOOK: gpuagent.agent.probe_scheduler and the jobs step listener plug in here."""
+        """Start the optional parts (EXTRA_FACTORIES: the jobs step listener, the probe scheduler); one
+        that fails is reported and the rest of the agent keeps running."""
         for factory in EXTRA_FACTORIES:
             try:
                 x = factory(self)

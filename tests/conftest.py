@@ -1,5 +1,5 @@
 """Shared test fixtures. Tests use real parts (loopback gRPC, DuckDB files, subprocesses);
-the only fake is the NVML backend (see agent/nvml.py's seam)."""
+the only fake is the NVML backend (see common/nvml.py's seam)."""
 
 from __future__ import annotations
 

@@ -126,8 +126,8 @@ def test_cli_run_bad_config_exits_with_sentence(tmp_path):
 
 
 def test_example_config_with_every_commented_key_enabled_loads_and_shows_the_defaults(tmp_path):
-    """packaging/agent.toml documents optional keys as comments; enabled, they must load (the [jobs] example
-    once showed a [[jobs.rules]] table the agent refuses), and the job-discovery values shown are the defaults."""
+    """packaging/agent.toml documents optional keys as comments; enabled, they must load (an example table the
+    agent refuses would mislead whoever copies it), and the job-discovery values shown are the defaults."""
     import re
     from pathlib import Path
 
