@@ -50,7 +50,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from gpuagent.agent.config import DEFAULT_CMDLINE, DEFAULT_ENV_KEYS, JobRules  # noqa: F401 - rules live with the config
+from gpuagent.agent.config import JobRules
 from gpuagent.common.job_identity import cgroup_ids, job_identity, own_container_id
 
 RECHECK_S = 2.0

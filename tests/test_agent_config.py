@@ -131,7 +131,7 @@ def test_example_config_with_every_commented_key_enabled_loads_and_shows_the_def
     import re
     from pathlib import Path
 
-    from gpuagent.agent.job_discovery import DEFAULT_CMDLINE, DEFAULT_ENV_KEYS, JobRules
+    from gpuagent.agent.config import DEFAULT_CMDLINE, DEFAULT_ENV_KEYS, JobRules
 
     text = (Path(__file__).resolve().parents[1] / "packaging" / "agent.toml").read_text()
     enabled = "\n".join(re.sub(r"^# ((\[[a-z_.]+\])|([a-z_0-9]+ = .*))$", r"\1", line) for line in text.splitlines())

@@ -7,8 +7,6 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 from fake_nvml import H100_8GPU, FakeNvmlBackend
 from gpuagent.agent.gpu_sampler import GpuSampler
 from gpuagent.agent.job_discovery import JobDiscovery
