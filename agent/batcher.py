@@ -207,6 +207,29 @@ class Batcher:
                                     "reason": msg.reason, "metrics": dict(msg.metrics),
                                     "ended_ns": msg.ended_ns}
 
+    # ---------------------------------------------------------------- for the status snapshot
+    def latest_values(self) -> dict[tuple[str, int, tuple[tuple[str, str], ...]], tuple[int, float]]:
+        """(metric, gpu, labels) -> (ts_ns, value) of every series' latest sample."""
+        with self._lock:
+            return dict(self.latest)
+
+    def recent_jobs(self, since_ns: int, forget_before_ns: int) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
+        """The latest sample of each job process seen since ``since_ns`` with its rank's latest step (or
+        None), by (job_id, pid); processes last seen before ``forget_before_ns`` are dropped for good."""
+        with self._lock:
+            for key in [k for k, v in self.latest_jobs.items() if v.get("ts_ns", 0) < forget_before_ns]:
+                del self.latest_jobs[key]
+            return [(dict(j), self.latest_steps.get((job_id, j.get("rank", -1))))
+                    for (job_id, _pid), j in sorted(self.latest_jobs.items()) if j.get("ts_ns", 0) >= since_ns]
+
+    def last_probes(self) -> dict[str, dict[str, Any]]:
+        with self._lock:
+            return dict(self.last_probe)
+
+    def last_events(self, n: int) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self.recent_events[-n:])
+
     # ---------------------------------------------------------------- cutting
     @property
     def pending_samples(self) -> int:

@@ -52,7 +52,7 @@ def run(config_file, collector, state_dir, interval, batch_interval, labels) -> 
 @main.command()
 @click.option("--state-dir", metavar="DIR", help="The agent's state dir (default: env GPUAGENT_STATE_DIR, the config's, /var/lib/gpuagent).")
 @click.option("--config", "config_file", metavar="FILE", help="Read the state dir from this config.")
-@click.option("--json", "as_json", is_flag=True, help="Print the raw status JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON (the status file's keys).")
 def status(state_dir, config_file, as_json) -> None:
     """Show the running agent's live status; exits 1 when it is not running or its status is stale."""
     from gpuagent.agent.config import ConfigError, load_config
@@ -67,10 +67,10 @@ def status(state_dir, config_file, as_json) -> None:
                 # The node's agent.toml may be root-only; status still works from the default state dir.
                 from gpuagent.agent.config import DEFAULT_STATE_DIR
                 state_dir = os.environ.get("GPUAGENT_STATE_DIR") or DEFAULT_STATE_DIR
-        data = read_status(state_dir)
+        snap = read_status(state_dir)
     except (ConfigError, StatusError) as exc:
         raise click.ClickException(str(exc)) from None
-    click.echo(json.dumps(data, indent=2, sort_keys=True) if as_json else render(data))
+    click.echo(json.dumps(snap.to_json(), indent=2, sort_keys=True) if as_json else render(snap))
 
 
 main.add_command(probe)

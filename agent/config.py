@@ -10,31 +10,24 @@ from __future__ import annotations
 import os
 import re
 import tomllib
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
+
+from gpuagent.common.parse import parse_bool
 
 DEFAULT_CONFIG_PATH = "/etc/gpuagent/agent.toml"
 DEFAULT_STATE_DIR = "/var/lib/gpuagent"
 DEFAULT_COLLECTOR = "127.0.0.1:7443"
 DEFAULT_SPOOL_MAX_BYTES = 512 * 1024 * 1024
 
-# Labels that the collector stores in their own `nodes` columns (see collector/migrations/001_initial.sql).
+# Labels that the collector stores in their own `nodes` columns (see collector/store/migrations/001_initial.sql).
 KNOWN_LABELS = ("pool", "provider", "region", "price_per_gpu_hour")
 
 
 class ConfigError(ValueError):
     """A configuration value is wrong; the message is one sentence naming the key and where it came from."""
-
-
-def _freeze(value: Any) -> Any:
-    """Read-only views of nested tables so a frozen config cannot be changed through its mappings."""
-    if isinstance(value, Mapping):
-        return MappingProxyType({str(k): _freeze(v) for k, v in value.items()})
-    if isinstance(value, list):
-        return tuple(_freeze(v) for v in value)
-    return value
 
 
 def thaw(value: Any) -> Any:
@@ -58,6 +51,150 @@ class CollectorConfig:
     max_in_flight: int = 8             # batches sent but not yet acked
 
 
+# ------------------------------------------------------------------ [jobs]
+
+DEFAULT_CMDLINE = (r"(^|/)torchrun(\s|$)", r"torch\.distributed\.(run|launch)(\s|$)",
+                   r"torch/distributed/(run|launch)\.py")
+DEFAULT_ENV_KEYS = ("TORCHELASTIC_RUN_ID", "RANK", "LOCAL_RANK", "SLURM_JOB_ID")
+
+
+@dataclass(frozen=True)
+class JobRules:
+    """Which processes count as job processes on a GPU-less node (gpuagent.agent.job_discovery)."""
+
+    cmdline_regex: tuple[str, ...] = DEFAULT_CMDLINE
+    env_keys: tuple[str, ...] = DEFAULT_ENV_KEYS
+    env_argv0_regex: str = r"^python"   # env keys only count for these executables ('' = any)
+
+    def __post_init__(self) -> None:
+        for what, pats in (("cmdline_regex", self.cmdline_regex), ("env_argv0_regex", (self.env_argv0_regex,))):
+            for pat in pats:
+                try:
+                    re.compile(pat)
+                except re.error as exc:
+                    raise ValueError(f"job rule {what} {pat!r} is not a valid regular expression ({exc})") from None
+
+
+@dataclass(frozen=True)
+class JobsConfig:
+    """The ``[jobs]`` table: job discovery and the training-step listener (gpuagent.agent.job_steps)."""
+
+    rules: JobRules = field(default_factory=JobRules)
+    scan_interval_s: float = 5.0        # /proc scan for rule-matched processes
+    end_grace_s: float = 3.0            # a job unseen this long has ended
+    orphan_grace_s: float = 10.0        # a rule-matched process naming no job waits this long
+    step_listener: bool = True
+    step_socket: str = ""               # "" = $GPUAGENT_JOBS_SOCKET or /run/gpuagent/jobs.sock
+    step_window_s: float | None = None  # None = the batch interval
+
+
+# ------------------------------------------------------------------ [probes]
+
+# Probes that run on their schedule unless their [probes.<name>] table says enabled = false.
+DEFAULT_PROBES_ENABLED = ("host", "storage", "pcie", "gpu_compute", "collective")
+
+
+@dataclass(frozen=True)
+class ProbeSchedule:
+    name: str
+    enabled: bool = True
+    interval_s: float = 3600.0
+    timeout_s: float = 120.0
+    params: Mapping[str, Any] = field(default_factory=dict)
+    force: bool = False
+
+
+_PROBE_SCALARS = ("enabled", "budget_fraction", "budget_window_s", "jitter_fraction", "initial_delay_s", "force",
+                  "disk_busy_percent_max", "disk_iops_max", "disk_quiet_window_s", "lock_wait_s", "lock_path")
+_PER_PROBE = ("enabled", "interval_s", "timeout_s", "params", "force")
+
+
+@dataclass(frozen=True)
+class ProbesConfig:
+    """The ``[probes]`` table, as the probe scheduler uses it (gpuagent.agent.probe_scheduler)."""
+
+    enabled: bool = True
+    schedules: tuple[ProbeSchedule, ...] = ()
+    budget_fraction: float = 0.02
+    budget_window_s: float = 3600.0
+    jitter_fraction: float = 0.1
+    initial_delay_s: float = 60.0
+    force: bool = False
+    disk_busy_percent_max: float = 20.0
+    disk_iops_max: float = 200.0
+    disk_quiet_window_s: float = 1.0
+    lock_wait_s: float = 0.0
+    lock_path: str = ""                 # "" = probe.lock in the agent's state dir
+
+    @classmethod
+    def from_mapping(cls, table: Mapping[str, Any] | None = None) -> "ProbesConfig":
+        """Build from the ``[probes]`` TOML table. Scalars sit at the top; ``[probes.<name>]`` sub-tables
+        hold enabled/interval_s/timeout_s/force and a ``params`` table. Raises ConfigError with one
+        sentence naming the key (:func:`load_config` adds the file)."""
+        from gpuagent.probes import registry   # the probe modules import no torch at this point
+
+        table = dict(table or {})
+        kwargs: dict[str, Any] = {}
+        per_probe: dict[str, Mapping[str, Any]] = {}
+        known = set(registry.names())
+        for key, value in table.items():
+            if key in known:
+                if not isinstance(value, Mapping):
+                    raise ConfigError(f"[probes.{key}] must be a table")
+                per_probe[key] = value
+            elif key in _PROBE_SCALARS:
+                default = getattr(cls, key)
+                if isinstance(default, bool):
+                    value = parse_bool(value)
+                    if value is None:
+                        raise ConfigError(f"probes.{key} must be true or false")
+                elif isinstance(default, float):
+                    if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+                        raise ConfigError(f"probes.{key} must be a non-negative number")
+                    value = float(value)
+                elif not isinstance(value, str):
+                    raise ConfigError(f"probes.{key} must be a string")
+                kwargs[key] = value
+            else:
+                raise ConfigError(f"unknown key probes.{key} (known: {', '.join(sorted(_PROBE_SCALARS))}, "
+                                  f"or a probe name: {', '.join(sorted(known))})")
+        if kwargs.get("budget_fraction", 0.02) > 1:
+            raise ConfigError("probes.budget_fraction is a fraction of wall time and must be <= 1")
+        schedules = []
+        for name in registry.names():
+            spec = registry.get(name)
+            sub = dict(per_probe.get(name, {}))
+            bad = set(sub) - set(_PER_PROBE)
+            if bad:
+                raise ConfigError(f"unknown key(s) {', '.join(sorted(bad))} in [probes.{name}] "
+                                  f"(known: {', '.join(_PER_PROBE)})")
+            try:
+                params = registry.parse_params(name, sub.get("params") or {})
+            except registry.ParamError as exc:
+                raise ConfigError(f"[probes.{name}.params]: {exc}") from None
+            params = {k: v for k, v in params.items() if k in (sub.get("params") or {})}
+            flags = {}
+            for key, default in (("enabled", name in DEFAULT_PROBES_ENABLED), ("force", False)):
+                flags[key] = parse_bool(sub.get(key, default))
+                if flags[key] is None:
+                    raise ConfigError(f"[probes.{name}] {key} must be true or false")
+            schedules.append(ProbeSchedule(
+                name, interval_s=float(sub.get("interval_s", spec.interval_s)),
+                timeout_s=float(sub.get("timeout_s", spec.timeout_s)), params=params, **flags))
+        for s in schedules:
+            if s.interval_s <= 0 or s.timeout_s <= 0:
+                raise ConfigError(f"[probes.{s.name}] interval_s and timeout_s must be positive")
+        return cls(schedules=tuple(schedules), **kwargs)
+
+    def schedule(self, name: str) -> ProbeSchedule:
+        for s in self.schedules:
+            if s.name == name:
+                return s
+        from gpuagent.probes import registry
+        spec = registry.get(name)
+        return ProbeSchedule(name, interval_s=spec.interval_s, timeout_s=spec.timeout_s)
+
+
 @dataclass(frozen=True)
 class AgentConfig:
     collector: CollectorConfig = field(default_factory=CollectorConfig)
@@ -68,10 +205,8 @@ class AgentConfig:
     spool_max_bytes: int = DEFAULT_SPOOL_MAX_BYTES
     log_level: str = "info"
     labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
-    # The [probes] table, passed through untouched (gpuagent.agent.probe_scheduler reads it).
-    probes: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
-    # The [jobs] table (validated keys, see JOBS_KEYS): job discovery rules and the step listener.
-    jobs: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    probes: ProbesConfig = field(default_factory=ProbesConfig.from_mapping)
+    jobs: JobsConfig = field(default_factory=JobsConfig)
     config_file: str = ""               # the file that was read ("" when none)
 
     @property
@@ -95,8 +230,10 @@ class AgentConfig:
         return ""
 
     def to_dict(self) -> dict[str, Any]:
-        out = {f.name: thaw(getattr(self, f.name)) for f in fields(self) if f.name != "collector"}
-        out["collector"] = {f.name: getattr(self.collector, f.name) for f in fields(self.collector)}
+        out = {f.name: thaw(getattr(self, f.name)) for f in fields(self)
+               if f.name not in ("collector", "probes", "jobs")}
+        for name in ("collector", "probes", "jobs"):
+            out[name] = thaw(asdict(getattr(self, name)))
         if out["collector"]["token"]:
             out["collector"]["token"] = "***"
         return out
@@ -160,14 +297,10 @@ def _as_address(v: Any, key: str, src: str) -> str:
 
 
 def _as_bool(v: Any, key: str, src: str) -> bool:
-    if isinstance(v, bool):
-        return v
-    s = str(v).strip().lower()
-    if s in ("1", "true", "yes", "on"):
-        return True
-    if s in ("0", "false", "no", "off"):
-        return False
-    raise ConfigError(f"{_where(src, key)} must be true or false, not {v!r}.")
+    out = parse_bool(v)
+    if out is None:
+        raise ConfigError(f"{_where(src, key)} must be true or false, not {v!r}.")
+    return out
 
 
 def _parse_labels(text: str, key: str, src: str) -> dict[str, str]:
@@ -194,13 +327,13 @@ def _check_labels(labels: Mapping[str, Any], src: str) -> dict[str, str]:
     return out
 
 
-# [jobs] keys: job discovery (gpuagent.agent.job_discovery.JobRules and JobDiscovery) and the
-# training-step listener (gpuagent.agent.job_steps).
+# [jobs] keys and the kind of value each takes; the rule keys go into JobRules, the others into JobsConfig.
 JOBS_KEYS = {"cmdline_regex": list, "env_keys": list, "env_argv0_regex": str, "scan_interval_s": float,
              "end_grace_s": float, "orphan_grace_s": float, "step_listener": bool, "step_socket": str, "step_window_s": float}
+_RULE_KEYS = {f.name for f in fields(JobRules)}
 
 
-def _check_jobs(table: dict[str, Any], src: str) -> dict[str, Any]:
+def _check_jobs(table: dict[str, Any], src: str) -> JobsConfig:
     out: dict[str, Any] = {}
     for k, v in table.items():
         kind = JOBS_KEYS.get(k)
@@ -232,7 +365,8 @@ def _check_jobs(table: dict[str, Any], src: str) -> dict[str, Any]:
                 except re.error as exc:
                     raise ConfigError(f"{name} (from {src}) is not a valid regular expression ({exc}).") from None
             out[k] = s
-    return out
+    rules = JobRules(**{k: v for k, v in out.items() if k in _RULE_KEYS})
+    return JobsConfig(rules=rules, **{k: v for k, v in out.items() if k not in _RULE_KEYS})
 
 
 # ------------------------------------------------------------------ sources
@@ -362,7 +496,7 @@ def load_config(
     if labels:
         lab.update(_check_labels(labels, "flag --label"))
 
-    jobs_table = _check_jobs(dict(data.get("jobs", {})), f"{fsrc} [jobs]")
+    jobs = _check_jobs(dict(data.get("jobs", {})), f"{fsrc} [jobs]")
 
     probes_table = data.get("probes", {})
     if "enabled" in probes_table:
@@ -371,23 +505,17 @@ def load_config(
         probes_table = {**probes_table,
                         "enabled": _as_bool(env["GPUAGENT_PROBES_ENABLED"], "probes.enabled",
                                             "environment GPUAGENT_PROBES_ENABLED")}
-
     try:
-        from gpuagent.agent.probe_scheduler import ProbeSchedulerConfig
-    except ImportError:
-        ProbeSchedulerConfig = None  # noqa: N806 - the probes package is optional in a partial tree
-    if ProbeSchedulerConfig is not None:
-        try:
-            ProbeSchedulerConfig.from_mapping(thaw(probes_table), state_dir=agent_kw.get("state_dir", DEFAULT_STATE_DIR))
-        except (ValueError, TypeError) as exc:
-            text = str(exc).rstrip(".")
-            raise ConfigError(f"[probes] (from {fsrc}): {text}.") from None
+        probes = ProbesConfig.from_mapping(probes_table)
+    except (ValueError, TypeError) as exc:
+        text = str(exc).rstrip(".")
+        raise ConfigError(f"[probes] (from {fsrc}): {text}.") from None
 
     cfg = AgentConfig(
         collector=CollectorConfig(**coll_kw),
         labels=MappingProxyType(lab),
-        probes=_freeze(probes_table),
-        jobs=_freeze(jobs_table),
+        probes=probes,
+        jobs=jobs,
         config_file=str(path) if path else "",
         **agent_kw,
     )

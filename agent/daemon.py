@@ -28,7 +28,9 @@ from gpuagent.agent.sampling import Sampler
 from gpuagent.common.sdnotify import Notifier, WatchdogPinger
 from gpuagent.agent.sender import Sender
 from gpuagent.agent.spool import Spool
-from gpuagent.agent.status import write_status
+from gpuagent.agent.status import (GPU_METRICS, HOST_METRICS, GpuStatus, HostStatus, JobStatus, JobThroughput,
+                                   NodeStatus, ProbeStatus, RecentEvent, SpoolStatus, StatusSnapshot, TickCounters,
+                                   write_status)
 from gpuagent.proto import pb
 
 log = logging.getLogger("gpuagent.daemon")
@@ -236,9 +238,8 @@ class Agent:
 
     # ---------------------------------------------------------------- extras (probe scheduler, job listener)
     def _start_extras(self) -> None:
-        """Start the optional parts that live in other modules, when present.
-
-        HOOK: gpuagent.agent.probe_scheduler and the jobs step listener plug in here."""
+        """Start the optional parts (EXTRA_FACTORIES: the jobs step listener, the probe scheduler); one
+        that fails is reported and the rest of the agent keeps running."""
         for factory in EXTRA_FACTORIES:
             try:
                 x = factory(self)
@@ -250,93 +251,72 @@ class Agent:
                 self.extras.append(x)
 
     # ---------------------------------------------------------------- status
-    def status_dict(self, state: str = "running") -> dict[str, Any]:
+    def status_snapshot(self, state: str = "running") -> StatusSnapshot:
+        """What this tick saw, for the status file (and anything else that reports it)."""
         from google.protobuf.json_format import MessageToDict
         b = self.batcher
         now = time.time_ns()
         node = self.node_info
-        gpus: dict[int, dict[str, Any]] = {g.index: {"index": g.index, "name": g.name, "uuid": g.uuid,
-                                                       "memory_total_bytes": g.memory_total_bytes or None,
-                                                       "throttle_reasons": []}
-                                           for g in node.gpus}
-        host: dict[str, Any] = {}
-        gmap = {"gpu_util_percent": "util_percent", "gpu_mem_util_percent": "mem_util_percent",
-                "gpu_memory_used_bytes": "memory_used_bytes", "gpu_memory_total_bytes": "memory_total_bytes",
-                "gpu_temperature_celsius": "temperature_celsius", "gpu_power_watts": "power_watts",
-                "gpu_power_limit_watts": "power_limit_watts", "gpu_sm_clock_mhz": "sm_clock_mhz"}
-        hmap = {"cpu_idle_percent", "cpu_steal_percent", "cpu_iowait_percent", "load1", "mem_used_bytes",
-                "mem_total_bytes", "mem_available_bytes"}
-        for (metric, gpu, labels), (ts, v) in list(b.latest.items()):
+        gpus = {g.index: GpuStatus(index=g.index, name=g.name, uuid=g.uuid,
+                                   memory_total_bytes=g.memory_total_bytes or None) for g in node.gpus}
+        host = HostStatus()
+        for (metric, gpu, labels), (_ts, v) in b.latest_values().items():
             if gpu >= 0:
-                g = gpus.setdefault(gpu, {"index": gpu, "throttle_reasons": []})
-                if metric in gmap:
-                    g[gmap[metric]] = v
+                g = gpus.setdefault(gpu, GpuStatus(index=gpu))
+                if metric in GPU_METRICS:
+                    setattr(g, GPU_METRICS[metric], v)
                 elif metric == "gpu_throttle_active" and v >= 1 and labels:
-                    g["throttle_reasons"].append(dict(labels).get("reason", "?"))
-            elif not labels and metric in hmap:
-                host[metric] = v
-        if "cpu_idle_percent" in host:
-            host["cpu_busy_percent"] = max(0.0, 100.0 - host["cpu_idle_percent"])
+                    g.throttle_reasons.append(dict(labels).get("reason", "?"))
+            elif not labels and metric in HOST_METRICS:
+                setattr(host, metric, v)
+        if host.cpu_idle_percent is not None:
+            host.cpu_busy_percent = max(0.0, 100.0 - host.cpu_idle_percent)
+
+        # Job processes sampled in the last few ticks; forgotten a minute after that.
         horizon = now - int(3 * self.cfg.interval_s * 1e9) - 2_000_000_000
-        jobs = []
-        for (job_id, pid), j in sorted(b.latest_jobs.items()):
-            if j.get("ts_ns", 0) < horizon:
-                continue
-            row = {k: j.get(k) for k in ("job_id", "job_name", "source", "pid", "rank", "gpu",
-                                          "gpu_util_percent", "cpu_percent", "rss_bytes")}
-            step = b.latest_steps.get((job_id, j.get("rank", -1)))
+        jobs: list[JobStatus] = []
+        for j, step in b.recent_jobs(horizon, horizon - 60_000_000_000):
+            row = JobStatus(**{k: j.get(k) for k in _JOB_SAMPLE_KEYS})
             if step:
-                row.update({k: step.get(k) for k in ("steps_per_s", "samples_per_s", "tokens_per_s",
-                                                       "step_time_p50_s", "data_wait_fraction")})
+                for k in _STEP_KEYS:
+                    setattr(row, k, step.get(k))
             jobs.append(row)
-        for key in [k for k, v in b.latest_jobs.items() if v.get("ts_ns", 0) < horizon - 60_000_000_000]:
-            b.latest_jobs.pop(key, None)
-        if self.job_steps is not None:
-            seen = {j["job_id"] for j in jobs}
-            for live in self.job_steps.live():
-                row = next((j for j in jobs if j["job_id"] == live["job_id"]), None)
-                fields = {k: live.get(k) for k in ("steps_per_s", "samples_per_s", "tokens_per_s",
-                                                    "step_time_p50_s", "data_wait_fraction", "ranks")}
-                if row is None:
-                    jobs.append({"job_id": live["job_id"], "job_name": live.get("job_name"), **fields})
-                elif live["job_id"] in seen:
-                    row.update(fields)
+        throughput = self.job_steps.live() if self.job_steps is not None else []
+        for live in throughput:
+            row = next((j for j in jobs if j.job_id == live["job_id"]), None)
+            if row is None:
+                row = JobStatus(job_id=live["job_id"], job_name=live.get("job_name"))
+                jobs.append(row)
+            for k in (*_STEP_KEYS, "ranks"):
+                setattr(row, k, live.get(k))
+
         unavailable = list(self.unavailable)
         for s in self.samplers:
-            for attr in ("unavailable",):
-                unavailable.extend(getattr(s, attr, None) or [])
+            unavailable.extend(getattr(s, "unavailable", None) or [])
             nv = getattr(s, "nvml", None)
             unavailable.extend(getattr(nv, "unavailable", None) or [])
-        return {
-            "version": 1,
-            "state": state,
-            "pid": os.getpid(),
-            "agent_version": __version__,
-            "started_ns": self.started_ns,
-            "updated_ns": now,
-            "interval_s": self.cfg.interval_s,
-            "batch_interval_s": self.cfg.batch_interval_s,
-            "state_dir": str(self.state_dir),
-            "config_file": self.cfg.config_file,
-            "node": {"hostname": node.hostname, "machine_id": node.machine_id, "node_id": self.sender.state.node_id,
-                     "labels": dict(node.labels), "cpu_model": node.cpu_model, "kernel": node.kernel,
-                     "driver_version": node.driver_version, "gpu_count": len(node.gpus)},
-            "fingerprint": MessageToDict(node.fingerprint, preserving_proto_field_name=True,
-                                         always_print_fields_with_no_presence=True),
-            "host": host,
-            "gpus": [gpus[i] for i in sorted(gpus)],
-            "jobs": jobs,
-            # Per job (all its tracked ranks on this node), last closed window of gpuagent.jobs steps.
-            "job_throughput": self.job_steps.live() if self.job_steps is not None else [],
-            "probes": dict(b.last_probe),
-            "collector": self.sender.snapshot(),
-            "spool": self.spool.stats(),
-            "unavailable": sorted(set(map(str, unavailable))),
-            "recent_events": list(b.recent_events[-10:]),
-            "counters": {"ticks": self.ticks, "late_ticks": self.late_ticks, "skipped_ticks": self.skipped_ticks,
-                         "batches": b.total_batches, "samples": b.total_samples},
-            "torch_loaded": "torch" in sys.modules,
-        }
+        return StatusSnapshot(
+            state=state, pid=os.getpid(), agent_version=__version__, started_ns=self.started_ns, updated_ns=now,
+            interval_s=self.cfg.interval_s, batch_interval_s=self.cfg.batch_interval_s,
+            state_dir=str(self.state_dir), config_file=self.cfg.config_file,
+            node=NodeStatus(hostname=node.hostname, machine_id=node.machine_id, node_id=self.sender.state.node_id,
+                            labels=dict(node.labels), cpu_model=node.cpu_model, kernel=node.kernel,
+                            driver_version=node.driver_version, gpu_count=len(node.gpus)),
+            fingerprint=MessageToDict(node.fingerprint, preserving_proto_field_name=True,
+                                      always_print_fields_with_no_presence=True),
+            host=host,
+            gpus=[gpus[i] for i in sorted(gpus)],
+            jobs=jobs,
+            job_throughput=[JobThroughput(**t) for t in throughput],
+            probes={name: ProbeStatus(**p) for name, p in b.last_probes().items()},
+            collector=self.sender.link(),
+            spool=SpoolStatus(**self.spool.stats()),
+            unavailable=sorted(set(map(str, unavailable))),
+            recent_events=[RecentEvent(**e) for e in b.last_events(10)],
+            counters=TickCounters(ticks=self.ticks, late_ticks=self.late_ticks, skipped_ticks=self.skipped_ticks,
+                                  batches=b.total_batches, samples=b.total_samples),
+            torch_loaded="torch" in sys.modules,
+        )
 
     def _report_once(self, key: tuple[str, str], message: str) -> None:
         if key not in self._sampler_errors:
@@ -346,7 +326,7 @@ class Agent:
 
     def write_status(self, state: str = "running") -> None:
         try:
-            write_status(self.state_dir, self.status_dict(state))
+            write_status(self.state_dir, self.status_snapshot(state))
         except Exception:  # noqa: BLE001 - status is best effort; the data path matters more
             if ("status", "write") not in self._sampler_errors:
                 self._sampler_errors.add(("status", "write"))
@@ -392,6 +372,11 @@ def lock_state_dir(state_dir: Path) -> int:
     return fd
 
 
+_JOB_SAMPLE_KEYS = ("job_id", "job_name", "source", "pid", "rank", "gpu", "gpu_util_percent", "cpu_percent",
+                    "rss_bytes")
+_STEP_KEYS = ("steps_per_s", "samples_per_s", "tokens_per_s", "step_time_p50_s", "data_wait_fraction")
+
+
 def _n_items(batch: pb.Batch) -> int:
     return len(batch.probe_results) + len(batch.job_samples) + len(batch.job_steps) + len(batch.events)
 
@@ -402,13 +387,12 @@ def default_samplers(cfg: AgentConfig) -> list[Sampler]:
     """The node's data sources: host (psutil + /proc), GPU (NVML, one choke point), job discovery."""
     from gpuagent.agent.gpu_sampler import GpuSampler
     from gpuagent.agent.host_sampler import HostSampler
-    from gpuagent.agent.job_discovery import JobDiscovery, JobRules
+    from gpuagent.agent.job_discovery import JobDiscovery
 
     gpu = GpuSampler()
     jobs = cfg.jobs
-    rules = JobRules(**{k: jobs[k] for k in ("cmdline_regex", "env_keys", "env_argv0_regex") if k in jobs})
-    disc_kw = {k: float(jobs[k]) for k in ("scan_interval_s", "end_grace_s", "orphan_grace_s") if k in jobs}
-    return [HostSampler(), gpu, JobDiscovery(gpu_sampler=gpu, rules=rules, **disc_kw)]
+    return [HostSampler(), gpu, JobDiscovery(gpu_sampler=gpu, rules=jobs.rules, scan_interval_s=jobs.scan_interval_s,
+                                             end_grace_s=jobs.end_grace_s, orphan_grace_s=jobs.orphan_grace_s)]
 
 
 def build_node_info(cfg: AgentConfig, samplers: list[Sampler]) -> pb.NodeInfo:
@@ -426,11 +410,11 @@ def start_job_step_receiver(agent: Agent) -> None:
     listens; ``[jobs] step_listener = false`` turns it off. A socket that cannot be created (e.g. not
     root and /run/gpuagent not writable) leaves the rest of the agent running and is reported once."""
     jobs = agent.cfg.jobs
-    if str(jobs.get("step_listener", True)).lower() in ("false", "0", "no", "off"):
+    if not jobs.step_listener:
         return None
     from gpuagent.agent.job_steps import JobSocketError, JobStepReceiver
-    receiver = JobStepReceiver(socket_path=jobs.get("step_socket") or None,
-                               window_s=float(jobs.get("step_window_s", agent.cfg.batch_interval_s)))
+    window_s = jobs.step_window_s if jobs.step_window_s is not None else agent.cfg.batch_interval_s
+    receiver = JobStepReceiver(socket_path=jobs.step_socket or None, window_s=window_s)
     try:
         receiver.start()
     except JobSocketError as exc:

@@ -50,36 +50,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from gpuagent.agent.config import JobRules
 from gpuagent.common.job_identity import cgroup_ids, job_identity, own_container_id
 
 RECHECK_S = 2.0
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
-DEFAULT_CMDLINE = (r"(^|/)torchrun(\s|$)", r"torch\.distributed\.(run|launch)(\s|$)",
-                   r"torch/distributed/(run|launch)\.py")
-DEFAULT_ENV_KEYS = ("TORCHELASTIC_RUN_ID", "RANK", "LOCAL_RANK", "SLURM_JOB_ID")
 _ENV_WANTED = ("GPUAGENT_JOB_ID", "GPUAGENT_JOB_NAME", "SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_ARRAY_JOB_ID",
                "SLURM_ARRAY_TASK_ID", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "TORCHELASTIC_RUN_ID",
                "RANK", "LOCAL_RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
                "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "HOSTNAME")
-
-@dataclass(frozen=True)
-class JobRules:
-    """Which processes count as job processes on a GPU-less node."""
-
-    cmdline_regex: tuple[str, ...] = DEFAULT_CMDLINE
-    env_keys: tuple[str, ...] = DEFAULT_ENV_KEYS
-    env_argv0_regex: str = r"^python"   # env keys only count for these executables ('' = any)
-
-    def __post_init__(self) -> None:
-        for what, pats in (("cmdline_regex", self.cmdline_regex), ("env_argv0_regex", (self.env_argv0_regex,))):
-            for pat in pats:
-                try:
-                    re.compile(pat)
-                except re.error as exc:
-                    raise ValueError(f"job rule {what} {pat!r} is not a valid regular expression ({exc})") from None
-
 
 def identify(pid: int, env: dict[str, str], cgroup_text: str, ppid: int, matched_by_rule: bool,
              own_container: str = "") -> dict[str, Any]:
@@ -445,6 +426,11 @@ class JobDiscovery:
                               "duration_s": f"{dur:.3f}", "started_ns": str(job.start_ns),
                               "first_seen_ns": str(job.first_ns), "last_seen_ns": str(job.last_ns), "gpus": ",".join(map(str, sorted(job.gpus))),
                               "gpu_util_samples": str(job.util_n)})
+
+    def is_job_process(self, pid: int) -> bool | None:
+        """Whether discovery's current verdict on ``pid`` is "a job process"; None when it has not seen it."""
+        p = self._procs.get(pid)
+        return None if p is None else p.ident is not None
 
     def active_jobs(self) -> list[dict[str, Any]]:
         """Jobs currently seen (for `gpuagent status`)."""

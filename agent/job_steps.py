@@ -340,6 +340,11 @@ class JobStepReceiver:
         with self._lock:
             return [dict(v, ranks=list(v["ranks"])) for v in sorted(self._live.values(), key=lambda j: j["job_id"])]
 
+    def stream_count(self) -> int:
+        """Trackers (one per process and tracker id) the receiver currently keeps."""
+        with self._lock:
+            return len(self._streams)
+
     def tracked_pids(self) -> dict[int, str]:
         """pid -> job_id of every process that currently sends steps (job discovery can use it)."""
         with self._lock:

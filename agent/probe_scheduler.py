@@ -21,111 +21,15 @@ import os
 import random
 import threading
 import time
-from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping
 
+from gpuagent.agent.config import ProbesConfig
 from gpuagent.probes import blockdev, registry
 from gpuagent.probes.lock import LOCK_NAME, ProbeLock, default_state_dir
 from gpuagent.probes.result import ProbeResult
 from gpuagent.probes.runner import run_probe
 
 log = logging.getLogger(__name__)
-
-DEFAULT_ENABLED = ("host", "storage", "pcie", "gpu_compute", "collective")
-
-
-@dataclass(frozen=True)
-class ProbeSchedule:
-    name: str
-    enabled: bool = True
-    interval_s: float = 3600.0
-    timeout_s: float = 120.0
-    params: Mapping[str, Any] = field(default_factory=dict)
-    force: bool = False
-
-
-@dataclass(frozen=True)
-class ProbeSchedulerConfig:
-    enabled: bool = True
-    schedules: tuple[ProbeSchedule, ...] = ()
-    budget_fraction: float = 0.02
-    budget_window_s: float = 3600.0
-    jitter_fraction: float = 0.1
-    initial_delay_s: float = 60.0
-    force: bool = False
-    disk_busy_percent_max: float = 20.0
-    disk_iops_max: float = 200.0
-    disk_quiet_window_s: float = 1.0
-    lock_wait_s: float = 0.0
-    lock_path: str = ""
-
-    _SCALARS = ("enabled", "budget_fraction", "budget_window_s", "jitter_fraction", "initial_delay_s", "force",
-                "disk_busy_percent_max", "disk_iops_max", "disk_quiet_window_s", "lock_wait_s", "lock_path")
-    _PER_PROBE = ("enabled", "interval_s", "timeout_s", "params", "force")
-
-    @classmethod
-    def from_mapping(cls, table: Mapping[str, Any] | None = None, state_dir: str | None = None
-                     ) -> "ProbeSchedulerConfig":
-        """Build from the `[probes]` TOML table. Scalars sit at the top; `[probes.<name>]` sub-tables
-        hold enabled/interval_s/timeout_s/force and a `params` table. Raises ValueError (one sentence)."""
-        table = dict(table or {})
-        kwargs: dict[str, Any] = {}
-        per_probe: dict[str, Mapping[str, Any]] = {}
-        known = set(registry.names())
-        for key, value in table.items():
-            if key in known:
-                if not isinstance(value, Mapping):
-                    raise ValueError(f"[probes.{key}] must be a table")
-                per_probe[key] = value
-            elif key in cls._SCALARS:
-                default = getattr(cls, key)
-                if isinstance(default, bool):
-                    if not isinstance(value, bool):
-                        raise ValueError(f"probes.{key} must be true or false")
-                elif isinstance(default, float):
-                    if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-                        raise ValueError(f"probes.{key} must be a non-negative number")
-                    value = float(value)
-                elif not isinstance(value, str):
-                    raise ValueError(f"probes.{key} must be a string")
-                kwargs[key] = value
-            else:
-                raise ValueError(f"unknown key probes.{key} (known: {', '.join(sorted(cls._SCALARS))}, "
-                                 f"or a probe name: {', '.join(sorted(known))})")
-        if kwargs.get("budget_fraction", 0.02) > 1:
-            raise ValueError("probes.budget_fraction is a fraction of wall time and must be <= 1")
-        schedules = []
-        for name in registry.names():
-            spec = registry.get(name)
-            sub = dict(per_probe.get(name, {}))
-            bad = set(sub) - set(cls._PER_PROBE)
-            if bad:
-                raise ValueError(f"unknown key(s) {', '.join(sorted(bad))} in [probes.{name}] "
-                                 f"(known: {', '.join(cls._PER_PROBE)})")
-            try:
-                params = registry.parse_params(name, sub.get("params") or {})
-            except registry.ParamError as exc:
-                raise ValueError(f"[probes.{name}.params]: {exc}") from None
-            params = {k: v for k, v in params.items() if k in (sub.get("params") or {})}
-            schedules.append(ProbeSchedule(
-                name, enabled=bool(sub.get("enabled", name in DEFAULT_ENABLED)),
-                interval_s=float(sub.get("interval_s", spec.interval_s)),
-                timeout_s=float(sub.get("timeout_s", spec.timeout_s)),
-                params=params, force=bool(sub.get("force", False))))
-        for s in schedules:
-            if s.interval_s <= 0 or s.timeout_s <= 0:
-                raise ValueError(f"[probes.{s.name}] interval_s and timeout_s must be positive")
-        if not kwargs.get("lock_path"):
-            kwargs["lock_path"] = os.path.join(state_dir or default_state_dir(), LOCK_NAME)
-        return cls(schedules=tuple(schedules), **kwargs)
-
-    def schedule(self, name: str) -> ProbeSchedule:
-        for s in self.schedules:
-            if s.name == name:
-                return s
-        spec = registry.get(name)
-        return ProbeSchedule(name, interval_s=spec.interval_s, timeout_s=spec.timeout_s)
-
 
 DiskActivity = Callable[[str], "tuple[float, float] | None"]
 
@@ -134,20 +38,21 @@ class ProbeScheduler:
     """Wire it in the daemon: ``ProbeScheduler(sink, cfg, busy_gpus=..., gpu_count=...).start()`` and
     ``.stop()`` at shutdown (which also kills an in-flight probe)."""
 
-    def __init__(self, sink: Any, config: ProbeSchedulerConfig | None = None, *,
+    def __init__(self, sink: Any, config: ProbesConfig | None = None, *,
                  busy_gpus: Callable[[], Iterable[int]] | None = None,
                  gpu_count: Callable[[], int] | None = None,
                  disk_activity: DiskActivity | None = None,
                  runner: Callable[..., ProbeResult] = run_probe,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, state_dir: str | None = None) -> None:
         self.sink = sink
-        self.config = config or ProbeSchedulerConfig.from_mapping({})
+        self.config = config or ProbesConfig.from_mapping({})
         self.busy_gpus = busy_gpus
         self.gpu_count = gpu_count
-        self.disk_activity = disk_activity or self._diskstats_activity
+        self.disk_activity = disk_activity or self.diskstats_activity
         self._runner = runner
         self._rng = rng or random.Random()
-        self._lock = ProbeLock(self.config.lock_path)
+        self.lock_path = self.config.lock_path or os.path.join(state_dir or default_state_dir(), LOCK_NAME)
+        self._lock = ProbeLock(self.lock_path)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._window: collections.deque[tuple[float, float]] = collections.deque()  # (end monotonic, seconds)
@@ -201,12 +106,17 @@ class ProbeScheduler:
             self._window.popleft()
         return sum(s for _, s in self._window)
 
+    def last_run_s(self, name: str) -> float | None:
+        """How long the last run of ``name`` took (the estimate the budget check uses); None before one."""
+        return self._last_duration.get(name)
+
     @property
     def budget_s(self) -> float:
         return self.config.budget_fraction * self.config.budget_window_s
 
     # ---------------------------------------------------------------- gating
-    def _diskstats_activity(self, device: str) -> tuple[float, float] | None:
+    def diskstats_activity(self, device: str) -> tuple[float, float] | None:
+        """(busy %, IOPS) of ``device`` over ``disk_quiet_window_s`` from /proc/diskstats; None if unknown."""
         a = blockdev.read_diskstats(device)
         if a is None:
             return None
@@ -229,8 +139,8 @@ class ProbeScheduler:
             act = None
             if device:
                 act = self.disk_activity(device)
-                if act is None and self.disk_activity is not self._diskstats_activity:
-                    act = self._diskstats_activity(device)  # the given source had nothing fresh
+                if act is None and self.disk_activity != self.diskstats_activity:
+                    act = self.diskstats_activity(device)  # the given source had nothing fresh
             if act is not None:
                 busy_pct, iops = act
                 c = self.config
@@ -313,7 +223,7 @@ def _busy_gpus_from(samplers: Iterable[Any]) -> Callable[[], list[int]]:
     return busy
 
 
-def _disk_activity_from(batcher: Any, max_age_s: float = 30.0) -> DiskActivity:
+def disk_activity_from(batcher: Any, max_age_s: float = 30.0) -> DiskActivity:
     """(busy %, IOPS) of a device from the host sampler's latest values, when fresh; else None."""
     def activity(device: str) -> tuple[float, float] | None:
         latest = getattr(batcher, "latest", None)
@@ -333,13 +243,14 @@ def _disk_activity_from(batcher: Any, max_age_s: float = 30.0) -> DiskActivity:
 
 def start_probe_scheduler(agent: Any) -> ProbeScheduler | None:
     """The daemon's EXTRA_FACTORIES hook: build from ``[probes]`` and start (None when disabled)."""
-    cfg = ProbeSchedulerConfig.from_mapping(agent.cfg.probes, state_dir=str(agent.cfg.state_dir))
+    cfg = agent.cfg.probes
     if not cfg.enabled:
         log.info("probes disabled ([probes] enabled = false)")
         return None
     gpus = len(agent.node_info.gpus)
     sched = ProbeScheduler(agent.batcher, cfg, busy_gpus=_busy_gpus_from(agent.samplers),
-                           gpu_count=lambda: gpus, disk_activity=_disk_activity_from(agent.batcher))
+                           gpu_count=lambda: gpus, disk_activity=disk_activity_from(agent.batcher),
+                           state_dir=str(agent.cfg.state_dir))
     sched.start()
     log.info("probe scheduler started: %s; budget %.0f s per %.0f s",
              ", ".join(f"{s.name} every {s.interval_s:g} s" for s in cfg.schedules if s.enabled),

@@ -37,13 +37,14 @@ import re
 import secrets
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, replace
 from typing import Callable, Iterator
 
 import grpc
 
 from gpuagent.agent.config import CollectorConfig
 from gpuagent.agent.spool import Spool
+from gpuagent.agent.status import LinkState
 from gpuagent.common.retry import REFUSED, REGISTER_METHOD, STREAM_METHOD, Backoff
 from gpuagent.proto import pb
 from gpuagent.proto.wire import length_delimited
@@ -57,26 +58,6 @@ def with_node_id(payload: bytes, node_id: str) -> bytes:
     """``payload`` (a serialized Batch) with ``node_id`` set, without parsing the batch."""
     raw = node_id.encode()
     return payload + length_delimited(1, raw)   # field 1 = Batch.node_id; the last value wins
-
-
-@dataclass
-class LinkState:
-    """What `gpuagent status` shows about the collector link."""
-    collector: str = ""
-    connected: bool = False
-    node_id: str = ""
-    since_ns: int = 0                 # when the current state (connected or not) began
-    last_ack_ns: int = 0
-    last_ack_seq: int = 0
-    highest_committed_seq: int = 0
-    sent_batches: int = 0
-    acked_batches: int = 0
-    duplicate_acks: int = 0
-    reconnects: int = 0
-    consecutive_failures: int = 0
-    last_error: str = ""
-    last_error_ns: int = 0
-    next_retry_ns: int = 0
 
 
 class Sender(threading.Thread):
@@ -129,11 +110,13 @@ class Sender(threading.Thread):
     def stopping(self) -> bool:
         return self._halt.is_set() or self._draining.is_set()
 
-    def snapshot(self) -> dict:
+    def link(self) -> LinkState:
+        """A copy of the link state, with the number of batches in flight."""
         with self._lock:
-            d = asdict(self.state)
-            d["in_flight"] = len(self._inflight)
-            return d
+            return replace(self.state, in_flight=len(self._inflight))
+
+    def snapshot(self) -> dict:
+        return asdict(self.link())
 
     # ---------------------------------------------------------------- main loop
     def run(self) -> None:

@@ -1,8 +1,12 @@
 """The local status file: written by the daemon every tick, read by ``gpuagent status``.
 
-The daemon writes ``<state_dir>/status.json`` atomically (temp + rename, mode 0644, no fsync: it is
-rewritten every second and only describes the present), so ``gpuagent status`` works for any user who
-can read the state dir, without talking to the daemon or needing root.
+:class:`StatusSnapshot` is the one description of what the agent's latest tick saw (spool, collector
+link, last samples per GPU and host, probe results, jobs); the daemon fills it, :func:`write_status`
+stores it as ``<state_dir>/status.json`` atomically (temp + rename, mode 0644, no fsync: it is
+rewritten every tick and only describes the present), and :func:`read_status` reads it back, so
+``gpuagent status`` works for any user who can read the state dir, without talking to the daemon.
+A value the tick did not see (a metric NVML does not report) is left out of the file, not written
+as null.
 """
 
 from __future__ import annotations
@@ -10,8 +14,11 @@ from __future__ import annotations
 import json
 import os
 import time
+import types
+import typing
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 STATUS_FILE = "status.json"
 STATUS_VERSION = 1
@@ -21,6 +28,264 @@ STALE_MIN_S = 10.0     # a status older than max(3 x interval + 5 s, this) is st
 class StatusError(Exception):
     """`gpuagent status` cannot show a live status; the message is one sentence."""
 
+
+# -------------------------------------------------------------------- the snapshot
+
+# Batcher metric name -> GpuStatus field.
+GPU_METRICS = {"gpu_util_percent": "util_percent", "gpu_mem_util_percent": "mem_util_percent",
+               "gpu_memory_used_bytes": "memory_used_bytes", "gpu_memory_total_bytes": "memory_total_bytes",
+               "gpu_temperature_celsius": "temperature_celsius", "gpu_power_watts": "power_watts",
+               "gpu_power_limit_watts": "power_limit_watts", "gpu_sm_clock_mhz": "sm_clock_mhz"}
+# Host metrics (unlabelled batcher series) shown by status; HostStatus has one field each.
+HOST_METRICS = ("cpu_idle_percent", "cpu_steal_percent", "cpu_iowait_percent", "load1", "mem_used_bytes",
+                "mem_total_bytes", "mem_available_bytes")
+
+
+@dataclass
+class NodeStatus:
+    hostname: str = ""
+    machine_id: str = ""
+    node_id: str = ""                   # "" until the collector registered the node
+    labels: dict[str, str] = field(default_factory=dict)
+    cpu_model: str = ""
+    kernel: str = ""
+    driver_version: str = ""
+    gpu_count: int = 0
+
+
+@dataclass
+class HostStatus:
+    cpu_idle_percent: float | None = None
+    cpu_steal_percent: float | None = None
+    cpu_iowait_percent: float | None = None
+    load1: float | None = None
+    mem_used_bytes: float | None = None
+    mem_total_bytes: float | None = None
+    mem_available_bytes: float | None = None
+    cpu_busy_percent: float | None = None    # 100 - idle
+
+    def seen(self) -> bool:
+        return any(getattr(self, f.name) is not None for f in fields(self))
+
+
+@dataclass
+class GpuStatus:
+    index: int
+    name: str | None = None             # None: the GPU was sampled but is not in the start-up inventory
+    uuid: str | None = None
+    memory_total_bytes: float | None = None
+    throttle_reasons: list[str] = field(default_factory=list)
+    util_percent: float | None = None
+    mem_util_percent: float | None = None
+    memory_used_bytes: float | None = None
+    temperature_celsius: float | None = None
+    power_watts: float | None = None
+    power_limit_watts: float | None = None
+    sm_clock_mhz: float | None = None
+
+
+@dataclass
+class JobStatus:
+    """One job process (from job discovery) or a job known only from its step tracker."""
+    job_id: str
+    job_name: str | None = None
+    source: str | None = None
+    pid: int | None = None
+    rank: int | None = None
+    gpu: int | None = None
+    gpu_util_percent: float | None = None
+    cpu_percent: float | None = None
+    rss_bytes: float | None = None
+    steps_per_s: float | None = None
+    samples_per_s: float | None = None
+    tokens_per_s: float | None = None
+    step_time_p50_s: float | None = None
+    data_wait_fraction: float | None = None
+    ranks: list[int] | None = None
+
+
+@dataclass
+class JobThroughput:
+    """A tracked job's last closed step window, over all its ranks on this node."""
+    job_id: str
+    job_name: str
+    ranks: list[int]
+    steps_per_s: float
+    samples_per_s: float
+    tokens_per_s: float
+    step_time_p50_s: float
+    data_wait_fraction: float           # -1: not measured
+    ts_ns: int
+
+
+@dataclass
+class ProbeStatus:
+    probe: str
+    gpu: int
+    status: str
+    reason: str
+    metrics: dict[str, float]
+    ended_ns: int
+
+
+@dataclass
+class LinkState:
+    """The collector link, as the sender keeps it."""
+    collector: str = ""
+    connected: bool = False
+    node_id: str = ""
+    since_ns: int = 0                 # when the current state (connected or not) began
+    last_ack_ns: int = 0
+    last_ack_seq: int = 0
+    highest_committed_seq: int = 0
+    sent_batches: int = 0
+    acked_batches: int = 0
+    duplicate_acks: int = 0
+    reconnects: int = 0
+    consecutive_failures: int = 0
+    last_error: str = ""
+    last_error_ns: int = 0
+    next_retry_ns: int = 0
+    in_flight: int = 0                # batches sent and not yet acked
+
+
+@dataclass
+class SpoolStatus:
+    backlog_batches: int = 0
+    backlog_bytes: int = 0
+    backlog_samples: int = 0
+    oldest_seq: int = 0
+    newest_seq: int = 0
+    max_bytes: int = 0
+    dropped_batches: int = 0
+    dropped_samples: int = 0
+    corrupt_files: int = 0
+    rejected_batches: int = 0
+    rejected_samples: int = 0
+    write_errors: int = 0
+
+
+@dataclass
+class RecentEvent:
+    ts_ns: int
+    kind: str
+    gpu: int
+    message: str
+
+
+@dataclass
+class TickCounters:
+    ticks: int = 0
+    late_ticks: int = 0
+    skipped_ticks: int = 0
+    batches: int = 0
+    samples: int = 0
+
+
+@dataclass
+class StatusSnapshot:
+    state: str                          # running | stopped
+    pid: int
+    agent_version: str
+    started_ns: int
+    updated_ns: int
+    interval_s: float
+    batch_interval_s: float
+    state_dir: str
+    config_file: str
+    node: NodeStatus
+    fingerprint: dict[str, Any]         # the Register fingerprint message as JSON (its proto field names)
+    host: HostStatus
+    gpus: list[GpuStatus]
+    jobs: list[JobStatus]
+    job_throughput: list[JobThroughput]
+    probes: dict[str, ProbeStatus]      # "<probe>" or "<probe>[gpu<i>]" -> last result
+    collector: LinkState
+    spool: SpoolStatus
+    unavailable: list[str]
+    recent_events: list[RecentEvent]
+    counters: TickCounters
+    torch_loaded: bool
+    version: int = STATUS_VERSION
+
+    def to_json(self) -> dict[str, Any]:
+        """The status file's JSON object (``version`` first; unseen values left out)."""
+        out = _dump(self)
+        return {"version": out.pop("version"), **out}
+
+    @classmethod
+    def from_json(cls, data: Any, path: str | os.PathLike = STATUS_FILE) -> "StatusSnapshot":
+        """The snapshot in a decoded status file; StatusError (one sentence) for another version or a
+        damaged file."""
+        if not isinstance(data, Mapping):
+            raise StatusError(f"{path} is not a gpuagent status file (no pid and updated_ns); is --state-dir right?")
+        version = data.get("version")
+        if version != STATUS_VERSION:
+            raise StatusError(f"{path} has status format {version!r} and this gpuagent reads format {STATUS_VERSION} "
+                              f"(the running agent is another gpuagent version; restart it after upgrading).")
+        try:
+            return _load(cls, data, "")
+        except _Damaged as exc:
+            raise StatusError(f"{path} is damaged: {exc} (the agent rewrites it every tick; if this stays, "
+                              f"restart the agent).") from None
+
+
+class _Damaged(Exception):
+    pass
+
+
+def _dump(value: Any) -> Any:
+    if is_dataclass(value):
+        return {f.name: _dump(v) for f in fields(value) if (v := getattr(value, f.name)) is not None}
+    if isinstance(value, dict):
+        return {k: _dump(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_dump(v) for v in value]
+    return value
+
+
+def _load(tp: Any, value: Any, where: str) -> Any:
+    """``value`` (decoded JSON) checked against the type ``tp``; raises _Damaged naming the key."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in typing.get_args(tp):
+            return None
+        (inner,) = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _load(inner, value, where)
+    if tp is Any:
+        return value
+    if is_dataclass(tp):
+        if not isinstance(value, Mapping):
+            raise _Damaged(f"{where or 'the top level'} is not an object")
+        hints = typing.get_type_hints(tp)
+        kw = {}
+        for f in fields(tp):
+            key = f"{where}.{f.name}" if where else f.name
+            if f.name in value:
+                kw[f.name] = _load(hints[f.name], value[f.name], key)
+            elif type(None) not in typing.get_args(hints[f.name]):
+                raise _Damaged(f"{key} is missing")
+        return tp(**kw)
+    if origin is list:
+        if not isinstance(value, list):
+            raise _Damaged(f"{where} is not a list")
+        (inner,) = typing.get_args(tp)
+        return [_load(inner, v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            raise _Damaged(f"{where} is not an object")
+        _, inner = typing.get_args(tp)
+        return {str(k): _load(inner, v, f"{where}.{k}") for k, v in value.items()}
+    ok = {bool: lambda v: isinstance(v, bool),
+          int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+          float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+          str: lambda v: isinstance(v, str)}[tp](value)
+    if not ok:
+        raise _Damaged(f"{where} is {value!r}, expected {tp.__name__}")
+    return value
+
+
+# -------------------------------------------------------------------- the file
 
 def pid_alive(pid: int) -> bool:
     if pid <= 0:
@@ -43,8 +308,9 @@ def stale_after_s(interval_s: float) -> float:
     return max(3 * interval_s + 5.0, STALE_MIN_S)
 
 
-def read_status(state_dir: str | os.PathLike, now_ns: int | None = None, check_live: bool = True) -> dict[str, Any]:
-    """The daemon's last status; raises StatusError (one sentence) when it is absent, dead or stale."""
+def read_status(state_dir: str | os.PathLike, now_ns: int | None = None, check_live: bool = True) -> StatusSnapshot:
+    """The daemon's last status; raises StatusError (one sentence) when it is absent, dead, stale, damaged
+    or from another gpuagent version."""
     path = Path(state_dir) / STATUS_FILE
     try:
         data = json.loads(path.read_text())
@@ -57,24 +323,25 @@ def read_status(state_dir: str | os.PathLike, now_ns: int | None = None, check_l
         raise StatusError(f"cannot read {path}: {exc}.") from None
     if not (isinstance(data, dict) and isinstance(data.get("pid"), int) and isinstance(data.get("updated_ns"), int)):
         raise StatusError(f"{path} is not a gpuagent status file (no pid and updated_ns); is --state-dir right?")
-    if not check_live:
-        return data
-    now_ns = now_ns if now_ns is not None else time.time_ns()
-    pid = int(data.get("pid", 0))
-    age = (now_ns - int(data.get("updated_ns", 0))) / 1e9
-    if data.get("state") == "stopped" or not pid_alive(pid):
-        raise StatusError(f"gpuagent is not running: pid {pid} from {path} is gone "
-                          f"(last update {age:.0f} s ago).")
-    limit = stale_after_s(float(data.get("interval_s", 1.0)))
-    if age > limit:
-        raise StatusError(f"gpuagent status is stale: {path} was last updated {age:.0f} s ago "
-                          f"(more than {limit:.0f} s; pid {pid} may be hung).")
-    return data
+    if check_live:
+        # Liveness first: a dead or hung agent is the news, whatever else its last file says.
+        now_ns = now_ns if now_ns is not None else time.time_ns()
+        pid = int(data["pid"])
+        age = (now_ns - int(data["updated_ns"])) / 1e9
+        if data.get("state") == "stopped" or not pid_alive(pid):
+            raise StatusError(f"gpuagent is not running: pid {pid} from {path} is gone "
+                              f"(last update {age:.0f} s ago).")
+        interval = data.get("interval_s", 1.0)
+        limit = stale_after_s(float(interval) if isinstance(interval, (int, float)) else 1.0)
+        if age > limit:
+            raise StatusError(f"gpuagent status is stale: {path} was last updated {age:.0f} s ago "
+                              f"(more than {limit:.0f} s; pid {pid} may be hung).")
+    return StatusSnapshot.from_json(data, path)
 
 
-def write_status(state_dir: str | os.PathLike, data: dict[str, Any]) -> None:
+def write_status(state_dir: str | os.PathLike, snapshot: StatusSnapshot) -> None:
     from gpuagent.agent.batcher import atomic_write
-    atomic_write(Path(state_dir) / STATUS_FILE, json.dumps(data, separators=(",", ":")).encode(),
+    atomic_write(Path(state_dir) / STATUS_FILE, json.dumps(snapshot.to_json(), separators=(",", ":")).encode(),
                  fsync=False, mode=0o644)
 
 
@@ -115,19 +382,18 @@ def _table(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join("  " + x for x in out)
 
 
-def render(data: dict[str, Any], now_ns: int | None = None) -> str:
+def render(snap: StatusSnapshot, now_ns: int | None = None) -> str:
     now_ns = now_ns if now_ns is not None else time.time_ns()
-    node = data.get("node", {})
-    fp = data.get("fingerprint", {})
+    node = snap.node
+    fp = snap.fingerprint
     out = []
-    out.append(f"gpuagent {data.get('agent_version', '?')}  pid {data.get('pid')}  "
-               f"up {(now_ns - data.get('started_ns', now_ns)) / 1e9:.0f} s  "
-               f"updated {_ago(data.get('updated_ns', 0), now_ns)}  interval {data.get('interval_s')} s")
-    labels = node.get("labels") or {}
-    out.append(f"node      {node.get('hostname', '?')}  id {node.get('node_id') or '(not registered yet)'}  "
-               f"machine {node.get('machine_id', '?')[:12]}")
-    if labels:
-        out.append("labels    " + "  ".join(f"{k}={v}" for k, v in sorted(labels.items())))
+    out.append(f"gpuagent {snap.agent_version}  pid {snap.pid}  "
+               f"up {(now_ns - snap.started_ns) / 1e9:.0f} s  "
+               f"updated {_ago(snap.updated_ns, now_ns)}  interval {snap.interval_s} s")
+    out.append(f"node      {node.hostname}  id {node.node_id or '(not registered yet)'}  "
+               f"machine {node.machine_id[:12]}")
+    if node.labels:
+        out.append("labels    " + "  ".join(f"{k}={v}" for k, v in sorted(node.labels.items())))
     virt = fp.get("virt_type") or "?"
     cont = fp.get("container_runtime") or ("yes" if fp.get("in_container") else "none")
     out.append(f"virt      {virt} (virtualized: {str(bool(fp.get('virtualized'))).lower()})  container: {cont}  "
@@ -136,81 +402,76 @@ def render(data: dict[str, Any], now_ns: int | None = None) -> str:
                f"clocksource: {fp.get('clocksource') or '-'}")
     if fp.get("container_markers"):
         out.append("          container markers: " + ", ".join(fp["container_markers"]))
-    host = data.get("host") or {}
-    if host:
-        out.append(f"host      cpu busy {_fmt(host.get('cpu_busy_percent'), '.1f', '%')}  steal "
-                   f"{_fmt(host.get('cpu_steal_percent'), '.1f', '%')}  iowait {_fmt(host.get('cpu_iowait_percent'), '.1f', '%')}  "
-                   f"load1 {_fmt(host.get('load1'), '.2f')}  mem {_fmt_bytes(host.get('mem_used_bytes'))} / "
-                   f"{_fmt_bytes(host.get('mem_total_bytes'))}")
+    host = snap.host
+    if host.seen():
+        out.append(f"host      cpu busy {_fmt(host.cpu_busy_percent, '.1f', '%')}  steal "
+                   f"{_fmt(host.cpu_steal_percent, '.1f', '%')}  iowait {_fmt(host.cpu_iowait_percent, '.1f', '%')}  "
+                   f"load1 {_fmt(host.load1, '.2f')}  mem {_fmt_bytes(host.mem_used_bytes)} / "
+                   f"{_fmt_bytes(host.mem_total_bytes)}")
 
-    gpus = data.get("gpus") or []
     out.append("")
-    if gpus:
-        out.append(f"GPUs ({len(gpus)})")
-        rows = [[str(g.get("index")), (g.get("name") or "?")[:28], _fmt(g.get("util_percent"), ".0f", "%"),
-                 f"{_fmt_bytes(g.get('memory_used_bytes'))} / {_fmt_bytes(g.get('memory_total_bytes'))}",
-                 _fmt(g.get("temperature_celsius"), ".0f", " C"),
-                 f"{_fmt(g.get('power_watts'), '.0f')} / {_fmt(g.get('power_limit_watts'), '.0f')} W",
-                 ",".join(g.get("throttle_reasons") or []) or "-"] for g in gpus]
+    if snap.gpus:
+        out.append(f"GPUs ({len(snap.gpus)})")
+        rows = [[str(g.index), (g.name or "?")[:28], _fmt(g.util_percent, ".0f", "%"),
+                 f"{_fmt_bytes(g.memory_used_bytes)} / {_fmt_bytes(g.memory_total_bytes)}",
+                 _fmt(g.temperature_celsius, ".0f", " C"),
+                 f"{_fmt(g.power_watts, '.0f')} / {_fmt(g.power_limit_watts, '.0f')} W",
+                 ",".join(g.throttle_reasons) or "-"] for g in snap.gpus]
         out.append(_table(["gpu", "name", "util", "memory", "temp", "power", "throttle"], rows))
     else:
-        out.append("GPUs      none visible" + (f" ({data['gpu_note']})" if data.get("gpu_note") else ""))
+        out.append("GPUs      none visible")
 
-    jobs = data.get("jobs") or []
     out.append("")
-    if jobs:
-        out.append(f"Jobs ({len(jobs)})")
-        rows = [[j.get("job_id", "?"), str(j.get("pid", "")), str(j.get("rank", "")), str(j.get("gpu", "")),
-                 _fmt(j.get("gpu_util_percent"), ".0f", "%"), _fmt(j.get("cpu_percent"), ".0f", "%"),
-                 _fmt_bytes(j.get("rss_bytes")),
-                 _fmt(j.get("steps_per_s"), ".2f") if j.get("steps_per_s") is not None else "-"] for j in jobs]
+    if snap.jobs:
+        out.append(f"Jobs ({len(snap.jobs)})")
+        rows = [[j.job_id, _text(j.pid), _text(j.rank), _text(j.gpu),
+                 _fmt(j.gpu_util_percent, ".0f", "%"), _fmt(j.cpu_percent, ".0f", "%"),
+                 _fmt_bytes(j.rss_bytes), _fmt(j.steps_per_s, ".2f")] for j in snap.jobs]
         out.append(_table(["job", "pid", "rank", "gpu", "gpu util", "cpu", "rss", "steps/s"], rows))
     else:
         out.append("Jobs      none active")
-    throughput = data.get("job_throughput") or []
-    if throughput:
+    if snap.job_throughput:
         out.append("")
         out.append("Training throughput (gpuagent.jobs tracker, last window)")
-        rows = [[t.get("job_id", "?"), (t.get("job_name") or "-")[:24],
-                 ",".join(str(r) for r in t.get("ranks") or []) or "-",
-                 _fmt(t.get("steps_per_s"), ".2f"), _fmt(t.get("samples_per_s"), ".1f"),
-                 _fmt(t.get("tokens_per_s"), ".0f") if t.get("tokens_per_s") else "-",
-                 _fmt((t.get("step_time_p50_s") or 0) * 1000, ".1f", " ms"),
-                 _fmt((t.get("data_wait_fraction") or 0) * 100, ".0f", "%")
-                 if (t.get("data_wait_fraction") is not None and t.get("data_wait_fraction") >= 0) else "-"]
-                for t in throughput]
+        rows = [[t.job_id, (t.job_name or "-")[:24], ",".join(str(r) for r in t.ranks) or "-",
+                 _fmt(t.steps_per_s, ".2f"), _fmt(t.samples_per_s, ".1f"),
+                 _fmt(t.tokens_per_s, ".0f") if t.tokens_per_s else "-",
+                 _fmt(t.step_time_p50_s * 1000, ".1f", " ms"),
+                 _fmt(t.data_wait_fraction * 100, ".0f", "%") if t.data_wait_fraction >= 0 else "-"]
+                for t in snap.job_throughput]
         out.append(_table(["job", "name", "ranks", "steps/s", "samples/s", "tokens/s", "step p50", "data wait"],
                           rows))
 
-    probes = data.get("probes") or {}
     out.append("")
-    if probes:
+    if snap.probes:
         out.append("Probes (last result)")
         rows = []
-        for name, p in sorted(probes.items()):
-            metrics = ", ".join(f"{k}={v:.4g}" for k, v in sorted((p.get("metrics") or {}).items())[:4])
-            rows.append([name, p.get("status", "?"), _ago(p.get("ended_ns", 0), now_ns),
-                         (p.get("reason") or metrics)[:70]])
+        for name, p in sorted(snap.probes.items()):
+            metrics = ", ".join(f"{k}={v:.4g}" for k, v in sorted(p.metrics.items())[:4])
+            rows.append([name, p.status, _ago(p.ended_ns, now_ns), (p.reason or metrics)[:70]])
         out.append(_table(["probe", "status", "when", "metrics / reason"], rows))
     else:
         out.append("Probes    no results yet")
 
-    link = data.get("collector") or {}
-    sp = data.get("spool") or {}
+    link = snap.collector
+    sp = snap.spool
     out.append("")
-    state = "connected" if link.get("connected") else "NOT connected"
-    out.append(f"collector {link.get('collector', '?')}  {state} (since {_ago(link.get('since_ns', 0), now_ns)})  "
-               f"last ack seq {link.get('last_ack_seq', 0)} {_ago(link.get('last_ack_ns', 0), now_ns)}")
-    if link.get("last_error") and not link.get("connected"):
-        out.append(f"          last error: {link['last_error']}")
-    out.append(f"spool     backlog {sp.get('backlog_batches', 0)} batches / {_fmt_bytes(sp.get('backlog_bytes', 0))} "
-               f"(max {_fmt_bytes(sp.get('max_bytes'))})  dropped {sp.get('dropped_batches', 0)} batches / "
-               f"{sp.get('dropped_samples', 0)} samples  corrupt files {sp.get('corrupt_files', 0)}  "
-               f"rejected {sp.get('rejected_batches', 0)}")
-    unavailable = data.get("unavailable") or []
-    if unavailable:
+    state = "connected" if link.connected else "NOT connected"
+    out.append(f"collector {link.collector}  {state} (since {_ago(link.since_ns, now_ns)})  "
+               f"last ack seq {link.last_ack_seq} {_ago(link.last_ack_ns, now_ns)}")
+    if link.last_error and not link.connected:
+        out.append(f"          last error: {link.last_error}")
+    out.append(f"spool     backlog {sp.backlog_batches} batches / {_fmt_bytes(sp.backlog_bytes)} "
+               f"(max {_fmt_bytes(sp.max_bytes)})  dropped {sp.dropped_batches} batches / "
+               f"{sp.dropped_samples} samples  corrupt files {sp.corrupt_files}  "
+               f"rejected {sp.rejected_batches}")
+    if snap.unavailable:
         out.append("")
         out.append("Unavailable")
-        for u in unavailable[:20]:
+        for u in snap.unavailable[:20]:
             out.append(f"  - {u}")
     return "\n".join(out)
+
+
+def _text(v: int | None) -> str:
+    return "" if v is None else str(v)

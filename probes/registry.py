@@ -11,6 +11,8 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
+from gpuagent.common.parse import parse_bool
+
 PLATFORMS = ("any", "cuda", "multi-gpu")
 # The resources a probe disturbs; the scheduler gates on them ("gpu": no job on the GPUs,
 # "disk": the target disk is quiet).
@@ -88,10 +90,6 @@ def run_function(name: str) -> Callable[[dict[str, Any]], Any]:
     return importlib.import_module(_registry()[name][1]).run
 
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
-
-
 def _coerce(name: str, key: str, default: Any, value: Any) -> Any:
     if not isinstance(value, str):
         if isinstance(default, bool) or isinstance(value, type(default)):
@@ -102,12 +100,10 @@ def _coerce(name: str, key: str, default: Any, value: Any) -> Any:
     text = value.strip()
     try:
         if isinstance(default, bool):
-            low = text.lower()
-            if low in _TRUE:
-                return True
-            if low in _FALSE:
-                return False
-            raise ValueError
+            flag = parse_bool(text)
+            if flag is None:
+                raise ValueError
+            return flag
         if isinstance(default, int):
             return int(text, 0)
         if isinstance(default, float):

@@ -7,6 +7,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import time
 from typing import Iterator
 
@@ -56,6 +57,29 @@ def interrupt(proc: subprocess.Popen, timeout: float = 30.0) -> tuple[str, str]:
     """Ctrl-C: SIGINT to ``proc``, then its (stdout, stderr) once it has exited."""
     proc.send_signal(signal.SIGINT)
     return proc.communicate(timeout=timeout)
+
+
+# Child processes for job discovery: BUSY burns CPU, IDLE sleeps; both for at most two minutes.
+BUSY = "import time\nend = time.time() + 120\nwhile time.time() < end: sum(range(10000))\n"
+IDLE = "import time\ntime.sleep(120)\n"
+_JOB_ENV = ("SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "RANK", "LOCAL_RANK", "WORLD_SIZE", "GPUAGENT_JOB_ID")
+
+
+def spawn_python(code: str, **env: str) -> subprocess.Popen:
+    """``python -c code`` with exactly the job env given (the test runner's own job env removed)."""
+    e = {k: v for k, v in os.environ.items() if k not in _JOB_ENV}
+    e.update(env)
+    return subprocess.Popen([sys.executable, "-c", code], env=e)
+
+
+@pytest.fixture
+def procs():
+    """A list to put started processes in; each is killed and reaped after the test."""
+    started: list[subprocess.Popen] = []
+    yield started
+    for p in started:
+        p.kill()
+        p.wait(timeout=10)
 
 
 def _cuda_available() -> bool:

@@ -55,8 +55,8 @@ step_socket = "/tmp/x.sock"
     assert cfg.spool_max_bytes == 64 * 1024 * 1024
     assert cfg.collector.token == "from-file"
     assert dict(cfg.labels) == {"pool": "h100", "price_per_gpu_hour": "2.25", "team": "vision", "region": "eu-west"}
-    assert cfg.probes["enabled"] is True and cfg.probes["collective"]["interval_s"] == 3600
-    assert cfg.jobs["cmdline_regex"] == (r"train\.py",) and cfg.jobs["step_socket"] == "/tmp/x.sock"
+    assert cfg.probes.enabled is True and cfg.probes.schedule("collective").interval_s == 3600
+    assert cfg.jobs.rules.cmdline_regex == (r"train\.py",) and cfg.jobs.step_socket == "/tmp/x.sock"
     cfg2 = load_config(path, env=env, collector="flag-host:7200", state_dir=str(tmp_path))
     assert cfg2.collector.address == "flag-host:7200" and cfg2.state_dir == str(tmp_path)
     with pytest.raises(AttributeError):
@@ -87,6 +87,8 @@ def test_config_file_from_env_and_token_file(tmp_path):
     ("[jobs]\nrulez = 1\n", {}, "unknown key 'jobs.rulez'"),
     ("interval_s = [1\n", {}, "is not valid TOML"),
     ("[probes]\nhost = 3\n", {}, "[probes] (from config file"),
+    ("[probes.host]\nenabled = \"maybe\"\n", {}, "[probes.host] enabled must be true or false"),
+    ("[jobs]\nstep_listener = \"maybe\"\n", {}, "jobs.step_listener (from config file"),
     ("", {"GPUAGENT_INTERVAL": "soon"}, "agent.interval_s (from environment GPUAGENT_INTERVAL)"),
     ("", {"GPUAGENT_LABELS": "justtext"}, "GPUAGENT_LABELS"),
 ])
@@ -97,6 +99,15 @@ def test_bad_config_is_one_sentence_naming_the_key(tmp_path, text, env, needle):
     msg = str(ei.value)
     assert needle in msg
     assert "\n" not in msg and msg.endswith(".")
+
+
+def test_probes_and_jobs_are_typed_once_with_one_boolean_parser(tmp_path):
+    path = _toml(tmp_path, "[probes]\nforce = \"yes\"\n[probes.host]\nenabled = \"off\"\n"
+                           "[jobs]\nstep_listener = \"no\"\nscan_interval_s = 2\n")
+    cfg = load_config(path, env={"GPUAGENT_PROBES_ENABLED": "0"})
+    assert cfg.probes.enabled is False and cfg.probes.force is True
+    assert cfg.probes.schedule("host").enabled is False and cfg.probes.schedule("storage").enabled is True
+    assert cfg.jobs.step_listener is False and cfg.jobs.scan_interval_s == 2.0 and cfg.jobs.step_window_s is None
 
 
 def test_missing_named_file_is_an_error(tmp_path):
@@ -115,12 +126,12 @@ def test_cli_run_bad_config_exits_with_sentence(tmp_path):
 
 
 def test_example_config_with_every_commented_key_enabled_loads_and_shows_the_defaults(tmp_path):
-    """packaging/agent.toml documents optional keys as comments; enabled, they must load (the [jobs] example
-    once showed a [[jobs.rules]] table the agent refuses), and the job-discovery values shown are the defaults."""
+    """packaging/agent.toml documents optional keys as comments; enabled, they must load (an example table the
+    agent refuses would mislead whoever copies it), and the job-discovery values shown are the defaults."""
     import re
     from pathlib import Path
 
-    from gpuagent.agent.job_discovery import DEFAULT_CMDLINE, DEFAULT_ENV_KEYS, JobRules
+    from gpuagent.agent.config import DEFAULT_CMDLINE, DEFAULT_ENV_KEYS, JobRules
 
     text = (Path(__file__).resolve().parents[1] / "packaging" / "agent.toml").read_text()
     enabled = "\n".join(re.sub(r"^# ((\[[a-z_.]+\])|([a-z_0-9]+ = .*))$", r"\1", line) for line in text.splitlines())
@@ -128,6 +139,6 @@ def test_example_config_with_every_commented_key_enabled_loads_and_shows_the_def
     p = tmp_path / "agent.toml"
     p.write_text(enabled)
     cfg = load_config(str(p), env={})
-    assert cfg.jobs["cmdline_regex"] == DEFAULT_CMDLINE and cfg.jobs["env_keys"] == DEFAULT_ENV_KEYS
-    assert cfg.jobs["env_argv0_regex"] == JobRules().env_argv0_regex
-    assert cfg.jobs["step_socket"] == "/run/gpuagent/jobs.sock"
+    assert cfg.jobs.rules.cmdline_regex == DEFAULT_CMDLINE and cfg.jobs.rules.env_keys == DEFAULT_ENV_KEYS
+    assert cfg.jobs.rules.env_argv0_regex == JobRules().env_argv0_regex
+    assert cfg.jobs.step_socket == "/run/gpuagent/jobs.sock"

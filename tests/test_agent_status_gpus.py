@@ -4,6 +4,8 @@ unavailable list, and the Register NodeInfo with 8 GPUs."""
 
 from __future__ import annotations
 
+import json
+
 from fake_nvml import H100_8GPU, FakeNvmlBackend
 
 from gpuagent.agent.config import load_config
@@ -11,7 +13,7 @@ from gpuagent.agent.daemon import Agent, build_node_info
 from gpuagent.agent.gpu_sampler import GpuSampler
 from gpuagent.agent.host_sampler import HostSampler
 from gpuagent.common.nvml import Nvml
-from gpuagent.agent.status import read_status, render
+from gpuagent.agent.status import STATUS_FILE, StatusError, read_status, render
 
 
 def test_status_shows_fake_gpus_with_throttle_reasons(tmp_path):
@@ -26,22 +28,50 @@ def test_status_shows_fake_gpus_with_throttle_reasons(tmp_path):
             backend.advance(1.0)
             agent.tick()
         data = read_status(cfg.state_dir)
+        raw = json.loads((tmp_path / "state" / "status.json").read_text())
     finally:
         agent.shutdown()
     assert len(agent.node_info.gpus) == 8 and agent.node_info.labels["pool"] == "synthetic-h100"
-    gpus = data["gpus"]
-    assert [g["index"] for g in gpus] == list(range(8))
+    gpus = data.gpus
+    assert [g.index for g in gpus] == list(range(8))
     fixture = backend.gpus
     for g, f in zip(gpus, fixture):
-        assert g["name"] == f["name"]
+        assert g.name == f["name"]
         # the fixture's values, in the status's units (not merely present)
-        assert (g["temperature_celsius"], g["memory_total_bytes"]) == (f["temperature_c"], f["memory_total_bytes"])
-        assert g["power_watts"] == f["power_mw"] / 1000
-        util_missing = any(u.startswith(f"GPU {g['index']}: nvmlDeviceGetUtilizationRates") for u in data["unavailable"])
-        assert (g.get("util_percent") is None) == util_missing     # a missing metric is listed, not invented
+        assert (g.temperature_celsius, g.memory_total_bytes) == (f["temperature_c"], f["memory_total_bytes"])
+        assert g.power_watts == f["power_mw"] / 1000
+        util_missing = any(u.startswith(f"GPU {g.index}: nvmlDeviceGetUtilizationRates") for u in data.unavailable)
+        assert (g.util_percent is None) == util_missing     # a missing metric is listed, not invented
+        assert ("util_percent" in raw["gpus"][g.index]) != util_missing   # left out of the file, not null
     # The fixture has throttle bits set on some GPU: they appear by name, not as a bitmask.
-    throttled = [g for g in gpus if g["throttle_reasons"]]
+    throttled = [g for g in gpus if g.throttle_reasons]
     assert throttled, "the fixture's throttle bits did not reach the status"
     text = render(data)
     assert "GPUs (8)" in text and fixture[0]["name"][:20] in text
-    assert any(r in text for r in throttled[0]["throttle_reasons"])
+    assert any(r in text for r in throttled[0].throttle_reasons)
+    # The file and the snapshot read back from it say the same, key for key (what `status --json` prints).
+    assert data.to_json() == raw
+
+
+def test_status_from_another_version_or_damaged_is_one_sentence(tmp_path):
+    import os
+    import time
+
+    import pytest
+    state = tmp_path / "state"
+    cfg = load_config(None, env={}, state_dir=str(state), collector="127.0.0.1:9")
+    agent = Agent(cfg, samplers=[HostSampler()], node_info=build_node_info(cfg, []))
+    try:
+        agent.tick()
+        good = json.loads((state / STATUS_FILE).read_text())
+    finally:
+        agent.shutdown()
+    assert good["pid"] == os.getpid() and good["state"] == "running"
+    for change, words in (({"version": 2}, f"{state / STATUS_FILE} has status format 2 and this gpuagent reads format 1"),
+                          ({"gpus": "none"}, f"{state / STATUS_FILE} is damaged: gpus is not a list"),
+                          ({"spool": {"backlog_batches": "many"}}, "is damaged: spool.backlog_batches is 'many', expected int"),
+                          ({"node": {}}, "is damaged: node.hostname is missing")):
+        (state / STATUS_FILE).write_text(json.dumps({**good, **change, "updated_ns": time.time_ns()}))
+        with pytest.raises(StatusError) as ei:
+            read_status(state)
+        assert words in str(ei.value) and "\n" not in str(ei.value) and str(ei.value).endswith(").")

@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import wait_for
+from conftest import BUSY, IDLE, spawn_python, wait_for
 from fake_nvml import H100_8GPU, FakeNvmlBackend
 from gpuagent.agent.gpu_sampler import GpuSampler
 from gpuagent.agent.job_discovery import JobDiscovery, identify
@@ -23,24 +23,6 @@ from gpuagent.common.nvml import Nvml
 from gpuagent.agent.sampling import ListSink, now_ns
 
 DATA = Path(__file__).parent / "data"
-BUSY = "import time\nend = time.time() + 120\nwhile time.time() < end: sum(range(10000))\n"
-IDLE = "import time\ntime.sleep(120)\n"
-
-
-def _spawn(code: str, **env):
-    e = {k: v for k, v in os.environ.items()
-         if k not in ("SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "RANK", "LOCAL_RANK", "WORLD_SIZE")}
-    e.update(env)
-    return subprocess.Popen([sys.executable, "-c", code], env=e)
-
-
-@pytest.fixture
-def procs():
-    started: list[subprocess.Popen] = []
-    yield started
-    for p in started:
-        p.kill()
-        p.wait(timeout=10)
 
 
 def _tick_until(jd, sink, pred, what, timeout=20.0):
@@ -52,11 +34,11 @@ def _tick_until(jd, sink, pred, what, timeout=20.0):
 
 def test_env_rules_find_real_processes(procs):
     tag = f"{os.getpid()}x{time.monotonic_ns() % 100000}"   # unique: other runs share this machine
-    slurm = _spawn(BUSY, SLURM_JOB_ID=tag, SLURM_JOB_NAME="pretrain", SLURM_PROCID="3", SLURM_LOCALID="1",
+    slurm = spawn_python(BUSY, SLURM_JOB_ID=tag, SLURM_JOB_NAME="pretrain", SLURM_PROCID="3", SLURM_LOCALID="1",
                    SLURM_NTASKS="8")
-    elastic = _spawn(IDLE, TORCHELASTIC_RUN_ID=f"run-{tag}", RANK="1", LOCAL_RANK="1", WORLD_SIZE="2")
-    ranked = _spawn(IDLE, RANK="0", WORLD_SIZE="1")
-    plain = _spawn(IDLE)
+    elastic = spawn_python(IDLE, TORCHELASTIC_RUN_ID=f"run-{tag}", RANK="1", LOCAL_RANK="1", WORLD_SIZE="2")
+    ranked = spawn_python(IDLE, RANK="0", WORLD_SIZE="1")
+    plain = spawn_python(IDLE)
     procs.extend([slurm, elastic, ranked, plain])
     jd = JobDiscovery(scan_interval_s=0, end_grace_s=0.5, orphan_grace_s=0)
     sink = ListSink()
@@ -104,7 +86,7 @@ def test_short_job_duration_runs_from_its_process_start_to_last_seen(procs):
     tick()   # a scan now, before the job exists: the next one is 5 s away
     exited: list[int] = []
     t_spawn = time.time_ns()
-    job = _spawn("import time\ntime.sleep(6)\n", SLURM_JOB_ID=tag)
+    job = spawn_python("import time\ntime.sleep(6)\n", SLURM_JOB_ID=tag)
     procs.append(job)
     reaper = threading.Thread(target=lambda: (job.wait(), exited.append(time.time_ns())), daemon=True)
     reaper.start()
@@ -207,7 +189,7 @@ def test_identity_from_cgroup_variants():
 
 
 def test_gpu_mode_uses_nvml_processes_and_reports_mean_util(procs):
-    worker = _spawn(IDLE, SLURM_JOB_ID="99", RANK="0", LOCAL_RANK="0", WORLD_SIZE="2")
+    worker = spawn_python(IDLE, SLURM_JOB_ID="99", RANK="0", LOCAL_RANK="0", WORLD_SIZE="2")
     procs.append(worker)
     backend = FakeNvmlBackend(H100_8GPU)
     for g in backend.gpus:
@@ -243,7 +225,7 @@ def test_gpu_mode_uses_nvml_processes_and_reports_mean_util(procs):
 
 def test_mig_process_without_per_process_util(procs):
     """GPU 5 of the fixture runs in MIG mode, where NVML has no per-process utilization."""
-    worker = _spawn(IDLE, TORCHELASTIC_RUN_ID="mig-run", RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
+    worker = spawn_python(IDLE, TORCHELASTIC_RUN_ID="mig-run", RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
     procs.append(worker)
     backend = FakeNvmlBackend(H100_8GPU)
     for g in backend.gpus:
@@ -268,7 +250,7 @@ def test_mig_process_without_per_process_util(procs):
 def test_gpu_process_that_matches_no_rule_is_still_a_job(procs):
     """The /proc scan runs on GPU nodes too; a process it saw first as "not a job" must still count
     once NVML lists it on a GPU."""
-    plain = _spawn(IDLE)
+    plain = spawn_python(IDLE)
     procs.append(plain)
     backend = FakeNvmlBackend(H100_8GPU)
     for g in backend.gpus:

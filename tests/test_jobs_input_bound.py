@@ -15,7 +15,6 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from types import MappingProxyType
 
 import pytest
 
@@ -27,7 +26,7 @@ from gpuagent.collector.analysis import analyzer  # noqa: E402
 from gpuagent.collector.views import client
 from gpuagent.collector.ingest import server
 from fake_nvml import H100_8GPU, FakeNvmlBackend  # noqa: E402
-from gpuagent.agent.config import AgentConfig, CollectorConfig  # noqa: E402
+from gpuagent.agent.config import AgentConfig, CollectorConfig, JobsConfig  # noqa: E402
 from gpuagent.agent.daemon import Agent, build_node_info  # noqa: E402
 from gpuagent.agent.gpu_sampler import GpuSampler  # noqa: E402
 from gpuagent.agent.host_sampler import HostSampler  # noqa: E402
@@ -53,7 +52,7 @@ def test_slowed_loader_raises_input_bound_utilization_gap(tmp_path):
     sock = str(tmp_path / "jobs.sock")
     cfg = AgentConfig(collector=CollectorConfig(address=col.address), interval_s=0.25, batch_interval_s=0.5,
                       state_dir=str(tmp_path / "state"),
-                      jobs=MappingProxyType({"step_socket": sock, "step_window_s": 60.0}))
+                      jobs=JobsConfig(step_socket=sock, step_window_s=60.0))
     agent = Agent(cfg, samplers=samplers, node_info=build_node_info(cfg, samplers))
     runner = threading.Thread(target=agent.run, name="agent", daemon=True)
     runner.start()

@@ -7,39 +7,19 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 from fake_nvml import H100_8GPU, FakeNvmlBackend
 from gpuagent.agent.gpu_sampler import GpuSampler
 from gpuagent.agent.job_discovery import JobDiscovery
 from gpuagent.common.nvml import Nvml
 from gpuagent.agent.sampling import ListSink, now_ns
-from tests.conftest import wait_for
+from tests.conftest import BUSY, IDLE, spawn_python, wait_for
 
-BUSY = "import time\nend = time.time() + 120\nwhile time.time() < end: sum(range(10000))\n"
-IDLE = "import time\ntime.sleep(120)\n"
-_JOB_ENV = ("SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "RANK", "LOCAL_RANK", "WORLD_SIZE", "GPUAGENT_JOB_ID")
-
-
-def _spawn(code: str, **env):
-    e = {k: v for k, v in os.environ.items() if k not in _JOB_ENV}
-    e.update(env)
-    return subprocess.Popen([sys.executable, "-c", code], env=e)
-
-
-@pytest.fixture
-def procs():
-    started: list[subprocess.Popen] = []
-    yield started
-    for p in started:
-        p.kill()
-        p.wait(timeout=10)
 
 
 def test_gpu_job_includes_its_data_loader_process(procs):
-    trainer = _spawn(IDLE, SLURM_JOB_ID="5150", RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
-    loader = _spawn(BUSY, SLURM_JOB_ID="5150", RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")   # no GPU
-    stranger = _spawn(IDLE, SLURM_JOB_ID="6000", RANK="0")          # another job, not on any GPU
+    trainer = spawn_python(IDLE, SLURM_JOB_ID="5150", RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
+    loader = spawn_python(BUSY, SLURM_JOB_ID="5150", RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")   # no GPU
+    stranger = spawn_python(IDLE, SLURM_JOB_ID="6000", RANK="0")          # another job, not on any GPU
     procs.extend([trainer, loader, stranger])
     backend = FakeNvmlBackend(H100_8GPU)
     for g in backend.gpus:
@@ -63,7 +43,7 @@ def test_gpu_job_includes_its_data_loader_process(procs):
 
 
 def test_tracked_process_is_a_job_under_the_receivers_id(procs):
-    plain = _spawn(IDLE)                  # no launcher env, no rule matches it
+    plain = spawn_python(IDLE)                  # no launcher env, no rule matches it
     procs.append(plain)
     jd = JobDiscovery(scan_interval_s=0, end_grace_s=30)
     sink = ListSink()
@@ -97,7 +77,7 @@ def test_process_seen_before_its_exec_is_identified_after_it(procs):
     sink = ListSink()
     try:
         jd.sample(now_ns(), sink)                 # the child is in its pre-exec second now
-        assert child in jd._procs and jd._procs[child].ident is None
+        assert jd.is_job_process(child) is False
         rows = wait_for(lambda: (jd.sample(now_ns(), sink),
                                  [r for r in sink.job_samples if r["pid"] == child])[1],
                         timeout=20, interval=0.2, what="the exec'd child as a job process")

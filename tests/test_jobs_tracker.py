@@ -336,4 +336,4 @@ def test_receiver_bounds_the_number_of_trackers(receiver, monkeypatch):
     for tracker_id in range(5):       # five "trackers" from one process: the last two are refused
         receiver.receive(wire.encode_hello(os.getpid(), 0, 0, 1, tracker_id, "j", "n", "explicit"), os.getpid())
     assert len(receiver.tracked_pids()) == 1 and receiver.refused_streams == 2
-    assert len(receiver._streams) == 3
+    assert receiver.stream_count() == 3

@@ -168,7 +168,7 @@ def test_slowed_data_loader_raises_data_wait_fraction(run):
 
 def test_status_showed_live_throughput(run):
     fast_id = run["results"]["fast"][0]["job_id"]
-    from gpuagent.agent.status import render
+    from gpuagent.agent.status import StatusSnapshot, render
 
     statuses = [st for st in run["status_seen"] if any(t["job_id"] == fast_id for t in st["job_throughput"])]
     if not statuses:   # the job can finish within one tick; its last window stays visible for a while
@@ -176,5 +176,5 @@ def test_status_showed_live_throughput(run):
     seen = [t for t in statuses[-1].get("job_throughput", []) if t["job_id"] == fast_id]
     assert seen, "gpuagent status never showed the tracked job's throughput"
     assert seen[-1]["ranks"] == [0, 1] and seen[-1]["samples_per_s"] > 0 and seen[-1]["steps_per_s"] > 0
-    text = render(statuses[-1])
+    text = render(StatusSnapshot.from_json(statuses[-1]))
     assert "Training throughput" in text and fast_id in text and "0,1" in text

@@ -7,7 +7,8 @@ import threading
 
 import pytest
 
-from gpuagent.agent.probe_scheduler import ProbeScheduler, ProbeSchedulerConfig
+from gpuagent.agent.config import ProbesConfig
+from gpuagent.agent.probe_scheduler import ProbeScheduler
 from gpuagent.agent.sampling import ListSink
 from gpuagent.probes import blockdev
 from gpuagent.probes.lock import ProbeLock
@@ -23,7 +24,7 @@ def _cfg(tmp_path, **extra):
              "host": {"params": FAST_HOST},
              "storage": {"params": {"path": str(tmp_path), "size_mib": 16, "rand_seconds": 0.3, "seq_seconds": 0.2}}}
     table.update(extra)
-    return ProbeSchedulerConfig.from_mapping(table)
+    return ProbesConfig.from_mapping(table)
 
 
 def test_config_from_toml_table_and_bad_keys(tmp_path):
@@ -32,16 +33,16 @@ def test_config_from_toml_table_and_bad_keys(tmp_path):
     assert c.schedule("collective").interval_s == 7200 and not c.schedule("collective").enabled
     assert c.schedule("host").params == FAST_HOST and c.schedule("host").interval_s == 600
     with pytest.raises(ValueError, match="unknown key probes.budget"):
-        ProbeSchedulerConfig.from_mapping({"budget": 1})
+        ProbesConfig.from_mapping({"budget": 1})
     with pytest.raises(ValueError, match=r"\[probes.storage.params\]: unknown parameter 'size'"):
-        ProbeSchedulerConfig.from_mapping({"storage": {"params": {"size": 1}}})
+        ProbesConfig.from_mapping({"storage": {"params": {"size": 1}}})
     with pytest.raises(ValueError, match=r"^\[probes.storage.params\]: parameter queue_depth of probe storage must be "
                                          r"between 1 and 256, got 0$"):
-        ProbeSchedulerConfig.from_mapping({"storage": {"params": {"queue_depth": 0}}})
+        ProbesConfig.from_mapping({"storage": {"params": {"queue_depth": 0}}})
     with pytest.raises(ValueError, match="unknown key\\(s\\) every in \\[probes.host\\]"):
-        ProbeSchedulerConfig.from_mapping({"host": {"every": 5}})
+        ProbesConfig.from_mapping({"host": {"every": 5}})
     with pytest.raises(ValueError, match="budget_fraction is a fraction"):
-        ProbeSchedulerConfig.from_mapping({"budget_fraction": 2})
+        ProbesConfig.from_mapping({"budget_fraction": 2})
 
 
 def test_held_lock_makes_the_scheduler_skip_then_run(tmp_path):
@@ -129,7 +130,7 @@ def test_storage_waits_for_a_quiet_disk(tmp_path):
     try:
         wait_for(lambda: synced, timeout=30, what="the first fsynced write")
         real = ProbeScheduler(ListSink(), _cfg(tmp_path, disk_quiet_window_s=0.5))
-        busy_pct, iops = real._diskstats_activity(dev)
+        busy_pct, iops = real.diskstats_activity(dev)
     finally:
         stop.set()
         writer.join(timeout=30)
@@ -148,7 +149,7 @@ def test_budget_skips_once_probe_time_exceeds_the_share(tmp_path):
     assert statuses == ["ok", "skipped"], statuses
     assert sink.probe_results[-1]["reason"].startswith("budget: ")
     assert "limit 0.1 s (0.005 %)" in sink.probe_results[-1]["reason"]
-    assert s.budget_used_s() == pytest.approx(s._last_duration["host"])
+    assert s.budget_used_s() == pytest.approx(s.last_run_s("host"))
 
 
 def test_timeout_is_recorded_and_the_scheduler_goes_on(tmp_path):
@@ -209,17 +210,17 @@ def test_agent_daemon_runs_the_scheduler_and_reports_results(tmp_path):
 
 def test_disk_activity_comes_from_the_host_samplers_latest_values(tmp_path):
     from gpuagent.agent.batcher import Batcher, SeqAllocator
-    from gpuagent.agent.probe_scheduler import _disk_activity_from
+    from gpuagent.agent.probe_scheduler import disk_activity_from
 
     b = Batcher(SeqAllocator(tmp_path))
-    act = _disk_activity_from(b, max_age_s=30)
+    act = disk_activity_from(b, max_age_s=30)
     assert act("vda") is None  # nothing sampled yet: the scheduler falls back to /proc/diskstats
     b.add("disk_busy_percent", 42.0, labels={"device": "vda"})
     b.add("disk_read_iops", 300.0, labels={"device": "vda"})
     b.add("disk_write_iops", 20.0, labels={"device": "vda"})
     assert act("vda") == (42.0, 320.0)
     assert act("nvme0n1") is None
-    old = _disk_activity_from(b, max_age_s=0)
+    old = disk_activity_from(b, max_age_s=0)
     assert wait_for(lambda: old("vda") is None, timeout=5, what="values to age out")
 
 
