@@ -107,6 +107,10 @@ class PairError(Exception):
     """A broken run; the message is the result's one-sentence reason."""
 
 
+class NoAnswer(Exception):
+    """Nobody accepted a connection before the deadline."""
+
+
 # ---------------------------------------------------------------- wire helpers
 
 def _recv_exact(sock: socket.socket, view: memoryview) -> None:
@@ -446,12 +450,12 @@ class NetPairListener:
 
 def _dial(host: str, port: int, kind: bytes, secret: bytes, deadline: float, io_timeout_s: float,
           retry_refused: bool) -> socket.socket:
-    """A connection whose hello the listener accepted. Raises PairError, or TimeoutError when nobody
+    """A connection whose hello the listener accepted. Raises PairError, or NoAnswer when nobody
     answers before the deadline (retrying while the listener is not up yet, if ``retry_refused``)."""
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
-            raise TimeoutError
+            raise NoAnswer
         try:
             sock = socket.create_connection((host, port), timeout=min(left, io_timeout_s))
         except ConnectionRefusedError:
@@ -460,7 +464,7 @@ def _dial(host: str, port: int, kind: bytes, secret: bytes, deadline: float, io_
             time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
             continue
         except socket.timeout:
-            raise TimeoutError from None
+            raise NoAnswer from None
         try:
             sock.settimeout(io_timeout_s)
             sock.sendall(_hello(kind, secret))
@@ -500,7 +504,7 @@ def connect(host: str, port: int, secret: str | bytes, settings: PairSettings | 
         try:
             ctrl = _dial(host, port, KIND_CONTROL, secret_b, time.monotonic() + connect_timeout_s,
                          io_timeout_s, retry_refused=True)
-        except TimeoutError:
+        except NoAnswer:
             return result("skipped", f"no listener answered at {host}:{port} within {connect_timeout_s:g} s")
         _set_nodelay(ctrl)
         _send_msg(ctrl, {"op": "settings", **asdict(settings)})
@@ -513,7 +517,7 @@ def connect(host: str, port: int, secret: str | bytes, settings: PairSettings | 
     except BaseException as exc:  # noqa: BLE001 - a probe reports, it does not raise
         if isinstance(exc, KeyboardInterrupt):
             raise
-        if isinstance(exc, TimeoutError) and not isinstance(exc, socket.timeout):
+        if isinstance(exc, NoAnswer):
             return result("failed", f"a data stream could not connect to {host}:{port} in time")
         return result("failed", _reason(exc))
     finally:
