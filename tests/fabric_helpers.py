@@ -1,0 +1,51 @@
+"""Helpers for tests on the namespace testbed (scripts/netns_fleet.py): the ``netns_fleet`` fixture and a
+``net_pair`` run between two of its nodes (listener and connector as real subprocesses in their
+namespaces, via Fleet.net_pair). Use: ``from fabric_helpers import netns_fleet, run_net_pair  # noqa: F401``."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_netns_fleet():
+    """scripts/netns_fleet.py as a module (scripts/ is not a package)."""
+    if "netns_fleet" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("netns_fleet", ROOT / "scripts" / "netns_fleet.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["netns_fleet"] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules["netns_fleet"]
+
+
+@pytest.fixture
+def netns_fleet():
+    """``netns_fleet(n)`` builds an n-node fleet owned by this test process; all are torn down after
+    the test. Skips, with the reason, where the testbed cannot be built (not root, no ip netns)."""
+    nf = load_netns_fleet()
+    why = nf.unavailable_reason()
+    if why:
+        pytest.skip(why)
+    built = []
+
+    def make(n: int):
+        fleet = nf.Fleet.up(n)
+        built.append(fleet)
+        return fleet
+
+    try:
+        yield make
+    finally:
+        for fleet in built:
+            fleet.down()
+
+
+def run_net_pair(fleet, connector: str, listener: str, **settings: Any) -> dict[str, Any]:
+    """One net_pair run between two nodes (Fleet.net_pair); ``settings`` as the connect CLI's options."""
+    return fleet.net_pair(connector, listener, **settings)

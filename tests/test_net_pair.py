@@ -1,0 +1,143 @@
+"""net_pair over loopback: real sockets and threads, both ends in one process or one in a subprocess.
+The secret gate, deadlines and broken peers each end in a result with one sentence, never a hang."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from gpuagent.probes import net_pair as NP
+
+QUICK = NP.PairSettings(streams=2, duration_s=0.3, warmup_s=0.1, rtt_count=100)
+
+
+def _serve_in_thread(listener: NP.NetPairListener) -> tuple[threading.Thread, list]:
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(listener.serve()), daemon=True)
+    t.start()
+    return t, out
+
+
+def test_pair_measures_both_ways_and_both_ends_agree():
+    secret = NP.new_secret()
+    lst = NP.NetPairListener(secret, "127.0.0.1", (0, 0), accept_timeout_s=10)
+    assert lst.error is None and lst.port > 0
+    t, out = _serve_in_thread(lst)
+    res = NP.connect("127.0.0.1", lst.port, secret, QUICK)
+    t.join(10)
+    assert res.status == "ok", res.reason
+    m = res.metrics
+    assert set(m) == {"send_gbits_per_s", "recv_gbits_per_s", "rtt_p50_us", "rtt_p99_us", "rtt_min_us"}
+    assert m["send_gbits_per_s"] > 0.01 and m["recv_gbits_per_s"] > 0.01
+    assert 0 < m["rtt_min_us"] <= m["rtt_p50_us"] <= m["rtt_p99_us"]
+    (lres,) = out
+    assert lres.status == "ok" and lres.metrics == m
+    assert lres.env["role"] == "listen" and res.env["role"] == "connect" and lres.env["refused_connections"] == 0
+    for r in (res, lres):
+        assert secret not in r.to_json() and "secret" not in r.params
+        assert r.params["streams"] == 2 and r.params["duration_s"] == 0.3
+
+
+def test_wrong_secret_and_strangers_are_refused_while_the_peer_still_gets_in():
+    secret = NP.new_secret()
+    lst = NP.NetPairListener(secret, "127.0.0.1", (0, 0), accept_timeout_s=10)
+    t, out = _serve_in_thread(lst)
+    bad = NP.connect("127.0.0.1", lst.port, "not-" + secret, QUICK)
+    assert bad.status == "failed" and bad.reason == f"the listener at 127.0.0.1:{lst.port} refused this end's secret"
+    with socket.create_connection(("127.0.0.1", lst.port), timeout=5) as s:   # not this protocol at all
+        s.sendall(b"GET / HTTP/1.0\r\n\r\n")
+        assert s.recv(1) == NP.REFUSED
+        try:
+            assert s.recv(16) == b"", "the listener closes a refused connection"
+        except ConnectionResetError:
+            pass          # closed with our unread bytes still queued: a reset, also a close
+    good = NP.connect("127.0.0.1", lst.port, secret, QUICK)
+    t.join(10)
+    assert good.status == "ok", good.reason
+    assert out[0].status == "ok" and out[0].env["refused_connections"] == 2
+    # One-time: the listener is gone after its run.
+    late = NP.connect("127.0.0.1", lst.port, secret, QUICK, connect_timeout_s=0.3)
+    assert late.status == "skipped" and "no listener answered" in late.reason
+
+
+def test_deadlines_give_skipped_with_a_reason_and_never_hang():
+    t0 = time.monotonic()
+    lst = NP.NetPairListener("s3cret", "127.0.0.1", (0, 0), accept_timeout_s=0.5)
+    res = lst.serve()
+    assert res.status == "skipped" and res.reason == "no peer connected with the pair's secret within 0.5 s"
+    port = lst.port   # closed now
+    res = NP.connect("127.0.0.1", port, "s3cret", QUICK, connect_timeout_s=0.5)
+    assert res.status == "skipped" and res.reason == f"no listener answered at 127.0.0.1:{port} within 0.5 s"
+    # A connection that never says anything holds the listener no longer than its handshake timeout.
+    lst = NP.NetPairListener("s3cret", "127.0.0.1", (0, 0), accept_timeout_s=1.0)
+    with socket.create_connection(("127.0.0.1", lst.port)):
+        res = lst.serve()
+    assert res.status == "skipped" and "1 connection(s) refused" in res.reason
+    assert time.monotonic() - t0 < 6
+
+
+def test_bad_input_is_one_sentence_and_nothing_runs():
+    res = NP.connect("127.0.0.1", 9, "s", NP.PairSettings(streams=0))
+    assert res.status == "failed" and res.reason == "streams must be between 1 and 64, got 0"
+    res = NP.connect("127.0.0.1", 0, "s", QUICK)
+    assert res.status == "failed" and res.reason == "port must be between 1 and 65535, got 0"
+    assert NP.connect("127.0.0.1", 9, "", QUICK).reason == "the pair secret must be 1 to 256 bytes"
+    lst = NP.NetPairListener("", "127.0.0.1")
+    assert lst.serve().reason == "the pair secret must be 1 to 256 bytes"
+    assert NP.NetPairListener("s", "127.0.0.1", (5, 0)).error.reason.startswith("port range 5-0 is not a range")
+    # The listener checks what the peer asks for, too.
+    lst = NP.NetPairListener("s", "127.0.0.1", accept_timeout_s=5)
+    t, out = _serve_in_thread(lst)
+    ctrl = NP._dial("127.0.0.1", lst.port, NP.KIND_CONTROL, b"s", time.monotonic() + 5, 5, retry_refused=True)
+    NP._send_msg(ctrl, {"op": "settings", "streams": 1000})
+    assert NP._recv_msg(ctrl) == {"op": "error", "reason": "streams must be between 1 and 64, got 1000"}
+    ctrl.close()
+    t.join(5)
+    assert out[0].status == "failed" and out[0].reason.startswith("the peer asked for unusable settings")
+
+
+def test_a_busy_port_range_and_the_range_itself():
+    first = NP.NetPairListener("s", "127.0.0.1", (0, 0))
+    port = first.port
+    try:
+        busy = NP.NetPairListener("s", "127.0.0.1", (port, port))
+        assert busy.error is not None and busy.error.reason.startswith(f"no free port in {port}-{port}")
+    finally:
+        first.close()
+    lo = port
+    picked = NP.NetPairListener("s", "127.0.0.1", (lo, lo + 20))
+    assert lo <= picked.port <= lo + 20 or picked.error is not None
+    picked.close()
+
+
+def test_a_peer_killed_mid_run_fails_the_other_end_within_its_timeouts():
+    secret = NP.new_secret()
+    lst = NP.NetPairListener(secret, "127.0.0.1", accept_timeout_s=10, io_timeout_s=3)
+    t, out = _serve_in_thread(lst)
+    env = {**os.environ, NP.SECRET_ENV: secret}
+    peer = subprocess.Popen([sys.executable, "-m", "gpuagent.probes.net_pair", "connect", "127.0.0.1", str(lst.port),
+                             "--duration", "30", "--rtt-count", "10"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1.5)          # well inside its 30 s send phase
+    peer.send_signal(signal.SIGKILL)
+    peer.wait()
+    t.join(15)
+    assert not t.is_alive(), "the listener hung after its peer died"
+    assert out[0].status == "failed" and "stream broke" in out[0].reason
+
+
+def test_cli_needs_a_secret_and_prints_json():
+    env = {k: v for k, v in os.environ.items() if k != NP.SECRET_ENV}
+    out = subprocess.run([sys.executable, "-m", "gpuagent.probes.net_pair", "connect", "127.0.0.1", "9"],
+                         capture_output=True, text=True, env=env, timeout=30)
+    assert out.returncode == 2 and "give the pair's secret" in out.stderr
+    out = subprocess.run([sys.executable, "-m", "gpuagent.probes.net_pair", "listen", "--bind", "127.0.0.1",
+                          "--accept-timeout", "0.2", "--secret", "x"], capture_output=True, text=True, timeout=30)
+    first, last = (json.loads(line) for line in out.stdout.strip().splitlines())
+    assert first["listening"]["port"] > 0 and last["status"] == "skipped" and last["probe"] == "net_pair"
