@@ -16,7 +16,7 @@ deadline: ``Register`` directly, the long-lived stream through an ack watchdog (
   stream: the collector will never take that batch; it is moved to ``spool/rejected/`` and counted,
   never retried forever; the others are resent at once.
 * ALREADY_EXISTS (Register or Stream): another agent already streams as this node (same machine-id and
-  hostname, see collector/identity.py). One log line and the status line carry the collector's sentence;
+  hostname, see collector/ingest/identity.py). One log line and the status line carry the collector's sentence;
   the batches stay spooled and the agent retries with backoff (it takes over once the other stops).
 * Anything else (UNAVAILABLE, DEADLINE_EXCEEDED, ...): reconnect with backoff, resend unacked batches.
 

@@ -68,7 +68,7 @@ def _write_port_file(path: str, port: int) -> None:
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True)
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
-              help="Collector TOML config: [analyzer], [baselines], [pricing] (see README).")
+              help="Collector TOML config: [analyzer], [baselines], [pricing] (see docs/FLAGS.md).")
 @click.option("--no-analyze", is_flag=True, help="Do not run the scheduled analysis passes.")
 def serve(listen, db_path, token, token_file, tls_cert, tls_key, insecure, reflection, port_file,
           max_samples_per_batch, max_message_bytes, memory_limit, log_level, config_path, no_analyze):

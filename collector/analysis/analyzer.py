@@ -148,7 +148,7 @@ class DeclaredBaseline:
 
 @dataclass(frozen=True)
 class AnalyzerConfig:
-    """Analyzer settings; the TOML sections are [analyzer], [baselines] and [pricing] (see README)."""
+    """Analyzer settings; the TOML sections are [analyzer], [baselines] and [pricing] (docs/FLAGS.md)."""
 
     interval_s: float = 60.0
     window_s: float = 3600.0            # samples, jobs and step times
