@@ -176,22 +176,31 @@ class AnalyzerConfig:
     declared: tuple[DeclaredBaseline, ...] = ()
     pool_prices: Mapping[str, float] = field(default_factory=dict)
     reference_path: str | None = None   # None: the shipped collector/analysis/baselines.toml
+    metrics_listen: str | None = None   # [metrics] listen: the collector's /metrics (read by `serve`)
 
     @classmethod
     def from_mapping(cls, doc: Mapping[str, Any]) -> "AnalyzerConfig":
         """Build from a parsed collector TOML document; unknown keys are one clear error."""
-        unknown = sorted(set(doc) - {"analyzer", "baselines", "pricing"})
+        unknown = sorted(set(doc) - {"analyzer", "baselines", "pricing", "metrics"})
         if unknown:
             raise AnalyzerError(f"unknown table or key {unknown[0]!r} in the collector config "
-                                "(expected [analyzer], [[baselines.declared]] and [pricing])")
+                                "(expected [analyzer], [[baselines.declared]], [pricing] and [metrics])")
         for table in ("analyzer", "baselines", "pricing"):
             if not isinstance(doc.get(table, {}), Mapping):
                 raise AnalyzerError(f"[{table}] in the collector config must be a table")
+        metrics = doc.get("metrics", {})
+        if not isinstance(metrics, Mapping):
+            raise AnalyzerError("[metrics] in the collector config must be a table")
+        extra = sorted(set(metrics) - {"listen"})
+        if extra:
+            raise AnalyzerError(f"unknown key metrics.{extra[0]} (only listen = \"HOST:PORT\" goes there)")
+        if "listen" in metrics and (not isinstance(metrics["listen"], str) or not metrics["listen"].strip()):
+            raise AnalyzerError("[metrics] listen must be an address like \"127.0.0.1:9403\"")
         extra = sorted(set(doc.get("baselines") or {}) - {"declared"})
         if extra:
             raise AnalyzerError(f"unknown key baselines.{extra[0]} (only [[baselines.declared]] rows go there)")
         section = dict(doc.get("analyzer") or {})
-        known = {f.name for f in fields(cls)} - {"declared", "pool_prices", "thresholds"}
+        known = {f.name for f in fields(cls)} - {"declared", "pool_prices", "thresholds", "metrics_listen"}
         kwargs: dict[str, Any] = {}
         thresholds = section.pop("thresholds", {}) or {}
         if not isinstance(thresholds, Mapping):
@@ -241,7 +250,8 @@ class AnalyzerConfig:
             if not isinstance(price, (int, float)):
                 raise AnalyzerError(f"[pricing] {pool} must be a price per GPU-hour (a number)")
             prices[str(pool)] = float(price)
-        return cls(**kwargs, thresholds=thresholds, declared=tuple(declared), pool_prices=prices)
+        return cls(**kwargs, thresholds=thresholds, declared=tuple(declared), pool_prices=prices,
+                   metrics_listen=metrics.get("listen"))
 
     @classmethod
     def from_toml(cls, path: str | Path) -> "AnalyzerConfig":
