@@ -148,3 +148,27 @@ def test_open_findings_come_worst_first(con):
     found = A.open_findings(con)
     assert [(f["node_id"], f["severity"]) for f in found] == [("synthetic-crit", "critical"),
                                                               ("synthetic-warn", "warning")]
+
+
+def test_report_leads_with_the_findings(tmp_path):
+    from gpuagent.collector.views.compare import DbSource
+    from gpuagent.collector.views.report import render_report
+
+    path = tmp_path / "collector.duckdb"
+    c = duckdb.connect(str(path))
+    schema.migrate(c)
+    rng = random.Random(3)
+    for i in range(4):
+        pcie_node(c, f"synthetic-bm{i}", "bare-metal", False, 1.0, rng)
+    for i in range(3):
+        pcie_node(c, f"synthetic-ca{i}", "cloud-a", True, 0.8, rng)
+    run(c)
+    c.close()
+    src = DbSource(str(path))
+    try:
+        html = render_report(src)
+    finally:
+        src.close()
+    assert html.index("id='findings'") < html.index("id='summary'") < html.index("id='flags'")
+    assert html.count("<tr class='finding'>") == 1 and "cloud-a: PCIe D2H/H2D -20 % against bare metal on 3 of 3" in html
+    assert html.count("<tr class='flag'>") == 3 * 4 * 2
