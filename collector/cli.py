@@ -70,8 +70,14 @@ def _write_port_file(path: str, port: int) -> None:
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
               help="Collector TOML config: [analyzer], [baselines], [pricing] (see docs/FLAGS.md).")
 @click.option("--no-analyze", is_flag=True, help="Do not run the scheduled analysis passes.")
+@click.option("--metrics-listen", default=None, metavar="HOST:PORT",
+              help="Serve Prometheus /metrics here (off by default; [metrics] listen in --config; "
+                   "behind --token when one is set).")
+@click.option("--metrics-port-file", type=click.Path(dir_okay=False), default=None,
+              help="Write the bound metrics port to this file once serving.")
 def serve(listen, db_path, token, token_file, tls_cert, tls_key, insecure, reflection, port_file,
-          max_samples_per_batch, max_message_bytes, memory_limit, log_level, config_path, no_analyze):
+          max_samples_per_batch, max_message_bytes, memory_limit, log_level, config_path, no_analyze,
+          metrics_listen, metrics_port_file):
     """Receive agent batches over gRPC and store them in DuckDB until SIGTERM/SIGINT."""
     logging.basicConfig(level=getattr(logging, log_level.upper()), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -88,12 +94,15 @@ def serve(listen, db_path, token, token_file, tls_cert, tls_key, insecure, refle
                                  reflection=reflection, limits=Limits(max_samples_per_batch=max_samples_per_batch),
                                  options=ServerOptions(max_message_bytes=max_message_bytes,
                                                        memory_limit=memory_limit),
-                                 analyzer_config=analyzer_config, analyze=not no_analyze)
+                                 analyzer_config=analyzer_config, analyze=not no_analyze,
+                                 metrics_listen=metrics_listen or analyzer_config.metrics_listen)
     except CollectorError as exc:
         raise click.ClickException(str(exc)) from None
     try:
         if port_file:
             _write_port_file(port_file, handle.port)
+        if metrics_port_file and handle.metrics is not None:
+            _write_port_file(metrics_port_file, handle.metrics.port)
         logging.getLogger("gpuagent.collector").info(
             "listening on %s (db %s, %s, %s)", handle.address, os.path.abspath(db_path),
             "token required" if tok else "no token", "tls" if tls_cert else "plaintext")
@@ -168,22 +177,43 @@ def _analyzer_config(config_path: str | None, window: str | None = None):
         raise click.ClickException(str(exc)) from None
 
 
-def _print_analysis(run: dict, flags: list[dict], fmt: str, truncated: bool) -> None:
+def _flag_line(f: dict) -> str:
+    gpu = "" if f.get("gpu") is None else f" gpu {f['gpu']}"
+    return f"[{f['severity']}] {f['kind']}/{f['component']} {f['node_id']}{gpu}: {f['sentence']}"
+
+
+def _print_analysis(run: dict, flags: list[dict], fmt: str, truncated: bool, findings: list[dict],
+                    show_flags: bool) -> None:
+    """Findings first, worst first; with ``show_flags`` each finding's open flags under it."""
     import json
 
     if fmt == "json":
-        click.echo(json.dumps({"pass": run, "open_flags": flags, "truncated": truncated}, default=str))
+        click.echo(json.dumps({"pass": run, "open_findings": findings, "open_flags": flags, "truncated": truncated},
+                              default=str))
         return
     click.echo(f"analysis pass at {run['now']}: rolled up {run['rollup_rows_in']} new raw rows in "
                f"{run['rollup_s']:.2f} s, flags in {run['flags_s']:.2f} s; {run['conditions']} conditions, "
-               f"{run['opened']} opened, {run['updated']} updated, {run['closed']} closed")
-    if not flags:
-        click.echo("no open flags")
+               f"{run['opened']} opened, {run['updated']} updated, {run['closed']} closed; "
+               f"{len(findings)} open findings over {len(flags)}{'+' if truncated else ''} open flags")
+    if not findings and not flags:
+        click.echo("no open findings")
+    by_finding: dict = {}
     for f in flags:
-        gpu = "" if f.get("gpu") is None else f" gpu {f['gpu']}"
-        click.echo(f"[{f['severity']}] {f['kind']}/{f['component']} {f['node_id']}{gpu}: {f['sentence']}")
+        by_finding.setdefault(f.get("finding_id"), []).append(f)
+    for d in findings:
+        click.echo(f"[{d['severity']}] {d['scope']} {d['kind']}: {d['sentence']}")
+        if show_flags:
+            for f in by_finding.get(d["finding_id"], []):
+                click.echo("    " + _flag_line(f))
+    ungrouped = [f for f in flags if f.get("finding_id") not in {d["finding_id"] for d in findings}]
+    if show_flags and ungrouped:   # a flag opened by another pass than the one that grouped the findings
+        click.echo("flags in no finding:")
+        for f in ungrouped:
+            click.echo("    " + _flag_line(f))
+    if not show_flags and flags:
+        click.echo("(--flags lists each finding's flags)")
     if truncated:
-        click.echo(f"(showing the first {len(flags)} open flags)")
+        click.echo(f"(flags: showing the first {len(flags)} open flags)")
 
 
 @main.command()
@@ -199,22 +229,25 @@ def _print_analysis(run: dict, flags: list[dict], fmt: str, truncated: bool) -> 
 @click.option("--tls-ca", type=click.Path(exists=True, dir_okay=False), default=None)
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--max-flags", type=click.IntRange(1), default=200, show_default=True)
-def analyze(db_path, target, window, config_path, token, token_file, tls_ca, fmt, max_flags):
-    """Run one analysis pass now (rollups + flags) and print the open flags."""
+@click.option("--flags", "show_flags", is_flag=True, help="List each finding's open flags under it.")
+def analyze(db_path, target, window, config_path, token, token_file, tls_ca, fmt, max_flags, show_flags):
+    """Run one analysis pass now (rollups + flags + findings) and print the open findings, worst first."""
     if db_path:
-        from gpuagent.collector.analysis.analyzer import AnalyzerError, analyze_db, open_flags_in
+        from gpuagent.collector.analysis.analyzer import AnalyzerError, analyze_db, open_findings_in, open_flags_in
 
         config = _analyzer_config(config_path, window)
         try:
             result = analyze_db(db_path, config)
             flags = open_flags_in(db_path, max_flags + 1)
+            findings = open_findings_in(db_path)
         except AnalyzerError as exc:
             raise click.ClickException(str(exc)) from None
-        _print_analysis(result.as_dict(), flags[:max_flags], fmt, len(flags) > max_flags)
+        _print_analysis(result.as_dict(), flags[:max_flags], fmt, len(flags) > max_flags, findings, show_flags)
         return
-    from gpuagent.collector.analysis.analyzer import AnalyzerError, parse_duration
+    from gpuagent.collector.analysis.analyzer import FINDINGS_SQL, AnalyzerError, parse_duration
     from gpuagent.collector.views.client import QueryError
     from gpuagent.collector.views.client import analyze as run_analyze
+    from gpuagent.collector.views.client import query as run_query
 
     if config_path:
         raise click.ClickException("--config applies with --db; a live collector uses its own serve --config")
@@ -225,9 +258,11 @@ def analyze(db_path, target, window, config_path, token, token_file, tls_ca, fmt
     tok = _token(None, token_file) if token_file else _token(token, None)
     try:
         res = run_analyze(target, window_s, token=tok, max_flags=max_flags, tls_ca=tls_ca)
+        found = run_query(target, FINDINGS_SQL.format(limit=1000), token=tok, tls_ca=tls_ca)
     except QueryError as exc:
         raise click.ClickException(str(exc)) from None
-    _print_analysis(res.run, res.flags, fmt, res.truncated)
+    findings = [dict(zip(found.columns, row)) for row in found.rows]
+    _print_analysis(res.run, res.flags, fmt, res.truncated, findings, show_flags)
 
 
 def _source_args(ctx: click.Context, db_path: str | None, target: str | None) -> tuple[str | None, str | None]:

@@ -135,6 +135,7 @@ class CollectorHandle:
         self._lock = threading.Lock()
         self._closed = False
         self.analyzer = None   # the scheduled analysis thread (analyzer.AnalyzerThread), when running
+        self.metrics = None    # the /metrics endpoint (views.metrics.MetricsServer), when serving
 
     @property
     def writer(self) -> Writer:
@@ -160,6 +161,8 @@ class CollectorHandle:
             grace = self._options.stop_grace_s if grace is None else grace
             self._loop.call_soon_threadsafe(self._stop_event.set)
             self._thread.join(grace + 30)
+        if self.metrics is not None:
+            self.metrics.stop()
         if self.analyzer is not None:
             self.analyzer.stop()
         self._writer.stop()
@@ -184,11 +187,12 @@ def start_collector(db_path: str | Path, listen: str = "127.0.0.1:0", token: str
                     tls_cert: str | None = None, tls_key: str | None = None, insecure: bool = False,
                     reflection: bool = False, limits: Limits = Limits(),
                     options: ServerOptions = ServerOptions(), analyzer_config=None,
-                    analyze: bool = True) -> CollectorHandle:
+                    analyze: bool = True, metrics_listen: str | None = None) -> CollectorHandle:
     """Open the database, start the writer and the gRPC server; return once it listens.
 
     With ``analyze`` (the default) an analysis pass runs every ``analyzer_config.interval_s`` on the writer
-    (see collector/analysis/analyzer.py); ``analyzer_config`` also serves on-demand Analyze calls.
+    (see collector/analysis/analyzer.py); ``analyzer_config`` also serves on-demand Analyze calls. ``metrics_listen``
+    serves Prometheus metrics over HTTP there (views/metrics.py), behind the same token.
 
     Raises CollectorError (one sentence) when it cannot start: policy, lock held, bind failure.
     """
@@ -295,4 +299,12 @@ def start_collector(db_path: str | Path, listen: str = "127.0.0.1:0", token: str
         handle.analyzer = an.AnalyzerThread(
             analysis, lambda fn: writer.call(lambda c: an.run_in_transaction(c, fn)).result(),
             on_error=lambda exc: log.error("analysis pass failed: %s", exc)).start()
+    if metrics_listen:
+        from gpuagent.collector.views.metrics import MetricsError, start_metrics  # noqa: PLC0415
+
+        try:
+            handle.metrics = start_metrics(writer, cursor_factory, servicer.claims.streams, metrics_listen, token)
+        except MetricsError as exc:
+            handle.stop()
+            raise CollectorError(str(exc)) from None
     return handle

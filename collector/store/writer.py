@@ -136,6 +136,7 @@ class Writer:
         self.stats = {"groups": 0, "batches": 0, "duplicates": 0, "samples": 0, "failed_batches": 0,
                       "commit_s": 0.0}
         self.fatal: str | None = None     # set when the database cannot be written any more
+        self.commit_observer: Callable[[float], None] | None = None   # seconds per commit (the /metrics histogram)
         self._last_error_log = -1e9
         self._thread = threading.Thread(target=self._run, name="gpuagent-writer", daemon=True)
         self._stopped = False
@@ -224,7 +225,10 @@ class Writer:
             if fresh:
                 started = time.perf_counter()
                 self._commit(fresh)
-                self.stats["commit_s"] += time.perf_counter() - started
+                took = time.perf_counter() - started
+                self.stats["commit_s"] += took
+                if self.commit_observer is not None:
+                    self.commit_observer(took)
         except Exception as exc:  # noqa: BLE001
             first = first_line(exc)
             if isinstance(exc, duckdb.FatalException) or "invalidated" in first:
