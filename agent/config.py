@@ -45,6 +45,8 @@ class CollectorConfig:
     token: str = ""                    # bearer token; empty = none sent
     token_file: str = ""               # read the token from this file (wins over an empty `token`)
     tls_ca: str = ""                   # PEM file of the CA that signed the collector's certificate; empty = plaintext
+    tls_client_cert: str = ""          # PEM client certificate (CN = this node) for a collector with --tls-client-ca
+    tls_client_key: str = ""           # its private key
     rpc_timeout_s: float = 10.0        # deadline of Register and of each batch's ack
     backoff_initial_s: float = 0.5
     backoff_max_s: float = 30.0
@@ -381,6 +383,8 @@ ENV_VARS = {
     "GPUAGENT_TOKEN": ("collector", "token"),
     "GPUAGENT_TOKEN_FILE": ("collector", "token_file"),
     "GPUAGENT_TLS_CA": ("collector", "tls_ca"),
+    "GPUAGENT_TLS_CLIENT_CERT": ("collector", "tls_client_cert"),
+    "GPUAGENT_TLS_CLIENT_KEY": ("collector", "tls_client_key"),
     "GPUAGENT_RPC_TIMEOUT": ("collector", "rpc_timeout_s"),
     "GPUAGENT_INTERVAL": ("agent", "interval_s"),
     "GPUAGENT_BATCH_INTERVAL": ("agent", "batch_interval_s"),
@@ -463,7 +467,7 @@ def load_config(
         if section == "collector":
             if k == "address":
                 coll_kw[k] = _as_address(v, name, src)
-            elif k in ("token", "token_file", "tls_ca"):
+            elif k in ("token", "token_file", "tls_ca", "tls_client_cert", "tls_client_key"):
                 coll_kw[k] = _as_str(v, name, src)
             elif k == "max_in_flight":
                 coll_kw[k] = int(_as_float(v, name, src, minimum=1, maximum=1024))
@@ -519,8 +523,14 @@ def load_config(
         config_file=str(path) if path else "",
         **agent_kw,
     )
-    if cfg.collector.tls_ca and not Path(cfg.collector.tls_ca).is_file():
-        raise ConfigError(f"collector.tls_ca {cfg.collector.tls_ca!r} is not a readable file.")
+    for key in ("tls_ca", "tls_client_cert", "tls_client_key"):
+        value = getattr(cfg.collector, key)
+        if value and not Path(value).is_file():
+            raise ConfigError(f"collector.{key} {value!r} is not a readable file.")
+    if bool(cfg.collector.tls_client_cert) != bool(cfg.collector.tls_client_key):
+        raise ConfigError("collector.tls_client_cert and collector.tls_client_key go together: set both or neither.")
+    if cfg.collector.tls_client_cert and not cfg.collector.tls_ca:
+        raise ConfigError("collector.tls_client_cert needs collector.tls_ca (a client certificate is sent over TLS).")
     return cfg
 
 

@@ -156,8 +156,15 @@ class Sender(threading.Thread):
     def _open_channel(self) -> grpc.Channel:
         opts = [("grpc.enable_retries", 0), ("grpc.max_send_message_length", 64 * 1024 * 1024)]
         if self.cfg.tls_ca:
-            with open(self.cfg.tls_ca, "rb") as fh:
-                creds = grpc.ssl_channel_credentials(root_certificates=fh.read())
+            def read(path: str) -> bytes | None:
+                if not path:
+                    return None
+                with open(path, "rb") as fh:
+                    return fh.read()
+            # Read at each connection, so a rotated client certificate is used from the next reconnect.
+            creds = grpc.ssl_channel_credentials(root_certificates=read(self.cfg.tls_ca),
+                                                 private_key=read(self.cfg.tls_client_key),
+                                                 certificate_chain=read(self.cfg.tls_client_cert))
             return grpc.secure_channel(self.cfg.address, creds, options=opts)
         return grpc.insecure_channel(self.cfg.address, options=opts)
 

@@ -55,6 +55,10 @@ def _write_port_file(path: str, port: int) -> None:
 @click.option("--token-file", type=click.Path(dir_okay=False), default=None, help="Read the token from this file.")
 @click.option("--tls-cert", type=click.Path(dir_okay=False), default=None, help="PEM certificate for TLS.")
 @click.option("--tls-key", type=click.Path(dir_okay=False), default=None, help="PEM private key for TLS.")
+@click.option("--tokens-file", type=click.Path(dir_okay=False), default=None,
+              help="TOML file of per-role, per-node tokens (docs/COLLECTOR.md, Security); re-read on SIGHUP.")
+@click.option("--tls-client-ca", type=click.Path(dir_okay=False), default=None,
+              help="Require client certificates signed by this CA (mutual TLS; CN = node); re-read on SIGHUP.")
 @click.option("--insecure", is_flag=True, help="Allow plaintext when listening beyond loopback.")
 @click.option("--reflection", is_flag=True, help="Serve gRPC reflection (off by default).")
 @click.option("--port-file", type=click.Path(dir_okay=False), default=None,
@@ -75,10 +79,12 @@ def _write_port_file(path: str, port: int) -> None:
                    "behind --token when one is set).")
 @click.option("--metrics-port-file", type=click.Path(dir_okay=False), default=None,
               help="Write the bound metrics port to this file once serving.")
-def serve(listen, db_path, token, token_file, tls_cert, tls_key, insecure, reflection, port_file,
-          max_samples_per_batch, max_message_bytes, memory_limit, log_level, config_path, no_analyze,
+def serve(listen, db_path, token, token_file, tls_cert, tls_key, tokens_file, tls_client_ca, insecure, reflection,
+          port_file, max_samples_per_batch, max_message_bytes, memory_limit, log_level, config_path, no_analyze,
           metrics_listen, metrics_port_file):
-    """Receive agent batches over gRPC and store them in DuckDB until SIGTERM/SIGINT."""
+    """Receive agent batches over gRPC and store them in DuckDB until SIGTERM/SIGINT.
+
+    SIGHUP re-reads the tokens file and the TLS certificate, key and client CA; open streams stay."""
     logging.basicConfig(level=getattr(logging, log_level.upper()), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from gpuagent.collector.ingest.server import CollectorError, ServerOptions, start_collector
@@ -87,10 +93,13 @@ def serve(listen, db_path, token, token_file, tls_cert, tls_key, insecure, refle
     tok = _token(None, token_file) if token_file else _token(token, None)
     analyzer_config = _analyzer_config(config_path)
     stop = threading.Event()
+    reload = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    signal.signal(signal.SIGHUP, lambda *_: (reload.set(), stop.set()))
     try:
         handle = start_collector(db_path, listen, tok, tls_cert=tls_cert, tls_key=tls_key, insecure=insecure,
+                                 tokens_file=tokens_file, tls_client_ca=tls_client_ca,
                                  reflection=reflection, limits=Limits(max_samples_per_batch=max_samples_per_batch),
                                  options=ServerOptions(max_message_bytes=max_message_bytes,
                                                        memory_limit=memory_limit),
@@ -105,14 +114,21 @@ def serve(listen, db_path, token, token_file, tls_cert, tls_key, insecure, refle
             _write_port_file(metrics_port_file, handle.metrics.port)
         logging.getLogger("gpuagent.collector").info(
             "listening on %s (db %s, %s, %s)", handle.address, os.path.abspath(db_path),
-            "token required" if tok else "no token", "tls" if tls_cert else "plaintext")
+            "token required" if tok or tokens_file else "no token",
+            ("mutual tls" if tls_client_ca else "tls") if tls_cert else "plaintext")
         notifier = _notifier()
         if notifier is not None:
             notifier.ready(f"listening on {handle.address}")
         wd = notifier.watchdog_interval_s if notifier is not None else 0.0
         interval = min(wd, 1.0) if wd else 1.0
         problem = None
-        while not stop.wait(interval):
+        while True:
+            if stop.wait(interval):
+                if not reload.is_set():
+                    break
+                stop.clear()
+                reload.clear()
+                _reload(handle)
             problem = handle.problem()
             if problem is not None:
                 break      # no more WATCHDOG=1: systemd (or the operator) restarts a collector that broke
@@ -132,6 +148,16 @@ def serve(listen, db_path, token, token_file, tls_cert, tls_key, insecure, refle
         raise click.ClickException(problem)
 
 
+def _reload(handle) -> None:
+    """SIGHUP: re-read credentials; a part that cannot be read keeps its current setting."""
+    clog = logging.getLogger("gpuagent.collector")
+    problems = handle.reload()
+    for p in problems:
+        clog.error("SIGHUP: %s; keeping the current setting", p)
+    if not problems:
+        clog.info("SIGHUP: re-read the tokens file and TLS files")
+
+
 def _notifier():
     """sd_notify(3) (READY=1, WATCHDOG=1, STOPPING=1) under systemd; None elsewhere. Shared with the agent."""
     from gpuagent.common.sdnotify import Notifier
@@ -148,16 +174,20 @@ def _notifier():
 @click.option("--token-file", type=click.Path(dir_okay=False), default=None)
 @click.option("--tls-ca", type=click.Path(exists=True, dir_okay=False), default=None,
               help="PEM of the CA that signed the collector's certificate (TLS).")
+@click.option("--tls-client-cert", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="PEM client certificate (OU=query or admin) for a collector that requires one.")
+@click.option("--tls-client-key", type=click.Path(exists=True, dir_okay=False), default=None)
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True)
 @click.option("--max-rows", type=click.IntRange(0), default=0, help="Row cap (0: the collector's default).")
-def sql(query, target, token, token_file, tls_ca, fmt, max_rows):
+def sql(query, target, token, token_file, tls_ca, tls_client_cert, tls_client_key, fmt, max_rows):
     """Run a read-only SQL QUERY on the live collector (writes, files and extensions are refused)."""
     from gpuagent.collector.views.client import QueryError, format_result
     from gpuagent.collector.views.client import query as run_query
 
     tok = _token(None, token_file) if token_file else _token(token, None)
     try:
-        result = run_query(target, query, token=tok, max_rows=max_rows, tls_ca=tls_ca)
+        result = run_query(target, query, token=tok, max_rows=max_rows, tls_ca=tls_ca,
+                           client_cert=tls_client_cert, client_key=tls_client_key)
     except QueryError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(format_result(result, fmt))
@@ -335,3 +365,36 @@ def report(ctx, out, db_path, target, token, token_file, tls_ca, window, referen
 
 if __name__ == "__main__":  # pragma: no cover
     main()
+
+
+@main.group()
+def token() -> None:
+    """Make credentials for the tokens file (--tokens-file)."""
+
+
+@token.command("new")
+@click.option("--role", type=click.Choice(["ingest", "query", "admin"]), required=True)
+@click.option("--nodes", default=None, metavar="PATTERNS",
+              help="Ingest only: comma-separated node names or glob patterns it may write as, e.g. 'gpu-*'.")
+@click.option("--name", default="", help="A label for the entry, shown in refusals.")
+def token_new(role, nodes, name):
+    """Print a new token once, and the [[token]] entry (its SHA-256 only) to add to the tokens file."""
+    import json
+
+    from gpuagent.collector.ingest.auth import new_token, token_digest
+
+    patterns = [p.strip() for p in (nodes or "").split(",") if p.strip()]
+    if role == "ingest" and not patterns:
+        raise click.ClickException("an ingest token needs --nodes (for example --nodes 'gpu-*')")
+    if role != "ingest" and patterns:
+        raise click.ClickException("--nodes only applies to --role ingest")
+    secret = new_token()
+    click.echo(f"token (shown once; give it to the client): {secret}", err=True)
+    click.echo("add to the tokens file, then send SIGHUP to the collector:", err=True)
+    click.echo("[[token]]")
+    if name:
+        click.echo(f"name = {json.dumps(name)}")
+    click.echo(f'sha256 = "{token_digest(secret)}"')
+    click.echo(f'role = "{role}"')
+    if patterns:
+        click.echo(f"nodes = {json.dumps(patterns)}")
