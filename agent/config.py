@@ -53,6 +53,17 @@ class CollectorConfig:
     max_in_flight: int = 8             # batches sent but not yet acked
 
 
+# ------------------------------------------------------------------ [exporter]
+
+DEFAULT_EXPORTER_PORT = 9402   # dcgm-exporter uses 9400, node_exporter 9100
+
+
+@dataclass(frozen=True)
+class ExporterConfig:
+    """The ``[exporter]`` table: the Prometheus /metrics endpoint (gpuagent.agent.exporter)."""
+    listen: str = ""                   # HOST:PORT, e.g. "0.0.0.0:9402"; "" = off
+
+
 # ------------------------------------------------------------------ [jobs]
 
 DEFAULT_CMDLINE = (r"(^|/)torchrun(\s|$)", r"torch\.distributed\.(run|launch)(\s|$)",
@@ -209,6 +220,7 @@ class AgentConfig:
     labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     probes: ProbesConfig = field(default_factory=ProbesConfig.from_mapping)
     jobs: JobsConfig = field(default_factory=JobsConfig)
+    exporter: ExporterConfig = field(default_factory=ExporterConfig)
     config_file: str = ""               # the file that was read ("" when none)
 
     @property
@@ -233,8 +245,8 @@ class AgentConfig:
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: thaw(getattr(self, f.name)) for f in fields(self)
-               if f.name not in ("collector", "probes", "jobs")}
-        for name in ("collector", "probes", "jobs"):
+               if f.name not in ("collector", "probes", "jobs", "exporter")}
+        for name in ("collector", "probes", "jobs", "exporter"):
             out[name] = thaw(asdict(getattr(self, name)))
         if out["collector"]["token"]:
             out["collector"]["token"] = "***"
@@ -375,7 +387,7 @@ def _check_jobs(table: dict[str, Any], src: str) -> JobsConfig:
 
 _AGENT_KEYS = {"interval_s", "batch_interval_s", "batch_max_samples", "state_dir", "spool_max_bytes", "log_level"}
 _COLLECTOR_KEYS = {f.name for f in fields(CollectorConfig)}
-_TOP_TABLES = {"agent", "collector", "labels", "probes", "jobs"}
+_TOP_TABLES = {"agent", "collector", "labels", "probes", "jobs", "exporter"}
 
 # Environment variable -> (section, key). GPUAGENT_LABELS and GPUAGENT_CONFIG are handled apart.
 ENV_VARS = {
@@ -391,6 +403,7 @@ ENV_VARS = {
     "GPUAGENT_STATE_DIR": ("agent", "state_dir"),
     "GPUAGENT_SPOOL_MAX_BYTES": ("agent", "spool_max_bytes"),
     "GPUAGENT_LOG_LEVEL": ("agent", "log_level"),
+    "GPUAGENT_EXPORTER_LISTEN": ("exporter", "listen"),
 }
 
 
@@ -412,7 +425,7 @@ def read_toml(path: str | os.PathLike) -> dict[str, Any]:
     for table in _TOP_TABLES:
         if table in data and not isinstance(data[table], dict):
             raise ConfigError(f"config file {str(p)!r}: {table!r} must be a table ([{table}]).")
-    for table, allowed in (("agent", _AGENT_KEYS), ("collector", _COLLECTOR_KEYS)):
+    for table, allowed in (("agent", _AGENT_KEYS), ("collector", _COLLECTOR_KEYS), ("exporter", {"listen"})):
         extra = set(data.get(table, {})) - allowed
         if extra:
             raise ConfigError(f"config file {str(p)!r}: unknown key {table}.{sorted(extra)[0]} "
@@ -444,7 +457,7 @@ def load_config(
 
     # (value, source) per key, lowest precedence first.
     merged: dict[tuple[str, str], tuple[Any, str]] = {}
-    for section in ("agent", "collector"):
+    for section in ("agent", "collector", "exporter"):
         for k, v in data.get(section, {}).items():
             merged[(section, k)] = (v, f"{fsrc} [{section}]")
     for var, key in ENV_VARS.items():
@@ -462,9 +475,18 @@ def load_config(
 
     coll_kw: dict[str, Any] = {}
     agent_kw: dict[str, Any] = {}
+    exporter_kw: dict[str, Any] = {}
     for (section, k), (v, src) in merged.items():
         name = f"{section}.{k}"
-        if section == "collector":
+        if section == "exporter":
+            listen = _as_str(v, name, src).strip()
+            if listen:
+                m = _HOSTPORT.match(listen)
+                if not m or not 0 < int(m.group(2)) < 65536:
+                    raise ConfigError(f"{_where(src, name)} must be HOST:PORT (e.g. 0.0.0.0:"
+                                      f"{DEFAULT_EXPORTER_PORT}) or empty for off, not {v!r}.")
+            exporter_kw[k] = listen
+        elif section == "collector":
             if k == "address":
                 coll_kw[k] = _as_address(v, name, src)
             elif k in ("token", "token_file", "tls_ca", "tls_client_cert", "tls_client_key"):
@@ -520,6 +542,7 @@ def load_config(
         labels=MappingProxyType(lab),
         probes=probes,
         jobs=jobs,
+        exporter=ExporterConfig(**exporter_kw),
         config_file=str(path) if path else "",
         **agent_kw,
     )
