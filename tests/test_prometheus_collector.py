@@ -213,8 +213,8 @@ def test_prometheus_scrapes_the_collector_and_agrees_with_duckdb(collector, prom
 
 def test_dashboard_names_only_what_gpuagent_exports():
     exported_agent = {"up", "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_GPU_TEMP",
-                      "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_XID_ERRORS", "gpuagent_agent_last_ack_age_seconds",
-                      "gpuagent_agent_spool_dropped_batches_total", "gpuagent_job_samples_per_second",
+                      "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_XID_ERRORS", "gpuagent_collector_last_ack_age_seconds",
+                      "gpuagent_spool_dropped_batches_total", "gpuagent_job_samples_per_second",
                       "gpuagent_job_data_wait_ratio"}
     names = set().union(*(_names(e) for _t, e in _dashboard_exprs()))
     collector_names = {n for n in names if n.startswith(COLLECTOR_PREFIXES)}
