@@ -98,7 +98,12 @@ def _json(mapping) -> str:
     return json.dumps(dict(mapping), sort_keys=True, separators=(",", ":"))
 
 
+GPU_MAX = 32767      # the gpu columns are SMALLINT
+
+
 def _gpu_or_none(g: int) -> int | None:
+    if g > GPU_MAX:
+        raise BatchError("INVALID_ARGUMENT", f"gpu index {g} is out of range (at most {GPU_MAX})")
     return None if g < 0 else g
 
 
@@ -153,6 +158,9 @@ def _samples_table(node_id: str, cols: pb.SampleColumns, max_ts: int) -> pa.Tabl
     if min(gpus) < -1:
         bad = next(s for s in series if s.gpu < -1)
         raise BatchError("INVALID_ARGUMENT", f"series {bad.id} has gpu index {bad.gpu} (use -1 for host-level)")
+    if max(gpus) > GPU_MAX:
+        bad = next(s for s in series if s.gpu > GPU_MAX)
+        raise BatchError("INVALID_ARGUMENT", f"series {bad.id} has gpu index {bad.gpu}, out of range (at most {GPU_MAX})")
 
     # The protobuf containers expose __array__, so these are C-speed copies, not Python loops.
     ts = np.asarray(cols.ts_ns, dtype=np.int64)
