@@ -24,7 +24,7 @@ from typing import Any, Callable
 from gpuagent import __version__
 from gpuagent.agent.batcher import Batcher, SeqAllocator
 from gpuagent.agent.config import AgentConfig
-from gpuagent.agent.sampling import Sampler
+from gpuagent.agent.sampling import Sampler, now_ns
 from gpuagent.common.sdnotify import Notifier, WatchdogPinger
 from gpuagent.agent.sender import Sender
 from gpuagent.agent.spool import Spool
@@ -170,7 +170,7 @@ class Agent:
 
     def tick(self, scheduled: float | None = None) -> None:
         """One sampling round; ``scheduled`` is the tick's planned monotonic time (batch clock)."""
-        ts = time.time_ns()
+        ts = now_ns()
         for s in self.samplers:
             try:
                 s.sample(ts, self.batcher)
