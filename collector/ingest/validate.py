@@ -134,7 +134,8 @@ def _samples_table(node_id: str, cols: pb.SampleColumns, max_ts: int) -> pa.Tabl
         raise BatchError("INVALID_ARGUMENT", f"series {bad.id} has gpu index {bad.gpu} (use -1 for host-level)")
     if max(gpus) > GPU_MAX:
         bad = next(s for s in series if s.gpu > GPU_MAX)
-        raise BatchError("INVALID_ARGUMENT", f"series {bad.id} has gpu index {bad.gpu}, out of range (at most {GPU_MAX})")
+        raise BatchError("INVALID_ARGUMENT",
+                         f"series {bad.id} has gpu index {bad.gpu}, out of range (at most {GPU_MAX})")
 
     # The protobuf containers expose __array__, so these are C-speed copies, not Python loops.
     ts = np.asarray(cols.ts_ns, dtype=np.int64)
