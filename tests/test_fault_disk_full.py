@@ -56,12 +56,6 @@ def _fill(path) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason=(
-    "known bug, open: in about 2 runs of 3 the collector aborts (SIGABRT) on the full disk. A Register "
-    "after a failed batch commit upserts nodes (INSERT ... ON CONFLICT DO UPDATE); its commit fails to write "
-    "the WAL (ENOSPC), DuckDB 1.5.6 reverts the commit (UndoBuffer::RevertCommit) and throws FATAL "
-    "'Failed to append to PRIMARY_nodes_0: duplicate key', which terminates the process. Remove this mark "
-    "once register_node no longer upserts an existing node through the primary key index"))
 def test_collector_disk_full_agents_keep_spool_then_exactly_once(tmp_path, small_fs, procs):
     c = Collector(tmp_path, db=small_fs / "collector.duckdb").start()
     procs.append(c)
