@@ -1,0 +1,141 @@
+"""The fabric coordinator and the agent's FabricClient over real gRPC on loopback, with real net_pair runs
+between in-process agents (each its own FabricClient, probe lock and fabric address 127.0.0.1)."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+
+import grpc
+import pytest
+
+from collector_helpers import node_info
+from gpuagent.agent.fabric import FabricClient
+from gpuagent.collector.fabric.coordinator import Coordinator, FabricConfig
+from gpuagent.collector.ingest.server import start_collector
+from gpuagent.probes.lock import ProbeLock
+from gpuagent.proto import pb, pb_grpc
+
+FAST = {"streams": "2", "duration_s": "0.3", "warmup_s": "0.1", "rtt_count": "50"}
+
+
+class Results:
+    """The agent's batcher stand-in: keeps what FabricClient hands over (probe_result is its sink API)."""
+
+    def __init__(self):
+        self.rows = []
+        self._mu = threading.Lock()
+
+    def probe_result(self, rec):
+        with self._mu:
+            self.rows.append(rec)
+
+
+def _wait(cond, timeout=10.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.fixture
+def fabric_fleet(tmp_path):
+    cfg = FabricConfig(enabled=True, answer_timeout_s=2.0, run_timeout_s=20.0, params=dict(FAST),
+                       port_lo=42100, port_hi=42199)
+    col = start_collector(tmp_path / "c.duckdb", analyze=False, fabric=cfg, fabric_rounds=False)
+    channels, clients = [], {}
+
+    def add(i, busy=lambda: ""):
+        ch = grpc.insecure_channel(col.address)
+        channels.append(ch)
+        stub = pb_grpc.CollectorStub(ch)
+        info = node_info(hostname=f"n{i}", machine_id=f"m-{i:04d}")
+        info.fabric_address = "127.0.0.1"
+        node_id = stub.Register(pb.RegisterRequest(node=info)).node_id
+        sink = Results()
+        client = FabricClient(ch, lambda: node_id, "127.0.0.1", sink, busy=busy,
+                              lock=ProbeLock(str(tmp_path / f"lock{i}")), retry_s=0.2).start()
+        clients[node_id] = (client, sink)
+        return node_id
+
+    try:
+        yield col, add, clients
+    finally:
+        for client, _ in clients.values():
+            client.stop()
+        for ch in channels:
+            ch.close()
+        col.stop()
+
+
+def test_full_sweep_measures_every_pair_in_n_minus_1_rounds(fabric_fleet):
+    col, add, clients = fabric_fleet
+    nodes = [add(i) for i in range(4)]
+    assert _wait(lambda: len(col.fabric.ready_nodes()) == 4)
+    outcomes = col.fabric_sweep(timeout=120)
+    assert len(col.fabric.last_plan.rounds) == 3
+    pairs = {frozenset((o.node_a, o.node_b)) for o in outcomes}
+    assert pairs == {frozenset(p) for p in itertools.combinations(nodes, 2)}
+    assert all(o.status == "ok" for o in outcomes), [(o.status, o.reason) for o in outcomes]
+    # Both ends record each pair, with both node ids and the same metrics.
+    assert _wait(lambda: sum(len(s.rows) for _, s in clients.values()) == 12)
+    by_pair = {}
+    for _, sink in clients.values():
+        for rec in sink.rows:
+            assert rec["probe"] == "net_pair" and rec["status"] == "ok"
+            by_pair.setdefault(rec["params"]["pair_id"], []).append(rec)
+    assert len(by_pair) == 6
+    for recs in by_pair.values():
+        assert {r["env"]["role"] for r in recs} == {"listen", "connect"}
+        assert recs[0]["params"]["node_a"] == recs[1]["params"]["node_a"]
+        assert recs[0]["metrics"]["send_gbits_per_s"] == recs[1]["metrics"]["send_gbits_per_s"] > 0
+    assert "secret" not in str([r["params"] for _, s in clients.values() for r in s.rows])
+
+
+def test_busy_end_gives_skipped_with_reason_and_others_carry_on(fabric_fleet):
+    col, add, clients = fabric_fleet
+    busy_node = add(0, busy=lambda: "gpus busy: a job holds GPU 0")
+    others = [add(i) for i in range(1, 4)]
+    assert _wait(lambda: len(col.fabric.ready_nodes()) == 4)
+    outcomes = col.fabric_sweep(timeout=120)
+    for o in outcomes:
+        if busy_node in (o.node_a, o.node_b):
+            assert o.status == "skipped" and f"node {busy_node} is busy: gpus busy" in o.reason
+        else:
+            assert o.status == "ok", o.reason
+    assert sum(o.status == "ok" for o in outcomes) == 3
+    busy_client, busy_sink = clients[busy_node]
+    assert busy_sink.rows == [] and busy_client.counts.get("busy") == 3
+    assert all(not c.lock.held for c, _ in clients.values())
+
+
+def test_silent_end_is_skipped_and_the_pair_never_hangs(fabric_fleet):
+    col, add, clients = fabric_fleet
+    nodes = [add(i) for i in range(4)]
+    assert _wait(lambda: len(col.fabric.ready_nodes()) == 4)
+    silent = nodes[2]
+    # The agent's stream stays open but it stops answering: its client thread is stopped without a
+    # cancel of the stream, as a hung agent would behave.
+    client, _ = clients[silent]
+    client._handle = lambda node_id, msg: None
+    t0 = time.monotonic()
+    outcomes = col.fabric_sweep(timeout=120)
+    assert time.monotonic() - t0 < 60
+    for o in outcomes:
+        if silent in (o.node_a, o.node_b):
+            assert o.status == "skipped"
+            assert f"node {silent} did not answer within 2 s" in o.reason
+        else:
+            assert o.status == "ok", o.reason
+    # The peers of the silent node got a cancel and released their lock and port.
+    assert _wait(lambda: all(not c.lock.held for n, (c, _) in clients.items() if n != silent))
+
+
+def test_config_problems_are_one_sentence():
+    with pytest.raises(ValueError, match="port range"):
+        Coordinator(FabricConfig(port_lo=5, port_hi=0))
+    with pytest.raises(ValueError, match="max_pairs_per_round"):
+        Coordinator(FabricConfig(max_pairs_per_round=-1))
