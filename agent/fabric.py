@@ -7,7 +7,7 @@ fabric address first and answers with the port; an accepting connector waits for
 held from the accept until the run ends or the pair is cancelled, and the offer's deadline bounds the
 wait, so a silent collector or peer cannot hold the node. Both ends hand their result (probe
 ``net_pair``, params with ``node_a``, ``node_b`` and ``pair_id``) to ``sink.probe_result`` for the next
-batch; the connecting end also tells the collector the run is over.
+batch, and tell the collector when their part of the run is over (after the lock is released).
 """
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ class FabricClient:
             return
         self._count("accepted")
         if listener is not None:
-            threading.Thread(target=self._serve, args=(msg, listener), daemon=True,
+            threading.Thread(target=self._serve, args=(node_id, msg, listener), daemon=True,
                              name="gpuagent-fabric-listen").start()
         else:
             # The go must come before the offer's deadline plus the collector's answer wait; else give up.
@@ -174,7 +174,10 @@ class FabricClient:
         self._release()
 
     def _finish(self, offer: pb.Assignment, result: ProbeResult, started: float) -> None:
-        result.params.update({"node_a": offer.node_a, "node_b": offer.node_b, "pair_id": offer.pair_id})
+        # link_params: the run's settings as the collector set them, the same text at both ends.
+        link_params = ",".join(f"{k}={offer.params[k]}" for k in sorted(offer.params))
+        result.params.update({"node_a": offer.node_a, "node_b": offer.node_b, "pair_id": offer.pair_id,
+                              "link_params": link_params})
         result.env.setdefault("scheduler", "fabric")
         self._count(f"result:{result.status}")
         if self._on_ran:
@@ -185,7 +188,7 @@ class FabricClient:
             except Exception:  # noqa: BLE001 - a sink problem must not kill the fabric thread
                 log.exception("fabric: the sink refused the net_pair result")
 
-    def _serve(self, offer: pb.Assignment, listener: net_pair.NetPairListener) -> None:
+    def _serve(self, node_id: str, offer: pb.Assignment, listener: net_pair.NetPairListener) -> None:
         t0 = time.monotonic()
         try:
             result = listener.serve()
@@ -196,6 +199,9 @@ class FabricClient:
                 self._release()
         if owned or result.status != "skipped":
             self._finish(offer, result, t0)
+        if owned:
+            self._answer(node_id=node_id, pair_id=offer.pair_id, finished=True, status=result.status,
+                         reason=result.reason)
 
     def _connect(self, node_id: str, go: pb.Assignment) -> None:
         t0 = time.monotonic()

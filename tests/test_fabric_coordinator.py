@@ -139,3 +139,57 @@ def test_config_problems_are_one_sentence():
         Coordinator(FabricConfig(port_lo=5, port_hi=0))
     with pytest.raises(ValueError, match="max_pairs_per_round"):
         Coordinator(FabricConfig(max_pairs_per_round=-1))
+
+
+def _query(col, sql):
+    ch = grpc.insecure_channel(col.address)
+    try:
+        import json
+        resp = pb_grpc.CollectorStub(ch).Query(pb.QueryRequest(sql=sql))
+        return json.loads(resp.rows_json)
+    finally:
+        ch.close()
+
+
+def _send_results(col, node_id, sink, seq):
+    """Ship a client's results to the collector as the agent's batcher would: ProbeResult messages."""
+    ch = grpc.insecure_channel(col.address)
+    try:
+        batch = pb.Batch(node_id=node_id, seq=seq, created_ns=time.time_ns())
+        for rec in sink.rows:
+            batch.probe_results.add(probe=rec["probe"], status=rec["status"], reason=rec["reason"],
+                                    params={k: str(v) for k, v in rec["params"].items()},
+                                    metrics=rec["metrics"], started_ns=rec["started_ns"],
+                                    ended_ns=rec["ended_ns"], env={k: str(v) for k, v in rec["env"].items()},
+                                    gpu=-1)
+        acks = list(pb_grpc.CollectorStub(ch).Stream(iter([batch]), metadata=(("gpuagent-node-id", node_id),)))
+        assert acks and acks[0].seq == seq
+    finally:
+        ch.close()
+
+
+def test_link_results_hold_both_ends_and_the_collectors_skips(fabric_fleet):
+    col, add, clients = fabric_fleet
+    busy_node = add(0, busy=lambda: "budget: 30.0 s of probe time in the last 3600 s")
+    others = [add(i) for i in range(1, 4)]
+    assert _wait(lambda: len(col.fabric.ready_nodes()) == 4)
+    outcomes = col.fabric_sweep(timeout=120)
+    assert _wait(lambda: sum(len(s.rows) for _, s in clients.values()) == 6)
+    for n in others:
+        _send_results(col, n, clients[n][1], seq=1)
+    rows = _query(col, "SELECT node_a, node_b, status, reported_by, send_gbits_per_s, rtt_p50_us, params_key, "
+                       "reason FROM link_results ORDER BY node_a, node_b, reported_by")
+    ok = [r for r in rows if r[2] == "ok"]
+    skipped = [r for r in rows if r[2] == "skipped"]
+    assert len(ok) == 6                       # 3 pairs among the free nodes, two ends each
+    for a, b in {(r[0], r[1]) for r in ok}:
+        ends = [r for r in ok if (r[0], r[1]) == (a, b)]
+        assert {r[3] for r in ends} == {a, b}
+        assert ends[0][4] == ends[1][4] > 0 and ends[0][5] == ends[1][5] > 0
+        assert ends[0][6] == ends[1][6] and "duration_s=0.3" in ends[0][6]
+    assert len(skipped) == 3 and all(r[3] == "collector" and busy_node in (r[0], r[1]) for r in skipped)
+    assert all("budget: 30.0 s" in r[7] for r in skipped)
+    matrix = _query(col, "SELECT count(*), count(DISTINCT least(node_a, node_b) || greatest(node_a, node_b)) "
+                         "FROM link_matrix_latest")
+    assert matrix == [[6, 6]]
+    assert len(outcomes) == 6

@@ -5,8 +5,8 @@ It runs on the collector's event loop. Agents that declared a fabric address at 
 run at a time. For each pair both ends get an ``offer`` and must answer within ``answer_timeout_s``;
 only when both accepted does the connecting end get ``go`` (with the listener's port). A busy or silent
 end turns the pair into a ``skipped`` outcome with the reason, the other end gets ``cancel``, and the pair
-stays in the plan for a later sweep. A pair that went ahead ends when its connecting end reports
-``finished`` or at its deadline, whichever is first, so neither side nor the round can hang.
+stays in the plan for a later sweep. A pair that went ahead ends when both ends report ``finished`` or
+at its deadline, whichever is first, so neither side nor the round can hang.
 
 The measurements themselves travel in the agents' batches (probe ``net_pair``, params ``node_a``/``node_b``);
 the coordinator keeps only outcomes, and hands each one to ``record`` when given.
@@ -66,6 +66,7 @@ class Outcome:
     started_ns: int
     ended_ns: int
     round_no: int
+    params: dict[str, str] = field(default_factory=dict)   # the probe settings the pair was offered
 
 
 class _Pair:
@@ -74,7 +75,7 @@ class _Pair:
         self.answers: dict[str, pb.AssignmentAnswer] = {}
         self.answered = asyncio.Event()
         self.finished = asyncio.Event()
-        self.finish: pb.AssignmentAnswer | None = None
+        self.finishes: dict[str, pb.AssignmentAnswer] = {}
 
 
 class Coordinator:
@@ -120,8 +121,9 @@ class Coordinator:
         if pair is None or ans.node_id not in (pair.a, pair.b):
             return False
         if ans.finished:
-            if ans.node_id == pair.a:
-                pair.finish = ans
+            # The round waits for both ends, so the next round does not find an end still winding down.
+            pair.finishes[ans.node_id] = ans
+            if len(pair.finishes) == 2:
                 pair.finished.set()
             return True
         pair.answers[ans.node_id] = ans
@@ -180,7 +182,8 @@ class Coordinator:
 
     def _done(self, pair: _Pair, status: str, reason: str, started: int, round_no: int) -> Outcome:
         self._pairs.pop(pair.pair_id, None)
-        o = Outcome(pair.pair_id, pair.a, pair.b, status, reason, started, time.time_ns(), round_no)
+        o = Outcome(pair.pair_id, pair.a, pair.b, status, reason, started, time.time_ns(), round_no,
+                    dict(self.config.params))
         self.outcomes.append(o)
         if self._record:
             try:
@@ -226,10 +229,30 @@ class Coordinator:
         try:
             await asyncio.wait_for(pair.finished.wait(), c.run_timeout_s)
         except asyncio.TimeoutError:
+            if a in pair.finishes:      # the listener is late to say so, but the run itself ended
+                fin = pair.finishes[a]
+                return self._done(pair, fin.status or "ok", fin.reason, started, round_no)
             for n in (a, b):
                 self._send(n, pb.Assignment(kind="cancel", pair_id=pair.pair_id, node_a=a, node_b=b,
                                             reason=f"the run passed its {c.run_timeout_s:g} s deadline"))
             return self._done(pair, "timeout", f"node {a} did not report the end of the run within "
                               f"{c.run_timeout_s:g} s", started, round_no)
-        fin = pair.finish
+        fin = pair.finishes[a]
         return self._done(pair, fin.status or "ok", fin.reason, started, round_no)
+
+
+def record_outcome(writer, o: Outcome) -> None:
+    """Store a pair the collector could not run (skipped here) as a link row; the agents store the rest."""
+    if o.status != "skipped":
+        return
+    link_params = ",".join(f"{k}={v}" for k, v in sorted(o.params.items()))
+    row = [o.pair_id, o.node_a, o.node_b, "net_pair", link_params, o.started_ns // 1000, o.ended_ns // 1000,
+           o.status, o.reason]
+
+    def insert(con):
+        con.execute("INSERT INTO link_results VALUES (?, ?, ?, ?, ?, NULL, NULL, NULL, NULL, "
+                    "make_timestamp(?), make_timestamp(?), ?, ?, 'collector')", row)
+
+    fut = writer.call(insert)
+    fut.add_done_callback(lambda f: f.exception() and log.error(
+        "fabric: storing the skipped pair %s failed: %s", o.pair_id, f.exception()))

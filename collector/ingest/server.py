@@ -264,9 +264,9 @@ def start_collector(db_path: str | Path, listen: str = "127.0.0.1:0", token: str
             raise CollectorError(f"cannot listen on {listen}: the address is in use or not available on this host")
         await server.start()
         if fabric is not None and fabric.enabled:
-            from gpuagent.collector.fabric.coordinator import Coordinator  # noqa: PLC0415
+            from gpuagent.collector.fabric.coordinator import Coordinator, record_outcome  # noqa: PLC0415
 
-            servicer.fabric = handle.fabric = Coordinator(fabric)
+            servicer.fabric = handle.fabric = Coordinator(fabric, record=lambda o: record_outcome(writer, o))
             if fabric_rounds:
                 handle.fabric.start()
         for name in ("", SERVICE_NAME):
