@@ -4,6 +4,7 @@ between in-process agents (each its own FabricClient, probe lock and fabric addr
 from __future__ import annotations
 
 import itertools
+import json
 import threading
 import time
 
@@ -117,8 +118,7 @@ def test_silent_end_is_skipped_and_the_pair_never_hangs(fabric_fleet):
     nodes = [add(i) for i in range(4)]
     assert _wait(lambda: len(col.fabric.ready_nodes()) == 4)
     silent = nodes[2]
-    # The agent's stream stays open but it stops answering: its client thread is stopped without a
-    # cancel of the stream, as a hung agent would behave.
+    # The agent's stream stays open but it ignores every message, as a hung agent would.
     client, _ = clients[silent]
     client._handle = lambda node_id, msg: None
     t0 = time.monotonic()
@@ -144,7 +144,6 @@ def test_config_problems_are_one_sentence():
 def _query(col, sql):
     ch = grpc.insecure_channel(col.address)
     try:
-        import json
         resp = pb_grpc.CollectorStub(ch).Query(pb.QueryRequest(sql=sql))
         return json.loads(resp.rows_json)
     finally:
