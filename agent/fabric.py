@@ -45,7 +45,9 @@ class FabricClient:
     def __init__(self, channel: grpc.Channel, node_id: Callable[[], str], address: str, sink: Any, *,
                  busy: Callable[[], str] = lambda: "", lock: ProbeLock | None = None,
                  metadata: tuple[tuple[str, str], ...] = (), retry_s: float = 2.0,
-                 on_ran: Callable[[float], None] | None = None) -> None:
+                 on_ran: Callable[[float], None] | None = None, port_range: tuple[int, int] = (0, 0)) -> None:
+        self._channel = channel
+        self._owns_channel = False     # start_fabric_client hands over a channel of its own
         self._stub = pb_grpc.CollectorStub(channel)
         self._node_id = node_id
         self.address = address
@@ -55,6 +57,7 @@ class FabricClient:
         self._md = metadata
         self._retry_s = retry_s
         self._on_ran = on_ran
+        self._port_range = port_range     # this node's own range; (0, 0): the offer's
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._call = None
@@ -72,6 +75,8 @@ class FabricClient:
         self._stop.set()
         if self._call is not None:
             self._call.cancel()
+        if self._owns_channel:
+            self._channel.close()
         with self._mu:
             pending = list(self._pending)
         for pid in pending:
@@ -136,7 +141,8 @@ class FabricClient:
         port = 0
         if msg.role == "listen":
             wait_s = max(1.0, (msg.deadline_ns - time.time_ns()) / 1e9 + 30.0)
-            listener = net_pair.NetPairListener(msg.secret, self.address or "0.0.0.0", (msg.port_lo, msg.port_hi),
+            ports = self._port_range if self._port_range[0] else (msg.port_lo, msg.port_hi)
+            listener = net_pair.NetPairListener(msg.secret, self.address or "0.0.0.0", ports,
                                                 accept_timeout_s=wait_s)
             if listener.error is not None:
                 self._release()
@@ -224,3 +230,50 @@ class FabricClient:
         self._finish(go, result, t0)
         self._answer(node_id=node_id, pair_id=go.pair_id, finished=True, status=result.status,
                      reason=result.reason)
+
+
+# ---------------------------------------------------------------- wiring into the daemon
+
+def _estimate_s(offer_params) -> float:
+    """A run's expected wall time from its settings (warmup, duration, latency pings), before a first run."""
+    try:
+        return float(offer_params.get("warmup_s", 0.3)) + float(offer_params.get("duration_s", 2.0)) + 1.0
+    except ValueError:
+        return 3.0
+
+
+def start_fabric_client(agent: Any) -> "FabricClient | None":
+    """The daemon's EXTRA_FACTORIES hook (None unless ``[fabric] enabled``).
+
+    Busy when job discovery sees a job on any GPU, when the probe budget (shared with the probe scheduler,
+    which is charged for every fabric run) is spent, or when the node-wide probe lock is held. The
+    stream uses the sender's collector settings (address, TLS, token) on a channel of its own."""
+    cfg = agent.cfg
+    if not cfg.fabric.enabled:
+        return None
+    from gpuagent.agent.probe_scheduler import ProbeScheduler, _busy_gpus_from
+
+    sched = next((x for x in agent.extras if isinstance(x, ProbeScheduler)), None)
+    if sched is None:      # probes are off: a scheduler that never starts still keeps the budget
+        sched = ProbeScheduler(agent.batcher, cfg.probes, state_dir=str(cfg.state_dir))
+    busy_gpus = _busy_gpus_from(agent.samplers)
+    last = {"s": 0.0}
+
+    def busy() -> str:
+        held = busy_gpus()
+        if held:
+            return f"gpus busy: a job holds GPU {', '.join(map(str, held))}"
+        return sched.budget_problem(last["s"] or _estimate_s({}))
+
+    def ran(seconds: float) -> None:
+        last["s"] = seconds
+        sched.charge(seconds)
+
+    sender = agent.sender
+    client = FabricClient(sender.open_channel(), lambda: sender.state.node_id, agent.node_info.fabric_address,
+                          agent.batcher, busy=busy, lock=ProbeLock(sched.lock_path), metadata=sender.metadata(),
+                          on_ran=ran, port_range=(cfg.fabric.port_lo, cfg.fabric.port_hi))
+    client._owns_channel = True
+    log.info("fabric probes on: peers reach this node at %s%s", client.address,
+             f", ports {cfg.fabric.port_lo}-{cfg.fabric.port_hi}" if cfg.fabric.port_lo else "")
+    return client.start()

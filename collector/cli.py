@@ -68,7 +68,7 @@ def _write_port_file(path: str, port: int) -> None:
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True)
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
-              help="Collector TOML config: [analyzer], [baselines], [pricing] (see README).")
+              help="Collector TOML config: [analyzer], [baselines], [pricing], [fabric] (see README).")
 @click.option("--no-analyze", is_flag=True, help="Do not run the scheduled analysis passes.")
 def serve(listen, db_path, token, token_file, tls_cert, tls_key, insecure, reflection, port_file,
           max_samples_per_batch, max_message_bytes, memory_limit, log_level, config_path, no_analyze):
@@ -80,6 +80,7 @@ def serve(listen, db_path, token, token_file, tls_cert, tls_key, insecure, refle
 
     tok = _token(None, token_file) if token_file else _token(token, None)
     analyzer_config = _analyzer_config(config_path)
+    fabric_config = _fabric_config(config_path)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -88,7 +89,7 @@ def serve(listen, db_path, token, token_file, tls_cert, tls_key, insecure, refle
                                  reflection=reflection, limits=Limits(max_samples_per_batch=max_samples_per_batch),
                                  options=ServerOptions(max_message_bytes=max_message_bytes,
                                                        memory_limit=memory_limit),
-                                 analyzer_config=analyzer_config, analyze=not no_analyze)
+                                 analyzer_config=analyzer_config, analyze=not no_analyze, fabric=fabric_config)
     except CollectorError as exc:
         raise click.ClickException(str(exc)) from None
     try:
@@ -166,6 +167,24 @@ def _analyzer_config(config_path: str | None, window: str | None = None):
         return config
     except AnalyzerError as exc:
         raise click.ClickException(str(exc)) from None
+
+
+def _fabric_config(config_path: str | None):
+    """[fabric] of the collector config (collector/fabric/coordinator.py); None when absent."""
+    if not config_path:
+        return None
+    import tomllib
+
+    from gpuagent.collector.fabric.coordinator import FabricConfig
+
+    try:
+        with open(config_path, "rb") as fh:
+            table = tomllib.load(fh).get("fabric")
+        return FabricConfig.from_mapping(table) if table is not None else None
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise click.ClickException(f"config file {config_path} cannot be read: {exc}") from None
+    except ValueError as exc:
+        raise click.ClickException(f"config file {config_path}: {exc}") from None
 
 
 def _print_analysis(run: dict, flags: list[dict], fmt: str, truncated: bool) -> None:

@@ -192,3 +192,35 @@ def test_link_results_hold_both_ends_and_the_collectors_skips(fabric_fleet):
                          "FROM link_matrix_latest")
     assert matrix == [[6, 6]]
     assert len(outcomes) == 6
+
+
+def test_agent_fabric_table_and_collector_fabric_table(tmp_path):
+    from gpuagent.agent.config import ConfigError, fabric_address, load_config
+    from gpuagent.collector.analysis.analyzer import AnalyzerConfig
+
+    p = tmp_path / "agent.toml"
+    p.write_text('[fabric]\nenabled = true\ninterface = "lo"\nport_lo = 42000\nport_hi = 42010\n')
+    cfg = load_config(str(p), env={})
+    assert cfg.fabric.enabled and (cfg.fabric.port_lo, cfg.fabric.port_hi) == (42000, 42010)
+    assert fabric_address(cfg.fabric) == "127.0.0.1"
+    assert cfg.to_dict()["fabric"]["interface"] == "lo"
+    for text, match in (('[fabric]\nenabled = true\n', "neither address nor interface"),
+                        ('[fabric]\nport_lo = 5\n', "port_lo and fabric.port_hi"),
+                        ('[fabric]\nports = 5\n', "unknown key 'fabric.ports'")):
+        p.write_text(text)
+        with pytest.raises(ConfigError, match=match):
+            load_config(str(p), env={})
+    p.write_text('[fabric]\nenabled = true\ninterface = "no-such-nic0"\n')
+    with pytest.raises(ConfigError, match="does not exist on this host"):
+        fabric_address(load_config(str(p), env={}).fabric)
+
+    doc = {"fabric": {"enabled": True, "interval_s": 60, "scope_key": "", "max_pairs_per_round": 8,
+                      "params": {"duration_s": 1.5}}, "analyzer": {}}
+    fc = FabricConfig.from_mapping(doc["fabric"])
+    assert fc.enabled and fc.scope_key is None and fc.max_pairs_per_round == 8
+    assert fc.params["duration_s"] == "1.5" and fc.params["streams"] == "4"
+    AnalyzerConfig.from_mapping(doc)      # the analyzer shares the file and leaves [fabric] alone
+    with pytest.raises(ValueError, match="unknown key fabric.rounds"):
+        FabricConfig.from_mapping({"rounds": 3})
+    with pytest.raises(ValueError, match="fabric.interval_s must be a number"):
+        FabricConfig.from_mapping({"interval_s": "soon"})

@@ -178,10 +178,10 @@ class AnalyzerConfig:
     @classmethod
     def from_mapping(cls, doc: Mapping[str, Any]) -> "AnalyzerConfig":
         """Build from a parsed collector TOML document; unknown keys are one clear error."""
-        unknown = sorted(set(doc) - {"analyzer", "baselines", "pricing"})
+        unknown = sorted(set(doc) - {"analyzer", "baselines", "pricing", "fabric"})   # [fabric]: coordinator.py
         if unknown:
             raise AnalyzerError(f"unknown table or key {unknown[0]!r} in the collector config "
-                                "(expected [analyzer], [[baselines.declared]] and [pricing])")
+                                "(expected [analyzer], [[baselines.declared]], [pricing] and [fabric])")
         for table in ("analyzer", "baselines", "pricing"):
             if not isinstance(doc.get(table, {}), Mapping):
                 raise AnalyzerError(f"[{table}] in the collector config must be a table")

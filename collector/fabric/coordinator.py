@@ -44,6 +44,40 @@ class FabricConfig:
     params: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_PARAMS))
     seed: int = 0
 
+    @classmethod
+    def from_mapping(cls, table) -> "FabricConfig":
+        """From the collector config's [fabric] table; a bad key or value raises ValueError (one sentence).
+        ``scope_key = ""`` puts all nodes in one scope; ``[fabric.params]`` overrides net_pair settings."""
+        table = dict(table or {})
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = sorted(set(table) - known)
+        if unknown:
+            raise ValueError(f"unknown key fabric.{unknown[0]} (known: {', '.join(sorted(known))})")
+        kw = {}
+        for key, value in table.items():
+            default = getattr(cls, key, None) if key != "params" else None
+            if key == "params":
+                if not isinstance(value, dict):
+                    raise ValueError("[fabric.params] must be a table of net_pair settings")
+                kw[key] = {**DEFAULT_PARAMS, **{str(k): str(v) for k, v in value.items()}}
+            elif key == "enabled":
+                if not isinstance(value, bool):
+                    raise ValueError(f"fabric.enabled must be true or false, not {value!r}")
+                kw[key] = value
+            elif key == "scope_key":
+                if not isinstance(value, str):
+                    raise ValueError(f"fabric.scope_key must be a label name (or \"\" for one scope), not {value!r}")
+                kw[key] = value or None
+            elif isinstance(default, (int, float)):
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    raise ValueError(f"fabric.{key} must be a number, not {value!r}")
+                kw[key] = type(default)(value)
+        cfg = cls(**kw)
+        why = cfg.problem()
+        if why:
+            raise ValueError(why)
+        return cfg
+
     def problem(self) -> str:
         if not (self.interval_s >= 0 and self.answer_timeout_s > 0 and self.run_timeout_s > 0):
             return "fabric interval_s must not be negative, answer_timeout_s and run_timeout_s must be positive"
