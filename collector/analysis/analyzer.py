@@ -170,6 +170,9 @@ class AnalyzerConfig:
     iowait_percent: float = 20.0
     cpu_busy_percent: float = 90.0
     gap_fraction: float = 0.25
+    fabric_runs: int = 3                # network_degraded: a link's rate is the median of its last runs
+    fabric_slow_fraction: float = 0.5   # a link under this share of its pool's median is slow
+    fabric_min_links: int = 3           # a node is judged once this many of its links were measured
     thresholds: Mapping[str, float] = field(default_factory=dict)   # "kind.component" -> threshold
     declared: tuple[DeclaredBaseline, ...] = ()
     pool_prices: Mapping[str, float] = field(default_factory=dict)
@@ -218,7 +221,7 @@ class AnalyzerConfig:
                 raise AnalyzerError(f"[analyzer] threshold {key} must be a number, got {value!r}")
             thresholds[key] = float(value)
         declared = []
-        components = {c.component for c in COMPONENTS if c.kind == _VO}
+        components = {c.component for c in COMPONENTS if c.kind == _VO} | {"net_pair_gbits"}   # network_degraded
         for i, row in enumerate((doc.get("baselines") or {}).get("declared") or []):
             if not isinstance(row, Mapping):
                 raise AnalyzerError(f"[[baselines.declared]] #{i + 1} must be a table")
@@ -444,6 +447,8 @@ class Analyzer:
             "min_minutes": cfg.min_minutes, "idle_util": cfg.idle_util_percent,
             "input_util": cfg.input_bound_util_percent, "data_wait": cfg.data_wait_fraction,
             "iowait": cfg.iowait_percent, "cpu_busy": cfg.cpu_busy_percent, "gap_fraction": cfg.gap_fraction,
+            "fabric_runs": cfg.fabric_runs, "fabric_slow_fraction": cfg.fabric_slow_fraction,
+            "fabric_min_links": cfg.fabric_min_links,
         }
 
     def run_pass(self, con, now: dt.datetime | None = None) -> PassResult:

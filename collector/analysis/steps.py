@@ -50,6 +50,9 @@ STEPS: tuple[Step, ...] = (
          temp_tables=("_nn_points", "_nn_series", "_nn_fleet", "_nn")),
     Step("utilization_gap", "50_utilization_gap.sql", CONDITIONS,
          temp_tables=("_ug_minutes", "_ug_wait", "_ug", "_ug_dw", "_ug_scored", "_ug_cond")),
+    Step("network_degraded", "60_network_degraded.sql", CONDITIONS,
+         temp_tables=("_nd_runs", "_nd_links", "_nd_ends", "_nd_pool", "_nd_slow", "_nd_peers", "_nd_node",
+                      "_nd_bad_nodes", "_nd_counts")),
     Step("apply_flags", "90_apply_flags.sql", FLAGS, counts=("updated", "opened", "closed")),
 )
 
