@@ -22,8 +22,18 @@ from fake_nvml import H100_8GPU, FakeNvmlBackend  # noqa: E402
 import gpuagent.agent.gpu_sampler as gpu_sampler  # noqa: E402
 
 BACKEND = FakeNvmlBackend(H100_8GPU)
+for _gpu in BACKEND.gpus:      # the fixture's recorded processes would make every node busy: start idle
+    _gpu["processes"] = []
 _Nvml = gpu_sampler.Nvml
 gpu_sampler.Nvml = lambda *a, **kw: _Nvml(backend=BACKEND)
+
+
+def _die_with_parent() -> None:
+    """PR_SET_PDEATHSIG: the fake job's process goes when the agent does, however it ends."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
 
 
 def _job_switch(path: str) -> None:
@@ -32,7 +42,7 @@ def _job_switch(path: str) -> None:
     while True:
         exists = os.path.exists(path)
         if exists and child is None:
-            child = subprocess.Popen(["sleep", "3600"])
+            child = subprocess.Popen(["sleep", "3600"], preexec_fn=_die_with_parent)
             BACKEND.add_process(0, child.pid, used_memory_bytes=8 << 30, sm_util_percent=90)
         elif not exists and child is not None:
             BACKEND.remove_process(child.pid)

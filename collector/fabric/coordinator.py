@@ -186,8 +186,11 @@ class Coordinator:
 
     async def run_round(self, pairs: list[tuple[str, str]]) -> list[Outcome]:
         round_no = self.rounds_done
+        log.info("fabric round %d started: %s", round_no, " ".join(f"{a}>{b}" for a, b in pairs))
         outcomes = await asyncio.gather(*(self._run_pair(a, b, round_no) for a, b in pairs))
         self.rounds_done += 1
+        log.info("fabric round %d done: %s", round_no,
+                 " ".join(f"{o.node_a}>{o.node_b}={o.status}" for o in outcomes))
         return list(outcomes)
 
     async def run_forever(self) -> None:
@@ -276,8 +279,9 @@ class Coordinator:
 
 
 def record_outcome(writer, o: Outcome) -> None:
-    """Store a pair the collector could not run (skipped here) as a link row; the agents store the rest."""
-    if o.status != "skipped":
+    """Store a pair the collector could not run (skipped) or saw no end of (timeout) as a link row; the
+    agents store the runs themselves."""
+    if o.status not in ("skipped", "timeout"):
         return
     link_params = ",".join(f"{k}={v}" for k, v in sorted(o.params.items()))
     row = [o.pair_id, o.node_a, o.node_b, "net_pair", link_params, o.started_ns // 1000, o.ended_ns // 1000,

@@ -1,8 +1,8 @@
 -- gpuagent collector schema: fabric link results (issue 12). Integration number: 011.
 -- One row per end per pair run: each end of a net_pair run reports the same metrics with both node ids
 -- (node_a connected, node_b listened), so a link has up to two rows per run (reported_by tells them
--- apart). A pair the collector could not start (an end busy or silent) has one row, reported_by
--- 'collector', status 'skipped' and the reason.
+-- apart). A pair the collector could not start (an end busy or silent) or saw no end of has one row, reported_by
+-- 'collector', status 'skipped' (or 'timeout') and the reason.
 CREATE TABLE link_results (
     pair_id           VARCHAR,
     node_a            VARCHAR NOT NULL,   -- the connecting end; send = a -> b
