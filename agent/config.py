@@ -208,6 +208,64 @@ class ProbesConfig:
         return ProbeSchedule(name, interval_s=spec.interval_s, timeout_s=spec.timeout_s)
 
 
+# ------------------------------------------------------------------ [fabric]
+
+@dataclass(frozen=True)
+class FabricConfig:
+    """The ``[fabric]`` table: whether this node takes part in fleet pair probes (agent/fabric.py), and
+    where peers reach it. ``address`` wins over ``interface`` (whose first IPv4 address is used). The
+    port range is this node's firewall opening, so it wins over the range the collector offers."""
+
+    enabled: bool = False
+    address: str = ""                   # the address peers connect to
+    interface: str = ""                 # or: the NIC whose IPv4 address peers connect to
+    port_lo: int = 0                    # the listening end binds in [port_lo, port_hi] when the
+    port_hi: int = 0                    # collector's offered range (0, 0: the offer's range)
+
+
+FABRIC_KEYS = {f.name for f in fields(FabricConfig)}
+
+
+def _check_fabric(table: dict[str, Any], src: str) -> FabricConfig:
+    out: dict[str, Any] = {}
+    for k, v in table.items():
+        name = f"fabric.{k}"
+        if k not in FABRIC_KEYS:
+            raise ConfigError(f"unknown key {name!r} (from {src}); expected one of {', '.join(sorted(FABRIC_KEYS))}.")
+        if k == "enabled":
+            out[k] = _as_bool(v, name, src)
+        elif k in ("address", "interface"):
+            out[k] = _as_str(v, name, src).strip()
+        else:
+            out[k] = int(_as_float(v, name, src, minimum=0, maximum=65535))
+    cfg = FabricConfig(**out)
+    if (cfg.port_lo == 0) != (cfg.port_hi == 0) or cfg.port_lo > cfg.port_hi:
+        raise ConfigError(f"fabric.port_lo and fabric.port_hi (from {src}) must both be 0 or a range lo <= hi, "
+                          f"not {cfg.port_lo}-{cfg.port_hi}.")
+    if cfg.enabled and not (cfg.address or cfg.interface):
+        raise ConfigError(f"[fabric] (from {src}) is enabled but names neither address nor interface; set the "
+                          "address (or NIC) peers reach this node on.")
+    return cfg
+
+
+def fabric_address(cfg: FabricConfig) -> str:
+    """The address this node declares for fabric probes: ``address``, else the first IPv4 address of
+    ``interface``. Raises ConfigError when the interface does not exist or has no IPv4 address."""
+    if cfg.address:
+        return cfg.address
+    import socket
+
+    import psutil
+
+    addrs = psutil.net_if_addrs().get(cfg.interface)
+    if addrs is None:
+        raise ConfigError(f"fabric.interface {cfg.interface!r} does not exist on this host.")
+    for a in addrs:
+        if a.family == socket.AF_INET:
+            return a.address
+    raise ConfigError(f"fabric.interface {cfg.interface!r} has no IPv4 address.")
+
+
 @dataclass(frozen=True)
 class AgentConfig:
     collector: CollectorConfig = field(default_factory=CollectorConfig)
@@ -221,6 +279,7 @@ class AgentConfig:
     probes: ProbesConfig = field(default_factory=ProbesConfig.from_mapping)
     jobs: JobsConfig = field(default_factory=JobsConfig)
     exporter: ExporterConfig = field(default_factory=ExporterConfig)
+    fabric: FabricConfig = field(default_factory=FabricConfig)
     config_file: str = ""               # the file that was read ("" when none)
 
     @property
@@ -245,8 +304,8 @@ class AgentConfig:
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: thaw(getattr(self, f.name)) for f in fields(self)
-               if f.name not in ("collector", "probes", "jobs", "exporter")}
-        for name in ("collector", "probes", "jobs", "exporter"):
+               if f.name not in ("collector", "probes", "jobs", "exporter", "fabric")}
+        for name in ("collector", "probes", "jobs", "exporter", "fabric"):
             out[name] = thaw(asdict(getattr(self, name)))
         if out["collector"]["token"]:
             out["collector"]["token"] = "***"
@@ -387,7 +446,7 @@ def _check_jobs(table: dict[str, Any], src: str) -> JobsConfig:
 
 _AGENT_KEYS = {"interval_s", "batch_interval_s", "batch_max_samples", "state_dir", "spool_max_bytes", "log_level"}
 _COLLECTOR_KEYS = {f.name for f in fields(CollectorConfig)}
-_TOP_TABLES = {"agent", "collector", "labels", "probes", "jobs", "exporter"}
+_TOP_TABLES = {"agent", "collector", "labels", "probes", "jobs", "exporter", "fabric"}
 
 # Environment variable -> (section, key). GPUAGENT_LABELS and GPUAGENT_CONFIG are handled apart.
 ENV_VARS = {
@@ -523,6 +582,7 @@ def load_config(
         lab.update(_check_labels(labels, "flag --label"))
 
     jobs = _check_jobs(dict(data.get("jobs", {})), f"{fsrc} [jobs]")
+    fabric = _check_fabric(dict(data.get("fabric", {})), f"{fsrc} [fabric]")
 
     probes_table = data.get("probes", {})
     if "enabled" in probes_table:
@@ -543,6 +603,7 @@ def load_config(
         probes=probes,
         jobs=jobs,
         exporter=ExporterConfig(**exporter_kw),
+        fabric=fabric,
         config_file=str(path) if path else "",
         **agent_kw,
     )

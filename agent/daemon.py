@@ -414,7 +414,11 @@ def build_node_info(cfg: AgentConfig, samplers: list[Sampler]) -> pb.NodeInfo:
     taken once at start."""
     from gpuagent.agent.nodeinfo import build_node_info as build
     gpu = next((s for s in samplers if getattr(s, "name", "") == "gpu"), None)
-    return build(labels=dict(cfg.labels), gpu_sampler=gpu)
+    info = build(labels=dict(cfg.labels), gpu_sampler=gpu)
+    if cfg.fabric.enabled:
+        from gpuagent.agent.config import fabric_address
+        info.fabric_address = fabric_address(cfg.fabric)
+    return info
 
 
 def start_job_step_receiver(agent: Agent) -> None:
@@ -473,7 +477,14 @@ def start_exporter(agent: Agent) -> Any:
     return exp
 
 
-EXTRA_FACTORIES: list[Callable[[Agent], Any]] = [start_job_step_receiver, start_probe_scheduler, start_exporter]
+def start_fabric(agent: Agent) -> Any:
+    """Fleet pair probes on the collector's assignments (gpuagent.agent.fabric; [fabric] config table)."""
+    from gpuagent.agent.fabric import start_fabric_client
+    return start_fabric_client(agent)
+
+
+EXTRA_FACTORIES: list[Callable[[Agent], Any]] = [start_job_step_receiver, start_probe_scheduler, start_exporter,
+                                                  start_fabric]
 
 
 def setup_logging(level: str = "info") -> None:

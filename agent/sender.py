@@ -149,6 +149,14 @@ class Sender(threading.Thread):
         with self._lock:
             self._set_connected(False)
 
+    def open_channel(self) -> grpc.Channel:
+        """A new channel to the collector with this sender's address and TLS (for side streams)."""
+        return self._open_channel()
+
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        """The token and instance headers this sender sends (for side streams)."""
+        return self._metadata()
+
     def _metadata(self, *extra: tuple[str, str]) -> tuple[tuple[str, str], ...]:
         auth = (("authorization", f"Bearer {self._token}"),) if self._token else ()
         return (*auth, ("gpuagent-instance", self.instance), *extra)

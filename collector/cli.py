@@ -72,7 +72,8 @@ def _write_port_file(path: str, port: int) -> None:
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True)
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
-              help="Collector TOML config: [analyzer], [baselines], [pricing] (see docs/FLAGS.md).")
+              help="Collector TOML config: [analyzer], [baselines], [pricing], [metrics], [fabric] "
+                   "(see docs/FLAGS.md and docs/FABRIC.md).")
 @click.option("--no-analyze", is_flag=True, help="Do not run the scheduled analysis passes.")
 @click.option("--metrics-listen", default=None, metavar="HOST:PORT",
               help="Serve Prometheus /metrics here (off by default; [metrics] listen in --config; "
@@ -92,6 +93,7 @@ def serve(listen, db_path, token, token_file, tls_cert, tls_key, tokens_file, tl
 
     tok = _token(None, token_file) if token_file else _token(token, None)
     analyzer_config = _analyzer_config(config_path)
+    fabric_config = _fabric_config(config_path)
     stop = threading.Event()
     reload = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -104,7 +106,8 @@ def serve(listen, db_path, token, token_file, tls_cert, tls_key, tokens_file, tl
                                  options=ServerOptions(max_message_bytes=max_message_bytes,
                                                        memory_limit=memory_limit),
                                  analyzer_config=analyzer_config, analyze=not no_analyze,
-                                 metrics_listen=metrics_listen or analyzer_config.metrics_listen)
+                                 metrics_listen=metrics_listen or analyzer_config.metrics_listen,
+                                 fabric=fabric_config)
     except CollectorError as exc:
         raise click.ClickException(str(exc)) from None
     try:
@@ -205,6 +208,24 @@ def _analyzer_config(config_path: str | None, window: str | None = None):
         return config
     except AnalyzerError as exc:
         raise click.ClickException(str(exc)) from None
+
+
+def _fabric_config(config_path: str | None):
+    """[fabric] of the collector config (collector/fabric/coordinator.py); None when absent."""
+    if not config_path:
+        return None
+    import tomllib
+
+    from gpuagent.collector.fabric.coordinator import FabricConfig
+
+    try:
+        with open(config_path, "rb") as fh:
+            table = tomllib.load(fh).get("fabric")
+        return FabricConfig.from_mapping(table) if table is not None else None
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise click.ClickException(f"config file {config_path} cannot be read: {exc}") from None
+    except ValueError as exc:
+        raise click.ClickException(f"config file {config_path}: {exc}") from None
 
 
 def _flag_line(f: dict) -> str:

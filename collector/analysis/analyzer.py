@@ -172,6 +172,9 @@ class AnalyzerConfig:
     gap_fraction: float = 0.25
     pool_finding_fraction: float = 0.5   # more than this share of a pool flagged alike: one pool finding
     pool_finding_min_nodes: int = 3
+    fabric_runs: int = 3                # network_degraded: a link's rate is the median of its last runs
+    fabric_slow_fraction: float = 0.5   # a link under this share of its pool's median is slow
+    fabric_min_links: int = 3           # a node is judged once this many of its links were measured
     thresholds: Mapping[str, float] = field(default_factory=dict)   # "kind.component" -> threshold
     declared: tuple[DeclaredBaseline, ...] = ()
     pool_prices: Mapping[str, float] = field(default_factory=dict)
@@ -181,10 +184,10 @@ class AnalyzerConfig:
     @classmethod
     def from_mapping(cls, doc: Mapping[str, Any]) -> "AnalyzerConfig":
         """Build from a parsed collector TOML document; unknown keys are one clear error."""
-        unknown = sorted(set(doc) - {"analyzer", "baselines", "pricing", "metrics"})
+        unknown = sorted(set(doc) - {"analyzer", "baselines", "pricing", "metrics", "fabric"})   # [fabric]: coordinator.py
         if unknown:
             raise AnalyzerError(f"unknown table or key {unknown[0]!r} in the collector config "
-                                "(expected [analyzer], [[baselines.declared]], [pricing] and [metrics])")
+                                "(expected [analyzer], [[baselines.declared]], [pricing], [metrics] and [fabric])")
         for table in ("analyzer", "baselines", "pricing"):
             if not isinstance(doc.get(table, {}), Mapping):
                 raise AnalyzerError(f"[{table}] in the collector config must be a table")
@@ -229,7 +232,7 @@ class AnalyzerConfig:
                 raise AnalyzerError(f"[analyzer] threshold {key} must be a number, got {value!r}")
             thresholds[key] = float(value)
         declared = []
-        components = {c.component for c in COMPONENTS if c.kind == _VO}
+        components = {c.component for c in COMPONENTS if c.kind == _VO} | {"net_pair_gbits"}   # network_degraded
         for i, row in enumerate((doc.get("baselines") or {}).get("declared") or []):
             if not isinstance(row, Mapping):
                 raise AnalyzerError(f"[[baselines.declared]] #{i + 1} must be a table")
@@ -460,6 +463,8 @@ class Analyzer:
             "input_util": cfg.input_bound_util_percent, "data_wait": cfg.data_wait_fraction,
             "iowait": cfg.iowait_percent, "cpu_busy": cfg.cpu_busy_percent, "gap_fraction": cfg.gap_fraction,
             "pool_fraction": cfg.pool_finding_fraction, "pool_min_nodes": cfg.pool_finding_min_nodes,
+            "fabric_runs": cfg.fabric_runs, "fabric_slow_fraction": cfg.fabric_slow_fraction,
+            "fabric_min_links": cfg.fabric_min_links,
         }
 
     def run_pass(self, con, now: dt.datetime | None = None) -> PassResult:

@@ -181,6 +181,11 @@ class CollectorHandle:
         self._closed = False
         self.analyzer = None   # the scheduled analysis thread (analyzer.AnalyzerThread), when running
         self.metrics = None    # the /metrics endpoint (views.metrics.MetricsServer), when serving
+        self.fabric = None     # the fabric coordinator, when [fabric] is enabled
+
+    def fabric_sweep(self, timeout: float | None = None):
+        """Run one full pair-wise sweep on the collector's loop now; its outcomes."""
+        return asyncio.run_coroutine_threadsafe(self.fabric.sweep(), self._loop).result(timeout)
 
     @property
     def writer(self) -> Writer:
@@ -253,12 +258,16 @@ def start_collector(db_path: str | Path, listen: str = "127.0.0.1:0", token: str
                     tokens_file: str | None = None, tls_client_ca: str | None = None,
                     reflection: bool = False, limits: Limits = Limits(),
                     options: ServerOptions = ServerOptions(), analyzer_config=None,
-                    analyze: bool = True, metrics_listen: str | None = None) -> CollectorHandle:
+                    analyze: bool = True, metrics_listen: str | None = None, fabric=None,
+                    fabric_rounds: bool = True) -> CollectorHandle:
     """Open the database, start the writer and the gRPC server; return once it listens.
 
     With ``analyze`` (the default) an analysis pass runs every ``analyzer_config.interval_s`` on the writer
     (see collector/analysis/analyzer.py); ``analyzer_config`` also serves on-demand Analyze calls. ``metrics_listen``
     serves Prometheus metrics over HTTP there (views/metrics.py), behind the same token.
+
+    ``fabric`` (a collector.fabric.coordinator.FabricConfig with enabled set) serves fabric assignments
+    (``handle.fabric``); with ``fabric_rounds`` its sweeps run on their own every ``interval_s``.
 
     Raises CollectorError (one sentence) when it cannot start: policy, lock held, bind failure.
     """
@@ -328,6 +337,12 @@ def start_collector(db_path: str | Path, listen: str = "127.0.0.1:0", token: str
         if not port:
             raise CollectorError(f"cannot listen on {listen}: the address is in use or not available on this host")
         await server.start()
+        if fabric is not None and fabric.enabled:
+            from gpuagent.collector.fabric.coordinator import Coordinator, record_outcome  # noqa: PLC0415
+
+            servicer.fabric = handle.fabric = Coordinator(fabric, record=lambda o: record_outcome(writer, o))
+            if fabric_rounds:
+                handle.fabric.start()
         for name in ("", SERVICE_NAME):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
         host, _ = split_listen(listen)

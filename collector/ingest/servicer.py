@@ -94,6 +94,7 @@ class CollectorServicer(pb_grpc.CollectorServicer):
         self._refusals_logged: set[tuple[str, str | None]] = set()
         self.refusals: collections.Counter = collections.Counter()   # refused requests by cause
         self.client_errors = RateLimitedLog(log)
+        self.fabric = None      # collector/fabric/coordinator.Coordinator when [fabric] is enabled
 
     async def _refuse_undecodable(self, request, context) -> None:
         """Answer a request that is not valid protobuf: INVALID_ARGUMENT, one rate-limited log line."""
@@ -159,6 +160,8 @@ class CollectorServicer(pb_grpc.CollectorServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE,
                                 f"the collector could not store the registration: {first_line(exc)}")
         log.info("registered node %s (machine_id %s, hostname %s)", node_id, node.machine_id, node.hostname)
+        if self.fabric is not None:
+            self.fabric.register(node_id, node.fabric_address, dict(node.labels))
         return pb.RegisterResponse(node_id=node_id, last_committed_seq=highest)
 
     async def _claim(self, node_id: str, machine_id: str, hostname: str, instance: str | None, peer: str,
@@ -344,3 +347,27 @@ class CollectorServicer(pb_grpc.CollectorServicer):
                                 f"the analysis pass failed in the database: {first_line(exc)}")
         return pb.AnalyzeResponse(pass_json=an.dumps(result.as_dict()), flags_json=an.dumps(flags[:limit]),
                                   truncated=len(flags) > limit)
+
+    # -- Fabric (collector/fabric/coordinator.py)
+    async def Assignments(self, request: pb.AssignmentsRequest, context):
+        await self._refuse_undecodable(request, context)
+        if self.fabric is None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "fabric probes are off on this collector")
+        if request.node_id not in self._writer.known_nodes:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                f"node {request.node_id!r} is not registered with this collector; call Register first")
+        queue = self.fabric.attach(request.node_id)
+        try:
+            while True:
+                msg = await queue.get()
+                if msg is None:
+                    return      # a newer stream for this node took over
+                yield msg
+        finally:
+            self.fabric.detach(request.node_id, queue)
+
+    async def AnswerAssignment(self, request: pb.AssignmentAnswer, context):
+        await self._refuse_undecodable(request, context)
+        if self.fabric is None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "fabric probes are off on this collector")
+        return pb.AssignmentAnswerAck(known=self.fabric.answer(request))
