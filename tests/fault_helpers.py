@@ -52,6 +52,7 @@ class Collector:
         self.db = db or workdir / "collector.duckdb"
         self.port = port or free_port()
         self.address = f"127.0.0.1:{self.port}"
+        self.query_address = self.address      # where the test reaches it (differs inside a namespace)
         self.log = workdir / "collector.log"
         self.env = {**os.environ, **(extra_env or {})}
         self.proc: subprocess.Popen | None = None
@@ -73,7 +74,8 @@ class Collector:
             if proc.poll() is not None:
                 raise AssertionError(f"collector exited with {proc.returncode}: {self.tail()}")
             try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                host, port = self.query_address.rsplit(":", 1)
+                with socket.create_connection((host, int(port)), timeout=0.5):
                     return True
             except OSError:
                 return False
@@ -113,7 +115,7 @@ class Collector:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                return local_run.query(self.address, q, timeout=10.0)[1]
+                return local_run.query(self.query_address, q, timeout=10.0)[1]
             except grpc.RpcError as exc:
                 if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
                     raise
@@ -124,7 +126,9 @@ class Agent:
     """One real agent process with its own state dir, hostname and machine-id."""
 
     def __init__(self, workdir: Path, name: str, interval: float = 0.2, batch_interval: float = 0.2,
-                 extra_env=None):
+                 extra_env=None, toml: str = "", wrap=None):
+        """``toml``: more agent config; ``wrap(argv) -> argv`` runs the agent elsewhere (e.g. in a network
+        namespace whose exec already gives it its own hostname and machine-id) instead of ``unshare``."""
         self.dir = workdir / name
         self.dir.mkdir(parents=True, exist_ok=True)
         self.name = name
@@ -134,7 +138,8 @@ class Agent:
         self.batch_interval = batch_interval
         self.machine_id_file = self.dir / "machine-id"
         self.machine_id_file.write_text(hashlib.md5(f"{workdir}/{name}".encode()).hexdigest() + "\n")
-        (self.dir / "agent.toml").write_text("[probes]\nenabled = false\n")
+        (self.dir / "agent.toml").write_text("[probes]\nenabled = false\n" + toml)
+        self.wrap = wrap
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPUAGENT_") and k != "NOTIFY_SOCKET"}
         env.update({"GPUAGENT_CONFIG": str(self.dir / "agent.toml"), "GPUAGENT_JOBS_SOCKET": str(self.dir / "jobs.sock"),
                     "MALLOC_ARENA_MAX": "2"})
@@ -145,11 +150,15 @@ class Agent:
         self.cut_at_kill: list[int] = []     # seqs handed out but not yet spooled when SIGKILL came
 
     def start(self, collector: str) -> "Agent":
-        inner = (f"hostname {self.name} && mount --bind {self.machine_id_file} /etc/machine-id && "
-                 f"exec {sys.executable} -m gpuagent.agent.cli run --collector {collector} "
-                 f"--state-dir {self.state} --interval {self.interval:g} --batch-interval {self.batch_interval:g}")
+        run = [sys.executable, "-m", "gpuagent.agent.cli", "run", "--collector", collector, "--state-dir",
+               str(self.state), "--interval", f"{self.interval:g}", "--batch-interval", f"{self.batch_interval:g}"]
+        if self.wrap is not None:
+            argv = self.wrap(run)
+        else:
+            argv = ["unshare", "--uts", "--mount", "sh", "-c", f"hostname {self.name} && mount --bind "
+                    f"{self.machine_id_file} /etc/machine-id && exec \"$@\"", "sh", *run]
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(["unshare", "--uts", "--mount", "sh", "-c", inner], stdout=log,
+            self.proc = subprocess.Popen(argv, stdout=log,
                                          stderr=subprocess.STDOUT, env=self.env, cwd=ROOT, start_new_session=True)
         self.lives += 1
         return self
