@@ -72,8 +72,8 @@ def _write_port_file(path: str, port: int) -> None:
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True)
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
-              help="Collector TOML config: [analyzer], [baselines], [pricing], [metrics], [fabric] "
-                   "(see docs/FLAGS.md and docs/FABRIC.md).")
+              help="Collector TOML config: [analyzer], [baselines], [pricing], [metrics], [fabric], [auth] "
+                   "(see docs/FLAGS.md, docs/FABRIC.md and docs/COLLECTOR.md).")
 @click.option("--no-analyze", is_flag=True, help="Do not run the scheduled analysis passes.")
 @click.option("--metrics-listen", default=None, metavar="HOST:PORT",
               help="Serve Prometheus /metrics here (off by default; [metrics] listen in --config; "
@@ -94,6 +94,9 @@ def serve(listen, db_path, token, token_file, tls_cert, tls_key, tokens_file, tl
     tok = _token(None, token_file) if token_file else _token(token, None)
     analyzer_config = _analyzer_config(config_path)
     fabric_config = _fabric_config(config_path)
+    auth = _auth_config(config_path)
+    tokens_file = tokens_file or auth.get("tokens_file")
+    tls_client_ca = tls_client_ca or auth.get("tls_client_ca")
     stop = threading.Event()
     reload = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -169,6 +172,28 @@ def _notifier():
     return n if n.enabled else None
 
 
+_CLIENT_CERT_OPTS = (
+    click.option("--tls-client-cert", type=click.Path(exists=True, dir_okay=False), default=None,
+                 help="PEM client certificate (OU=query or admin) for a collector that requires one."),
+    click.option("--tls-client-key", type=click.Path(exists=True, dir_okay=False), default=None,
+                 help="PEM private key of --tls-client-cert."),
+)
+
+
+def _client_cert_options(fn):
+    for opt in reversed(_CLIENT_CERT_OPTS):
+        fn = opt(fn)
+    return fn
+
+
+def _check_client_cert(tls_ca: str | None, cert: str | None, key: str | None) -> None:
+    """A client certificate travels only over TLS and only with its key; anything else is one sentence."""
+    if bool(cert) != bool(key):
+        raise click.ClickException("--tls-client-cert and --tls-client-key go together; give both or neither")
+    if cert and not tls_ca:
+        raise click.ClickException("--tls-client-cert needs --tls-ca (a client certificate is only sent over TLS)")
+
+
 @main.command()
 @click.argument("query")
 @click.option("--target", "--collector", "target", envvar=TARGET_ENV, default=DEFAULT_TARGET, show_default=True,
@@ -177,9 +202,7 @@ def _notifier():
 @click.option("--token-file", type=click.Path(dir_okay=False), default=None)
 @click.option("--tls-ca", type=click.Path(exists=True, dir_okay=False), default=None,
               help="PEM of the CA that signed the collector's certificate (TLS).")
-@click.option("--tls-client-cert", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="PEM client certificate (OU=query or admin) for a collector that requires one.")
-@click.option("--tls-client-key", type=click.Path(exists=True, dir_okay=False), default=None)
+@_client_cert_options
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True)
 @click.option("--max-rows", type=click.IntRange(0), default=0, help="Row cap (0: the collector's default).")
 def sql(query, target, token, token_file, tls_ca, tls_client_cert, tls_client_key, fmt, max_rows):
@@ -187,6 +210,7 @@ def sql(query, target, token, token_file, tls_ca, tls_client_cert, tls_client_ke
     from gpuagent.collector.views.client import QueryError, format_result
     from gpuagent.collector.views.client import query as run_query
 
+    _check_client_cert(tls_ca, tls_client_cert, tls_client_key)
     tok = _token(None, token_file) if token_file else _token(token, None)
     try:
         result = run_query(target, query, token=tok, max_rows=max_rows, tls_ca=tls_ca,
@@ -208,6 +232,34 @@ def _analyzer_config(config_path: str | None, window: str | None = None):
         return config
     except AnalyzerError as exc:
         raise click.ClickException(str(exc)) from None
+
+
+AUTH_KEYS = ("tokens_file", "tls_client_ca")
+
+
+def _auth_config(config_path: str | None) -> dict[str, str]:
+    """[auth] of the collector config: file paths, relative ones taken from the config file's directory.
+    The --tokens-file and --tls-client-ca flags win over these."""
+    if not config_path:
+        return {}
+    import tomllib
+
+    try:
+        with open(config_path, "rb") as fh:
+            table = tomllib.load(fh).get("auth", {})
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise click.ClickException(f"config file {config_path} cannot be read: {exc}") from None
+    if not isinstance(table, dict):
+        raise click.ClickException(f"config file {config_path}: [auth] must be a table")
+    out = {}
+    for key, value in table.items():
+        if key not in AUTH_KEYS:
+            raise click.ClickException(f"config file {config_path}: unknown key auth.{key} "
+                                       f"(expected {' or '.join(AUTH_KEYS)})")
+        if not isinstance(value, str) or not value:
+            raise click.ClickException(f"config file {config_path}: auth.{key} must be a file path")
+        out[key] = os.path.join(os.path.dirname(os.path.abspath(config_path)), value)
+    return out
 
 
 def _fabric_config(config_path: str | None):
@@ -278,11 +330,14 @@ def _print_analysis(run: dict, flags: list[dict], fmt: str, truncated: bool, fin
 @click.option("--token", envvar=TOKEN_ENV, default=None, help=f"Bearer token [env {TOKEN_ENV}].")
 @click.option("--token-file", type=click.Path(dir_okay=False), default=None)
 @click.option("--tls-ca", type=click.Path(exists=True, dir_okay=False), default=None)
+@_client_cert_options
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--max-flags", type=click.IntRange(1), default=200, show_default=True)
 @click.option("--flags", "show_flags", is_flag=True, help="List each finding's open flags under it.")
-def analyze(db_path, target, window, config_path, token, token_file, tls_ca, fmt, max_flags, show_flags):
+def analyze(db_path, target, window, config_path, token, token_file, tls_ca, tls_client_cert, tls_client_key, fmt,
+            max_flags, show_flags):
     """Run one analysis pass now (rollups + flags + findings) and print the open findings, worst first."""
+    _check_client_cert(tls_ca, tls_client_cert, tls_client_key)
     if db_path:
         from gpuagent.collector.analysis.analyzer import AnalyzerError, analyze_db, open_findings_in, open_flags_in
 
@@ -308,8 +363,9 @@ def analyze(db_path, target, window, config_path, token, token_file, tls_ca, fmt
         raise click.ClickException(str(exc)) from None
     tok = _token(None, token_file) if token_file else _token(token, None)
     try:
-        res = run_analyze(target, window_s, token=tok, max_flags=max_flags, tls_ca=tls_ca)
-        found = run_query(target, FINDINGS_SQL.format(limit=1000), token=tok, tls_ca=tls_ca)
+        tls = {"tls_ca": tls_ca, "client_cert": tls_client_cert, "client_key": tls_client_key}
+        res = run_analyze(target, window_s, token=tok, max_flags=max_flags, **tls)
+        found = run_query(target, FINDINGS_SQL.format(limit=1000), token=tok, **tls)
     except QueryError as exc:
         raise click.ClickException(str(exc)) from None
     findings = [dict(zip(found.columns, row)) for row in found.rows]
@@ -336,6 +392,7 @@ def _source_options(fn):
         click.option("--token-file", type=click.Path(dir_okay=False), default=None),
         click.option("--tls-ca", type=click.Path(exists=True, dir_okay=False), default=None,
                      help="PEM of the CA that signed the collector's certificate (TLS)."),
+        *_CLIENT_CERT_OPTS,
         click.option("--window", default="24h", show_default=True,
                      help="Window ending at the newest stored data: 30m, 24h, 7d, ..."),
         click.option("--reference-pool", default=None,
@@ -351,15 +408,17 @@ def _source_options(fn):
 @_source_options
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True)
 @click.pass_context
-def compare(ctx, by, db_path, target, token, token_file, tls_ca, window, reference_pool, fmt):
+def compare(ctx, by, db_path, target, token, token_file, tls_ca, tls_client_cert, tls_client_key, window,
+            reference_pool, fmt):
     """Pools side by side: probe medians and spread, utilization, flagged nodes, cost per effective GPU-hour."""
     from gpuagent.collector.views.compare import CompareError, run_compare
 
+    _check_client_cert(tls_ca, tls_client_cert, tls_client_key)
     db_path, target = _source_args(ctx, db_path, target)
     tok = _token(None, token_file) if token_file else _token(token, None)
     try:
         click.echo(run_compare(db_path, target, window=window, fmt=fmt, token=tok, reference_pool=reference_pool,
-                               tls_ca=tls_ca))
+                               tls_ca=tls_ca, client_cert=tls_client_cert, client_key=tls_client_key))
     except CompareError as exc:
         raise click.ClickException(str(exc)) from None
 
@@ -368,16 +427,19 @@ def compare(ctx, by, db_path, target, token, token_file, tls_ca, window, referen
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="HTML file to write.")
 @_source_options
 @click.pass_context
-def report(ctx, out, db_path, target, token, token_file, tls_ca, window, reference_pool):
+def report(ctx, out, db_path, target, token, token_file, tls_ca, tls_client_cert, tls_client_key, window,
+           reference_pool):
     """Write one self-contained HTML fleet report (opens offline: no CDN, no fetches)."""
     from gpuagent.collector.views.compare import CompareError
     from gpuagent.collector.views.report import write_report
 
+    _check_client_cert(tls_ca, tls_client_cert, tls_client_key)
     db_path, target = _source_args(ctx, db_path, target)
     tok = _token(None, token_file) if token_file else _token(token, None)
     try:
         info = write_report(out, db=db_path, target=target, window=window, token=tok,
-                            reference_pool=reference_pool, tls_ca=tls_ca)
+                            reference_pool=reference_pool, tls_ca=tls_ca, client_cert=tls_client_cert,
+                            client_key=tls_client_key)
     except CompareError as exc:
         raise click.ClickException(str(exc)) from None
     note = " (includes SYNTHETIC nodes from gpuagent-sim)" if info["synthetic"] else ""

@@ -184,10 +184,11 @@ class AnalyzerConfig:
     @classmethod
     def from_mapping(cls, doc: Mapping[str, Any]) -> "AnalyzerConfig":
         """Build from a parsed collector TOML document; unknown keys are one clear error."""
-        unknown = sorted(set(doc) - {"analyzer", "baselines", "pricing", "metrics", "fabric"})   # [fabric]: coordinator.py
+        # [fabric]: coordinator.py; [auth]: collector/cli.py (serve)
+        unknown = sorted(set(doc) - {"analyzer", "baselines", "pricing", "metrics", "fabric", "auth"})
         if unknown:
-            raise AnalyzerError(f"unknown table or key {unknown[0]!r} in the collector config "
-                                "(expected [analyzer], [[baselines.declared]], [pricing], [metrics] and [fabric])")
+            raise AnalyzerError(f"unknown table or key {unknown[0]!r} in the collector config (expected "
+                                "[analyzer], [[baselines.declared]], [pricing], [metrics], [fabric] and [auth])")
         for table in ("analyzer", "baselines", "pricing"):
             if not isinstance(doc.get(table, {}), Mapping):
                 raise AnalyzerError(f"[{table}] in the collector config must be a table")

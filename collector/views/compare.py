@@ -82,18 +82,23 @@ class RpcSource:
     MAX_ROWS = 500_000
 
     def __init__(self, target: str, token: str | None = None, timeout_s: float = 120.0,
-                 tls_ca: str | None = None):
+                 tls_ca: str | None = None, client_cert: str | None = None, client_key: str | None = None):
         import grpc  # noqa: PLC0415
 
         from gpuagent.proto import pb, pb_grpc  # noqa: PLC0415
         self._grpc, self._pb = grpc, pb
         opts = [("grpc.max_receive_message_length", 256 << 20)]
         if tls_ca:
-            try:
-                with open(tls_ca, "rb") as fh:
-                    creds = grpc.ssl_channel_credentials(root_certificates=fh.read())
-            except OSError as exc:
-                raise CompareError(f"cannot read the CA file {tls_ca}: {exc.strerror}") from None
+            pem = {}
+            for what, path in (("CA", tls_ca), ("client certificate", client_cert), ("client key", client_key)):
+                try:
+                    if path:
+                        with open(path, "rb") as fh:
+                            pem[what] = fh.read()
+                except OSError as exc:
+                    raise CompareError(f"cannot read the {what} file {path}: {exc.strerror}") from None
+            creds = grpc.ssl_channel_credentials(root_certificates=pem["CA"], private_key=pem.get("client key"),
+                                                 certificate_chain=pem.get("client certificate"))
             self.channel = grpc.secure_channel(target, creds, options=opts)
         else:
             self.channel = grpc.insecure_channel(target, options=opts)
@@ -123,10 +128,12 @@ class RpcSource:
         self.channel.close()
 
 
-def open_source(db: str | None, target: str | None, token: str | None = None, tls_ca: str | None = None):
+def open_source(db: str | None, target: str | None, token: str | None = None, tls_ca: str | None = None,
+                client_cert: str | None = None, client_key: str | None = None):
     if bool(db) == bool(target):
         raise CompareError("give exactly one of --db PATH or --target HOST:PORT")
-    return DbSource(db) if db else RpcSource(target, token, tls_ca=tls_ca)
+    return DbSource(db) if db else RpcSource(target, token, tls_ca=tls_ca, client_cert=client_cert,
+                                             client_key=client_key)
 
 
 def has_table(src, name: str) -> bool:
@@ -545,10 +552,11 @@ def format_json(c: PoolComparison) -> str:
 
 
 def run_compare(db: str | None, target: str | None, window: str = "24h", fmt: str = "table",
-                token: str | None = None, reference_pool: str | None = None, tls_ca: str | None = None) -> str:
+                token: str | None = None, reference_pool: str | None = None, tls_ca: str | None = None,
+                client_cert: str | None = None, client_key: str | None = None) -> str:
     """The library call behind ``gpuagent-collector compare``: returns the formatted text."""
     seconds = parse_window(window)
-    src = open_source(db, target, token, tls_ca)
+    src = open_source(db, target, token, tls_ca, client_cert, client_key)
     try:
         c = compare_pools(src, seconds, reference_pool)
     finally:

@@ -463,13 +463,14 @@ def render_report(src, window_s: float = 86400.0, reference_pool: str | None = N
 
 def write_report(out: str, db: str | None = None, target: str | None = None, window: str = "24h",
                  token: str | None = None, reference_pool: str | None = None,
-                 tls_ca: str | None = None) -> dict[str, Any]:
+                 tls_ca: str | None = None, client_cert: str | None = None,
+                 client_key: str | None = None) -> dict[str, Any]:
     """The library call behind ``gpuagent-collector report``: writes ``out`` atomically, returns a summary."""
     seconds = parse_window(window)
     out_dir = os.path.dirname(os.path.abspath(out))
     if not os.path.isdir(out_dir):
         raise ReportError(f"cannot write {out}: directory {out_dir} does not exist")
-    src = open_source(db, target, token, tls_ca)
+    src = open_source(db, target, token, tls_ca, client_cert, client_key)
     try:
         html = render_report(src, seconds, reference_pool, source_label=src.label)
     finally:
