@@ -49,6 +49,12 @@ def test_verify_would_catch_a_typo(tmp_path):
     assert "Unknown key" in res.stderr
 
 
+def test_collector_unit_reloads_with_sighup():
+    """`systemctl reload` sends SIGHUP, which re-reads tokens and certificates (docs/COLLECTOR.md, Security)."""
+    text = (ROOT / "packaging" / "gpuagent-collector.service").read_text()
+    assert "\nExecReload=/bin/kill -HUP $MAINPID\n" in text
+
+
 def test_agent_unit_allows_nvidia_devices_and_state_dir():
     text = (ROOT / "packaging" / "gpuagent.service").read_text()
     assert "DevicePolicy=closed" in text and "DeviceAllow=char-nvidia* rw" in text
@@ -69,3 +75,6 @@ def test_example_configs_load():
     for key in ("interval_s", "batch_interval_s", "batch_max_samples", "state_dir", "spool_max_bytes", "log_level"):
         assert getattr(cfg, key) == getattr(ref, key), key
     assert AnalyzerConfig.from_toml(ROOT / "packaging" / "collector.toml") == AnalyzerConfig()
+    import tomllib
+    auth = tomllib.loads((ROOT / "packaging" / "collector.toml").read_text())["auth"]
+    assert auth == {}, "the example [auth] keys stay commented out (no credentials by default)"
