@@ -117,3 +117,4 @@ def test_bad_auth_table_is_one_sentence(tmp_path, text, words):
     assert res.returncode != 0
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and words in lines[0], res.stderr
+    assert not (tmp_path / "c.duckdb").exists()
