@@ -11,8 +11,10 @@ a warm-up, and reads /proc/<pid>/stat and /proc/<pid>/status once a second:
 The window is measured three times, each with a fresh agent: the Prometheus exporter off (the
 ``agent_*`` figures), then ``[exporter] listen`` on and /metrics scraped every 15 s (Prometheus's
 default scrape interval) and every 1 s (``exporter_scrape_15s`` / ``exporter_scrape_1s``). Where
-``prometheus-node-exporter`` is installed it runs on 127.0.0.1 over the first window, is scraped once
-a second, and the same figures are reported for it. It also checks that torch is not loaded in
+``prometheus-node-exporter`` is installed it runs on 127.0.0.1 beside the agent in every window, is
+scraped as often as the agent's /metrics (once a second in the exporter-off window), and the same
+figures are reported for it (``node_exporter_*``). The load average at the start and the end is
+reported too: on a shared machine the CPU figures move with it. It also checks that torch is not loaded in
 the daemon (no libtorch in /proc/<pid>/maps; ``torch_loaded`` false in its status file) and that the
 collector stored what the agent sent. Targets (docs/ARCHITECTURE.md): RSS <= 64 MiB, CPU <= 1 % of one core.
 """
@@ -115,7 +117,21 @@ def scraper(url: str, stop: threading.Event, stats: dict, every_s: float = 1.0) 
 
 
 def scraped_agent_window(address: str, tmp: Path, args, name: str, every_s: float) -> dict:
-    """A fresh agent with the exporter on, scraped every ``every_s`` over one measurement window."""
+    """A fresh agent with the exporter on, and node_exporter, each scraped every ``every_s`` over one
+    measurement window."""
+    ne_port = local_run.free_port()
+    ne = node_exporter(ne_port, tmp / f"node_exporter-{name}.log")
+    try:
+        if ne is not None:
+            local_run.wait_port(ne_port, ne, tmp / f"node_exporter-{name}.log")
+        return _scraped_agent_window(address, tmp, args, name, every_s, ne, ne_port)
+    finally:
+        if ne is not None:
+            local_run.stop_process(ne)
+
+
+def _scraped_agent_window(address: str, tmp: Path, args, name: str, every_s: float,
+                          ne: subprocess.Popen | None, ne_port: int) -> dict:
     mport = local_run.free_port()
     cfg = tmp / f"agent-{name}.toml"
     cfg.write_text(("" if args.probes else "[probes]\nenabled = false\n")
@@ -127,21 +143,34 @@ def scraped_agent_window(address: str, tmp: Path, args, name: str, every_s: floa
         local_run.wait_port(mport, agent, tmp / f"agent-{name}.log")
         stop = threading.Event()
         stats = {"scrapes": 0, "errors": 0, "bytes": 0, "scrape_s": []}
-        t = threading.Thread(target=scraper, args=(f"http://127.0.0.1:{mport}/metrics", stop, stats, every_s),
-                             daemon=True)
-        t.start()
+        ne_stats = {"scrapes": 0, "errors": 0, "bytes": 0, "scrape_s": []}
+        threads = [threading.Thread(target=scraper, args=(f"http://127.0.0.1:{mport}/metrics", stop, stats, every_s),
+                                    daemon=True)]
+        if ne is not None:
+            threads.append(threading.Thread(target=scraper, daemon=True,
+                                            args=(f"http://127.0.0.1:{ne_port}/metrics", stop, ne_stats, every_s)))
+        for t in threads:
+            t.start()
         time.sleep(args.warmup)
         w = Watch(agent.pid)
-        w.start()
+        ne_w = Watch(ne.pid) if ne is not None else None
+        for x in (w, ne_w):
+            if x is not None:
+                x.start()
         t_end = time.monotonic() + args.duration
         nxt = time.monotonic()
         while time.monotonic() < t_end:
-            w.tick()
+            for x in (w, ne_w):
+                if x is not None:
+                    x.tick()
             nxt += 1.0
             time.sleep(max(0.0, nxt - time.monotonic()))
-        w.end()
+        for x in (w, ne_w):
+            if x is not None:
+                x.end()
         stop.set()
-        t.join(timeout=10)
+        for t in threads:
+            t.join(timeout=10)
         status = json.loads((tmp / f"state-{name}" / "status.json").read_text())
     finally:
         local_run.stop_process(agent)
@@ -154,6 +183,12 @@ def scraped_agent_window(address: str, tmp: Path, args, name: str, every_s: floa
         out["scrape_median_ms"] = round(1000 * statistics.median(stats["scrape_s"]), 2)
     out["rss_within_target"] = out["rss_bytes"] <= 64 * 1024 * 1024
     out["cpu_within_target"] = out["cpu_percent"] <= 1.0
+    if ne_w is not None:
+        out.update(ne_w.result("node_exporter"))
+        out["node_exporter_scrapes"] = ne_stats["scrapes"]
+        out["node_exporter_scrape_errors"] = ne_stats["errors"]
+        if ne_stats["scrape_s"]:
+            out["node_exporter_scrape_median_ms"] = round(1000 * statistics.median(ne_stats["scrape_s"]), 2)
     return out
 
 
@@ -169,6 +204,7 @@ def main() -> int:
     args = ap.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="gpuagent-bench-"))
+    load_start = [round(x, 2) for x in os.getloadavg()]
     port = local_run.free_port()
     address = f"127.0.0.1:{port}"
     cfg = tmp / "agent.toml"
@@ -235,6 +271,7 @@ def main() -> int:
             "duration_s": args.duration,
             "interval_s": args.interval,
             "cpu_count": os.cpu_count(),
+            "load_average_start": load_start,
             "probes": "on" if args.probes else "off",
             "malloc_arena_max": 2,
             **watches["agent"].result("agent"),
@@ -250,6 +287,8 @@ def main() -> int:
         out["agent_rss_within_target"] = out["agent_rss_bytes"] <= out["target_rss_bytes"]
         out["agent_cpu_within_target"] = out["agent_cpu_percent"] <= out["target_cpu_percent"]
         out.update(exporter_windows)
+        out["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+        out["agent_gpus"] = len(status.get("gpus") or [])
         if ne is not None:
             out.update(watches["node_exporter"].result("node_exporter"))
             out["node_exporter_scrapes"] = scrape["scrapes"]

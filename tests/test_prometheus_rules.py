@@ -26,12 +26,12 @@ def promtool(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
 def test_rules_check():
     r = promtool("check", "rules", str(ALERTS))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "SUCCESS: 12 rules found" in r.stdout
+    assert "SUCCESS: 14 rules found" in r.stdout
 
 
 def test_every_alert_has_a_unit_test_that_expects_it_to_fire():
     alerts = re.findall(r"^\s*- alert: (\S+)", ALERTS.read_text(), re.M)
-    assert len(alerts) == len(set(alerts)) == 12
+    assert len(alerts) == len(set(alerts)) == 14
     tests = ALERT_TESTS.read_text()
     # Each alert has a case where it fires (exp_labels follows) and one where it must not (exp_alerts: []).
     fires = set(re.findall(r"alertname: (\S+)\n\s+exp_alerts:\n\s+- exp_labels", tests))
@@ -41,6 +41,33 @@ def test_every_alert_has_a_unit_test_that_expects_it_to_fire():
             "GpuagentCollectorIngestStalled", "GpuagentVirtualizationOverheadWarning"} <= quiet
     r = promtool("test", "rules", ALERT_TESTS.name, cwd=ALERT_TESTS.parent)
     assert r.returncode == 0 and "SUCCESS" in r.stdout, r.stdout + r.stderr
+
+
+def test_each_flag_kind_has_a_finding_alert_at_warning_and_critical():
+    from gpuagent.collector.analysis.steps import CONDITIONS, STEPS
+    kinds = {s.name for s in STEPS if s.produces == CONDITIONS}
+    assert "network_degraded" in kinds and len(kinds) == 4
+    text = ALERTS.read_text()
+    for kind in kinds:
+        for sev in ("warning", "critical"):
+            assert f'gpuagent_finding_open{{kind="{kind}", severity="{sev}"}}' in text, (kind, sev)
+
+
+def test_alerts_name_only_what_gpuagent_exports():
+    """Each metric in an alert expression is one the agent (agent/exporter.py; counters get _total) or the
+    collector (collector/views/metrics.py) exports, or Prometheus's own `up`."""
+    exprs = re.findall(r"^\s*expr: (.+)$", ALERTS.read_text(), re.M)
+    names = set()
+    for e in exprs:
+        e = re.sub(r"\{[^}]*\}|\[[^]]*\]|#.*$", "", e)
+        names |= set(re.findall(r"\b(DCGM_FI_\w+|gpuagent_\w+|up)\b", e))
+    agent = (ROOT / "agent" / "exporter.py").read_text()
+    collector = (ROOT / "collector" / "views" / "metrics.py").read_text()
+    assert {"up", "gpuagent_collector_last_ack_age_seconds", "gpuagent_collector_connected",
+            "gpuagent_spool_dropped_batches_total", "DCGM_FI_DEV_XID_ERRORS", "gpuagent_finding_open"} <= names
+    unknown = [n for n in sorted(names - {"up"})
+               if not any(f'"{base}"' in src for base in {n, re.sub(r"_total$", "", n)} for src in (agent, collector))]
+    assert not unknown, unknown
 
 
 def test_a_broken_expectation_fails_the_unit_tests(tmp_path):
