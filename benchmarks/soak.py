@@ -59,6 +59,7 @@ def main() -> int:
     agents = [Agent(work, f"soak-{i}", interval=0.1, batch_interval=DEFAULT_BATCH_INTERVAL_S / 10)
               for i in range(args.agents)]
     series: dict[str, list[tuple[float, float, int]]] = {}
+    duckdb_mib: list[tuple[float, float, float]] = []      # (t, DuckDB-accounted MiB, collector RSS minus it)
     try:
         for a in agents:
             a.start(c.address)
@@ -71,6 +72,9 @@ def main() -> int:
             now = time.monotonic()
             for name, p in procs.items():
                 series.setdefault(name, []).append((now - t0, p.memory_info().rss / 2**20, p.num_fds()))
+            # DuckDB's own accounting (buffer pool, tables, temp): RSS minus it is what a leak would show in.
+            duck = c.sql("SELECT coalesce(sum(memory_usage_bytes), 0) FROM duckdb_memory()")[0][0] / 2**20
+            duckdb_mib.append((now - t0, duck, series["collector"][-1][1] - duck))
             if now >= end:
                 break
             time.sleep(min(args.every, max(0.0, end - now)))
@@ -94,6 +98,11 @@ def main() -> int:
             "fds_first_after_warmup": post[0][2] if post else None, "fds_max": max(f for _, _, f in pts),
             "fds_slope_per_10min": round(slope_per_10min([(t, f) for t, _, f in post]), 3),
             "samples_after_warmup": len(post)}
+    post = [x for x in duckdb_mib if x[0] >= warmup_s]
+    report["processes"]["collector"].update({
+        "duckdb_mib_first": round(duckdb_mib[0][1], 1), "duckdb_mib_last": round(duckdb_mib[-1][1], 1),
+        "duckdb_slope_mib_per_10min": round(slope_per_10min([(t, d) for t, d, _ in post]), 3),
+        "rss_outside_duckdb_slope_mib_per_10min": round(slope_per_10min([(t, o) for t, _, o in post]), 3)})
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True))
     else:
