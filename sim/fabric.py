@@ -1,7 +1,7 @@
 """SYNTHETIC fabric results for ``gpuagent-sim --fabric-sweeps N``: net_pair runs between simulated nodes.
 
-The pairs come from the collector's own planner (a round-robin tournament per pool, as the coordinator
-plans them), ``sweeps`` full sweeps spread over the simulated span, rounds ``round_s`` apart. Each run is
+The pairs come from the collector's own planner (a round-robin tournament per value of ``scope_key``, a
+node label, as the coordinator plans them with [fabric] scope_key; default the pool), ``sweeps`` full sweeps spread over the simulated span, rounds ``round_s`` apart. Each run is
 reported by both of its ends as a ``net_pair`` probe result with ``node_a``/``node_b``/``pair_id``/``link_params``
 params, exactly what agents send; the collector turns them into link_results rows.
 
@@ -55,14 +55,15 @@ class FabricSim:
     cv: float = 0.03
     round_s: float = 4.0         # spacing of rounds (the coordinator's run plus answers)
     seed: int = 0
+    scope_key: str = "pool"
 
     def schedule(self, fleet: Sequence[NodeSpec], start_ns: int, end_ns: int) -> dict[str, list[tuple]]:
         """{hostname: [(start_ns, pair_id, host_a, host_b), ...]} for every run each node takes part in."""
-        labels = {n.hostname: {"pool": n.pool} for n in fleet}
+        labels = {n.hostname: n.labels() for n in fleet}
         span = end_ns - start_ns
         out: dict[str, list[tuple]] = {n.hostname: [] for n in fleet}
         for s in range(self.sweeps):
-            plan = planner.plan_pairs(labels, "pool", seed=f"{self.seed}/{s}")
+            plan = planner.plan_pairs(labels, self.scope_key, seed=f"{self.seed}/{s}")
             t0 = start_ns + s * span // self.sweeps
             step = min(int(self.round_s * NS), (span // self.sweeps) // max(1, len(plan.rounds)))
             for r, rnd in enumerate(plan.rounds):

@@ -78,6 +78,7 @@ class SimConfig(Cadence):
     retries: int = 3
     fabric_sweeps: int = 0                # full pair-wise net_pair sweeps per pool over the span (0: none)
     fabric_gbits: float = 25.0            # a healthy link's SYNTHETIC rate, Gbit/s each way
+    fabric_scope: str = "pool"            # node label whose values the pairs never cross (the [fabric] scope_key)
 
 
 @dataclass
@@ -322,7 +323,8 @@ async def _register_all(config: SimConfig, fleet: list[NodeSpec], start_ns: int)
 def _fabric_inputs(config: SimConfig, fleet: list[NodeSpec], start_ns: int, end_ns: int):
     links = link_factors(fleet)
     ids = asyncio.run(_register_all(config, fleet, start_ns))
-    fs = FabricSim(sweeps=config.fabric_sweeps, gbits=config.fabric_gbits, seed=config.seed)
+    fs = FabricSim(sweeps=config.fabric_sweeps, gbits=config.fabric_gbits, seed=config.seed,
+                   scope_key=config.fabric_scope)
     return fs, fs.schedule(fleet, start_ns, end_ns), {n.hostname: n for n in fleet}, ids, links
 
 
@@ -407,6 +409,8 @@ _DEFAULTS = SimConfig()
               help="SYNTHETIC net_pair sweeps (every pair of each pool) over the span, reported by both ends")
 @click.option("--fabric-gbits", type=float, default=_DEFAULTS.fabric_gbits,
               help="a healthy link's SYNTHETIC rate, Gbit/s each way")
+@click.option("--fabric-scope", default=_DEFAULTS.fabric_scope,
+              help="node label whose values fabric pairs never cross (e.g. a rack label)")
 @click.option("--dry-run", is_flag=True, help="print the fleet and its injections, send nothing")
 @click.option("--json", "as_json", is_flag=True, help="print the summary as JSON")
 def main(dry_run: bool, as_json: bool, **kw) -> None:
