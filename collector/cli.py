@@ -382,7 +382,9 @@ def _source_args(ctx: click.Context, db_path: str | None, target: str | None) ->
     return db_path, target or None
 
 
-def _source_options(fn):
+def _source_options(fn=None, *, reference_pool: bool = True):
+    if fn is None:
+        return lambda f: _source_options(f, reference_pool=reference_pool)
     opts = [
         click.option("--db", "db_path", type=click.Path(dir_okay=False), default=None,
                      help="Read this DuckDB file (read-only; not while a collector holds it)."),
@@ -395,9 +397,10 @@ def _source_options(fn):
         *_CLIENT_CERT_OPTS,
         click.option("--window", default="24h", show_default=True,
                      help="Window ending at the newest stored data: 30m, 24h, 7d, ..."),
-        click.option("--reference-pool", default=None,
-                     help="Pool the others are compared with (default: the largest all-bare-metal pool)."),
     ]
+    if reference_pool:
+        opts.append(click.option("--reference-pool", default=None,
+                                 help="Pool the others are compared with (default: the largest all-bare-metal pool)."))
     for opt in reversed(opts):
         fn = opt(fn)
     return fn
@@ -419,6 +422,32 @@ def compare(ctx, by, db_path, target, token, token_file, tls_ca, tls_client_cert
     try:
         click.echo(run_compare(db_path, target, window=window, fmt=fmt, token=tok, reference_pool=reference_pool,
                                tls_ca=tls_ca, client_cert=tls_client_cert, client_key=tls_client_key))
+    except CompareError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@main.command()
+@_source_options(reference_pool=False)
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              help="Collector TOML config: [fabric] scope and cap for the plan, [analyzer] fabric_* settings.")
+@click.option("--top", type=click.IntRange(1), default=10, show_default=True, help="Worst nodes and links shown.")
+@click.option("--rounds", "max_rounds", type=click.IntRange(0), default=10, show_default=True,
+              help="Rounds of the plan listed.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.pass_context
+def fabric(ctx, db_path, target, token, token_file, tls_ca, window, config_path, top, max_rounds, fmt):
+    """Fabric probes: the pair-wise plan, the last round, the link matrix, the worst nodes and links."""
+    from gpuagent.collector.views.compare import CompareError
+    from gpuagent.collector.views.fabric import run_fabric
+
+    db_path, target = _source_args(ctx, db_path, target)
+    analyzer = _analyzer_config(config_path)
+    tok = _token(None, token_file) if token_file else _token(token, None)
+    try:
+        click.echo(run_fabric(db_path, target, window=window, fmt=fmt, token=tok, tls_ca=tls_ca,
+                              config=_fabric_config(config_path), runs=analyzer.fabric_runs,
+                              slow_fraction=analyzer.fabric_slow_fraction, top=top, max_rounds=max_rounds),
+                   nl=False)
     except CompareError as exc:
         raise click.ClickException(str(exc)) from None
 

@@ -140,6 +140,7 @@ class NodeSim:
             length_delimited(1, pb.Series(id=i, metric=m, gpu=g, labels=lbl).SerializeToString())
             for i, (m, g, lbl) in enumerate(self.series))
         self.job_id = f"synthetic:{node.hostname}:{node.job_name}"
+        self.fabric = None      # a sim.fabric.NodeFabric when the run simulates fabric probes
 
     # ------------------------------------------------------------------ Register
 
@@ -355,6 +356,8 @@ class NodeSim:
         ts = ts[ts < t1]
         values = self.samples(ts)
         probes = self.probe_results(t0, t1)
+        if self.fabric is not None:
+            probes += self.fabric.results(t0, t1)
         jsamples, jsteps = self.job_rows(t0, t1)
         events = []
         if first:

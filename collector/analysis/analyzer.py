@@ -110,6 +110,9 @@ COMPONENTS: tuple[Component, ...] = (
               "pipe round-trip latency", "us", "µs"),
     Component(_NN, "host_memcpy", "host", "memcpy_gbps", "higher", False, 0.10, 0.20,
               "memcpy bandwidth", "gbps", "GB/s"),
+    # a fabric link's rate over its runs (61_link_variance.sql reads link_results, not probe_metrics)
+    Component(_NN, "link", "net_pair", "link_gbits", "higher", False, 0.10, 0.20,
+              "fabric link rate", "gbps", "Gbit/s"),
     Component(_NN, "step_time", "job_steps", "step_time_p50_s", "lower", False, 0.10, 0.20,
               "training step time", "s", "s"),
 )

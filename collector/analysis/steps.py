@@ -54,6 +54,9 @@ STEPS: tuple[Step, ...] = (
     Step("network_degraded", "60_network_degraded.sql", CONDITIONS,
          temp_tables=("_nd_runs", "_nd_links", "_nd_ends", "_nd_pool", "_nd_slow", "_nd_peers", "_nd_node",
                       "_nd_bad_nodes", "_nd_counts")),
+    # after network_degraded: reads its _nd_runs
+    Step("link_variance", "61_link_variance.sql", CONDITIONS,
+         temp_tables=("_lv_links", "_lv_pool", "_lv_net", "_lv")),
     Step("apply_flags", "90_apply_flags.sql", FLAGS, counts=("updated", "opened", "closed")),
     Step("findings", "95_findings.sql", FINDINGS,
          temp_tables=("_fd_flags", "_fd_pool_nodes", "_fd_pools", "_fd_members", "_fd", "_fd_scored"),
