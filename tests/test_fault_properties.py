@@ -21,7 +21,7 @@ from collector_helpers import node_info
 from gpuagent.agent.spool import Spool, encode_record
 from gpuagent.collector.ingest.server import start_collector
 from gpuagent.collector.store.db import open_database
-from gpuagent.collector.store.writer import labels_text
+from gpuagent.collector.ingest.validate import labels_text
 from gpuagent.collector.views import sqlguard
 from gpuagent.proto import pb, pb_grpc
 
