@@ -8,8 +8,9 @@
 -- (start-up: imports, rendezvous, not progress).
 -- The job's progress during an episode is compared with its own progress just before and just after it
 -- (each window as long as the episode, >= 10 s, without that series' episode ticks), so a slow drift of the
--- rest of the node does not count. A flag needs: >= $min_runs ticks in the episode and in the window
--- before; the window after too, unless the episode lasts to the job's last tick; the series' level over
+-- rest of the node does not count. A flag needs: >= $min_runs ticks in the episode and in each window
+-- (so contention still going on is judged once ticks follow it, and a job's wind-down at its end, which
+-- looks like lost progress, has nothing after it to be judged against); the series' level over
 -- the reference by the margin; and progress lower than the reference by the component's threshold, and
 -- lower than each side by at least half that. The job's own busy phases never count: its processes are
 -- not neighbours. Neighbours are named by their share of the added CPU during the episode.
@@ -112,7 +113,7 @@ WITH q AS (
     JOIN _components c ON c.kind = 'noisy_neighbor_variance' AND c.component = e.component
 ), ok AS (
     SELECT * FROM q
-    WHERE n_before >= $min_runs AND (n_after >= $min_runs OR t1 >= job_last)
+    WHERE n_before >= $min_runs AND n_after >= $min_runs
       AND v_hit - v_ref >= CASE component WHEN 'co_tenant' THEN greatest($neighbour_cpu, v_ref / 2) ELSE $corr_steal END
       AND lost >= threshold AND lost_before >= threshold / 2 AND coalesce(lost_after, 1) >= threshold / 2
     QUALIFY row_number() OVER (PARTITION BY node_id, component ORDER BY lost DESC, v_hit - v_ref DESC) = 1
