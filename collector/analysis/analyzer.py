@@ -115,6 +115,11 @@ COMPONENTS: tuple[Component, ...] = (
               "fabric link rate", "gbps", "Gbit/s"),
     Component(_NN, "step_time", "job_steps", "step_time_p50_s", "lower", False, 0.10, 0.20,
               "training step time", "s", "s"),
+    # Passive (no tracker): threshold = the fraction of the job's progress lost while contended.
+    Component(_NN, "co_tenant", "job_samples", "job_progress_percent", "higher", False, 0.20, 0.40,
+              "job progress under co-tenant CPU use", "fraction", ""),
+    Component(_NN, "hypervisor", "job_samples", "job_progress_percent", "higher", False, 0.20, 0.40,
+              "job progress under CPU steal", "fraction", ""),
 )
 
 
@@ -166,6 +171,8 @@ class AnalyzerConfig:
     min_fleet_nodes: int = 3
     corroboration_steal_percent: float = 1.0
     corroboration_psi_percent: float = 10.0
+    neighbour_cpu_percent: float = 25.0   # % of one core a neighbour must add over its usual level
+    job_warmup_s: float = 10.0            # a passively seen job's start-up (imports, rendezvous) is not progress
     min_minutes: int = 10
     idle_util_percent: float = 10.0
     input_bound_util_percent: float = 70.0
@@ -463,6 +470,7 @@ class Analyzer:
             "theoretical_threshold": cfg.theoretical_threshold_percent, "vo_z": cfg.significance_z,
             "min_runs": cfg.min_runs, "noise_k": cfg.noise_k, "min_fleet_nodes": cfg.min_fleet_nodes,
             "corr_steal": cfg.corroboration_steal_percent, "corr_psi": cfg.corroboration_psi_percent,
+            "neighbour_cpu": cfg.neighbour_cpu_percent, "job_warmup_s": cfg.job_warmup_s,
             "min_minutes": cfg.min_minutes, "idle_util": cfg.idle_util_percent,
             "input_util": cfg.input_bound_util_percent, "data_wait": cfg.data_wait_fraction,
             "iowait": cfg.iowait_percent, "cpu_busy": cfg.cpu_busy_percent, "gap_fraction": cfg.gap_fraction,
