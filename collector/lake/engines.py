@@ -45,7 +45,7 @@ def _collector_schema() -> dict[str, pa.Schema]:
         out = {}
         for name in TABLES:
             sql = SNAPSHOTS.get(name, f"SELECT * FROM {name}")
-            out[name] = con.execute(f"SELECT * FROM ({sql}) LIMIT 0").fetch_arrow_table().schema
+            out[name] = con.execute(f"SELECT * FROM ({sql}) LIMIT 0").to_arrow_table().schema
         return out
     finally:
         con.close()
@@ -85,7 +85,7 @@ class DuckDbLake:
         return [dict(zip(cols, r)) for r in cur.fetchall()]
 
     def arrow(self, sql: str) -> pa.Table:
-        return self.con.execute(sql).fetch_arrow_table()
+        return self.con.execute(sql).to_arrow_table()
 
     def has_table(self, name: str) -> bool:
         return name in TABLES

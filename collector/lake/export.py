@@ -254,7 +254,7 @@ class Exporter:
         cur = self._cursor()
         reader = cur.execute(
             f"SELECT * FROM {table.name} WHERE {table.time_col} >= ? AND {table.time_col} < ? "
-            f"ORDER BY {table.order_by}", [hour, hour + dt.timedelta(hours=1)]).fetch_record_batch(ROWS_PER_BATCH)
+            f"ORDER BY {table.order_by}", [hour, hour + dt.timedelta(hours=1)]).to_arrow_reader(ROWS_PER_BATCH)
         rows, size = self._put(partition, reader, run)
         path = self.lake.uri_of(partition)
         self._write(lambda con: con.execute(
@@ -265,7 +265,7 @@ class Exporter:
     def export_snapshots(self) -> int:
         run = f"{utc_now():%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
         for name, sql in SNAPSHOTS.items():
-            reader = self._cursor().execute(sql).fetch_record_batch(ROWS_PER_BATCH)
+            reader = self._cursor().execute(sql).to_arrow_reader(ROWS_PER_BATCH)
             self._put(layout.snapshot_partition(name, self.shard), reader, f"{run}-{name}")
         return len(SNAPSHOTS)
 
