@@ -262,13 +262,14 @@ WITH per_minute AS (
 {util_tail}
 """
 
+# Double literals (60e0, not 60.0): Spark reads 60.0 as a DECIMAL and would round the quotients.
 UTIL_TAIL = """
 SELECT coalesce(n.pool, '{no_pool}') AS pool,
-       count(*) / 60.0 AS gpu_hours,
+       count(*) / 60e0 AS gpu_hours,
        avg(p.util) AS effective_util_percent,
-       sum(p.util) / 100.0 / 60.0 AS effective_gpu_hours,
-       avg(CASE WHEN p.util < 10 THEN 1.0 ELSE 0.0 END) * 100 AS idle_minutes_percent,
-       sum(n.price_per_gpu_hour / 60.0) AS cost,
+       sum(p.util) / 100e0 / 60e0 AS effective_gpu_hours,
+       avg(CASE WHEN p.util < 10 THEN 1e0 ELSE 0e0 END) * 100 AS idle_minutes_percent,
+       sum(n.price_per_gpu_hour / 60e0) AS cost,
        count(*) FILTER (WHERE n.price_per_gpu_hour IS NULL) AS unpriced_gpu_minutes
 FROM per_minute p
 JOIN nodes n ON n.node_id = p.node_id
