@@ -184,10 +184,11 @@ class AnalyzerConfig:
     @classmethod
     def from_mapping(cls, doc: Mapping[str, Any]) -> "AnalyzerConfig":
         """Build from a parsed collector TOML document; unknown keys are one clear error."""
-        unknown = sorted(set(doc) - {"analyzer", "baselines", "pricing", "metrics", "fabric"})   # [fabric]: coordinator.py
+        # [fabric]: coordinator.py; [lake]: the lake exporter (collector/lake/export.py); both read the same file.
+        unknown = sorted(set(doc) - {"analyzer", "baselines", "pricing", "metrics", "fabric", "lake"})
         if unknown:
             raise AnalyzerError(f"unknown table or key {unknown[0]!r} in the collector config "
-                                "(expected [analyzer], [[baselines.declared]], [pricing], [metrics] and [fabric])")
+                                "(expected [analyzer], [[baselines.declared]], [pricing], [metrics], [fabric] and [lake])")
         for table in ("analyzer", "baselines", "pricing"):
             if not isinstance(doc.get(table, {}), Mapping):
                 raise AnalyzerError(f"[{table}] in the collector config must be a table")
@@ -368,8 +369,12 @@ class PassResult:
 class Analyzer:
     """Runs analysis passes on a connection that may write (the writer's)."""
 
-    def __init__(self, config: AnalyzerConfig | None = None):
+    def __init__(self, config: AnalyzerConfig | None = None,
+                 baselines_loader: Callable[[Any, dt.datetime], int] | None = None):
+        """``baselines_loader(con, now)``, when given, fills fleet_baselines in place of the baseline step:
+        a shard of a larger fleet takes them from the lake (collector/lake/fleet.py)."""
         self.config = config or AnalyzerConfig()
+        self.baselines_loader = baselines_loader
         self.reference = load_reference(self.config.reference_path)
         self.sql = load_sql()
 
@@ -478,6 +483,11 @@ class Analyzer:
         counts: dict[str, int] = {}
         step_s: dict[str, float] = {}
         for step in pass_steps():
+            if step.produces == BASELINE and self.baselines_loader is not None:
+                ts = time.perf_counter()
+                self.baselines_loader(con, now)
+                step_s["fleet_baselines (lake)"] = time.perf_counter() - ts
+                continue
             if step.produces == BASELINE and not self._baselines_stale(con, now):
                 continue
             ts = time.perf_counter()
@@ -529,7 +539,8 @@ def run_in_transaction(con, fn: Callable[[Any], Any]):
 
 
 def analyze_db(path: str | Path, config: AnalyzerConfig | None = None,
-               now: dt.datetime | None = None) -> PassResult:
+               now: dt.datetime | None = None,
+               baselines_loader: Callable[[Any, dt.datetime], int] | None = None) -> PassResult:
     """One pass directly on a database file (the collector must be stopped: DuckDB allows one writer).
 
     The file is opened and migrated the way the collector opens it, so the pass runs as it would there.
@@ -544,7 +555,7 @@ def analyze_db(path: str | Path, config: AnalyzerConfig | None = None,
     except db.DatabaseError as exc:
         raise AnalyzerError(f"{exc}{_LIVE_HINT}") from None
     try:
-        analyzer = Analyzer(config)
+        analyzer = Analyzer(config, baselines_loader)
         return run_in_transaction(con, lambda c: analyzer.run_pass(c, now))
     finally:
         con.close()
