@@ -133,6 +133,8 @@ class SparkLake:
         except Exception as exc:  # noqa: BLE001 - a missing JVM surfaces here
             raise LakeError(f"cannot start Spark ({master}): {str(exc).splitlines()[0]}; Spark needs Java 17+ "
                             "(see docs/LAKE.md)") from None
+        # pyspark 4 logs every failed query's plan and Java stack to stderr; callers report it in one sentence.
+        logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
         schemas = None
         for name in TABLES:
             files = layout.complete_files(lake, name)
