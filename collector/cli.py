@@ -72,8 +72,8 @@ def _write_port_file(path: str, port: int) -> None:
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True)
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
-              help="Collector TOML config: [analyzer], [baselines], [pricing], [metrics], [fabric], [auth] "
-                   "(see docs/FLAGS.md, docs/FABRIC.md and docs/COLLECTOR.md).")
+              help="Collector TOML config: [analyzer], [baselines], [pricing], [metrics], [fabric], [auth], [lake] "
+                   "(see docs/FLAGS.md, docs/FABRIC.md, docs/COLLECTOR.md and docs/LAKE.md).")
 @click.option("--no-analyze", is_flag=True, help="Do not run the scheduled analysis passes.")
 @click.option("--metrics-listen", default=None, metavar="HOST:PORT",
               help="Serve Prometheus /metrics here (off by default; [metrics] listen in --config; "
@@ -97,6 +97,7 @@ def serve(listen, db_path, token, token_file, tls_cert, tls_key, tokens_file, tl
     auth = _auth_config(config_path)
     tokens_file = tokens_file or auth.get("tokens_file")
     tls_client_ca = tls_client_ca or auth.get("tls_client_ca")
+    lake_config = _lake_config(config_path)
     stop = threading.Event()
     reload = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -110,7 +111,7 @@ def serve(listen, db_path, token, token_file, tls_cert, tls_key, tokens_file, tl
                                                        memory_limit=memory_limit),
                                  analyzer_config=analyzer_config, analyze=not no_analyze,
                                  metrics_listen=metrics_listen or analyzer_config.metrics_listen,
-                                 fabric=fabric_config)
+                                 fabric=fabric_config, lake_config=lake_config)
     except CollectorError as exc:
         raise click.ClickException(str(exc)) from None
     try:
@@ -262,6 +263,17 @@ def _auth_config(config_path: str | None) -> dict[str, str]:
     return out
 
 
+def _lake_config(config_path: str | None):
+    """[lake] of the collector config (collector/lake/export.py); disabled when absent."""
+    from gpuagent.collector.lake.export import LakeConfig
+    from gpuagent.collector.lake.layout import LakeError
+
+    try:
+        return LakeConfig.from_toml(config_path) if config_path else LakeConfig()
+    except LakeError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
 def _fabric_config(config_path: str | None):
     """[fabric] of the collector config (collector/fabric/coordinator.py); None when absent."""
     if not config_path:
@@ -342,8 +354,14 @@ def analyze(db_path, target, window, config_path, token, token_file, tls_ca, tls
         from gpuagent.collector.analysis.analyzer import AnalyzerError, analyze_db, open_findings_in, open_flags_in
 
         config = _analyzer_config(config_path, window)
+        lake_config = _lake_config(config_path)
+        loader = None
+        if lake_config.fleet_baselines:
+            from gpuagent.collector.lake.fleet import LakeBaselineLoader
+
+            loader = LakeBaselineLoader(lake_config.path)
         try:
-            result = analyze_db(db_path, config)
+            result = analyze_db(db_path, config, baselines_loader=loader)
             flags = open_flags_in(db_path, max_flags + 1)
             findings = open_findings_in(db_path)
         except AnalyzerError as exc:
@@ -409,13 +427,35 @@ def _source_options(fn=None, *, reference_pool: bool = True):
 @main.command()
 @click.option("--by", type=click.Choice(["pool"]), default="pool", show_default=True, help="Group nodes by this.")
 @_source_options
+@click.option("--lake", "lake_path", default=None, metavar="PATH",
+              help="Compare the whole fleet from this lake (folder or s3://...) instead of one collector.")
+@click.option("--engine", type=click.Choice(["duckdb", "spark"]), default="duckdb", show_default=True,
+              help="With --lake: the engine that reads it.")
+@click.option("--master", default=None, help="With --engine spark: the Spark master (default local[*]).")
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True)
 @click.pass_context
 def compare(ctx, by, db_path, target, token, token_file, tls_ca, tls_client_cert, tls_client_key, window,
-            reference_pool, fmt):
+            reference_pool, lake_path, engine, master, fmt):
     """Pools side by side: probe medians and spread, utilization, flagged nodes, cost per effective GPU-hour."""
     from gpuagent.collector.views.compare import CompareError, run_compare
 
+    if lake_path:
+        if db_path or ctx.get_parameter_source("target") == click.core.ParameterSource.COMMANDLINE:
+            raise click.ClickException("give --lake or --db/--target, not both")
+        from gpuagent.collector.lake.engines import open_engine
+        from gpuagent.collector.lake.layout import LakeError
+        from gpuagent.collector.views.compare import compare_pools, formatter, parse_window
+
+        try:
+            seconds = parse_window(window)
+            src = open_engine(engine, lake_path, master)
+            try:
+                click.echo(formatter(fmt)(compare_pools(src, seconds, reference_pool)))
+            finally:
+                src.close()
+        except (CompareError, LakeError) as exc:
+            raise click.ClickException(str(exc)) from None
+        return
     _check_client_cert(tls_ca, tls_client_cert, tls_client_key)
     db_path, target = _source_args(ctx, db_path, target)
     tok = _token(None, token_file) if token_file else _token(token, None)
@@ -473,6 +513,120 @@ def report(ctx, out, db_path, target, token, token_file, tls_ca, tls_client_cert
         raise click.ClickException(str(exc)) from None
     note = " (includes SYNTHETIC nodes from gpuagent-sim)" if info["synthetic"] else ""
     click.echo(f"wrote {info['out']}: {info['bytes']:,} bytes, {info['svg_plots']} plots{note}")
+
+
+# ------------------------------------------------------------------------------------------------ lake
+
+@main.group()
+def lake() -> None:
+    """The Parquet lake: export closed hours, and fleet-wide SQL and baselines over it (docs/LAKE.md)."""
+
+
+def _engine_options(fn):
+    opts = [
+        click.option("--lake", "lake_path", required=True, metavar="PATH", help="The lake: a folder or s3://..."),
+        click.option("--engine", type=click.Choice(["duckdb", "spark"]), default="duckdb", show_default=True),
+        click.option("--master", default=None, help="Spark master with --engine spark (default local[*])."),
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
+
+
+@lake.command("export")
+@click.option("--db", "db_path", required=True, type=click.Path(dir_okay=False),
+              help="The collector database to export (not while a collector holds it).")
+@click.option("--lake", "lake_path", required=True, metavar="PATH", help="The lake: a folder or s3://... (created).")
+@click.option("--shard", required=True, help="This database's shard name in the lake.")
+@click.option("--grace", default="10m", show_default=True, help="An hour is closed this long after it ends.")
+@click.option("--again", is_flag=True, help="Export hours already exported again (replacing them).")
+def lake_export(db_path, lake_path, shard, grace, again):
+    """Export the closed hours of a database file to the lake (a running collector uses [lake] instead)."""
+    from gpuagent.collector.analysis.analyzer import AnalyzerError, parse_duration
+    from gpuagent.collector.lake.export import export_db
+    from gpuagent.collector.lake.layout import LakeError
+
+    try:
+        res = export_db(db_path, lake_path, shard, parse_duration(grace), again)
+    except (LakeError, AnalyzerError) as exc:
+        raise click.ClickException(str(exc)) from None
+    note = (f"; {res.skipped_not_rolled_up} hours of samples_1m wait for an analysis pass"
+            if res.skipped_not_rolled_up else "")
+    click.echo(f"exported {res.partitions} partitions ({res.rows:,} rows, {res.bytes:,} bytes) and "
+               f"{res.snapshots} snapshots to {lake_path} as shard {shard}{note}")
+
+
+@lake.command("sql")
+@click.argument("query")
+@_engine_options
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True)
+def lake_sql(query, lake_path, engine, master, fmt):
+    """Run QUERY over the whole lake: tables as in the collector, plus date, hour and shard columns."""
+    from gpuagent.collector.lake.engines import open_engine
+    from gpuagent.collector.lake.layout import LakeError
+    from gpuagent.collector.views.client import format_result
+    from gpuagent.collector.views.result import QueryResult
+
+    try:
+        src = open_engine(engine, lake_path, master)
+    except LakeError as exc:
+        raise click.ClickException(str(exc)) from None
+    try:
+        table = src.arrow(query)
+    except Exception as exc:  # noqa: BLE001 - the engine's own message names the problem
+        raise click.ClickException(f"the query failed on {engine}: {str(exc).strip().splitlines()[0]}") from None
+    finally:
+        src.close()
+    rows = [[_json_ready(v) for v in row.values()] for row in table.to_pylist()]
+    click.echo(format_result(QueryResult(table.column_names, [str(t) for t in table.schema.types], rows, False), fmt))
+
+
+def _json_ready(v):
+    import datetime as dt
+    import decimal
+
+    if isinstance(v, (dt.datetime, dt.date)):
+        return v.isoformat(sep=" ") if isinstance(v, dt.datetime) else v.isoformat()
+    if isinstance(v, decimal.Decimal):
+        return float(v)
+    return v
+
+
+@lake.command("baselines")
+@_engine_options
+@click.option("--lookback", default="24h", show_default=True, help="Probe runs this far back from now.")
+@click.option("--db", "db_paths", multiple=True, type=click.Path(dir_okay=False),
+              help="Also write them into this stopped collector's database (repeatable).")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def lake_baselines(lake_path, engine, master, lookback, db_paths, fmt):
+    """Bare-metal baselines per hardware class over the lake, published for every shard's fleet_baselines."""
+    import json
+
+    from gpuagent.collector.analysis.analyzer import AnalyzerError, parse_duration
+    from gpuagent.collector.lake.engines import open_engine
+    from gpuagent.collector.lake.fleet import compute_baselines, publish_baselines, write_baselines_to_db
+    from gpuagent.collector.lake.layout import LakeError
+
+    try:
+        seconds = parse_duration(lookback)
+        src = open_engine(engine, lake_path, master)
+        try:
+            rows = compute_baselines(src, lookback_s=seconds)
+        finally:
+            src.close()
+        where = publish_baselines(src.lake, rows)
+        for path in db_paths:
+            write_baselines_to_db(path, rows)
+    except (LakeError, AnalyzerError) as exc:
+        raise click.ClickException(str(exc)) from None
+    if fmt == "json":
+        click.echo(json.dumps(rows, default=str, indent=2))
+    else:
+        for r in rows:
+            click.echo(f"{r['class_label']} | {r['component']} | {r['params_key'] or '-'}: {r['baseline']:.6g} "
+                       f"({r['nodes']} nodes, {r['runs']} runs)")
+    click.echo(f"{len(rows)} baselines written to {where}" + (f" and {len(db_paths)} database(s)" if db_paths else ""),
+               err=fmt == "json")
 
 
 if __name__ == "__main__":  # pragma: no cover

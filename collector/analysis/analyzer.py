@@ -194,11 +194,11 @@ class AnalyzerConfig:
     @classmethod
     def from_mapping(cls, doc: Mapping[str, Any]) -> "AnalyzerConfig":
         """Build from a parsed collector TOML document; unknown keys are one clear error."""
-        # [fabric]: coordinator.py; [auth]: collector/cli.py (serve)
-        unknown = sorted(set(doc) - {"analyzer", "baselines", "pricing", "metrics", "fabric", "auth"})
+        # [fabric]: coordinator.py; [auth]: collector/cli.py (serve); [lake]: collector/lake/export.py.
+        unknown = sorted(set(doc) - {"analyzer", "baselines", "pricing", "metrics", "fabric", "auth", "lake"})
         if unknown:
             raise AnalyzerError(f"unknown table or key {unknown[0]!r} in the collector config (expected "
-                                "[analyzer], [[baselines.declared]], [pricing], [metrics], [fabric] and [auth])")
+                                "[analyzer], [[baselines.declared]], [pricing], [metrics], [fabric], [auth] and [lake])")
         for table in ("analyzer", "baselines", "pricing"):
             if not isinstance(doc.get(table, {}), Mapping):
                 raise AnalyzerError(f"[{table}] in the collector config must be a table")
@@ -379,8 +379,12 @@ class PassResult:
 class Analyzer:
     """Runs analysis passes on a connection that may write (the writer's)."""
 
-    def __init__(self, config: AnalyzerConfig | None = None):
+    def __init__(self, config: AnalyzerConfig | None = None,
+                 baselines_loader: Callable[[Any, dt.datetime], int] | None = None):
+        """``baselines_loader(con, now)``, when given, fills fleet_baselines in place of the baseline step:
+        a shard of a larger fleet takes them from the lake (collector/lake/fleet.py)."""
         self.config = config or AnalyzerConfig()
+        self.baselines_loader = baselines_loader
         self.reference = load_reference(self.config.reference_path)
         self.sql = load_sql()
 
@@ -490,6 +494,11 @@ class Analyzer:
         counts: dict[str, int] = {}
         step_s: dict[str, float] = {}
         for step in pass_steps():
+            if step.produces == BASELINE and self.baselines_loader is not None:
+                ts = time.perf_counter()
+                self.baselines_loader(con, now)
+                step_s["fleet_baselines (lake)"] = time.perf_counter() - ts
+                continue
             if step.produces == BASELINE and not self._baselines_stale(con, now):
                 continue
             ts = time.perf_counter()
@@ -541,7 +550,8 @@ def run_in_transaction(con, fn: Callable[[Any], Any]):
 
 
 def analyze_db(path: str | Path, config: AnalyzerConfig | None = None,
-               now: dt.datetime | None = None) -> PassResult:
+               now: dt.datetime | None = None,
+               baselines_loader: Callable[[Any, dt.datetime], int] | None = None) -> PassResult:
     """One pass directly on a database file (the collector must be stopped: DuckDB allows one writer).
 
     The file is opened and migrated the way the collector opens it, so the pass runs as it would there.
@@ -556,7 +566,7 @@ def analyze_db(path: str | Path, config: AnalyzerConfig | None = None,
     except db.DatabaseError as exc:
         raise AnalyzerError(f"{exc}{_LIVE_HINT}") from None
     try:
-        analyzer = Analyzer(config)
+        analyzer = Analyzer(config, baselines_loader)
         return run_in_transaction(con, lambda c: analyzer.run_pass(c, now))
     finally:
         con.close()

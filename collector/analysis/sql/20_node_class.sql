@@ -1,6 +1,8 @@
 -- Each node's hardware class: GPU model, PCIe generation and width (of GPU 0), GPU count.
 -- Probe comparisons add the probe's params_key on top of this. The label is what sentences print.
 -- _pool_prices comes from the collector config ([pricing]); a node's own price label wins.
+-- This first statement is also run by Spark and DuckDB over the lake (collector/lake/fleet.py): keep it in
+-- the SQL both accept.
 
 CREATE OR REPLACE TEMP TABLE _node_class AS
 SELECT n.node_id, n.hostname, n.pool, n.virtualized, n.virt_type,
@@ -9,8 +11,8 @@ SELECT n.node_id, n.hostname, n.pool, n.virtualized, n.virt_type,
        coalesce(n.price_per_gpu_hour, p.price_per_gpu_hour) AS price_per_gpu_hour,
        CASE WHEN n.gpu_model IS NULL OR coalesce(n.gpu_count, 0) = 0 THEN 'no GPU'
             ELSE n.gpu_model
-                 || coalesce(' PCIe Gen' || g.pcie_gen_max::VARCHAR || ' x' || g.pcie_width_max::VARCHAR, '')
-                 || ' ×' || n.gpu_count::VARCHAR
+                 || coalesce(' PCIe Gen' || CAST(g.pcie_gen_max AS STRING) || ' x' || CAST(g.pcie_width_max AS STRING), '')
+                 || ' ×' || CAST(n.gpu_count AS STRING)
        END AS class_label,
        n.fingerprint
 FROM nodes n
