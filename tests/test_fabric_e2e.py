@@ -196,6 +196,30 @@ def test_full_sweep_measures_every_pair_within_n_minus_1_rounds(bed):
     names = {r["hostname"] for r in bed.sql("SELECT hostname FROM nodes")}
     assert names == {bed.fleet.node(n).hostname for n in AGENTS}
 
+    # `gpuagent status` on each node shows its last fabric runs, the values its end reported.
+    rows = bed.sql("SELECT pair_id, node_a, node_b, reported_by, status, send_gbits_per_s, recv_gbits_per_s, "
+                   "rtt_p50_us FROM link_results WHERE reported_by <> 'collector'")
+    stored = {(r["pair_id"], r["reported_by"]): r for r in rows}
+    for name in AGENTS:
+        me = bed.ids[name]
+        out = subprocess.run([sys.executable, "-m", "gpuagent.agent.cli", "status", "--json",
+                              "--state-dir", str(bed.tmp / name)], capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert out.returncode == 0, out.stderr
+        fab = json.loads(out.stdout)["fabric"]
+        assert fab["stream_open"] and fab["address"] == bed.fleet.node(name).ip
+        assert len(fab["recent"]) >= 3 and fab["counts"]["result:ok"] >= 3
+        for run in fab["recent"]:
+            row = stored.get((run["pair_id"], me))
+            if row is None:          # a run that ended after the query above
+                continue
+            assert run["peer"] == (row["node_b"] if row["node_a"] == me else row["node_a"])
+            assert run["role"] == ("connect" if row["node_a"] == me else "listen")
+            for k in ("send_gbits_per_s", "recv_gbits_per_s", "rtt_p50_us"):
+                assert run[k] == pytest.approx(row[k]), (name, k)
+        text = subprocess.run([sys.executable, "-m", "gpuagent.agent.cli", "status", "--state-dir",
+                               str(bed.tmp / name)], capture_output=True, text=True, timeout=60, cwd=ROOT).stdout
+        assert f"Fabric    peers reach this node at {bed.fleet.node(name).ip}" in text
+
 
 def test_node_throttled_to_a_quarter_opens_network_degraded_node_for_it_only(bed):
     for name in AGENTS:
