@@ -174,7 +174,12 @@ def bed(tmp_path_factory):
 
 def test_full_sweep_measures_every_pair_within_n_minus_1_rounds(bed):
     first = bed.wait_rounds(0, 3)
-    # Round 0 may start before the last agent attached; the first round with all 4 nodes starts a sweep.
+    # The first rounds may start before the last agent attached (under load, several of them); the first
+    # round with all 4 nodes starts a sweep.
+    end = time.monotonic() + 90
+    while not any(len(pairs) == 2 for _r, pairs in bed.rounds()):
+        assert time.monotonic() < end, f"no round with all 4 nodes in 90 s: {bed.rounds()[-3:]}"
+        bed.wait_rounds(bed.next_round(), 1)
     start = next(r for r, pairs in bed.rounds() if len(pairs) == 2)
     sweep = bed.wait_rounds(start, 3)
     pairs = [(a, b, st) for _r, ps in sweep for a, b, st in ps]
