@@ -327,6 +327,7 @@ class Agent:
             counters=TickCounters(ticks=self.ticks, late_ticks=self.late_ticks, skipped_ticks=self.skipped_ticks,
                                   batches=b.total_batches, samples=b.total_samples),
             torch_loaded="torch" in sys.modules,
+            fabric=next((x.fabric_status() for x in self.extras if hasattr(x, "fabric_status")), None),
         )
 
     def _report_once(self, key: tuple[str, str], message: str) -> None:

@@ -227,6 +227,31 @@ class TickCounters:
 
 
 @dataclass
+class FabricRun:
+    """One net_pair run this node took part in, as its end measured it."""
+    pair_id: str
+    peer: str                           # the other end's node id
+    role: str                           # connect (node_a: sends first) | listen
+    status: str
+    reason: str
+    ended_ns: int
+    send_gbits_per_s: float | None = None
+    recv_gbits_per_s: float | None = None
+    rtt_p50_us: float | None = None
+
+
+@dataclass
+class FabricStatus:
+    """The fabric client ([fabric] enabled): its assignments stream and its last runs, newest first."""
+    address: str                        # where peers reach this node
+    stream_open: bool                   # an Assignments call is in progress (the collector sends only offers)
+    stream_error: str                   # why the last call ended ("" while none failed)
+    last_message_ns: int                # when the collector last sent an assignment (0: never)
+    counts: dict[str, int]              # accepted, busy, cancelled, result:<status>
+    recent: list[FabricRun]
+
+
+@dataclass
 class StatusSnapshot:
     state: str                          # running | stopped
     pid: int
@@ -251,6 +276,7 @@ class StatusSnapshot:
     counters: TickCounters
     torch_loaded: bool
     version: int = STATUS_VERSION
+    fabric: FabricStatus | None = None  # None: [fabric] is off
 
     def to_json(self) -> dict[str, Any]:
         """The status file's JSON object (``version`` first; unseen values left out)."""
@@ -497,6 +523,10 @@ def render(snap: StatusSnapshot, now_ns: int | None = None) -> str:
     else:
         out.append("Probes    no results yet")
 
+    if snap.fabric is not None:
+        out.append("")
+        out += _render_fabric(snap.fabric, now_ns)
+
     link = snap.collector
     sp = snap.spool
     out.append("")
@@ -515,6 +545,22 @@ def render(snap: StatusSnapshot, now_ns: int | None = None) -> str:
         for u in snap.unavailable[:20]:
             out.append(f"  - {u}")
     return "\n".join(out)
+
+
+def _render_fabric(fab: FabricStatus, now_ns: int) -> list[str]:
+    if fab.stream_open:
+        stream = f"assignments stream open (last assignment {_ago(fab.last_message_ns, now_ns)})"
+    else:
+        stream = "assignments stream DOWN" + (f": {fab.stream_error}" if fab.stream_error else "")
+    counts = "  ".join(f"{k} {v}" for k, v in sorted(fab.counts.items())) or "no assignments yet"
+    out = [f"Fabric    peers reach this node at {fab.address or '?'}  {stream}  {counts}"]
+    if not fab.recent:
+        out.append("          no runs yet")
+        return out
+    rows = [[r.peer[:20], r.role, r.status, _ago(r.ended_ns, now_ns), _fmt(r.send_gbits_per_s, ".2f"),
+             _fmt(r.recv_gbits_per_s, ".2f"), _fmt(r.rtt_p50_us, ".0f", " us"), r.reason[:60]] for r in fab.recent]
+    out.append(_table(["peer", "role", "status", "when", "send Gbit/s", "recv Gbit/s", "rtt p50", "reason"], rows))
+    return out
 
 
 def _text(v: int | None) -> str:

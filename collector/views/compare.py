@@ -8,7 +8,9 @@ For each pool, over a window that ends at the newest stored data:
 - share of nodes with an open flag, overall and per kind;
 - cost per effective GPU-hour = price paid for the sampled GPU-hours / (GPU-hours × utilization);
 - throughput per GPU for the same job name across pools (median ``tokens_per_s`` / ``samples_per_s`` of
-  a rank's step windows; one rank drives one GPU).
+  a rank's step windows; one rank drives one GPU);
+- inter-node bandwidth and latency: the median ``net_pair`` link rate (a run's slower direction, Gbit/s)
+  and the median rtt p50 over the runs between two nodes of the pool (link_results).
 
 Reads a DuckDB file (read-only), a live collector through its Query RPC, or the whole fleet's Parquet lake
 on DuckDB or Spark (collector/lake/engines.py). The SQL below is written in what DuckDB and Spark SQL both
@@ -283,6 +285,37 @@ JOIN nodes n ON n.node_id = p.node_id
 GROUP BY 1
 """
 
+# One row per net_pair run (both ends report it: the connecting end's row is kept), both ends in one pool.
+# Written in what DuckDB and Spark SQL both accept: no QUALIFY, no isfinite (NaN and inf fall outside
+# BETWEEN the largest finite doubles on both engines), percentile_cont ... WITHIN GROUP.
+SQL_LINKS = """
+SELECT pool,
+       count(*) AS runs,
+       count(DISTINCT link) AS links,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY gbits) AS link_gbits_median,
+       percentile_cont(0.1) WITHIN GROUP (ORDER BY gbits) AS link_gbits_p10,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY rtt_p50_us) AS link_rtt_p50_us
+FROM (
+    SELECT coalesce(na.pool, '{no_pool}') AS pool,
+           least(l.node_a, l.node_b) || '|' || greatest(l.node_a, l.node_b) AS link,
+           least(l.send_gbits_per_s, l.recv_gbits_per_s) AS gbits,
+           CASE WHEN l.rtt_p50_us BETWEEN 0 AND 1.7976931348623157e308 THEN l.rtt_p50_us END AS rtt_p50_us,
+           row_number() OVER (
+               PARTITION BY coalesce(l.pair_id, l.node_a || '|' || l.node_b || '|' || CAST(l.started_at AS STRING))
+               ORDER BY CASE WHEN l.reported_by = l.node_a THEN 0 ELSE 1 END, l.reported_by) AS rn
+    FROM link_results l
+    JOIN nodes na ON na.node_id = l.node_a
+    JOIN nodes nb ON nb.node_id = l.node_b
+    WHERE l.probe = 'net_pair' AND l.status = 'ok'
+      AND l.started_at >= {start} AND l.started_at < {end}
+      AND coalesce(na.pool, '{no_pool}') = coalesce(nb.pool, '{no_pool}')
+      AND l.send_gbits_per_s BETWEEN -1.7976931348623157e308 AND 1.7976931348623157e308
+      AND l.recv_gbits_per_s BETWEEN -1.7976931348623157e308 AND 1.7976931348623157e308
+) AS runs
+WHERE rn = 1
+GROUP BY pool
+"""
+
 SQL_FLAGS = """
 SELECT coalesce(n.pool, '{no_pool}') AS pool, f.kind,
        count(DISTINCT f.node_id) AS nodes_flagged,
@@ -382,6 +415,8 @@ def compare_pools(src, window_s: float = 86400.0, reference_pool: str | None = N
                "gpu_hours": 0.0, "effective_util_percent": None, "effective_gpu_hours": 0.0,
                "idle_minutes_percent": None, "cost": None, "cost_per_effective_gpu_hour": None,
                "nodes_flagged": 0, "nodes_flagged_percent": 0.0,
+               "link_runs": 0, "links": 0, "link_gbits_median": None, "link_gbits_p10": None,
+               "link_rtt_p50_us": None, "link_gbits_vs_reference_percent": None,
                **{f"{k}_nodes": 0 for k in FLAG_KINDS}}
         by_pool[row["pool"]] = row
     result.pools = list(by_pool.values())
@@ -451,6 +486,20 @@ def compare_pools(src, window_s: float = 86400.0, reference_pool: str | None = N
             if row is not None and r["kind"] in FLAG_KINDS:
                 row[f"{r['kind']}_nodes"] = int(r["nodes_flagged"])
 
+    if has_table(src, "link_results"):
+        for r in src.query(_fmt(SQL_LINKS, window)):
+            row = by_pool.get(r["pool"])
+            if row is None:
+                continue
+            row.update(link_runs=int(r["runs"]), links=int(r["links"]), link_gbits_median=_num(r["link_gbits_median"]),
+                       link_gbits_p10=_num(r["link_gbits_p10"]), link_rtt_p50_us=_num(r["link_rtt_p50_us"]))
+        ref = by_pool.get(reference_pool) if reference_pool else None
+        if ref is not None and ref["link_gbits_median"]:
+            for row in result.pools:
+                if row["link_gbits_median"] is not None:
+                    row["link_gbits_vs_reference_percent"] = (
+                        (row["link_gbits_median"] - ref["link_gbits_median"]) / ref["link_gbits_median"] * 100)
+
     for r in src.query(_fmt(SQL_JOBS, window)):
         result.jobs.append({"pool": r["pool"], "job_name": r["job_name"], "ranks": int(r["ranks"]),
                             "windows": int(r["windows"]),
@@ -505,7 +554,21 @@ def pool_rows(c: PoolComparison) -> list[tuple[str, list[str]]]:
     for k in FLAG_KINDS:
         rows.append((f"  {k}", cells(lambda p, k=k: f"{100.0 * p[f'{k}_nodes'] / p['nodes']:.0f} %"
                                      if p["nodes"] else "-")))
+    if any(p["link_runs"] for p in c.pools):
+        rows.append(("inter-node Gbit/s (median [p10])", cells(lambda p: _link_cell(p, c.reference_pool))))
+        rows.append(("inter-node rtt p50 (median)", cells(
+            lambda p: "-" if p["link_rtt_p50_us"] is None else f"{fmt_value(p['link_rtt_p50_us'])} us")))
     return rows
+
+
+def _link_cell(p: dict[str, Any], reference_pool: str | None) -> str:
+    if p["link_gbits_median"] is None:
+        return "-"
+    text = (f"{fmt_value(p['link_gbits_median'])} [{fmt_value(p['link_gbits_p10'])}], "
+            f"{p['links']} link{'s' if p['links'] != 1 else ''}")
+    if p["pool"] != reference_pool and p["link_gbits_vs_reference_percent"] is not None:
+        text += f" ({round(p['link_gbits_vs_reference_percent']) or 0:+d}%)"
+    return text
 
 
 def probe_cell(r: dict[str, Any] | None, reference_pool: str | None) -> str:
@@ -540,6 +603,9 @@ def format_table(c: PoolComparison) -> str:
     lines.append(f"Window: {c.window.iso('start')} to {c.window.iso('end')} (ends at the newest stored data)")
     pools = c.pool_names
     lines += ["", _aligned(["pool"] + pools, [[label] + cells for label, cells in pool_rows(c)])]
+    if any(p["link_runs"] for p in c.pools):
+        lines.append("inter-node: net_pair runs between two nodes of the pool in the window; a run's rate is "
+                     "its slower direction")
     ref = f"; (±N%) vs {c.reference_pool}" if c.reference_pool else ""
     lines += ["", f"Probes: median [p10–p90] ±half-spread{ref}"]
     rows = []
