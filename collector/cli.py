@@ -68,7 +68,7 @@ def _write_port_file(path: str, port: int) -> None:
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True)
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
-              help="Collector TOML config: [analyzer], [baselines], [pricing] (see README).")
+              help="Collector TOML config: [analyzer], [baselines], [pricing], [storage], [lake] (see README).")
 @click.option("--no-analyze", is_flag=True, help="Do not run the scheduled analysis passes.")
 def serve(listen, db_path, token, token_file, tls_cert, tls_key, insecure, reflection, port_file,
           max_samples_per_batch, max_message_bytes, memory_limit, log_level, config_path, no_analyze):
@@ -80,6 +80,7 @@ def serve(listen, db_path, token, token_file, tls_cert, tls_key, insecure, refle
 
     tok = _token(None, token_file) if token_file else _token(token, None)
     analyzer_config = _analyzer_config(config_path)
+    maintenance_config = _maintenance_config(config_path)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -88,7 +89,8 @@ def serve(listen, db_path, token, token_file, tls_cert, tls_key, insecure, refle
                                  reflection=reflection, limits=Limits(max_samples_per_batch=max_samples_per_batch),
                                  options=ServerOptions(max_message_bytes=max_message_bytes,
                                                        memory_limit=memory_limit),
-                                 analyzer_config=analyzer_config, analyze=not no_analyze)
+                                 analyzer_config=analyzer_config, analyze=not no_analyze,
+                                 maintenance_config=maintenance_config)
     except CollectorError as exc:
         raise click.ClickException(str(exc)) from None
     try:
@@ -165,6 +167,15 @@ def _analyzer_config(config_path: str | None, window: str | None = None):
             config = with_window(config, parse_duration(window))
         return config
     except AnalyzerError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _maintenance_config(config_path: str | None):
+    from gpuagent.collector.store.maintenance import MaintenanceConfig, MaintenanceConfigError
+
+    try:
+        return MaintenanceConfig.from_toml(config_path) if config_path else MaintenanceConfig()
+    except MaintenanceConfigError as exc:
         raise click.ClickException(str(exc)) from None
 
 

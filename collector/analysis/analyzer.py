@@ -364,11 +364,16 @@ class Analyzer:
             source = step.source
             row = con.execute(f"SELECT max(rowid), count(*) FROM {source}").fetchone()
             hi = -1 if row[0] is None else int(row[0])
-            wm = con.execute("SELECT last_rowid FROM rollup_watermarks WHERE source = ?", [source]).fetchone()
+            count = int(row[1])
+            wm = con.execute("SELECT last_rowid, last_count FROM rollup_watermarks WHERE source = ?",
+                             [source]).fetchone()
             lo = -1 if wm is None else int(wm[0])
-            if hi < lo:
-                # The source shrank (rows deleted and compacted): rebuild this rollup from scratch.
-                con.execute(f"DELETE FROM {source}_1m")
+            renumbered = wm is not None and wm[1] is not None and hi - lo != count - int(wm[1])
+            if hi < lo or renumbered:
+                # Rows were deleted and rowids renumbered behind the watermark: rebuild the minutes the raw
+                # table still holds; older rollup minutes (past raw retention) stay as they are.
+                con.execute(f"DELETE FROM {source}_1m WHERE minute >= "
+                            f"(SELECT date_trunc('minute', min(ts)) FROM {source})")
                 lo = -1
             if hi > lo:
                 bounds = con.execute(
@@ -379,7 +384,8 @@ class Analyzer:
                     for stmt in self.sql[step.name]:
                         _run(con, stmt, params)
                     total += int(bounds[2])
-            con.execute("INSERT OR REPLACE INTO rollup_watermarks VALUES (?, ?, ?)", [source, hi, utc_now()])
+            con.execute("INSERT OR REPLACE INTO rollup_watermarks (source, last_rowid, updated_at, last_count) "
+                        "VALUES (?, ?, ?, ?)", [source, hi, utc_now(), count])
         return total
 
     # -- flags -------------------------------------------------------------------------------------------

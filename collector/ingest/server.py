@@ -135,6 +135,7 @@ class CollectorHandle:
         self._lock = threading.Lock()
         self._closed = False
         self.analyzer = None   # the scheduled analysis thread (analyzer.AnalyzerThread), when running
+        self.maintenance = None   # retention, disk guard, compaction (maintenance.MaintenanceThread)
 
     @property
     def writer(self) -> Writer:
@@ -160,6 +161,8 @@ class CollectorHandle:
             grace = self._options.stop_grace_s if grace is None else grace
             self._loop.call_soon_threadsafe(self._stop_event.set)
             self._thread.join(grace + 30)
+        if self.maintenance is not None:
+            self.maintenance.stop()
         if self.analyzer is not None:
             self.analyzer.stop()
         self._writer.stop()
@@ -184,11 +187,12 @@ def start_collector(db_path: str | Path, listen: str = "127.0.0.1:0", token: str
                     tls_cert: str | None = None, tls_key: str | None = None, insecure: bool = False,
                     reflection: bool = False, limits: Limits = Limits(),
                     options: ServerOptions = ServerOptions(), analyzer_config=None,
-                    analyze: bool = True) -> CollectorHandle:
+                    analyze: bool = True, maintenance_config=None) -> CollectorHandle:
     """Open the database, start the writer and the gRPC server; return once it listens.
 
     With ``analyze`` (the default) an analysis pass runs every ``analyzer_config.interval_s`` on the writer
     (see collector/analysis/analyzer.py); ``analyzer_config`` also serves on-demand Analyze calls.
+    With ``maintenance_config`` (store/maintenance.py) retention, the disk guard and compaction run too.
 
     Raises CollectorError (one sentence) when it cannot start: policy, lock held, bind failure.
     """
@@ -295,4 +299,10 @@ def start_collector(db_path: str | Path, listen: str = "127.0.0.1:0", token: str
         handle.analyzer = an.AnalyzerThread(
             analysis, lambda fn: writer.call(lambda c: an.run_in_transaction(c, fn)).result(),
             on_error=lambda exc: log.error("analysis pass failed: %s", exc)).start()
+    if maintenance_config is not None:
+        from gpuagent.collector.store import maintenance as mt  # noqa: PLC0415
+
+        rollup = handle.analyzer.analyzer.rollup if handle.analyzer is not None else None
+        handle.maintenance = mt.MaintenanceThread(
+            mt.Maintenance(db_path, maintenance_config, rollup), lambda fn: writer.call(fn).result()).start()
     return handle

@@ -1,0 +1,438 @@
+"""Keeping the collector's database bounded and compact: retention, the disk guard and compaction.
+
+Everything here runs as short calls on the writer thread (``Writer.call``), each its own transaction, so
+ingest waits at most one slice between two group commits and never stops.
+
+Raw rows are read by the analyzer's rollups through rowid watermarks, and DuckDB renumbers rowids when a
+checkpoint vacuums deleted rows. So every step that deletes or rewrites raw rows first brings the rollups
+up to date, then changes the rows, checkpoints, and moves the watermarks to the new end: no raw row is
+ever rolled up twice or missed. (Should a checkpoint be refused because a query is reading, the analyzer
+notices the later renumbering through ``rollup_watermarks.last_count`` and rebuilds the minutes the raw
+table still holds.)
+
+"Bytes" for ``max_db_bytes`` are the bytes the database uses: the file's blocks minus its free blocks
+(``PRAGMA database_size``; DuckDB reuses free blocks but never shrinks the file) plus the write-ahead log.
+The volume floor counts the volume's free space plus the file's free blocks, since both take new data.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import shutil
+import threading
+import time
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from gpuagent.common.timeutil import utc_now
+
+log = logging.getLogger("gpuagent.collector.store.maintenance")
+
+HOUR = dt.timedelta(hours=1)
+DAY_S = 86_400.0
+
+# table -> (time column, setting that bounds it, extra condition). Raw tables come first.
+RAW_TABLES = ("samples", "job_samples")
+TABLES: dict[str, tuple[str, str, str]] = {
+    "samples": ("ts", "raw_retention_s", ""),
+    "job_samples": ("ts", "raw_retention_s", ""),
+    "samples_1m": ("minute", "rollup_retention_s", ""),
+    "job_samples_1m": ("minute", "rollup_retention_s", ""),
+    "probe_results": ("started_at", "probe_retention_s", ""),
+    "probe_metrics": ("started_at", "probe_retention_s", ""),
+    "jobs": ("last_seen", "job_retention_s", ""),
+    "job_steps": ("ts", "job_retention_s", ""),
+    "events": ("ts", "event_retention_s", ""),
+    "flags": ("last_seen", "flag_retention_s", "state = 'closed'"),
+    "link_results": ("started_at", "link_retention_s", ""),
+}
+
+
+class MaintenanceConfigError(ValueError):
+    """A [storage] or [lake] setting is not usable; the message is one sentence."""
+
+
+def _seconds(name: str, value: Any) -> float:
+    from gpuagent.collector.analysis.analyzer import parse_duration  # noqa: PLC0415 - one duration syntax
+
+    try:
+        seconds = parse_duration(value)
+    except (ValueError, TypeError):
+        raise MaintenanceConfigError(f"storage.{name} must be a duration such as 7d, 12h or 30m, "
+                                     f"not {value!r}") from None
+    if seconds <= 0:
+        raise MaintenanceConfigError(f"storage.{name} must be positive, not {value!r}")
+    return seconds
+
+
+def _bytes(name: str, value: Any) -> int:
+    units = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+             "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    text = str(value).strip().lower().replace(" ", "")
+    num = text.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = text[len(num):]
+    try:
+        out = int(float(num) * units[unit])
+    except (ValueError, KeyError):
+        raise MaintenanceConfigError(f"storage.{name} must be a size such as 500GB or 2GiB, not {value!r}") from None
+    if out < 0:
+        raise MaintenanceConfigError(f"storage.{name} must not be negative, not {value!r}")
+    return out
+
+
+@dataclass(frozen=True)
+class MaintenanceConfig:
+    raw_retention_s: float = 7 * DAY_S
+    rollup_retention_s: float = 400 * DAY_S
+    probe_retention_s: float = 400 * DAY_S
+    job_retention_s: float = 90 * DAY_S
+    event_retention_s: float = 90 * DAY_S
+    flag_retention_s: float = 400 * DAY_S
+    link_retention_s: float = 400 * DAY_S
+    max_db_bytes: int = 0                 # 0: no size bound
+    min_free_bytes: int = 1 << 30          # floor of free space on the database's volume (0: off)
+    interval_s: float = 60.0               # retention and compaction passes
+    guard_interval_s: float = 5.0          # disk guard checks (cheap: stat + PRAGMA)
+    slice_s: float = 3600.0                # one delete covers at most this much time
+    compaction: bool = True
+    compact_grace_s: float = 600.0         # an hour is closed this long after its end (late batches)
+    lake_enabled: bool = False
+    lake_path: str | None = None
+
+    _DURATIONS = ("raw_retention", "rollup_retention", "probe_retention", "job_retention", "event_retention",
+                  "flag_retention", "link_retention", "interval", "guard_interval", "slice", "compact_grace")
+
+    @classmethod
+    def from_mapping(cls, doc: dict) -> "MaintenanceConfig":
+        """From a parsed collector TOML: ``[storage]`` and ``[lake]`` (both optional)."""
+        st = doc.get("storage") or {}
+        kwargs: dict[str, Any] = {}
+        for key, value in st.items():
+            if key in cls._DURATIONS:
+                kwargs[f"{key}_s"] = _seconds(key, value)
+            elif key in ("max_db_bytes", "min_free_bytes"):
+                kwargs[key] = _bytes(key, value)
+            elif key == "compaction":
+                if not isinstance(value, bool):
+                    raise MaintenanceConfigError(f"storage.compaction must be true or false, not {value!r}")
+                kwargs[key] = value
+            else:
+                raise MaintenanceConfigError(f"unknown setting storage.{key}")
+        lake = doc.get("lake") or {}
+        if lake:
+            kwargs["lake_enabled"] = bool(lake.get("enabled", False))
+            kwargs["lake_path"] = lake.get("path")
+        return cls(**kwargs)
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> "MaintenanceConfig":
+        try:
+            with open(path, "rb") as fh:
+                return cls.from_mapping(tomllib.load(fh))
+        except OSError as exc:
+            raise MaintenanceConfigError(f"cannot read the config {path}: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise MaintenanceConfigError(f"the config {path} is not valid TOML: {exc}") from None
+
+
+@dataclass
+class Usage:
+    file_bytes: int
+    wal_bytes: int
+    free_block_bytes: int
+    volume_free_bytes: int
+
+    @property
+    def used_bytes(self) -> int:
+        return self.file_bytes - self.free_block_bytes + self.wal_bytes
+
+    @property
+    def available_bytes(self) -> int:
+        return self.volume_free_bytes + self.free_block_bytes
+
+
+def measure(con, db_path: str) -> Usage:
+    """The database's use of its volume (see the module docstring for what counts)."""
+    row = con.execute("SELECT free_blocks, block_size FROM pragma_database_size() "
+                      "WHERE database_name = current_database()").fetchone()
+    free_blocks, block_size = (int(row[0]), int(row[1])) if row else (0, 0)
+    size = lambda p: os.stat(p).st_size if os.path.exists(p) else 0  # noqa: E731
+    return Usage(size(db_path), size(db_path + ".wal"), free_blocks * block_size,
+                 shutil.disk_usage(Path(db_path).resolve().parent).free)
+
+
+def _table_exists(con, name: str) -> bool:
+    return bool(con.execute("SELECT count(*) FROM information_schema.tables WHERE table_schema = 'main' "
+                            "AND table_name = ?", [name]).fetchone()[0])
+
+
+@dataclass
+class Counters:
+    deleted: dict[str, int] = field(default_factory=dict)        # retention, per table
+    guard_deleted: dict[str, int] = field(default_factory=dict)  # disk guard, per table
+    compacted_rows: int = 0
+    compacted_hours: int = 0
+    guard_runs: int = 0
+    guard_starved: int = 0       # guard checks over the bound with nothing it may delete
+    last_error: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"deleted": dict(self.deleted), "guard_deleted": dict(self.guard_deleted),
+                "compacted_rows": self.compacted_rows, "compacted_hours": self.compacted_hours,
+                "guard_runs": self.guard_runs, "guard_starved": self.guard_starved,
+                "last_error": self.last_error}
+
+
+class Maintenance:
+    """The steps, each a function of the writer's connection. ``rollup`` (the analyzer's) may be None."""
+
+    def __init__(self, db_path: str, config: MaintenanceConfig,
+                 rollup: Callable[[Any], Any] | None = None,
+                 now: Callable[[], dt.datetime] = utc_now):
+        self.db_path = str(db_path)
+        self.config = config
+        self.rollup = rollup
+        self.now = now
+        self.counters = Counters()
+
+    # -- raw-row changes keep the rollup watermarks exact
+
+    def _raw_change(self, con, change: Callable[[Any], Any]) -> Any:
+        if self.rollup is not None:
+            con.execute("BEGIN TRANSACTION")
+            try:
+                self.rollup(con)
+                con.execute("COMMIT")
+            except BaseException:
+                con.execute("ROLLBACK")
+                raise
+        con.execute("BEGIN TRANSACTION")
+        try:
+            out = change(con)
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        try:
+            con.execute("CHECKPOINT")
+        except Exception as exc:  # noqa: BLE001 - a reader holds a transaction; the analyzer's check covers it
+            log.info("checkpoint after a raw-row change deferred: %s", exc)
+        if self.rollup is not None:
+            for source in RAW_TABLES:
+                hi, count = con.execute(f"SELECT max(rowid), count(*) FROM {source}").fetchone()
+                con.execute("INSERT OR REPLACE INTO rollup_watermarks (source, last_rowid, updated_at, last_count) "
+                            "VALUES (?, ?, ?, ?)", [source, -1 if hi is None else int(hi), utc_now(), int(count)])
+        return out
+
+    def _log(self, con, tbl, reason, ts_from, ts_to, rows, before=None, after=None) -> None:
+        con.execute("INSERT INTO retention_log VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    [utc_now(), tbl, reason, ts_from, ts_to, rows, before, after])
+
+    # -- retention
+
+    def retention_slices(self, con) -> list[tuple[str, dt.datetime, dt.datetime | None]]:
+        """(table, bound, oldest) for each existing table holding rows older than its retention."""
+        out = []
+        now = self.now()
+        for tbl, (col, setting, cond) in TABLES.items():
+            if not _table_exists(con, tbl):
+                continue
+            bound = now - dt.timedelta(seconds=getattr(self.config, setting))
+            where = f"WHERE {cond}" if cond else ""
+            oldest = con.execute(f"SELECT min({col}) FROM {tbl} {where}").fetchone()[0]
+            if oldest is not None and oldest < bound:
+                out.append((tbl, bound, oldest))
+        return out
+
+    def delete_slice(self, con, tbl: str, bound: dt.datetime, oldest: dt.datetime, reason: str = "retention"
+                     ) -> tuple[int, dt.datetime]:
+        """Delete one slice of ``tbl`` older than ``bound`` (oldest first); returns (rows, slice end)."""
+        col, _, cond = TABLES[tbl]
+        end = min(bound, oldest + dt.timedelta(seconds=self.config.slice_s))
+        extra = f" AND {cond}" if cond else ""
+
+        def change(c):
+            n = c.execute(f"DELETE FROM {tbl} WHERE {col} < ?{extra}", [end]).fetchone()[0]
+            self._log(c, tbl, reason, None, end, int(n))
+            return int(n)
+
+        if tbl in RAW_TABLES:
+            n = self._raw_change(con, change)
+        else:
+            con.execute("BEGIN TRANSACTION")
+            try:
+                n = change(con)
+                con.execute("COMMIT")
+            except BaseException:
+                con.execute("ROLLBACK")
+                raise
+        self.counters.deleted[tbl] = self.counters.deleted.get(tbl, 0) + n
+        return n, end
+
+    # -- disk guard
+
+    def over_limit(self, usage: Usage) -> bool:
+        c = self.config
+        return bool((c.max_db_bytes and usage.used_bytes >= c.max_db_bytes)
+                    or (c.min_free_bytes and usage.available_bytes < c.min_free_bytes))
+
+    def _exported_before(self, con, hour: dt.datetime) -> bool:
+        """Lake on: the raw hour may go only once the lake holds it (part B's ``exports`` table)."""
+        if not self.config.lake_enabled:
+            return True
+        if not _table_exists(con, "exports"):
+            return False
+        return bool(con.execute("SELECT count(*) FROM exports WHERE tbl = 'samples' AND hour = ?",
+                                [hour]).fetchone()[0])
+
+    def guard_step(self, con) -> int:
+        """One disk-guard step: when over a bound, delete the oldest raw hour; returns rows deleted."""
+        before = measure(con, self.db_path)
+        if not self.over_limit(before):
+            return 0
+        oldest = con.execute("SELECT date_trunc('hour', min(ts)) FROM samples").fetchone()[0]
+        jold = con.execute("SELECT date_trunc('hour', min(ts)) FROM job_samples").fetchone()[0]
+        hours = [h for h in (oldest, jold) if h is not None]
+        if not hours or not self._exported_before(con, min(hours)):
+            self.counters.guard_starved += 1
+            return 0
+        hour = min(hours)
+        end = hour + HOUR
+        self.counters.guard_runs += 1
+
+        def change(c):
+            out = {}
+            for tbl in RAW_TABLES:
+                out[tbl] = int(c.execute(f"DELETE FROM {tbl} WHERE ts < ?", [end]).fetchone()[0])
+            return out
+
+        deleted = self._raw_change(con, change)
+        after = measure(con, self.db_path)
+        for tbl, n in deleted.items():
+            self._log(con, tbl, "disk_guard", None, end, n, before.used_bytes, after.used_bytes)
+            self.counters.guard_deleted[tbl] = self.counters.guard_deleted.get(tbl, 0) + n
+        log.warning("disk guard: the database used %d bytes (volume free %d); deleted raw rows before %s: %s",
+                    before.used_bytes, before.volume_free_bytes, end.isoformat(), deleted)
+        return sum(deleted.values())
+
+    # -- compaction
+
+    def closed_hours(self, con) -> list[dt.datetime]:
+        """Closed hours of samples not yet compacted, oldest first."""
+        limit = self.now() - dt.timedelta(seconds=self.config.compact_grace_s)
+        rows = con.execute(
+            "SELECT DISTINCT date_trunc('hour', ts) AS h FROM samples "
+            "WHERE ts < date_trunc('hour', ?::TIMESTAMP) "
+            "AND date_trunc('hour', ts) NOT IN (SELECT hour FROM compacted_hours WHERE tbl = 'samples') "
+            "ORDER BY h", [limit]).fetchall()
+        return [r[0] for r in rows if r[0] + HOUR <= limit]
+
+    def compact_slice(self, con, hour: dt.datetime, nodes: list[str]) -> int:
+        """Rewrite the rows of ``nodes`` in ``hour`` sorted by series then time, in one transaction."""
+        end = hour + HOUR
+
+        def change(c):
+            sorted_rows = c.execute(
+                "SELECT * FROM samples WHERE ts >= ? AND ts < ? AND node_id IN (SELECT unnest(?)) "
+                "ORDER BY node_id, metric, gpu, labels, ts", [hour, end, nodes]).fetch_arrow_table()
+            c.execute("DELETE FROM samples WHERE ts >= ? AND ts < ? AND node_id IN (SELECT unnest(?))",
+                      [hour, end, nodes])
+            c.register("_compact_rows", sorted_rows)
+            try:
+                c.execute("INSERT INTO samples SELECT * FROM _compact_rows")
+            finally:
+                c.unregister("_compact_rows")
+            return sorted_rows.num_rows
+
+        n = self._raw_change(con, change)
+        self.counters.compacted_rows += n
+        return n
+
+    def mark_compacted(self, con, hour: dt.datetime, rows: int) -> None:
+        con.execute("INSERT OR REPLACE INTO compacted_hours VALUES ('samples', ?, ?, ?)", [hour, rows, utc_now()])
+        self._log(con, "samples", "compaction", hour, hour + HOUR, rows)
+        self.counters.compacted_hours += 1
+
+
+def compact_hour(call: Callable[[Callable[[Any], Any]], Any], m: Maintenance, hour: dt.datetime,
+                 nodes_per_slice: int = 4) -> int:
+    """Compact one closed hour through ``call`` (one writer call per group of nodes)."""
+    nodes = [r[0] for r in call(lambda c: c.execute(
+        "SELECT DISTINCT node_id FROM samples WHERE ts >= ? AND ts < ? ORDER BY 1",
+        [hour, hour + HOUR]).fetchall())]
+    total = 0
+    for i in range(0, len(nodes), nodes_per_slice):
+        total += call(lambda c, grp=nodes[i:i + nodes_per_slice]: m.compact_slice(c, hour, grp))
+    call(lambda c: m.mark_compacted(c, hour, total))
+    return total
+
+
+def run_retention(call: Callable[[Callable[[Any], Any]], Any], m: Maintenance,
+                  stop: threading.Event | None = None) -> dict[str, int]:
+    """Every table down to its retention, one slice per writer call; returns rows deleted per table."""
+    out: dict[str, int] = {}
+    for tbl, bound, oldest in call(m.retention_slices):
+        while oldest is not None and oldest < bound and not (stop and stop.is_set()):
+            n, end = call(lambda c, t=tbl, b=bound, o=oldest: m.delete_slice(c, t, b, o))
+            out[tbl] = out.get(tbl, 0) + n
+            col, _, cond = TABLES[tbl]
+            where = f"WHERE {cond}" if cond else ""
+            oldest = call(lambda c, t=tbl, col=col, w=where: c.execute(f"SELECT min({col}) FROM {t} {w}")
+                          .fetchone()[0])
+            if oldest is not None and oldest < end:    # rows at the slice end itself are kept: move past
+                break
+    return out
+
+
+def run_guard(call: Callable[[Callable[[Any], Any]], Any], m: Maintenance, max_steps: int = 1000) -> int:
+    """Disk-guard steps until under the bounds or nothing more may go; returns rows deleted."""
+    total = 0
+    for _ in range(max_steps):
+        n = call(m.guard_step)
+        if not n:
+            break
+        total += n
+    return total
+
+
+class MaintenanceThread:
+    """Runs the disk guard every ``guard_interval_s`` and retention + compaction every ``interval_s``."""
+
+    def __init__(self, m: Maintenance, call: Callable[[Callable[[Any], Any]], Any]):
+        self.m = m
+        self._call = call
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="gpuagent-maintenance", daemon=True)
+
+    def start(self) -> "MaintenanceThread":
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        next_full = time.monotonic() + min(self.m.config.interval_s, 10.0)
+        while not self._stop.wait(self.m.config.guard_interval_s):
+            try:
+                run_guard(self._call, self.m)
+                if time.monotonic() >= next_full:
+                    next_full = time.monotonic() + self.m.config.interval_s
+                    run_retention(self._call, self.m, self._stop)
+                    if self.m.config.compaction:
+                        for hour in self._call(self.m.closed_hours):
+                            if self._stop.is_set():
+                                break
+                            compact_hour(self._call, self.m, hour)
+                self.m.counters.last_error = None
+            except Exception as exc:  # noqa: BLE001 - keep ingesting; try again next interval
+                self.m.counters.last_error = str(exc)
+                log.error("storage maintenance failed: %s", exc)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
