@@ -347,6 +347,37 @@ class PassResult:
                 "step_s": {k: round(v, 4) for k, v in self.step_s.items()}}
 
 
+def _row_key(con, source: str, rowid: int) -> int | None:
+    row = con.execute(f"SELECT hash(s) FROM {source} s WHERE rowid = ?", [rowid]).fetchone()
+    return None if row is None else int(row[0])
+
+
+def watermark_of(con, source: str) -> tuple[int, int, int | None]:
+    """(max rowid, row count, hash of the row at max rowid) of a rollup source, as a watermark."""
+    hi, count = con.execute(f"SELECT max(rowid), count(*) FROM {source}").fetchone()
+    hi = -1 if hi is None else int(hi)
+    return hi, int(count), (_row_key(con, source, hi) if hi >= 0 else None)
+
+
+def set_watermark(con, source: str, hi: int, count: int, key: int | None) -> None:
+    con.execute("INSERT OR REPLACE INTO rollup_watermarks (source, last_rowid, updated_at, last_count, last_key) "
+                "VALUES (?, ?, ?, ?, ?)", [source, hi, utc_now(), count, key])
+
+
+def renumbered_since(con, source: str, lo: int, last_count, last_key, hi: int, count: int) -> bool:
+    """Whether rowids moved since the watermark (lo, last_count, last_key) was set.
+
+    DuckDB renumbers rowids when a checkpoint vacuums deleted rows. Appends alone keep the row at ``lo``
+    and grow max(rowid) and count(*) together; after a renumbering the row at ``lo`` is another row (or
+    none), and when the watermark was taken with gaps, max(rowid) and count(*) drift apart.
+    """
+    if hi < lo:
+        return True
+    if last_count is not None and hi - lo != count - int(last_count):
+        return True
+    return last_key is not None and _row_key(con, source, lo) != int(last_key)
+
+
 class Analyzer:
     """Runs analysis passes on a connection that may write (the writer's)."""
 
@@ -362,14 +393,11 @@ class Analyzer:
         total = 0
         for step in rollup_steps():
             source = step.source
-            row = con.execute(f"SELECT max(rowid), count(*) FROM {source}").fetchone()
-            hi = -1 if row[0] is None else int(row[0])
-            count = int(row[1])
-            wm = con.execute("SELECT last_rowid, last_count FROM rollup_watermarks WHERE source = ?",
+            hi, count, key = watermark_of(con, source)
+            wm = con.execute("SELECT last_rowid, last_count, last_key FROM rollup_watermarks WHERE source = ?",
                              [source]).fetchone()
             lo = -1 if wm is None else int(wm[0])
-            renumbered = wm is not None and wm[1] is not None and hi - lo != count - int(wm[1])
-            if hi < lo or renumbered:
+            if wm is not None and lo >= 0 and renumbered_since(con, source, lo, wm[1], wm[2], hi, count):
                 # Rows were deleted and rowids renumbered behind the watermark: rebuild the minutes the raw
                 # table still holds; older rollup minutes (past raw retention) stay as they are.
                 con.execute(f"DELETE FROM {source}_1m WHERE minute >= "
@@ -384,8 +412,7 @@ class Analyzer:
                     for stmt in self.sql[step.name]:
                         _run(con, stmt, params)
                     total += int(bounds[2])
-            con.execute("INSERT OR REPLACE INTO rollup_watermarks (source, last_rowid, updated_at, last_count) "
-                        "VALUES (?, ?, ?, ?)", [source, hi, utc_now(), count])
+            set_watermark(con, source, hi, count, key)
         return total
 
     # -- flags -------------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ Raw rows are read by the analyzer's rollups through rowid watermarks, and DuckDB
 checkpoint vacuums deleted rows. So every step that deletes or rewrites raw rows first brings the rollups
 up to date, then changes the rows, checkpoints, and moves the watermarks to the new end: no raw row is
 ever rolled up twice or missed. (Should a checkpoint be refused because a query is reading, the analyzer
-notices the later renumbering through ``rollup_watermarks.last_count`` and rebuilds the minutes the raw
+notices the later renumbering through ``rollup_watermarks`` (last_count, last_key) and rebuilds the minutes the raw
 table still holds.)
 
 "Bytes" for ``max_db_bytes`` are the bytes the database uses: the file's blocks minus its free blocks
@@ -224,10 +224,10 @@ class Maintenance:
         except Exception as exc:  # noqa: BLE001 - a reader holds a transaction; the analyzer's check covers it
             log.info("checkpoint after a raw-row change deferred: %s", exc)
         if self.rollup is not None:
+            from gpuagent.collector.analysis.analyzer import set_watermark, watermark_of  # noqa: PLC0415
+
             for source in RAW_TABLES:
-                hi, count = con.execute(f"SELECT max(rowid), count(*) FROM {source}").fetchone()
-                con.execute("INSERT OR REPLACE INTO rollup_watermarks (source, last_rowid, updated_at, last_count) "
-                            "VALUES (?, ?, ?, ?)", [source, -1 if hi is None else int(hi), utc_now(), int(count)])
+                set_watermark(con, source, *watermark_of(con, source))
         return out
 
     def _log(self, con, tbl, reason, ts_from, ts_to, rows, before=None, after=None) -> None:
@@ -244,6 +244,8 @@ class Maintenance:
             if not _table_exists(con, tbl):
                 continue
             bound = now - dt.timedelta(seconds=getattr(self.config, setting))
+            if tbl in RAW_TABLES:   # whole minutes, so a rollup rebuild never meets a half-deleted minute
+                bound = bound.replace(second=0, microsecond=0)
             where = f"WHERE {cond}" if cond else ""
             oldest = con.execute(f"SELECT min({col}) FROM {tbl} {where}").fetchone()[0]
             if oldest is not None and oldest < bound:

@@ -22,6 +22,8 @@ CREATE TABLE compacted_hours (
     PRIMARY KEY (tbl, hour)
 );
 
--- The source's row count at the watermark: appends move count and max(rowid) together, so a mismatch
--- means rowids were renumbered (rows deleted, then a checkpoint) and the rollup must not trust last_rowid.
+-- The source's row count and a hash of the row at last_rowid when the watermark was set: appends keep that
+-- row in place and move count and max(rowid) together, so a mismatch means rowids were renumbered (rows
+-- deleted, then a checkpoint) and the rollup must not trust last_rowid (analyzer.renumbered_since).
 ALTER TABLE rollup_watermarks ADD COLUMN last_count BIGINT;
+ALTER TABLE rollup_watermarks ADD COLUMN last_key UBIGINT;
