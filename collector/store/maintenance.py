@@ -101,12 +101,18 @@ class MaintenanceConfig:
     guard_interval_s: float = 5.0          # disk guard checks (cheap: stat + PRAGMA)
     slice_s: float = 3600.0                # one delete covers at most this much time
     compaction: bool = True
-    compact_grace_s: float = 600.0         # an hour is closed this long after its end (late batches)
+    compact_grace_s: float = 600.0         # a span is closed this long after its end (late batches)
+    # Compaction rewrites whole spans of this many hours (dividing a day). DuckDB bit-packs timestamps in
+    # groups of 2048 values, and a group that crosses from one series to the next stores full-width
+    # deltas: the longer a series' run, the fewer such groups (1 s samples: ~2.2 bytes/ts per hour-long
+    # run, ~0.4 per 6-hour run). Longer spans leave more recent data uncompacted and hold the writer longer.
+    compact_span_s: float = 6 * 3600.0
     lake_enabled: bool = False
     lake_path: str | None = None
 
     _DURATIONS = ("raw_retention", "rollup_retention", "probe_retention", "job_retention", "event_retention",
-                  "flag_retention", "link_retention", "interval", "guard_interval", "slice", "compact_grace")
+                  "flag_retention", "link_retention", "interval", "guard_interval", "slice", "compact_grace",
+                  "compact_span")
 
     @classmethod
     def from_mapping(cls, doc: dict) -> "MaintenanceConfig":
@@ -124,6 +130,10 @@ class MaintenanceConfig:
                 kwargs[key] = value
             else:
                 raise MaintenanceConfigError(f"unknown setting storage.{key}")
+        span = kwargs.get("compact_span_s", cls.compact_span_s)
+        if span % 3600 or DAY_S % span:
+            raise MaintenanceConfigError(f"storage.compact_span must be a whole number of hours that divides a day "
+                                         f"(1h, 2h, 3h, 4h, 6h, 8h, 12h, 24h), not {st.get('compact_span')!r}")
         lake = doc.get("lake") or {}
         if lake:
             kwargs["lake_enabled"] = bool(lake.get("enabled", False))
@@ -165,6 +175,15 @@ def measure(con, db_path: str) -> Usage:
     size = lambda p: os.stat(p).st_size if os.path.exists(p) else 0  # noqa: E731
     return Usage(size(db_path), size(db_path + ".wal"), free_blocks * block_size,
                  shutil.disk_usage(Path(db_path).resolve().parent).free)
+
+
+def table_bytes(con, table: str) -> int:
+    """Bytes of the blocks that hold ``table``'s segments, each block counted whole (after a checkpoint)."""
+    blocks, block_size = con.execute(
+        f"SELECT (SELECT count(*) FROM (SELECT block_id FROM pragma_storage_info('{table}') WHERE block_id >= 0 "
+        f"UNION SELECT unnest(additional_block_ids) FROM pragma_storage_info('{table}'))), "
+        "(SELECT block_size FROM pragma_database_size() WHERE database_name = current_database())").fetchone()
+    return int(blocks) * int(block_size)
 
 
 def _table_exists(con, name: str) -> bool:
@@ -325,24 +344,31 @@ class Maintenance:
 
     # -- compaction
 
-    def closed_hours(self, con) -> list[dt.datetime]:
-        """Closed hours of samples not yet compacted, oldest first."""
+    @property
+    def span(self) -> dt.timedelta:
+        return dt.timedelta(seconds=self.config.compact_span_s)
+
+    def closed_spans(self, con) -> list[dt.datetime]:
+        """Starts of the closed compaction spans (``compact_span``, aligned to midnight) of samples not yet
+        compacted, oldest first."""
         limit = self.now() - dt.timedelta(seconds=self.config.compact_grace_s)
+        width = f"INTERVAL {int(self.config.compact_span_s)} SECOND"
         rows = con.execute(
-            "SELECT DISTINCT date_trunc('hour', ts) AS h FROM samples "
-            "WHERE ts < date_trunc('hour', ?::TIMESTAMP) "
-            "AND date_trunc('hour', ts) NOT IN (SELECT hour FROM compacted_hours WHERE tbl = 'samples') "
-            "ORDER BY h", [limit]).fetchall()
-        return [r[0] for r in rows if r[0] + HOUR <= limit]
+            f"SELECT DISTINCT time_bucket({width}, ts, TIMESTAMP '2000-01-01') AS h FROM samples "
+            f"WHERE ts < time_bucket({width}, ?::TIMESTAMP, TIMESTAMP '2000-01-01') "
+            f"AND time_bucket({width}, ts, TIMESTAMP '2000-01-01') NOT IN "
+            "(SELECT hour FROM compacted_hours WHERE tbl = 'samples') ORDER BY h", [limit]).fetchall()
+        return [r[0] for r in rows if r[0] + self.span <= limit]
 
     def compact_slice(self, con, hour: dt.datetime, nodes: list[str]) -> int:
-        """Rewrite the rows of ``nodes`` in ``hour`` sorted by series then time, in one transaction."""
-        end = hour + HOUR
+        """Rewrite the rows of ``nodes`` in the span from ``hour`` sorted by series then time, in one
+        transaction."""
+        end = hour + self.span
 
         def change(c):
             sorted_rows = c.execute(
                 "SELECT * FROM samples WHERE ts >= ? AND ts < ? AND node_id IN (SELECT unnest(?)) "
-                "ORDER BY node_id, metric, gpu, labels, ts", [hour, end, nodes]).fetch_arrow_table()
+                "ORDER BY node_id, metric, gpu, labels, ts", [hour, end, nodes]).to_arrow_table()
             c.execute("DELETE FROM samples WHERE ts >= ? AND ts < ? AND node_id IN (SELECT unnest(?))",
                       [hour, end, nodes])
             c.register("_compact_rows", sorted_rows)
@@ -358,16 +384,16 @@ class Maintenance:
 
     def mark_compacted(self, con, hour: dt.datetime, rows: int) -> None:
         con.execute("INSERT OR REPLACE INTO compacted_hours VALUES ('samples', ?, ?, ?)", [hour, rows, utc_now()])
-        self._log(con, "samples", "compaction", hour, hour + HOUR, rows)
+        self._log(con, "samples", "compaction", hour, hour + self.span, rows)
         self.counters.compacted_hours += 1
 
 
-def compact_hour(call: Callable[[Callable[[Any], Any]], Any], m: Maintenance, hour: dt.datetime,
-                 nodes_per_slice: int = 4) -> int:
-    """Compact one closed hour through ``call`` (one writer call per group of nodes)."""
+def compact_span(call: Callable[[Callable[[Any], Any]], Any], m: Maintenance, hour: dt.datetime,
+                 nodes_per_slice: int = 1) -> int:
+    """Compact one closed span through ``call`` (one writer call per group of nodes)."""
     nodes = [r[0] for r in call(lambda c: c.execute(
         "SELECT DISTINCT node_id FROM samples WHERE ts >= ? AND ts < ? ORDER BY 1",
-        [hour, hour + HOUR]).fetchall())]
+        [hour, hour + m.span]).fetchall())]
     total = 0
     for i in range(0, len(nodes), nodes_per_slice):
         total += call(lambda c, grp=nodes[i:i + nodes_per_slice]: m.compact_slice(c, hour, grp))
@@ -425,10 +451,10 @@ class MaintenanceThread:
                     next_full = time.monotonic() + self.m.config.interval_s
                     run_retention(self._call, self.m, self._stop)
                     if self.m.config.compaction:
-                        for hour in self._call(self.m.closed_hours):
+                        for hour in self._call(self.m.closed_spans):
                             if self._stop.is_set():
                                 break
-                            compact_hour(self._call, self.m, hour)
+                            compact_span(self._call, self.m, hour)
                 self.m.counters.last_error = None
             except Exception as exc:  # noqa: BLE001 - keep ingesting; try again next interval
                 self.m.counters.last_error = str(exc)

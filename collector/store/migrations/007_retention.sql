@@ -13,7 +13,8 @@ CREATE TABLE retention_log (
     bytes_used_after  BIGINT
 );
 
--- Closed hours of samples already rewritten in series order, so compaction does each once.
+-- Closed spans (storage.compact_span, from "hour") of samples already rewritten in series order, so
+-- compaction does each once.
 CREATE TABLE compacted_hours (
     tbl           VARCHAR NOT NULL,
     hour          TIMESTAMP NOT NULL,
