@@ -178,7 +178,7 @@ class AnalyzerConfig:
     @classmethod
     def from_mapping(cls, doc: Mapping[str, Any]) -> "AnalyzerConfig":
         """Build from a parsed collector TOML document; unknown keys are one clear error."""
-        unknown = sorted(set(doc) - {"analyzer", "baselines", "pricing"})
+        unknown = sorted(set(doc) - {"analyzer", "baselines", "pricing", "storage", "lake"})
         if unknown:
             raise AnalyzerError(f"unknown table or key {unknown[0]!r} in the collector config "
                                 "(expected [analyzer], [[baselines.declared]] and [pricing])")
