@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
+import shutil
+import subprocess
 import threading
 import time
 
@@ -164,5 +167,65 @@ def test_disk_guard_waits_for_the_lake_export_when_the_lake_is_on(tmp_path):
         assert deleted == in_first + m.counters.guard_deleted["job_samples"]
         assert call(lambda c: c.execute("SELECT count(*), min(ts) >= ? FROM samples",
                                         [first + mt.HOUR]).fetchone()) == (total - in_first, True)
+    finally:
+        handle.stop()
+
+
+@pytest.fixture
+def small_volume(tmp_path):
+    """A 96 MiB ext4 filesystem on a loop device (root only), unmounted and detached afterwards."""
+    if os.geteuid() != 0 or not all(shutil.which(t) for t in ("losetup", "mkfs.ext4", "mount", "umount")):
+        pytest.skip("needs root with losetup, mkfs.ext4 and mount for a small loop-mounted filesystem")
+    image, mnt = tmp_path / "vol.img", tmp_path / "mnt"
+    mnt.mkdir()
+    with open(image, "wb") as fh:
+        fh.truncate(96 << 20)
+    subprocess.run(["mkfs.ext4", "-q", "-F", "-m", "0", str(image)], check=True)
+    dev = subprocess.run(["losetup", "-f", "--show", str(image)], check=True, capture_output=True,
+                         text=True).stdout.strip()
+    try:
+        subprocess.run(["mount", dev, str(mnt)], check=True)
+        try:
+            yield mnt
+        finally:
+            subprocess.run(["umount", str(mnt)], check=False)
+    finally:
+        subprocess.run(["losetup", "-d", dev], check=False)
+
+
+def test_disk_guard_on_a_small_filesystem_deletes_oldest_first_and_ingest_never_fails(small_volume):
+    db = str(small_volume / "c.duckdb")
+    handle = start_collector(db, analyze=False)
+    # The simulated hours lie in the past: retention is set far back so only the guard deletes.
+    cfg = mt.MaintenanceConfig(min_free_bytes=64 << 20, guard_interval_s=0.2, interval_s=3600.0,
+                               compaction=False, raw_retention_s=3650 * mt.DAY_S)
+    m = mt.Maintenance(db, cfg, Analyzer().rollup)
+    handle.maintenance = mt.MaintenanceThread(m, lambda fn: handle.writer.call(fn).result()).start()
+    try:
+        sent = 0
+        hours = 20
+        for h in range(hours):       # one simulated hour at a time, oldest first, as a fleet would send them
+            end = END_NS - (hours - 1 - h) * 3600 * 10**9
+            s = run_sim(SimConfig(collector=handle.address, nodes=3, gpus=4, sim_hours=1.0, interval_s=1.0,
+                                  batch_s=300.0, seed=h, streams=3, prefix=f"h{h:02d}", end_ns=end))
+            assert s.nodes_ok == 3 and not s.errors, s.errors[:2]      # ingest never failed
+            sent += s.samples
+        call = lambda fn: handle.writer.call(fn).result()  # noqa: E731
+        mt.run_guard(call, m)
+        held, oldest = call(lambda c: c.execute("SELECT count(*), min(ts) FROM samples").fetchone())
+        log_rows = call(lambda c: c.execute(
+            "SELECT ts_to, rows, bytes_used_before, bytes_used_after FROM retention_log "
+            "WHERE tbl = 'samples' AND reason = 'disk_guard' ORDER BY logged_at").fetchall())
+        usage = call(lambda c: mt.measure(c, db))
+        print(f"disk guard: {len(log_rows)} steps deleted {m.counters.guard_deleted.get('samples', 0)} of {sent} "
+              f"samples; available now {usage.available_bytes >> 20} MiB")
+        assert log_rows, "the guard never ran: the volume was not filled"
+        assert call(lambda c: c.execute("SELECT count(*) FROM retention_log WHERE reason <> 'disk_guard'")
+                    .fetchone()[0]) == 0
+        deleted = m.counters.guard_deleted["samples"]
+        assert deleted == sum(r[1] for r in log_rows) and held + deleted == sent      # exact
+        ends = [r[0] for r in log_rows]
+        assert ends == sorted(ends) and oldest >= ends[-1]                   # oldest hours first, whole
+        assert held > 0 and not usage.available_bytes < cfg.min_free_bytes
     finally:
         handle.stop()

@@ -313,14 +313,28 @@ class Maintenance:
                                 [hour]).fetchone()[0])
 
     def guard_step(self, con) -> int:
-        """One disk-guard step: when over a bound, delete the oldest raw hour; returns rows deleted."""
+        """One disk-guard step: when over a bound, delete the oldest raw hour; returns rows deleted.
+
+        A checkpoint comes first: the WAL holds recent rows uncompressed and shrinks to a fraction once
+        they are in blocks, and rows already deleted free their blocks only then. The newest hour held is
+        never deleted: it is what is arriving now.
+        """
         before = measure(con, self.db_path)
+        if not self.over_limit(before):
+            return 0
+        try:
+            con.execute("CHECKPOINT")
+            before = measure(con, self.db_path)
+        except Exception as exc:  # noqa: BLE001 - a reader holds a transaction; decide on the first measure
+            log.info("disk guard: checkpoint deferred: %s", exc)
         if not self.over_limit(before):
             return 0
         oldest = con.execute("SELECT date_trunc('hour', min(ts)) FROM samples").fetchone()[0]
         jold = con.execute("SELECT date_trunc('hour', min(ts)) FROM job_samples").fetchone()[0]
+        newest = con.execute("SELECT date_trunc('hour', greatest((SELECT max(ts) FROM samples), "
+                             "(SELECT max(ts) FROM job_samples)))").fetchone()[0]
         hours = [h for h in (oldest, jold) if h is not None]
-        if not hours or not self._exported_before(con, min(hours)):
+        if not hours or min(hours) >= newest or not self._exported_before(con, min(hours)):
             self.counters.guard_starved += 1
             return 0
         hour = min(hours)
