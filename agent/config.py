@@ -45,10 +45,23 @@ class CollectorConfig:
     token: str = ""                    # bearer token; empty = none sent
     token_file: str = ""               # read the token from this file (wins over an empty `token`)
     tls_ca: str = ""                   # PEM file of the CA that signed the collector's certificate; empty = plaintext
+    tls_client_cert: str = ""          # PEM client certificate (CN = this node) for a collector with --tls-client-ca
+    tls_client_key: str = ""           # its private key
     rpc_timeout_s: float = 10.0        # deadline of Register and of each batch's ack
     backoff_initial_s: float = 0.5
     backoff_max_s: float = 30.0
     max_in_flight: int = 8             # batches sent but not yet acked
+
+
+# ------------------------------------------------------------------ [exporter]
+
+DEFAULT_EXPORTER_PORT = 9402   # dcgm-exporter uses 9400, node_exporter 9100
+
+
+@dataclass(frozen=True)
+class ExporterConfig:
+    """The ``[exporter]`` table: the Prometheus /metrics endpoint (gpuagent.agent.exporter)."""
+    listen: str = ""                   # HOST:PORT, e.g. "0.0.0.0:9402"; "" = off
 
 
 # ------------------------------------------------------------------ [jobs]
@@ -195,6 +208,64 @@ class ProbesConfig:
         return ProbeSchedule(name, interval_s=spec.interval_s, timeout_s=spec.timeout_s)
 
 
+# ------------------------------------------------------------------ [fabric]
+
+@dataclass(frozen=True)
+class FabricConfig:
+    """The ``[fabric]`` table: whether this node takes part in fleet pair probes (agent/fabric.py), and
+    where peers reach it. ``address`` wins over ``interface`` (whose first IPv4 address is used). The
+    port range is this node's firewall opening, so it wins over the range the collector offers."""
+
+    enabled: bool = False
+    address: str = ""                   # the address peers connect to
+    interface: str = ""                 # or: the NIC whose IPv4 address peers connect to
+    port_lo: int = 0                    # the listening end binds in [port_lo, port_hi] when the
+    port_hi: int = 0                    # collector's offered range (0, 0: the offer's range)
+
+
+FABRIC_KEYS = {f.name for f in fields(FabricConfig)}
+
+
+def _check_fabric(table: dict[str, Any], src: str) -> FabricConfig:
+    out: dict[str, Any] = {}
+    for k, v in table.items():
+        name = f"fabric.{k}"
+        if k not in FABRIC_KEYS:
+            raise ConfigError(f"unknown key {name!r} (from {src}); expected one of {', '.join(sorted(FABRIC_KEYS))}.")
+        if k == "enabled":
+            out[k] = _as_bool(v, name, src)
+        elif k in ("address", "interface"):
+            out[k] = _as_str(v, name, src).strip()
+        else:
+            out[k] = int(_as_float(v, name, src, minimum=0, maximum=65535))
+    cfg = FabricConfig(**out)
+    if (cfg.port_lo == 0) != (cfg.port_hi == 0) or cfg.port_lo > cfg.port_hi:
+        raise ConfigError(f"fabric.port_lo and fabric.port_hi (from {src}) must both be 0 or a range lo <= hi, "
+                          f"not {cfg.port_lo}-{cfg.port_hi}.")
+    if cfg.enabled and not (cfg.address or cfg.interface):
+        raise ConfigError(f"[fabric] (from {src}) is enabled but names neither address nor interface; set the "
+                          "address (or NIC) peers reach this node on.")
+    return cfg
+
+
+def fabric_address(cfg: FabricConfig) -> str:
+    """The address this node declares for fabric probes: ``address``, else the first IPv4 address of
+    ``interface``. Raises ConfigError when the interface does not exist or has no IPv4 address."""
+    if cfg.address:
+        return cfg.address
+    import socket
+
+    import psutil
+
+    addrs = psutil.net_if_addrs().get(cfg.interface)
+    if addrs is None:
+        raise ConfigError(f"fabric.interface {cfg.interface!r} does not exist on this host.")
+    for a in addrs:
+        if a.family == socket.AF_INET:
+            return a.address
+    raise ConfigError(f"fabric.interface {cfg.interface!r} has no IPv4 address.")
+
+
 @dataclass(frozen=True)
 class AgentConfig:
     collector: CollectorConfig = field(default_factory=CollectorConfig)
@@ -207,6 +278,8 @@ class AgentConfig:
     labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     probes: ProbesConfig = field(default_factory=ProbesConfig.from_mapping)
     jobs: JobsConfig = field(default_factory=JobsConfig)
+    exporter: ExporterConfig = field(default_factory=ExporterConfig)
+    fabric: FabricConfig = field(default_factory=FabricConfig)
     config_file: str = ""               # the file that was read ("" when none)
 
     @property
@@ -231,8 +304,8 @@ class AgentConfig:
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: thaw(getattr(self, f.name)) for f in fields(self)
-               if f.name not in ("collector", "probes", "jobs")}
-        for name in ("collector", "probes", "jobs"):
+               if f.name not in ("collector", "probes", "jobs", "exporter", "fabric")}
+        for name in ("collector", "probes", "jobs", "exporter", "fabric"):
             out[name] = thaw(asdict(getattr(self, name)))
         if out["collector"]["token"]:
             out["collector"]["token"] = "***"
@@ -373,7 +446,7 @@ def _check_jobs(table: dict[str, Any], src: str) -> JobsConfig:
 
 _AGENT_KEYS = {"interval_s", "batch_interval_s", "batch_max_samples", "state_dir", "spool_max_bytes", "log_level"}
 _COLLECTOR_KEYS = {f.name for f in fields(CollectorConfig)}
-_TOP_TABLES = {"agent", "collector", "labels", "probes", "jobs"}
+_TOP_TABLES = {"agent", "collector", "labels", "probes", "jobs", "exporter", "fabric"}
 
 # Environment variable -> (section, key). GPUAGENT_LABELS and GPUAGENT_CONFIG are handled apart.
 ENV_VARS = {
@@ -381,12 +454,15 @@ ENV_VARS = {
     "GPUAGENT_TOKEN": ("collector", "token"),
     "GPUAGENT_TOKEN_FILE": ("collector", "token_file"),
     "GPUAGENT_TLS_CA": ("collector", "tls_ca"),
+    "GPUAGENT_TLS_CLIENT_CERT": ("collector", "tls_client_cert"),
+    "GPUAGENT_TLS_CLIENT_KEY": ("collector", "tls_client_key"),
     "GPUAGENT_RPC_TIMEOUT": ("collector", "rpc_timeout_s"),
     "GPUAGENT_INTERVAL": ("agent", "interval_s"),
     "GPUAGENT_BATCH_INTERVAL": ("agent", "batch_interval_s"),
     "GPUAGENT_STATE_DIR": ("agent", "state_dir"),
     "GPUAGENT_SPOOL_MAX_BYTES": ("agent", "spool_max_bytes"),
     "GPUAGENT_LOG_LEVEL": ("agent", "log_level"),
+    "GPUAGENT_EXPORTER_LISTEN": ("exporter", "listen"),
 }
 
 
@@ -408,7 +484,7 @@ def read_toml(path: str | os.PathLike) -> dict[str, Any]:
     for table in _TOP_TABLES:
         if table in data and not isinstance(data[table], dict):
             raise ConfigError(f"config file {str(p)!r}: {table!r} must be a table ([{table}]).")
-    for table, allowed in (("agent", _AGENT_KEYS), ("collector", _COLLECTOR_KEYS)):
+    for table, allowed in (("agent", _AGENT_KEYS), ("collector", _COLLECTOR_KEYS), ("exporter", {"listen"})):
         extra = set(data.get(table, {})) - allowed
         if extra:
             raise ConfigError(f"config file {str(p)!r}: unknown key {table}.{sorted(extra)[0]} "
@@ -440,7 +516,7 @@ def load_config(
 
     # (value, source) per key, lowest precedence first.
     merged: dict[tuple[str, str], tuple[Any, str]] = {}
-    for section in ("agent", "collector"):
+    for section in ("agent", "collector", "exporter"):
         for k, v in data.get(section, {}).items():
             merged[(section, k)] = (v, f"{fsrc} [{section}]")
     for var, key in ENV_VARS.items():
@@ -458,12 +534,21 @@ def load_config(
 
     coll_kw: dict[str, Any] = {}
     agent_kw: dict[str, Any] = {}
+    exporter_kw: dict[str, Any] = {}
     for (section, k), (v, src) in merged.items():
         name = f"{section}.{k}"
-        if section == "collector":
+        if section == "exporter":
+            listen = _as_str(v, name, src).strip()
+            if listen:
+                m = _HOSTPORT.match(listen)
+                if not m or not 0 < int(m.group(2)) < 65536:
+                    raise ConfigError(f"{_where(src, name)} must be HOST:PORT (e.g. 0.0.0.0:"
+                                      f"{DEFAULT_EXPORTER_PORT}) or empty for off, not {v!r}.")
+            exporter_kw[k] = listen
+        elif section == "collector":
             if k == "address":
                 coll_kw[k] = _as_address(v, name, src)
-            elif k in ("token", "token_file", "tls_ca"):
+            elif k in ("token", "token_file", "tls_ca", "tls_client_cert", "tls_client_key"):
                 coll_kw[k] = _as_str(v, name, src)
             elif k == "max_in_flight":
                 coll_kw[k] = int(_as_float(v, name, src, minimum=1, maximum=1024))
@@ -497,6 +582,7 @@ def load_config(
         lab.update(_check_labels(labels, "flag --label"))
 
     jobs = _check_jobs(dict(data.get("jobs", {})), f"{fsrc} [jobs]")
+    fabric = _check_fabric(dict(data.get("fabric", {})), f"{fsrc} [fabric]")
 
     probes_table = data.get("probes", {})
     if "enabled" in probes_table:
@@ -516,11 +602,19 @@ def load_config(
         labels=MappingProxyType(lab),
         probes=probes,
         jobs=jobs,
+        exporter=ExporterConfig(**exporter_kw),
+        fabric=fabric,
         config_file=str(path) if path else "",
         **agent_kw,
     )
-    if cfg.collector.tls_ca and not Path(cfg.collector.tls_ca).is_file():
-        raise ConfigError(f"collector.tls_ca {cfg.collector.tls_ca!r} is not a readable file.")
+    for key in ("tls_ca", "tls_client_cert", "tls_client_key"):
+        value = getattr(cfg.collector, key)
+        if value and not Path(value).is_file():
+            raise ConfigError(f"collector.{key} {value!r} is not a readable file.")
+    if bool(cfg.collector.tls_client_cert) != bool(cfg.collector.tls_client_key):
+        raise ConfigError("collector.tls_client_cert and collector.tls_client_key go together: set both or neither.")
+    if cfg.collector.tls_client_cert and not cfg.collector.tls_ca:
+        raise ConfigError("collector.tls_client_cert needs collector.tls_ca (a client certificate is sent over TLS).")
     return cfg
 
 

@@ -24,11 +24,11 @@ from typing import Any, Callable
 from gpuagent import __version__
 from gpuagent.agent.batcher import Batcher, SeqAllocator
 from gpuagent.agent.config import AgentConfig
-from gpuagent.agent.sampling import Sampler
+from gpuagent.agent.sampling import Sampler, now_ns
 from gpuagent.common.sdnotify import Notifier, WatchdogPinger
 from gpuagent.agent.sender import Sender
 from gpuagent.agent.spool import Spool
-from gpuagent.agent.status import (GPU_METRICS, HOST_METRICS, GpuStatus, HostStatus, JobStatus, JobThroughput,
+from gpuagent.agent.status import (GPU_METRICS, HOST_DEVICE_METRICS, HOST_METRICS, GpuStatus, HostStatus, JobStatus, JobThroughput,
                                    NodeStatus, ProbeStatus, RecentEvent, SpoolStatus, StatusSnapshot, TickCounters,
                                    write_status)
 from gpuagent.proto import pb
@@ -77,6 +77,7 @@ class Agent:
         self.extras: list[Any] = []          # probe scheduler and other parts with stop()
         self.job_steps: Any = None           # the JobStepReceiver when listening
         self.unavailable: list[str] = []     # optional parts that could not start (for status)
+        self.exporter: Any = None            # the /metrics endpoint when [exporter] listen is set
         self._sampler_errors: set[tuple[str, str]] = set()
         self.ticks = 0
         self.late_ticks = 0
@@ -169,7 +170,7 @@ class Agent:
 
     def tick(self, scheduled: float | None = None) -> None:
         """One sampling round; ``scheduled`` is the tick's planned monotonic time (batch clock)."""
-        ts = time.time_ns()
+        ts = now_ns()
         for s in self.samplers:
             try:
                 s.sample(ts, self.batcher)
@@ -257,9 +258,12 @@ class Agent:
         b = self.batcher
         now = time.time_ns()
         node = self.node_info
-        gpus = {g.index: GpuStatus(index=g.index, name=g.name, uuid=g.uuid,
+        gpus = {g.index: GpuStatus(index=g.index, name=g.name, uuid=g.uuid, pci_bus_id=g.pci_bus_id or None,
                                    memory_total_bytes=g.memory_total_bytes or None) for g in node.gpus}
         host = HostStatus()
+        for s in self.samplers:
+            for gpu, xid in (getattr(s, "last_xid", None) or {}).items():
+                gpus.setdefault(gpu, GpuStatus(index=gpu)).last_xid = xid
         for (metric, gpu, labels), (_ts, v) in b.latest_values().items():
             if gpu >= 0:
                 g = gpus.setdefault(gpu, GpuStatus(index=gpu))
@@ -269,6 +273,13 @@ class Agent:
                     g.throttle_reasons.append(dict(labels).get("reason", "?"))
             elif not labels and metric in HOST_METRICS:
                 setattr(host, metric, v)
+            elif labels and metric in HOST_DEVICE_METRICS:
+                table, key = HOST_DEVICE_METRICS[metric]
+                dev = dict(labels).get(key)
+                if dev is not None:
+                    if getattr(host, table) is None:
+                        setattr(host, table, {})
+                    getattr(host, table).setdefault(dev, {})[metric] = v
         if host.cpu_idle_percent is not None:
             host.cpu_busy_percent = max(0.0, 100.0 - host.cpu_idle_percent)
 
@@ -326,7 +337,10 @@ class Agent:
 
     def write_status(self, state: str = "running") -> None:
         try:
-            write_status(self.state_dir, self.status_snapshot(state))
+            snap = self.status_snapshot(state)
+            if self.exporter is not None:
+                self.exporter.update(snap)   # scrapes see this tick from now on, the same one as the file
+            write_status(self.state_dir, snap)
         except Exception:  # noqa: BLE001 - status is best effort; the data path matters more
             if ("status", "write") not in self._sampler_errors:
                 self._sampler_errors.add(("status", "write"))
@@ -400,7 +414,11 @@ def build_node_info(cfg: AgentConfig, samplers: list[Sampler]) -> pb.NodeInfo:
     taken once at start."""
     from gpuagent.agent.nodeinfo import build_node_info as build
     gpu = next((s for s in samplers if getattr(s, "name", "") == "gpu"), None)
-    return build(labels=dict(cfg.labels), gpu_sampler=gpu)
+    info = build(labels=dict(cfg.labels), gpu_sampler=gpu)
+    if cfg.fabric.enabled:
+        from gpuagent.agent.config import fabric_address
+        info.fabric_address = fabric_address(cfg.fabric)
+    return info
 
 
 def start_job_step_receiver(agent: Agent) -> None:
@@ -439,7 +457,34 @@ def start_probe_scheduler(agent: Agent) -> Any:
     return start(agent)
 
 
-EXTRA_FACTORIES: list[Callable[[Agent], Any]] = [start_job_step_receiver, start_probe_scheduler]
+def start_exporter(agent: Agent) -> Any:
+    """The Prometheus /metrics endpoint (gpuagent.agent.exporter) when ``[exporter] listen`` is set; an
+    address that cannot be bound leaves the rest of the agent running and is reported once."""
+    listen = agent.cfg.exporter.listen
+    if not listen:
+        return None
+    from gpuagent.agent.exporter import Exporter
+    try:
+        exp = Exporter(listen).start()
+    except OSError as exc:
+        msg = (f"the Prometheus exporter cannot listen on {listen}: {exc.strerror or exc}; /metrics is off "
+               "(change [exporter] listen)")
+        log.warning(msg)
+        agent.batcher.event("component_unavailable", msg, attrs={"component": "exporter"})
+        agent.unavailable.append(msg)
+        return None
+    agent.exporter = exp
+    return exp
+
+
+def start_fabric(agent: Agent) -> Any:
+    """Fleet pair probes on the collector's assignments (gpuagent.agent.fabric; [fabric] config table)."""
+    from gpuagent.agent.fabric import start_fabric_client
+    return start_fabric_client(agent)
+
+
+EXTRA_FACTORIES: list[Callable[[Agent], Any]] = [start_job_step_receiver, start_probe_scheduler, start_exporter,
+                                                  start_fabric]
 
 
 def setup_logging(level: str = "info") -> None:

@@ -75,6 +75,7 @@ class GpuSampler:
         self._event_gpus: set[int] = set()
         self._events_ready = False
         self.last: dict[int, dict[str, Any]] = {}   # latest values per GPU, for `gpuagent status`
+        self.last_xid: dict[int, int] = {}          # GPU -> the latest XID seen (dcgm-exporter's XID_ERRORS)
         n = self.nvml
         if n.available:
             self._sm = n.const("NVML_CLOCK_SM", 1)
@@ -193,6 +194,8 @@ class GpuSampler:
             gpu = int(gpu) if gpu is not None else -1
             xid = int(data.eventData)
             what = XID_DESCRIPTIONS.get(xid, "")
+            if gpu >= 0:
+                self.last_xid[gpu] = xid
             sink.event("xid", f"XID {xid} on GPU {gpu}" + (f" ({what})" if what else ""), gpu=gpu,
                        value=float(xid), attrs={"xid": str(xid), "description": what,
                                                 "event_type": hex(int(data.eventType))}, ts_ns=ts_ns)
@@ -243,6 +246,8 @@ class GpuSampler:
         lim = q("nvmlDeviceGetEnforcedPowerLimit", h, gpu=i)
         put("gpu_power_limit_watts", lim / 1000.0 if lim is not None else None)
         put("gpu_temperature_celsius", q("nvmlDeviceGetTemperature", h, self._temp_gpu, gpu=i))
+        # mJ since the driver was loaded (Volta and newer); a counter, as dcgm-exporter exports it
+        put("gpu_energy_consumed_mj", q("nvmlDeviceGetTotalEnergyConsumption", h, gpu=i))
         static = self._static_values(i, h)
         put("gpu_sm_clock_mhz", q("nvmlDeviceGetClockInfo", h, self._sm, gpu=i))
         put("gpu_sm_clock_max_mhz", static["sm_max"])

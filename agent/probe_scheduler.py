@@ -114,6 +114,19 @@ class ProbeScheduler:
     def budget_s(self) -> float:
         return self.config.budget_fraction * self.config.budget_window_s
 
+    def budget_problem(self, estimate_s: float) -> str:
+        """"" when a run of about ``estimate_s`` fits the budget, else the reason (the text skips carry)."""
+        used = self.budget_used_s()
+        if used + estimate_s <= self.budget_s:
+            return ""
+        return (f"budget: {used:.1f} s of probe time in the last {self.config.budget_window_s:g} s, "
+                f"next run estimated {estimate_s:.1f} s, limit {self.budget_s:.1f} s "
+                f"({100 * self.config.budget_fraction:g} %)")
+
+    def charge(self, seconds: float) -> None:
+        """Count a run made outside this scheduler (a fabric pair run) against the same budget."""
+        self._window.append((time.monotonic(), seconds))
+
     # ---------------------------------------------------------------- gating
     def diskstats_activity(self, device: str) -> tuple[float, float] | None:
         """(busy %, IOPS) of ``device`` over ``disk_quiet_window_s`` from /proc/diskstats; None if unknown."""
@@ -183,12 +196,9 @@ class ProbeScheduler:
         reason = self._platform(spec) or ("" if forced else self._gate(spec, params))
         if reason:
             return skip(reason)
-        used = self.budget_used_s()
-        estimate = self._last_duration.get(name, 0.0)
-        if used + estimate > self.budget_s:
-            return skip(f"budget: {used:.1f} s of probe time in the last {self.config.budget_window_s:g} s, "
-                        f"next run estimated {estimate:.1f} s, limit {self.budget_s:.1f} s "
-                        f"({100 * self.config.budget_fraction:g} %)")
+        over = self.budget_problem(self._last_duration.get(name, 0.0))
+        if over:
+            return skip(over)
         if not self._lock.acquire(self.config.lock_wait_s, what=name, cancel=self._stop):
             return skip(f"lock: another probe run holds {self._lock.path} ({self._lock.holder() or 'holder unknown'})")
         t0 = time.monotonic()

@@ -7,13 +7,10 @@ in-memory sink for tests and for `gpuagent status`-style one-shot reads.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol
 
-
-def now_ns() -> int:
-    return time.time_ns()
+from gpuagent.common.timeutil import now_ns
 
 
 @dataclass(frozen=True)

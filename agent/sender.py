@@ -16,7 +16,7 @@ deadline: ``Register`` directly, the long-lived stream through an ack watchdog (
   stream: the collector will never take that batch; it is moved to ``spool/rejected/`` and counted,
   never retried forever; the others are resent at once.
 * ALREADY_EXISTS (Register or Stream): another agent already streams as this node (same machine-id and
-  hostname, see collector/identity.py). One log line and the status line carry the collector's sentence;
+  hostname, see collector/ingest/identity.py). One log line and the status line carry the collector's sentence;
   the batches stay spooled and the agent retries with backoff (it takes over once the other stops).
 * Anything else (UNAVAILABLE, DEADLINE_EXCEEDED, ...): reconnect with backoff, resend unacked batches.
 
@@ -149,6 +149,14 @@ class Sender(threading.Thread):
         with self._lock:
             self._set_connected(False)
 
+    def open_channel(self) -> grpc.Channel:
+        """A new channel to the collector with this sender's address and TLS (for side streams)."""
+        return self._open_channel()
+
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        """The token and instance headers this sender sends (for side streams)."""
+        return self._metadata()
+
     def _metadata(self, *extra: tuple[str, str]) -> tuple[tuple[str, str], ...]:
         auth = (("authorization", f"Bearer {self._token}"),) if self._token else ()
         return (*auth, ("gpuagent-instance", self.instance), *extra)
@@ -156,8 +164,15 @@ class Sender(threading.Thread):
     def _open_channel(self) -> grpc.Channel:
         opts = [("grpc.enable_retries", 0), ("grpc.max_send_message_length", 64 * 1024 * 1024)]
         if self.cfg.tls_ca:
-            with open(self.cfg.tls_ca, "rb") as fh:
-                creds = grpc.ssl_channel_credentials(root_certificates=fh.read())
+            def read(path: str) -> bytes | None:
+                if not path:
+                    return None
+                with open(path, "rb") as fh:
+                    return fh.read()
+            # Read at each connection, so a rotated client certificate is used from the next reconnect.
+            creds = grpc.ssl_channel_credentials(root_certificates=read(self.cfg.tls_ca),
+                                                 private_key=read(self.cfg.tls_client_key),
+                                                 certificate_chain=read(self.cfg.tls_client_cert))
             return grpc.secure_channel(self.cfg.address, creds, options=opts)
         return grpc.insecure_channel(self.cfg.address, options=opts)
 

@@ -35,10 +35,26 @@ class StatusError(Exception):
 GPU_METRICS = {"gpu_util_percent": "util_percent", "gpu_mem_util_percent": "mem_util_percent",
                "gpu_memory_used_bytes": "memory_used_bytes", "gpu_memory_total_bytes": "memory_total_bytes",
                "gpu_temperature_celsius": "temperature_celsius", "gpu_power_watts": "power_watts",
-               "gpu_power_limit_watts": "power_limit_watts", "gpu_sm_clock_mhz": "sm_clock_mhz"}
+               "gpu_power_limit_watts": "power_limit_watts", "gpu_sm_clock_mhz": "sm_clock_mhz",
+               "gpu_mem_clock_mhz": "mem_clock_mhz", "gpu_energy_consumed_mj": "energy_consumed_mj",
+               "gpu_pcie_replay_count": "pcie_replay_count", "gpu_pcie_tx_bytes_per_s": "pcie_tx_bytes_per_s",
+               "gpu_pcie_rx_bytes_per_s": "pcie_rx_bytes_per_s", "gpu_nvlink_tx_bytes_per_s": "nvlink_tx_bytes_per_s",
+               "gpu_nvlink_rx_bytes_per_s": "nvlink_rx_bytes_per_s",
+               "gpu_ecc_corrected_total": "ecc_corrected_total", "gpu_ecc_uncorrected_total": "ecc_uncorrected_total"}
 # Host metrics (unlabelled batcher series) shown by status; HostStatus has one field each.
 HOST_METRICS = ("cpu_idle_percent", "cpu_steal_percent", "cpu_iowait_percent", "load1", "mem_used_bytes",
-                "mem_total_bytes", "mem_available_bytes")
+                "mem_total_bytes", "mem_available_bytes", "cpu_user_percent", "cpu_system_percent", "load5",
+                "load15", "swap_used_bytes", "context_switches_per_s", "interrupts_per_s",
+                "psi_cpu_some_avg10_percent", "psi_io_some_avg10_percent", "psi_io_full_avg10_percent",
+                "psi_memory_some_avg10_percent", "psi_memory_full_avg10_percent", "psi_cpu_some_stall_percent",
+                "psi_io_some_stall_percent", "psi_memory_some_stall_percent")
+# Labelled host series kept per device: batcher metric -> (HostStatus dict field, label key).
+HOST_DEVICE_METRICS = {m: ("disks", "device") for m in (
+    "disk_read_bytes_per_s", "disk_write_bytes_per_s", "disk_read_iops", "disk_write_iops",
+    "disk_read_latency_ms", "disk_write_latency_ms", "disk_busy_percent")}
+HOST_DEVICE_METRICS.update({m: ("nics", "nic") for m in (
+    "net_rx_bytes_per_s", "net_tx_bytes_per_s", "net_rx_errors_per_s", "net_tx_errors_per_s",
+    "net_rx_drops_per_s")})
 
 
 @dataclass
@@ -63,6 +79,23 @@ class HostStatus:
     mem_total_bytes: float | None = None
     mem_available_bytes: float | None = None
     cpu_busy_percent: float | None = None    # 100 - idle
+    cpu_user_percent: float | None = None
+    cpu_system_percent: float | None = None
+    load5: float | None = None
+    load15: float | None = None
+    swap_used_bytes: float | None = None
+    context_switches_per_s: float | None = None
+    interrupts_per_s: float | None = None
+    psi_cpu_some_avg10_percent: float | None = None
+    psi_io_some_avg10_percent: float | None = None
+    psi_io_full_avg10_percent: float | None = None
+    psi_memory_some_avg10_percent: float | None = None
+    psi_memory_full_avg10_percent: float | None = None
+    psi_cpu_some_stall_percent: float | None = None
+    psi_io_some_stall_percent: float | None = None
+    psi_memory_some_stall_percent: float | None = None
+    disks: dict[str, dict[str, float]] | None = None   # device -> batcher metric -> value
+    nics: dict[str, dict[str, float]] | None = None    # interface -> batcher metric -> value
 
     def seen(self) -> bool:
         return any(getattr(self, f.name) is not None for f in fields(self))
@@ -82,6 +115,17 @@ class GpuStatus:
     power_watts: float | None = None
     power_limit_watts: float | None = None
     sm_clock_mhz: float | None = None
+    pci_bus_id: str | None = None
+    mem_clock_mhz: float | None = None
+    energy_consumed_mj: float | None = None   # since the driver was loaded
+    pcie_replay_count: float | None = None
+    pcie_tx_bytes_per_s: float | None = None
+    pcie_rx_bytes_per_s: float | None = None
+    nvlink_tx_bytes_per_s: float | None = None
+    nvlink_rx_bytes_per_s: float | None = None
+    ecc_corrected_total: float | None = None
+    ecc_uncorrected_total: float | None = None
+    last_xid: int | None = None               # the latest XID event this agent saw on the GPU
 
 
 @dataclass

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Resident cost of the agent at 1 s sampling, next to prometheus-node-exporter scraped at 1 Hz.
+"""Resident cost of the agent at 1 s sampling, exporter off and on, next to prometheus-node-exporter.
 
 Runs the real agent (``gpuagent run``, probes off: this measures the resident daemon, not the probe
 subprocesses it spawns) against a real local collector for ``--duration`` seconds (default 60) after
@@ -8,8 +8,11 @@ a warm-up, and reads /proc/<pid>/stat and /proc/<pid>/status once a second:
 * ``agent_rss_bytes``: peak RSS (VmHWM, includes start-up) and ``agent_rss_steady_bytes``: median VmRSS;
 * ``agent_cpu_percent``: user+system CPU time over the window, as % of one core.
 
-Where ``prometheus-node-exporter`` is installed it runs on 127.0.0.1 over the same window, is scraped
-once a second, and the same figures are reported for it. It also checks that torch is not loaded in
+The window is measured three times, each with a fresh agent: the Prometheus exporter off (the
+``agent_*`` figures), then ``[exporter] listen`` on and /metrics scraped every 15 s (Prometheus's
+default scrape interval) and every 1 s (``exporter_scrape_15s`` / ``exporter_scrape_1s``). Where
+``prometheus-node-exporter`` is installed it runs on 127.0.0.1 over the first window, is scraped once
+a second, and the same figures are reported for it. It also checks that torch is not loaded in
 the daemon (no libtorch in /proc/<pid>/maps; ``torch_loaded`` false in its status file) and that the
 collector stored what the agent sent. Targets (docs/ARCHITECTURE.md): RSS <= 64 MiB, CPU <= 1 % of one core.
 """
@@ -94,8 +97,8 @@ def node_exporter(port: int, log: Path) -> subprocess.Popen | None:
                             stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def scraper(url: str, stop: threading.Event, stats: dict) -> None:
-    """Scrape once a second, as a Prometheus server with scrape_interval: 1s would."""
+def scraper(url: str, stop: threading.Event, stats: dict, every_s: float = 1.0) -> None:
+    """Scrape every ``every_s``, as a Prometheus server with that scrape_interval would."""
     nxt = time.monotonic()
     while not stop.is_set():
         t = time.monotonic()
@@ -107,8 +110,51 @@ def scraper(url: str, stop: threading.Event, stats: dict) -> None:
             stats["scrape_s"].append(time.monotonic() - t)
         except OSError:
             stats["errors"] += 1
-        nxt += 1.0
+        nxt += every_s
         stop.wait(max(0.0, nxt - time.monotonic()))
+
+
+def scraped_agent_window(address: str, tmp: Path, args, name: str, every_s: float) -> dict:
+    """A fresh agent with the exporter on, scraped every ``every_s`` over one measurement window."""
+    mport = local_run.free_port()
+    cfg = tmp / f"agent-{name}.toml"
+    cfg.write_text(("" if args.probes else "[probes]\nenabled = false\n")
+                   + f'[exporter]\nlisten = "127.0.0.1:{mport}"\n')
+    agent = local_run.start_agent(address, tmp / f"state-{name}", tmp / f"agent-{name}.log",
+                                  interval=args.interval, batch_interval=5.0, extra_args=("--config", str(cfg)),
+                                  extra_env={"GPUAGENT_JOBS_SOCKET": str(tmp / f"jobs-{name}.sock")})
+    try:
+        local_run.wait_port(mport, agent, tmp / f"agent-{name}.log")
+        stop = threading.Event()
+        stats = {"scrapes": 0, "errors": 0, "bytes": 0, "scrape_s": []}
+        t = threading.Thread(target=scraper, args=(f"http://127.0.0.1:{mport}/metrics", stop, stats, every_s),
+                             daemon=True)
+        t.start()
+        time.sleep(args.warmup)
+        w = Watch(agent.pid)
+        w.start()
+        t_end = time.monotonic() + args.duration
+        nxt = time.monotonic()
+        while time.monotonic() < t_end:
+            w.tick()
+            nxt += 1.0
+            time.sleep(max(0.0, nxt - time.monotonic()))
+        w.end()
+        stop.set()
+        t.join(timeout=10)
+        status = json.loads((tmp / f"state-{name}" / "status.json").read_text())
+    finally:
+        local_run.stop_process(agent)
+    r = w.result("agent")
+    out = {"scrape_every_s": every_s, "rss_bytes": r["agent_rss_bytes"],
+           "rss_steady_bytes": r["agent_rss_steady_bytes"], "cpu_percent": r["agent_cpu_percent"],
+           "scrapes": stats["scrapes"], "scrape_errors": stats["errors"], "scrape_bytes": stats["bytes"],
+           "late_ticks": status["counters"]["late_ticks"], "skipped_ticks": status["counters"]["skipped_ticks"]}
+    if stats["scrape_s"]:
+        out["scrape_median_ms"] = round(1000 * statistics.median(stats["scrape_s"]), 2)
+    out["rss_within_target"] = out["rss_bytes"] <= 64 * 1024 * 1024
+    out["cpu_within_target"] = out["cpu_percent"] <= 1.0
+    return out
 
 
 def main() -> int:
@@ -118,6 +164,7 @@ def main() -> int:
     ap.add_argument("--interval", type=float, default=1.0, help="agent sampling interval (default 1 s)")
     ap.add_argument("--probes", action="store_true",
                     help="leave the probe scheduler on (its subprocesses are not counted; default off)")
+    ap.add_argument("--no-exporter", action="store_true", help="skip the two exporter-on windows")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args()
 
@@ -176,6 +223,12 @@ def main() -> int:
         status = json.loads((tmp / "state" / "status.json").read_text())
         _, rows = local_run.query(address, "SELECT count(*) FROM samples")
         stored1 = int(rows[0][0])
+        local_run.stop_process(agent)     # one agent at a time: the windows below must not overlap it
+        if ne is not None:
+            local_run.stop_process(ne)
+        exporter_windows = {} if args.no_exporter else {
+            f"exporter_scrape_{every:g}s": scraped_agent_window(address, tmp, args, f"scrape{every:g}", every)
+            for every in (15.0, 1.0)}
 
         out = {
             "benchmark": "agent_overhead",
@@ -196,6 +249,7 @@ def main() -> int:
         }
         out["agent_rss_within_target"] = out["agent_rss_bytes"] <= out["target_rss_bytes"]
         out["agent_cpu_within_target"] = out["agent_cpu_percent"] <= out["target_cpu_percent"]
+        out.update(exporter_windows)
         if ne is not None:
             out.update(watches["node_exporter"].result("node_exporter"))
             out["node_exporter_scrapes"] = scrape["scrapes"]

@@ -12,6 +12,11 @@ open flag of severity warning/critical is scored against the labels, as docs/FLA
 - utilization_gap per (node, component): positive when ``inject_<idle|no_job|input_bound>_fraction`` >= 0.25.
 
 Targets: recall >= 0.95 and false-positive rate <= 0.02 for each kind.
+
+Findings (95_findings.sql) are scored too: on each node with injected causes (each inject_* label is one
+cause), the open findings that name the node, at most 1.5 per cause; every injected cause covered by a
+finding of its kind; and a second pool, cloud-pcie, where every node carries the same H2D/D2H penalty, must
+give one pool finding rather than one per node.
 """
 
 from __future__ import annotations
@@ -62,7 +67,69 @@ def build_fleet(n: int, seed: int) -> list[NodeSpec]:
         fleet.append(NodeSpec(index=i, hostname=f"acc-{i:04d}", pool=pool, virtualized=virtualized,
                               provider="cloud-a" if virtualized else "on-prem",
                               price_per_gpu_hour=3.5 if virtualized else 2.2, inject=inject))
+    # A pool-wide cause: every node of cloud-pcie has the same PCIe penalty in both directions.
+    for j in range(POOL_NODES):
+        fleet.append(NodeSpec(index=n + j, hostname=f"acc-pool-{j:03d}", pool=POOL, virtualized=True,
+                              provider=POOL, price_per_gpu_hour=3.5,
+                              inject={"virt_penalty_h2d": 20.0, "virt_penalty_d2h": 20.0}))
     return fleet
+
+
+POOL, POOL_NODES = "cloud-pcie", 9
+CAUSE_KIND = {"virt_penalty": "virtualization_overhead", "noise_cv": "noisy_neighbor_variance",
+              "idle_fraction": "utilization_gap", "no_job_fraction": "utilization_gap",
+              "input_bound_fraction": "utilization_gap"}
+
+
+def _cause_kind(key: str) -> str:
+    return next(k for prefix, k in CAUSE_KIND.items() if key.startswith(prefix))
+
+
+def score_findings(db: Path) -> dict:
+    """Findings per injected cause on faulty nodes, causes without a finding, and the pool-wide injection."""
+    con = open_readonly(db)
+    try:
+        nodes = con.execute("SELECT node_id, pool, labels FROM nodes WHERE synthetic").fetchall()
+        found = con.execute("SELECT finding_id, scope, kind, node_id, pool, family FROM findings "
+                            "WHERE state = 'open' AND severity IN ('warning', 'critical')").fetchall()
+        # Which nodes each finding covers, through its flags.
+        covers = con.execute("SELECT DISTINCT finding_id, node_id FROM flags WHERE state = 'open' "
+                             "AND finding_id IS NOT NULL").fetchall()
+    finally:
+        con.close()
+    by_node: dict[str, set[tuple[str, int]]] = {}
+    for fid, node in covers:
+        kind = next(f[2] for f in found if f[0] == fid) if any(f[0] == fid for f in found) else None
+        if kind:
+            by_node.setdefault(node, set()).add((kind, fid))
+    causes = findings_on_faulty = 0
+    missing = []
+    for node_id, pool, labels in nodes:
+        lab = dict(labels or {})
+        if pool == POOL:
+            continue
+        injected = [k[len("inject_"):] for k, v in lab.items() if k.startswith("inject_") and float(v) > 0]
+        # A VO penalty at or under its threshold is not a cause the analyzer is asked to find.
+        injected = [k for k in injected if not (k.startswith("virt_penalty_")
+                    and float(lab[f"inject_{k}"]) <= VO_THRESHOLD.get(k[len("virt_penalty_"):], 0))]
+        if not injected:
+            continue
+        causes += len(injected)
+        mine = {fid for _kind, fid in by_node.get(node_id, set())
+                if next(f[1] for f in found if f[0] == fid) == "node"}
+        findings_on_faulty += len(mine)
+        kinds = {kind for kind, _fid in by_node.get(node_id, set())}
+        missing += [f"{node_id}:{k}" for k in injected if _cause_kind(k) not in kinds]
+    pool_findings = [f for f in found if f[4] == POOL]
+    return {"injected_causes_on_faulty_nodes": causes,
+            "node_findings_on_faulty_nodes": findings_on_faulty,
+            "findings_per_cause": round(findings_on_faulty / causes, 3) if causes else None,
+            "causes_without_a_finding": len(missing), "causes_without_a_finding_first": missing[:10],
+            "pool_wide_injection": {"pool": POOL, "nodes": POOL_NODES, "findings": len(pool_findings),
+                                    "scopes": sorted({f[1] for f in pool_findings})},
+            "open_findings": len(found),
+            "meets_target": bool(causes and findings_on_faulty / causes <= 1.5 and not missing
+                                 and len(pool_findings) == 1 and pool_findings[0][1] == "pool")}
 
 
 def start_collector(db: Path, workdir: Path):
@@ -162,6 +229,7 @@ def main(argv=None) -> int:
         except subprocess.TimeoutExpired:
             proc.kill()
     out = score(db)
+    out["findings"] = score_findings(db)
     out.update({
         "benchmark": "flag_accuracy",
         "data": "SYNTHETIC fleet from gpuagent-sim over the real protocol to a real collector; real analyzer",
@@ -179,6 +247,11 @@ def main(argv=None) -> int:
         for kind, k in out["kinds"].items():
             print(f"{kind}: recall {k['recall']}, false-positive rate {k['false_positive_rate']} "
                   f"(tp {k['tp']} fn {k['fn']} fp {k['fp']} tn {k['tn']})")
+        f = out["findings"]
+        print(f"findings: {f['node_findings_on_faulty_nodes']} on faulty nodes for {f['injected_causes_on_faulty_nodes']} "
+              f"injected causes ({f['findings_per_cause']} per cause), {f['causes_without_a_finding']} causes "
+              f"without a finding; pool-wide injection on {POOL}: {f['pool_wide_injection']['findings']} finding(s) "
+              f"{f['pool_wide_injection']['scopes']}; {f['open_findings']} open findings in all")
     return 0
 
 

@@ -55,6 +55,10 @@ def _write_port_file(path: str, port: int) -> None:
 @click.option("--token-file", type=click.Path(dir_okay=False), default=None, help="Read the token from this file.")
 @click.option("--tls-cert", type=click.Path(dir_okay=False), default=None, help="PEM certificate for TLS.")
 @click.option("--tls-key", type=click.Path(dir_okay=False), default=None, help="PEM private key for TLS.")
+@click.option("--tokens-file", type=click.Path(dir_okay=False), default=None,
+              help="TOML file of per-role, per-node tokens (docs/COLLECTOR.md, Security); re-read on SIGHUP.")
+@click.option("--tls-client-ca", type=click.Path(dir_okay=False), default=None,
+              help="Require client certificates signed by this CA (mutual TLS; CN = node); re-read on SIGHUP.")
 @click.option("--insecure", is_flag=True, help="Allow plaintext when listening beyond loopback.")
 @click.option("--reflection", is_flag=True, help="Serve gRPC reflection (off by default).")
 @click.option("--port-file", type=click.Path(dir_okay=False), default=None,
@@ -68,11 +72,20 @@ def _write_port_file(path: str, port: int) -> None:
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True)
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
-              help="Collector TOML config: [analyzer], [baselines], [pricing], [storage], [lake] (see README).")
+              help="Collector TOML config: [analyzer], [baselines], [pricing], [metrics], [fabric], "
+                   "[storage], [lake] (see docs/FLAGS.md, docs/FABRIC.md and docs/COLLECTOR.md).")
 @click.option("--no-analyze", is_flag=True, help="Do not run the scheduled analysis passes.")
-def serve(listen, db_path, token, token_file, tls_cert, tls_key, insecure, reflection, port_file,
-          max_samples_per_batch, max_message_bytes, memory_limit, log_level, config_path, no_analyze):
-    """Receive agent batches over gRPC and store them in DuckDB until SIGTERM/SIGINT."""
+@click.option("--metrics-listen", default=None, metavar="HOST:PORT",
+              help="Serve Prometheus /metrics here (off by default; [metrics] listen in --config; "
+                   "behind --token when one is set).")
+@click.option("--metrics-port-file", type=click.Path(dir_okay=False), default=None,
+              help="Write the bound metrics port to this file once serving.")
+def serve(listen, db_path, token, token_file, tls_cert, tls_key, tokens_file, tls_client_ca, insecure, reflection,
+          port_file, max_samples_per_batch, max_message_bytes, memory_limit, log_level, config_path, no_analyze,
+          metrics_listen, metrics_port_file):
+    """Receive agent batches over gRPC and store them in DuckDB until SIGTERM/SIGINT.
+
+    SIGHUP re-reads the tokens file and the TLS certificate, key and client CA; open streams stay."""
     logging.basicConfig(level=getattr(logging, log_level.upper()), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from gpuagent.collector.ingest.server import CollectorError, ServerOptions, start_collector
@@ -81,31 +94,45 @@ def serve(listen, db_path, token, token_file, tls_cert, tls_key, insecure, refle
     tok = _token(None, token_file) if token_file else _token(token, None)
     analyzer_config = _analyzer_config(config_path)
     maintenance_config = _maintenance_config(config_path)
+    fabric_config = _fabric_config(config_path)
     stop = threading.Event()
+    reload = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    signal.signal(signal.SIGHUP, lambda *_: (reload.set(), stop.set()))
     try:
         handle = start_collector(db_path, listen, tok, tls_cert=tls_cert, tls_key=tls_key, insecure=insecure,
+                                 tokens_file=tokens_file, tls_client_ca=tls_client_ca,
                                  reflection=reflection, limits=Limits(max_samples_per_batch=max_samples_per_batch),
                                  options=ServerOptions(max_message_bytes=max_message_bytes,
                                                        memory_limit=memory_limit),
                                  analyzer_config=analyzer_config, analyze=not no_analyze,
-                                 maintenance_config=maintenance_config)
+                                 metrics_listen=metrics_listen or analyzer_config.metrics_listen,
+                                 fabric=fabric_config, maintenance_config=maintenance_config)
     except CollectorError as exc:
         raise click.ClickException(str(exc)) from None
     try:
         if port_file:
             _write_port_file(port_file, handle.port)
+        if metrics_port_file and handle.metrics is not None:
+            _write_port_file(metrics_port_file, handle.metrics.port)
         logging.getLogger("gpuagent.collector").info(
             "listening on %s (db %s, %s, %s)", handle.address, os.path.abspath(db_path),
-            "token required" if tok else "no token", "tls" if tls_cert else "plaintext")
+            "token required" if tok or tokens_file else "no token",
+            ("mutual tls" if tls_client_ca else "tls") if tls_cert else "plaintext")
         notifier = _notifier()
         if notifier is not None:
             notifier.ready(f"listening on {handle.address}")
         wd = notifier.watchdog_interval_s if notifier is not None else 0.0
         interval = min(wd, 1.0) if wd else 1.0
         problem = None
-        while not stop.wait(interval):
+        while True:
+            if stop.wait(interval):
+                if not reload.is_set():
+                    break
+                stop.clear()
+                reload.clear()
+                _reload(handle)
             problem = handle.problem()
             if problem is not None:
                 break      # no more WATCHDOG=1: systemd (or the operator) restarts a collector that broke
@@ -125,6 +152,16 @@ def serve(listen, db_path, token, token_file, tls_cert, tls_key, insecure, refle
         raise click.ClickException(problem)
 
 
+def _reload(handle) -> None:
+    """SIGHUP: re-read credentials; a part that cannot be read keeps its current setting."""
+    clog = logging.getLogger("gpuagent.collector")
+    problems = handle.reload()
+    for p in problems:
+        clog.error("SIGHUP: %s; keeping the current setting", p)
+    if not problems:
+        clog.info("SIGHUP: re-read the tokens file and TLS files")
+
+
 def _notifier():
     """sd_notify(3) (READY=1, WATCHDOG=1, STOPPING=1) under systemd; None elsewhere. Shared with the agent."""
     from gpuagent.common.sdnotify import Notifier
@@ -141,16 +178,20 @@ def _notifier():
 @click.option("--token-file", type=click.Path(dir_okay=False), default=None)
 @click.option("--tls-ca", type=click.Path(exists=True, dir_okay=False), default=None,
               help="PEM of the CA that signed the collector's certificate (TLS).")
+@click.option("--tls-client-cert", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="PEM client certificate (OU=query or admin) for a collector that requires one.")
+@click.option("--tls-client-key", type=click.Path(exists=True, dir_okay=False), default=None)
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True)
 @click.option("--max-rows", type=click.IntRange(0), default=0, help="Row cap (0: the collector's default).")
-def sql(query, target, token, token_file, tls_ca, fmt, max_rows):
+def sql(query, target, token, token_file, tls_ca, tls_client_cert, tls_client_key, fmt, max_rows):
     """Run a read-only SQL QUERY on the live collector (writes, files and extensions are refused)."""
     from gpuagent.collector.views.client import QueryError, format_result
     from gpuagent.collector.views.client import query as run_query
 
     tok = _token(None, token_file) if token_file else _token(token, None)
     try:
-        result = run_query(target, query, token=tok, max_rows=max_rows, tls_ca=tls_ca)
+        result = run_query(target, query, token=tok, max_rows=max_rows, tls_ca=tls_ca,
+                           client_cert=tls_client_cert, client_key=tls_client_key)
     except QueryError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(format_result(result, fmt))
@@ -179,22 +220,61 @@ def _maintenance_config(config_path: str | None):
         raise click.ClickException(str(exc)) from None
 
 
-def _print_analysis(run: dict, flags: list[dict], fmt: str, truncated: bool) -> None:
+def _fabric_config(config_path: str | None):
+    """[fabric] of the collector config (collector/fabric/coordinator.py); None when absent."""
+    if not config_path:
+        return None
+    import tomllib
+
+    from gpuagent.collector.fabric.coordinator import FabricConfig
+
+    try:
+        with open(config_path, "rb") as fh:
+            table = tomllib.load(fh).get("fabric")
+        return FabricConfig.from_mapping(table) if table is not None else None
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise click.ClickException(f"config file {config_path} cannot be read: {exc}") from None
+    except ValueError as exc:
+        raise click.ClickException(f"config file {config_path}: {exc}") from None
+
+
+def _flag_line(f: dict) -> str:
+    gpu = "" if f.get("gpu") is None else f" gpu {f['gpu']}"
+    return f"[{f['severity']}] {f['kind']}/{f['component']} {f['node_id']}{gpu}: {f['sentence']}"
+
+
+def _print_analysis(run: dict, flags: list[dict], fmt: str, truncated: bool, findings: list[dict],
+                    show_flags: bool) -> None:
+    """Findings first, worst first; with ``show_flags`` each finding's open flags under it."""
     import json
 
     if fmt == "json":
-        click.echo(json.dumps({"pass": run, "open_flags": flags, "truncated": truncated}, default=str))
+        click.echo(json.dumps({"pass": run, "open_findings": findings, "open_flags": flags, "truncated": truncated},
+                              default=str))
         return
     click.echo(f"analysis pass at {run['now']}: rolled up {run['rollup_rows_in']} new raw rows in "
                f"{run['rollup_s']:.2f} s, flags in {run['flags_s']:.2f} s; {run['conditions']} conditions, "
-               f"{run['opened']} opened, {run['updated']} updated, {run['closed']} closed")
-    if not flags:
-        click.echo("no open flags")
+               f"{run['opened']} opened, {run['updated']} updated, {run['closed']} closed; "
+               f"{len(findings)} open findings over {len(flags)}{'+' if truncated else ''} open flags")
+    if not findings and not flags:
+        click.echo("no open findings")
+    by_finding: dict = {}
     for f in flags:
-        gpu = "" if f.get("gpu") is None else f" gpu {f['gpu']}"
-        click.echo(f"[{f['severity']}] {f['kind']}/{f['component']} {f['node_id']}{gpu}: {f['sentence']}")
+        by_finding.setdefault(f.get("finding_id"), []).append(f)
+    for d in findings:
+        click.echo(f"[{d['severity']}] {d['scope']} {d['kind']}: {d['sentence']}")
+        if show_flags:
+            for f in by_finding.get(d["finding_id"], []):
+                click.echo("    " + _flag_line(f))
+    ungrouped = [f for f in flags if f.get("finding_id") not in {d["finding_id"] for d in findings}]
+    if show_flags and ungrouped:   # a flag opened by another pass than the one that grouped the findings
+        click.echo("flags in no finding:")
+        for f in ungrouped:
+            click.echo("    " + _flag_line(f))
+    if not show_flags and flags:
+        click.echo("(--flags lists each finding's flags)")
     if truncated:
-        click.echo(f"(showing the first {len(flags)} open flags)")
+        click.echo(f"(flags: showing the first {len(flags)} open flags)")
 
 
 @main.command()
@@ -210,22 +290,25 @@ def _print_analysis(run: dict, flags: list[dict], fmt: str, truncated: bool) -> 
 @click.option("--tls-ca", type=click.Path(exists=True, dir_okay=False), default=None)
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--max-flags", type=click.IntRange(1), default=200, show_default=True)
-def analyze(db_path, target, window, config_path, token, token_file, tls_ca, fmt, max_flags):
-    """Run one analysis pass now (rollups + flags) and print the open flags."""
+@click.option("--flags", "show_flags", is_flag=True, help="List each finding's open flags under it.")
+def analyze(db_path, target, window, config_path, token, token_file, tls_ca, fmt, max_flags, show_flags):
+    """Run one analysis pass now (rollups + flags + findings) and print the open findings, worst first."""
     if db_path:
-        from gpuagent.collector.analysis.analyzer import AnalyzerError, analyze_db, open_flags_in
+        from gpuagent.collector.analysis.analyzer import AnalyzerError, analyze_db, open_findings_in, open_flags_in
 
         config = _analyzer_config(config_path, window)
         try:
             result = analyze_db(db_path, config)
             flags = open_flags_in(db_path, max_flags + 1)
+            findings = open_findings_in(db_path)
         except AnalyzerError as exc:
             raise click.ClickException(str(exc)) from None
-        _print_analysis(result.as_dict(), flags[:max_flags], fmt, len(flags) > max_flags)
+        _print_analysis(result.as_dict(), flags[:max_flags], fmt, len(flags) > max_flags, findings, show_flags)
         return
-    from gpuagent.collector.analysis.analyzer import AnalyzerError, parse_duration
+    from gpuagent.collector.analysis.analyzer import FINDINGS_SQL, AnalyzerError, parse_duration
     from gpuagent.collector.views.client import QueryError
     from gpuagent.collector.views.client import analyze as run_analyze
+    from gpuagent.collector.views.client import query as run_query
 
     if config_path:
         raise click.ClickException("--config applies with --db; a live collector uses its own serve --config")
@@ -236,9 +319,11 @@ def analyze(db_path, target, window, config_path, token, token_file, tls_ca, fmt
     tok = _token(None, token_file) if token_file else _token(token, None)
     try:
         res = run_analyze(target, window_s, token=tok, max_flags=max_flags, tls_ca=tls_ca)
+        found = run_query(target, FINDINGS_SQL.format(limit=1000), token=tok, tls_ca=tls_ca)
     except QueryError as exc:
         raise click.ClickException(str(exc)) from None
-    _print_analysis(res.run, res.flags, fmt, res.truncated)
+    findings = [dict(zip(found.columns, row)) for row in found.rows]
+    _print_analysis(res.run, res.flags, fmt, res.truncated, findings, show_flags)
 
 
 def _source_args(ctx: click.Context, db_path: str | None, target: str | None) -> tuple[str | None, str | None]:
@@ -311,3 +396,36 @@ def report(ctx, out, db_path, target, token, token_file, tls_ca, window, referen
 
 if __name__ == "__main__":  # pragma: no cover
     main()
+
+
+@main.group()
+def token() -> None:
+    """Make credentials for the tokens file (--tokens-file)."""
+
+
+@token.command("new")
+@click.option("--role", type=click.Choice(["ingest", "query", "admin"]), required=True)
+@click.option("--nodes", default=None, metavar="PATTERNS",
+              help="Ingest only: comma-separated node names or glob patterns it may write as, e.g. 'gpu-*'.")
+@click.option("--name", default="", help="A label for the entry, shown in refusals.")
+def token_new(role, nodes, name):
+    """Print a new token once, and the [[token]] entry (its SHA-256 only) to add to the tokens file."""
+    import json
+
+    from gpuagent.collector.ingest.auth import new_token, token_digest
+
+    patterns = [p.strip() for p in (nodes or "").split(",") if p.strip()]
+    if role == "ingest" and not patterns:
+        raise click.ClickException("an ingest token needs --nodes (for example --nodes 'gpu-*')")
+    if role != "ingest" and patterns:
+        raise click.ClickException("--nodes only applies to --role ingest")
+    secret = new_token()
+    click.echo(f"token (shown once; give it to the client): {secret}", err=True)
+    click.echo("add to the tokens file, then send SIGHUP to the collector:", err=True)
+    click.echo("[[token]]")
+    if name:
+        click.echo(f"name = {json.dumps(name)}")
+    click.echo(f'sha256 = "{token_digest(secret)}"')
+    click.echo(f'role = "{role}"')
+    if patterns:
+        click.echo(f"nodes = {json.dumps(patterns)}")

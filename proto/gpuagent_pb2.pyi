@@ -63,7 +63,7 @@ class Fingerprint(_message.Message):
     def __init__(self, cpuid_hypervisor_bit: _Optional[bool] = ..., cpuid_hypervisor_vendor: _Optional[str] = ..., dmi_sys_vendor: _Optional[str] = ..., dmi_product_name: _Optional[str] = ..., sys_hypervisor_type: _Optional[str] = ..., container_markers: _Optional[_Iterable[str]] = ..., container_runtime: _Optional[str] = ..., nvml_virtualization_mode: _Optional[str] = ..., virt_type: _Optional[str] = ..., virtualized: _Optional[bool] = ..., in_container: _Optional[bool] = ..., clocksource: _Optional[str] = ...) -> None: ...
 
 class NodeInfo(_message.Message):
-    __slots__ = ("hostname", "machine_id", "agent_version", "labels", "cpu_model", "cpu_cores_logical", "cpu_cores_physical", "memory_total_bytes", "kernel", "driver_version", "cuda_version", "gpus", "fingerprint", "numa_nodes", "os", "boot_time_ns")
+    __slots__ = ("hostname", "machine_id", "agent_version", "labels", "cpu_model", "cpu_cores_logical", "cpu_cores_physical", "memory_total_bytes", "kernel", "driver_version", "cuda_version", "gpus", "fingerprint", "numa_nodes", "os", "boot_time_ns", "fabric_address")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -87,6 +87,7 @@ class NodeInfo(_message.Message):
     NUMA_NODES_FIELD_NUMBER: _ClassVar[int]
     OS_FIELD_NUMBER: _ClassVar[int]
     BOOT_TIME_NS_FIELD_NUMBER: _ClassVar[int]
+    FABRIC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     hostname: str
     machine_id: str
     agent_version: str
@@ -103,7 +104,8 @@ class NodeInfo(_message.Message):
     numa_nodes: int
     os: str
     boot_time_ns: int
-    def __init__(self, hostname: _Optional[str] = ..., machine_id: _Optional[str] = ..., agent_version: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., cpu_model: _Optional[str] = ..., cpu_cores_logical: _Optional[int] = ..., cpu_cores_physical: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., kernel: _Optional[str] = ..., driver_version: _Optional[str] = ..., cuda_version: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., fingerprint: _Optional[_Union[Fingerprint, _Mapping]] = ..., numa_nodes: _Optional[int] = ..., os: _Optional[str] = ..., boot_time_ns: _Optional[int] = ...) -> None: ...
+    fabric_address: str
+    def __init__(self, hostname: _Optional[str] = ..., machine_id: _Optional[str] = ..., agent_version: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., cpu_model: _Optional[str] = ..., cpu_cores_logical: _Optional[int] = ..., cpu_cores_physical: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., kernel: _Optional[str] = ..., driver_version: _Optional[str] = ..., cuda_version: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., fingerprint: _Optional[_Union[Fingerprint, _Mapping]] = ..., numa_nodes: _Optional[int] = ..., os: _Optional[str] = ..., boot_time_ns: _Optional[int] = ..., fabric_address: _Optional[str] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
     __slots__ = ("node",)
@@ -360,3 +362,74 @@ class AnalyzeResponse(_message.Message):
     flags_json: str
     truncated: bool
     def __init__(self, pass_json: _Optional[str] = ..., flags_json: _Optional[str] = ..., truncated: _Optional[bool] = ...) -> None: ...
+
+class AssignmentsRequest(_message.Message):
+    __slots__ = ("node_id",)
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    def __init__(self, node_id: _Optional[str] = ...) -> None: ...
+
+class Assignment(_message.Message):
+    __slots__ = ("kind", "pair_id", "role", "peer_node_id", "peer_address", "port_lo", "port_hi", "port", "secret", "probe", "params", "deadline_ns", "reason", "node_a", "node_b")
+    class ParamsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    PAIR_ID_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    PEER_NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    PEER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    PORT_LO_FIELD_NUMBER: _ClassVar[int]
+    PORT_HI_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    SECRET_FIELD_NUMBER: _ClassVar[int]
+    PROBE_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_NS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    NODE_A_FIELD_NUMBER: _ClassVar[int]
+    NODE_B_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    pair_id: str
+    role: str
+    peer_node_id: str
+    peer_address: str
+    port_lo: int
+    port_hi: int
+    port: int
+    secret: str
+    probe: str
+    params: _containers.ScalarMap[str, str]
+    deadline_ns: int
+    reason: str
+    node_a: str
+    node_b: str
+    def __init__(self, kind: _Optional[str] = ..., pair_id: _Optional[str] = ..., role: _Optional[str] = ..., peer_node_id: _Optional[str] = ..., peer_address: _Optional[str] = ..., port_lo: _Optional[int] = ..., port_hi: _Optional[int] = ..., port: _Optional[int] = ..., secret: _Optional[str] = ..., probe: _Optional[str] = ..., params: _Optional[_Mapping[str, str]] = ..., deadline_ns: _Optional[int] = ..., reason: _Optional[str] = ..., node_a: _Optional[str] = ..., node_b: _Optional[str] = ...) -> None: ...
+
+class AssignmentAnswer(_message.Message):
+    __slots__ = ("node_id", "pair_id", "accepted", "reason", "port", "finished", "status")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    PAIR_ID_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    pair_id: str
+    accepted: bool
+    reason: str
+    port: int
+    finished: bool
+    status: str
+    def __init__(self, node_id: _Optional[str] = ..., pair_id: _Optional[str] = ..., accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., port: _Optional[int] = ..., finished: _Optional[bool] = ..., status: _Optional[str] = ...) -> None: ...
+
+class AssignmentAnswerAck(_message.Message):
+    __slots__ = ("known",)
+    KNOWN_FIELD_NUMBER: _ClassVar[int]
+    known: bool
+    def __init__(self, known: _Optional[bool] = ...) -> None: ...

@@ -54,6 +54,16 @@ class CollectorStub:
                 request_serializer=gpuagent__pb2.AnalyzeRequest.SerializeToString,
                 response_deserializer=gpuagent__pb2.AnalyzeResponse.FromString,
                 _registered_method=True)
+        self.Assignments = channel.unary_stream(
+                '/gpuagent.v1.Collector/Assignments',
+                request_serializer=gpuagent__pb2.AssignmentsRequest.SerializeToString,
+                response_deserializer=gpuagent__pb2.Assignment.FromString,
+                _registered_method=True)
+        self.AnswerAssignment = channel.unary_unary(
+                '/gpuagent.v1.Collector/AnswerAssignment',
+                request_serializer=gpuagent__pb2.AssignmentAnswer.SerializeToString,
+                response_deserializer=gpuagent__pb2.AssignmentAnswerAck.FromString,
+                _registered_method=True)
 
 
 class CollectorServicer:
@@ -93,6 +103,21 @@ class CollectorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Assignments(self, request, context):
+        """Fabric probes (collector/fabric/coordinator.py): the agent opens this stream with its node id and
+        the collector sends pair offers and their go/cancel messages on it while the agent is connected.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AnswerAssignment(self, request, context):
+        """The agent's answer to an offer: accepted (the listening end gives its port) or busy, with the reason.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CollectorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -115,6 +140,16 @@ def add_CollectorServicer_to_server(servicer, server):
                     servicer.Analyze,
                     request_deserializer=gpuagent__pb2.AnalyzeRequest.FromString,
                     response_serializer=gpuagent__pb2.AnalyzeResponse.SerializeToString,
+            ),
+            'Assignments': grpc.unary_stream_rpc_method_handler(
+                    servicer.Assignments,
+                    request_deserializer=gpuagent__pb2.AssignmentsRequest.FromString,
+                    response_serializer=gpuagent__pb2.Assignment.SerializeToString,
+            ),
+            'AnswerAssignment': grpc.unary_unary_rpc_method_handler(
+                    servicer.AnswerAssignment,
+                    request_deserializer=gpuagent__pb2.AssignmentAnswer.FromString,
+                    response_serializer=gpuagent__pb2.AssignmentAnswerAck.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -225,6 +260,60 @@ class Collector:
             '/gpuagent.v1.Collector/Analyze',
             gpuagent__pb2.AnalyzeRequest.SerializeToString,
             gpuagent__pb2.AnalyzeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Assignments(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/gpuagent.v1.Collector/Assignments',
+            gpuagent__pb2.AssignmentsRequest.SerializeToString,
+            gpuagent__pb2.Assignment.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AnswerAssignment(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpuagent.v1.Collector/AnswerAssignment',
+            gpuagent__pb2.AssignmentAnswer.SerializeToString,
+            gpuagent__pb2.AssignmentAnswerAck.FromString,
             options,
             channel_credentials,
             insecure,

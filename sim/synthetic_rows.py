@@ -115,3 +115,19 @@ def fill_gpu_fleet_samples(con, *, nodes: int, gpus: int, start: dt.datetime, se
                     {"start": start, "first": first, "last": min(seconds, first + chunk_s),
                      "nodes": nodes, "gpus": gpus})
     return seconds * nodes * gpus * len(metrics)
+
+
+def add_link_runs(con, node_a: str, node_b: str, gbits: Sequence[float], times: Sequence[dt.datetime], *,
+                  rtt_p50_us: float = 50.0, params_key: str = "synthetic=1", status: str = "ok",
+                  reason: str | None = None, both_ends: bool = True) -> None:
+    """SYNTHETIC net_pair runs of one link (link_results rows): run i at ``times[i]`` moves ``gbits[i]``
+    each way; each end reports it, as agents do (``both_ends``), or the collector alone (a skip)."""
+    rows = []
+    for i, (g, t) in enumerate(zip(gbits, times)):
+        pid = f"synthetic-{node_a}-{node_b}-{i}-{t.isoformat()}"
+        metrics = [g, g, rtt_p50_us, rtt_p50_us * 2] if status == "ok" else [None] * 4
+        ends = (node_a, node_b) if both_ends and status != "skipped" else ("collector",)
+        for who in ends:
+            rows.append([pid, node_a, node_b, "net_pair", params_key, *metrics, t,
+                         t + dt.timedelta(seconds=3), status, reason, who])
+    con.executemany("INSERT INTO link_results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)

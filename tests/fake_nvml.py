@@ -20,6 +20,7 @@ import pynvml
 
 DATA = Path(__file__).parent / "data"
 H100_8GPU = DATA / "nvml_8gpu_h100_sxm.json"
+ENERGY_START_MJ = 3_600_000_000   # SYNTHETIC: 1 kWh consumed before the fake clock starts
 A10_VGPU = DATA / "nvml_1gpu_a10_vgpu.json"
 
 
@@ -47,6 +48,7 @@ class FakeNvmlBackend:
         self.initialized = False
         self.calls: dict[str, int] = {}
         self.now_us = 1_700_000_000_000_000
+        self.start_us = self.now_us
         self.nvlink_tx_kib = [0] * len(self.gpus)
         self.nvlink_rx_kib = [0] * len(self.gpus)
         self.pcie_tx_bytes = [0] * len(self.gpus)
@@ -169,6 +171,12 @@ class FakeNvmlBackend:
 
     def nvmlDeviceGetPowerUsage(self, h):
         return self._g(h, "nvmlDeviceGetPowerUsage")["power_mw"]
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h):
+        """mJ: SYNTHETIC, the fixture's power integrated over the fake clock plus a fixed start value
+        (the fixtures hold no recorded energy counter)."""
+        g = self._g(h, "nvmlDeviceGetTotalEnergyConsumption")
+        return ENERGY_START_MJ + int(g["power_mw"] * (self.now_us - self.start_us) / 1e6)
 
     def nvmlDeviceGetEnforcedPowerLimit(self, h):
         return self._g(h, "nvmlDeviceGetEnforcedPowerLimit")["power_limit_mw"]

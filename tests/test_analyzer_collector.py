@@ -68,7 +68,14 @@ def test_analyze_cli_live_collector_and_stopped_file(tmp_path):
     try:
         r = run_cli("analyze", "--target", f"127.0.0.1:{port}", "--window", "30m")
         assert r.returncode == 0, r.stderr
+        # Findings by default; the flags under them on request.
+        lines = r.stdout.splitlines()
+        assert lines[1].startswith("[warning] node virtualization_overhead: virtualization overhead on synthetic-vm")
+        assert "virtualization_overhead/h2d" not in r.stdout and "--flags" in r.stdout
+        r = run_cli("analyze", "--target", f"127.0.0.1:{port}", "--window", "30m", "--flags")
+        assert r.returncode == 0, r.stderr
         assert "[warning] virtualization_overhead/h2d synthetic-vm gpu 0: GPU 0 H2D 42.0 GB/s is 22 % below" in r.stdout
+        assert r.stdout.splitlines()[2].startswith("    [warning] virtualization_overhead/h2d synthetic-vm")
         r = run_cli("analyze", "--db", str(db))
         assert r.returncode == 1 and "held by a running collector" in r.stderr and "Traceback" not in r.stderr
         r = run_cli("analyze", "--target", f"127.0.0.1:{port}", "--window", "soon")
@@ -80,6 +87,8 @@ def test_analyze_cli_live_collector_and_stopped_file(tmp_path):
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert [f["component"] for f in out["open_flags"]] == ["h2d"] and out["pass"]["updated"] == 1
+    (finding,) = out["open_findings"]
+    assert finding["finding_id"] == out["open_flags"][0]["finding_id"] and finding["node_id"] == "synthetic-vm"
     bad = tmp_path / "bad.toml"
     bad.write_text("[analyzer]\nwindw = '1h'\n")
     r = run_cli("analyze", "--db", str(db), "--config", str(bad))

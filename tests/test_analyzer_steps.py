@@ -29,8 +29,13 @@ def test_every_sql_file_is_one_step_and_lists_its_temp_tables():
     assert len({s.name for s in St.STEPS}) == len(St.STEPS)
     for step in St.STEPS:
         assert set(step.temp_tables) == set(_TEMP.findall(_sql(step))), step.name
-    # The flags step is last: every kind's conditions must be in before flags open and close.
-    assert St.STEPS[-1].produces == St.FLAGS and [s.produces for s in St.STEPS].count(St.FLAGS) == 1
+    # One flags step, after every conditions step: every kind's conditions must be in before flags open and
+    # close; only the findings step (which reads the flags) comes after it, and it is last.
+    produced = [s.produces for s in St.STEPS]
+    assert produced.count(St.FLAGS) == 1
+    flags_at = produced.index(St.FLAGS)
+    assert St.CONDITIONS not in produced[flags_at + 1:]
+    assert produced[flags_at + 1:] == [St.FINDINGS] and St.STEPS[-1].produces == St.FINDINGS
 
 
 def test_counted_columns_are_named_in_the_sql():

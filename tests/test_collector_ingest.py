@@ -48,7 +48,7 @@ def test_register_gives_stable_readable_ids_and_stores_node(tmp_path):
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         list(stub.Stream(iter([sample_batch("gpu-01", 1), sample_batch("gpu-01", 2)])))
     # a restart keeps the id and reports what is stored; a node is (machine id, hostname), so the same
-    # machine under a new hostname is a new node (README: node identity) and the old one keeps its rows
+    # machine under a new hostname is a new node (docs/COLLECTOR.md, "Node identity") and the old one keeps its rows
     with start_collector(db) as h, grpc.insecure_channel(f"127.0.0.1:{h.port}") as ch:
         stub = pb_grpc.CollectorStub(ch)
         resp = stub.Register(pb.RegisterRequest(node=node_info("Gpu-01", "m-1")))

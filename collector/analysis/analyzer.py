@@ -148,7 +148,7 @@ class DeclaredBaseline:
 
 @dataclass(frozen=True)
 class AnalyzerConfig:
-    """Analyzer settings; the TOML sections are [analyzer], [baselines] and [pricing] (see README)."""
+    """Analyzer settings; the TOML sections are [analyzer], [baselines] and [pricing] (docs/FLAGS.md)."""
 
     interval_s: float = 60.0
     window_s: float = 3600.0            # samples, jobs and step times
@@ -170,26 +170,42 @@ class AnalyzerConfig:
     iowait_percent: float = 20.0
     cpu_busy_percent: float = 90.0
     gap_fraction: float = 0.25
+    pool_finding_fraction: float = 0.5   # more than this share of a pool flagged alike: one pool finding
+    pool_finding_min_nodes: int = 3
+    fabric_runs: int = 3                # network_degraded: a link's rate is the median of its last runs
+    fabric_slow_fraction: float = 0.5   # a link under this share of its pool's median is slow
+    fabric_min_links: int = 3           # a node is judged once this many of its links were measured
     thresholds: Mapping[str, float] = field(default_factory=dict)   # "kind.component" -> threshold
     declared: tuple[DeclaredBaseline, ...] = ()
     pool_prices: Mapping[str, float] = field(default_factory=dict)
     reference_path: str | None = None   # None: the shipped collector/analysis/baselines.toml
+    metrics_listen: str | None = None   # [metrics] listen: the collector's /metrics (read by `serve`)
 
     @classmethod
     def from_mapping(cls, doc: Mapping[str, Any]) -> "AnalyzerConfig":
         """Build from a parsed collector TOML document; unknown keys are one clear error."""
-        unknown = sorted(set(doc) - {"analyzer", "baselines", "pricing", "storage", "lake"})
+        # [fabric]: fabric/coordinator.py; [storage], [lake]: store/maintenance.py
+        unknown = sorted(set(doc) - {"analyzer", "baselines", "pricing", "metrics", "fabric", "storage", "lake"})
         if unknown:
             raise AnalyzerError(f"unknown table or key {unknown[0]!r} in the collector config "
-                                "(expected [analyzer], [[baselines.declared]] and [pricing])")
+                                "(expected [analyzer], [[baselines.declared]], [pricing], [metrics], [fabric], "
+                                "[storage] and [lake])")
         for table in ("analyzer", "baselines", "pricing"):
             if not isinstance(doc.get(table, {}), Mapping):
                 raise AnalyzerError(f"[{table}] in the collector config must be a table")
+        metrics = doc.get("metrics", {})
+        if not isinstance(metrics, Mapping):
+            raise AnalyzerError("[metrics] in the collector config must be a table")
+        extra = sorted(set(metrics) - {"listen"})
+        if extra:
+            raise AnalyzerError(f"unknown key metrics.{extra[0]} (only listen = \"HOST:PORT\" goes there)")
+        if "listen" in metrics and (not isinstance(metrics["listen"], str) or not metrics["listen"].strip()):
+            raise AnalyzerError("[metrics] listen must be an address like \"127.0.0.1:9403\"")
         extra = sorted(set(doc.get("baselines") or {}) - {"declared"})
         if extra:
             raise AnalyzerError(f"unknown key baselines.{extra[0]} (only [[baselines.declared]] rows go there)")
         section = dict(doc.get("analyzer") or {})
-        known = {f.name for f in fields(cls)} - {"declared", "pool_prices", "thresholds"}
+        known = {f.name for f in fields(cls)} - {"declared", "pool_prices", "thresholds", "metrics_listen"}
         kwargs: dict[str, Any] = {}
         thresholds = section.pop("thresholds", {}) or {}
         if not isinstance(thresholds, Mapping):
@@ -218,7 +234,7 @@ class AnalyzerConfig:
                 raise AnalyzerError(f"[analyzer] threshold {key} must be a number, got {value!r}")
             thresholds[key] = float(value)
         declared = []
-        components = {c.component for c in COMPONENTS if c.kind == _VO}
+        components = {c.component for c in COMPONENTS if c.kind == _VO} | {"net_pair_gbits"}   # network_degraded
         for i, row in enumerate((doc.get("baselines") or {}).get("declared") or []):
             if not isinstance(row, Mapping):
                 raise AnalyzerError(f"[[baselines.declared]] #{i + 1} must be a table")
@@ -239,7 +255,8 @@ class AnalyzerConfig:
             if not isinstance(price, (int, float)):
                 raise AnalyzerError(f"[pricing] {pool} must be a price per GPU-hour (a number)")
             prices[str(pool)] = float(price)
-        return cls(**kwargs, thresholds=thresholds, declared=tuple(declared), pool_prices=prices)
+        return cls(**kwargs, thresholds=thresholds, declared=tuple(declared), pool_prices=prices,
+                   metrics_listen=metrics.get("listen"))
 
     @classmethod
     def from_toml(cls, path: str | Path) -> "AnalyzerConfig":
@@ -334,6 +351,8 @@ class PassResult:
     updated: int
     closed: int
     step_s: Mapping[str, float] = field(default_factory=dict)   # seconds per analysis SQL file
+    findings_opened: int = 0
+    findings_closed: int = 0
 
     @property
     def total_s(self) -> float:
@@ -344,6 +363,7 @@ class PassResult:
                 "rollup_s": round(self.rollup_s, 4), "flags_s": round(self.flags_s, 4),
                 "total_s": round(self.total_s, 4), "conditions": self.conditions, "opened": self.opened,
                 "updated": self.updated, "closed": self.closed,
+                "findings_opened": self.findings_opened, "findings_closed": self.findings_closed,
                 "step_s": {k: round(v, 4) for k, v in self.step_s.items()}}
 
 
@@ -477,6 +497,9 @@ class Analyzer:
             "min_minutes": cfg.min_minutes, "idle_util": cfg.idle_util_percent,
             "input_util": cfg.input_bound_util_percent, "data_wait": cfg.data_wait_fraction,
             "iowait": cfg.iowait_percent, "cpu_busy": cfg.cpu_busy_percent, "gap_fraction": cfg.gap_fraction,
+            "pool_fraction": cfg.pool_finding_fraction, "pool_min_nodes": cfg.pool_finding_min_nodes,
+            "fabric_runs": cfg.fabric_runs, "fabric_slow_fraction": cfg.fabric_slow_fraction,
+            "fabric_min_links": cfg.fabric_min_links,
         }
 
     def run_pass(self, con, now: dt.datetime | None = None) -> PassResult:
@@ -498,7 +521,8 @@ class Analyzer:
         conditions = con.execute("SELECT count(*) FROM _conditions").fetchone()[0]
         t2 = time.perf_counter()
         result = PassResult(now, rows_in, t1 - t0, t2 - t1, int(conditions),
-                            counts.get("opened", 0), counts.get("updated", 0), counts.get("closed", 0), step_s)
+                            counts.get("opened", 0), counts.get("updated", 0), counts.get("closed", 0), step_s,
+                            counts.get("findings_opened", 0), counts.get("findings_closed", 0))
         con.execute("INSERT INTO analysis_runs VALUES (?,?,?,?,?,?,?,?,?,?)", [
             now, utc_now(), self.config.window_s, rows_in, result.rollup_s, result.flags_s, result.conditions,
             result.opened, result.updated, result.closed])
@@ -582,6 +606,30 @@ def open_flags_in(path: str | Path, limit: int = 1000) -> list[dict[str, Any]]:
 def open_flags(con, limit: int = 1000) -> list[dict[str, Any]]:
     """Open flags, worst first, as dicts (for the CLI and the RPC)."""
     cur = con.execute("SELECT * FROM v_open_flags LIMIT ?", [limit])
+    cols = [d[0] for d in cur.description]
+    return [dict(zip(cols, row)) for row in cur.fetchall()]
+
+
+def open_findings_in(path: str | Path, limit: int = 1000) -> list[dict[str, Any]]:
+    """Open findings of a database file no collector holds (read-only)."""
+    from gpuagent.collector.store import db  # noqa: PLC0415
+
+    try:
+        con = db.open_readonly(path)
+    except db.DatabaseError as exc:
+        raise AnalyzerError(f"{exc}{_LIVE_HINT}") from None
+    try:
+        return open_findings(con, limit)
+    finally:
+        con.close()
+
+
+FINDINGS_SQL = "SELECT * FROM v_open_findings LIMIT {limit}"
+
+
+def open_findings(con, limit: int = 1000) -> list[dict[str, Any]]:
+    """Open findings, worst first, as dicts."""
+    cur = con.execute(FINDINGS_SQL.format(limit=int(limit)))
     cols = [d[0] for d in cur.description]
     return [dict(zip(cols, row)) for row in cur.fetchall()]
 

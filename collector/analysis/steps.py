@@ -2,7 +2,7 @@
 
 The analyzer walks ``STEPS`` and nothing else decides what runs: adding a flag kind is one SQL file that
 inserts into ``_conditions`` and ``_evaluated`` plus one ``Step(..., CONDITIONS, ...)`` line before the
-``FLAGS`` step.
+``FLAGS`` step. The ``FINDINGS`` step then groups the open flags into one finding per cause.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ CONTEXT = "context"        # temp tables every later step of the pass reads
 BASELINE = "baseline"      # fleet_baselines; only run when the stored baselines are stale
 CONDITIONS = "conditions"  # rows of _conditions (and _evaluated) for one flag kind
 FLAGS = "flags"            # turns _conditions into opened, updated and closed rows of flags
-PRODUCES = (ROLLUP, CONTEXT, BASELINE, CONDITIONS, FLAGS)
+FINDINGS = "findings"      # groups the open flags into findings (one per cause); runs after FLAGS
+PRODUCES = (ROLLUP, CONTEXT, BASELINE, CONDITIONS, FLAGS, FINDINGS)
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,13 @@ STEPS: tuple[Step, ...] = (
          temp_tables=("_nn_points", "_nn_series", "_nn_fleet", "_nn")),
     Step("utilization_gap", "50_utilization_gap.sql", CONDITIONS,
          temp_tables=("_ug_minutes", "_ug_wait", "_ug", "_ug_dw", "_ug_scored", "_ug_cond")),
+    Step("network_degraded", "60_network_degraded.sql", CONDITIONS,
+         temp_tables=("_nd_runs", "_nd_links", "_nd_ends", "_nd_pool", "_nd_slow", "_nd_peers", "_nd_node",
+                      "_nd_bad_nodes", "_nd_counts")),
     Step("apply_flags", "90_apply_flags.sql", FLAGS, counts=("updated", "opened", "closed")),
+    Step("findings", "95_findings.sql", FINDINGS,
+         temp_tables=("_fd_flags", "_fd_pool_nodes", "_fd_pools", "_fd_members", "_fd", "_fd_scored"),
+         counts=("findings_updated", "findings_opened", "findings_closed")),
 )
 
 

@@ -166,6 +166,10 @@ class NodeClaims:
                 del self._claims[node_id]
                 c.released.set()
 
+    def streams(self) -> int:
+        """Streams holding a node now (any thread: reads one snapshot of the claims)."""
+        return sum(1 for c in list(self._claims.values()) if c.owner is not None)
+
     def newly_shared(self, node_id: str, machine_id: str, hostname: str) -> list[tuple[str, str, str]]:
         """Other live nodes presenting ``machine_id`` under another hostname, each pair reported once per
         collector run: [(sentence, other node_id, other hostname)]."""

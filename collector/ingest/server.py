@@ -22,7 +22,7 @@ import duckdb
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from gpuagent.collector.ingest.auth import BearerTokenInterceptor
+from gpuagent.collector.ingest.auth import AuthInterceptor, AuthPolicy, TokenError
 from gpuagent.collector.ingest.ratelog import OneLineServicerErrors, RateLimitedLog
 from gpuagent.collector.ingest.rpc import SERVICE, add_collector_servicer
 from gpuagent.collector.ingest.servicer import CollectorServicer
@@ -99,7 +99,8 @@ def is_loopback(host: str) -> bool:
 
 
 def check_listen_policy(listen: str, token: str | None, tls: bool, insecure: bool) -> None:
-    """Refuse exposed setups that would let anyone on the network write or read the fleet's data."""
+    """Refuse exposed setups that would let anyone on the network write or read the fleet's data.
+    ``token`` is any credential setting (shared token, tokens file or client CA)."""
     host, _ = split_listen(listen)
     if is_loopback(host):
         return
@@ -107,11 +108,52 @@ def check_listen_policy(listen: str, token: str | None, tls: bool, insecure: boo
         raise CollectorError(
             f"refusing to listen on {listen} without a token: beyond loopback anyone who can reach the port "
             "could write data and read the database, so pass --token or --token-file "
-            "(or GPUAGENT_COLLECTOR_TOKEN)")
+            "(or GPUAGENT_COLLECTOR_TOKEN), --tokens-file or --tls-client-ca")
     if not tls and not insecure:
         raise CollectorError(
             f"refusing to listen on {listen} in plaintext: the token and the data would cross the network "
             "unencrypted, so pass --tls-cert/--tls-key, or --insecure if the network is trusted")
+
+
+# ------------------------------------------------------------------------------- TLS
+
+class TlsFiles:
+    """The server's TLS key, certificate and (for mutual TLS) client CA, re-readable for rotation.
+
+    gRPC asks ``fetch`` at each new handshake; after ``reload`` it gets the new files, so new connections
+    use them while established ones keep theirs."""
+
+    def __init__(self, cert: str, key: str, client_ca: str | None):
+        self.cert, self.key, self.client_ca = cert, key, client_ca
+        self._config = self._read()
+        self._fresh = False
+
+    def _read(self):
+        try:
+            key, cert = Path(self.key).read_bytes(), Path(self.cert).read_bytes()
+            ca = Path(self.client_ca).read_bytes() if self.client_ca else None
+        except OSError as exc:
+            raise CollectorError(f"cannot read the TLS key, certificate or client CA: {exc.strerror}: "
+                                 f"{exc.filename}") from None
+        for what, data in (("--tls-cert", cert), ("--tls-key", key), ("--tls-client-ca", ca)):
+            if data is not None and b"-----BEGIN" not in data:
+                raise CollectorError(f"{what} is not a PEM file")
+        return grpc.ssl_server_certificate_configuration([(key, cert)], root_certificates=ca)
+
+    def credentials(self) -> grpc.ServerCredentials:
+        return grpc.dynamic_ssl_server_credentials(self._config, self.fetch,
+                                                   require_client_authentication=bool(self.client_ca))
+
+    def reload(self) -> None:
+        """Read the files again (CollectorError, keeping the current ones, when they are unusable)."""
+        self._config = self._read()
+        self._fresh = True
+
+    def fetch(self):
+        if not self._fresh:
+            return None
+        self._fresh = False
+        return self._config
 
 
 # ------------------------------------------------------------------------------- lifecycle
@@ -120,8 +162,11 @@ class CollectorHandle:
     """A running collector: ``.port``, ``.address``, ``.stop()``. Also a context manager."""
 
     def __init__(self, db_path: str, con: duckdb.DuckDBPyConnection, writer: Writer,
-                 servicer: CollectorServicer, options: ServerOptions):
+                 servicer: CollectorServicer, options: ServerOptions, policy: AuthPolicy | None = None,
+                 tls: TlsFiles | None = None):
         self.db_path = db_path
+        self.policy = policy
+        self.tls = tls
         self.port: int = 0
         self.address: str = ""
         self._con = con
@@ -136,10 +181,36 @@ class CollectorHandle:
         self._closed = False
         self.analyzer = None   # the scheduled analysis thread (analyzer.AnalyzerThread), when running
         self.maintenance = None   # retention, disk guard, compaction (maintenance.MaintenanceThread)
+        self.metrics = None    # the /metrics endpoint (views.metrics.MetricsServer), when serving
+        self.fabric = None     # the fabric coordinator, when [fabric] is enabled
+
+    def fabric_sweep(self, timeout: float | None = None):
+        """Run one full pair-wise sweep on the collector's loop now; its outcomes."""
+        return asyncio.run_coroutine_threadsafe(self.fabric.sweep(), self._loop).result(timeout)
 
     @property
     def writer(self) -> Writer:
         return self._writer
+
+    @property
+    def servicer(self) -> CollectorServicer:
+        return self._servicer
+
+    def reload(self) -> list[str]:
+        """Re-read the tokens file and the TLS files (SIGHUP); established calls are untouched.
+        Returns one sentence per part that could not be re-read (that part keeps its current setting)."""
+        problems = []
+        if self.policy is not None:
+            try:
+                self.policy.reload()
+            except TokenError as exc:
+                problems.append(str(exc))
+        if self.tls is not None:
+            try:
+                self.tls.reload()
+            except CollectorError as exc:
+                problems.append(str(exc))
+        return problems
 
     def problem(self) -> str | None:
         """None while the server and the writer work; else one sentence on what stopped working."""
@@ -163,6 +234,8 @@ class CollectorHandle:
             self._thread.join(grace + 30)
         if self.maintenance is not None:
             self.maintenance.stop()
+        if self.metrics is not None:
+            self.metrics.stop()
         if self.analyzer is not None:
             self.analyzer.stop()
         self._writer.stop()
@@ -185,13 +258,19 @@ class CollectorHandle:
 
 def start_collector(db_path: str | Path, listen: str = "127.0.0.1:0", token: str | None = None, *,
                     tls_cert: str | None = None, tls_key: str | None = None, insecure: bool = False,
+                    tokens_file: str | None = None, tls_client_ca: str | None = None,
                     reflection: bool = False, limits: Limits = Limits(),
                     options: ServerOptions = ServerOptions(), analyzer_config=None,
-                    analyze: bool = True, maintenance_config=None) -> CollectorHandle:
+                    analyze: bool = True, metrics_listen: str | None = None, fabric=None,
+                    fabric_rounds: bool = True, maintenance_config=None) -> CollectorHandle:
     """Open the database, start the writer and the gRPC server; return once it listens.
 
     With ``analyze`` (the default) an analysis pass runs every ``analyzer_config.interval_s`` on the writer
-    (see collector/analysis/analyzer.py); ``analyzer_config`` also serves on-demand Analyze calls.
+    (see collector/analysis/analyzer.py); ``analyzer_config`` also serves on-demand Analyze calls. ``metrics_listen``
+    serves Prometheus metrics over HTTP there (views/metrics.py), behind the same token.
+
+    ``fabric`` (a collector.fabric.coordinator.FabricConfig with enabled set) serves fabric assignments
+    (``handle.fabric``); with ``fabric_rounds`` its sweeps run on their own every ``interval_s``.
     With ``maintenance_config`` (store/maintenance.py) retention, the disk guard and compaction run too.
 
     Raises CollectorError (one sentence) when it cannot start: policy, lock held, bind failure.
@@ -200,13 +279,15 @@ def start_collector(db_path: str | Path, listen: str = "127.0.0.1:0", token: str
     tls = bool(tls_cert or tls_key)
     if tls and not (tls_cert and tls_key):
         raise CollectorError("TLS needs both --tls-cert and --tls-key")
-    check_listen_policy(listen, token, tls, insecure)
-    creds = None
-    if tls:
-        try:
-            creds = grpc.ssl_server_credentials([(Path(tls_key).read_bytes(), Path(tls_cert).read_bytes())])
-        except OSError as exc:
-            raise CollectorError(f"cannot read the TLS key or certificate: {exc.strerror}: {exc.filename}") from None
+    if tls_client_ca and not tls:
+        raise CollectorError("--tls-client-ca needs --tls-cert and --tls-key (mutual TLS is TLS first)")
+    check_listen_policy(listen, token or tokens_file or tls_client_ca, tls, insecure)
+    try:
+        policy = AuthPolicy(token, tokens_file, client_certs=bool(tls_client_ca))
+    except TokenError as exc:
+        raise CollectorError(str(exc)) from None
+    tls_files = TlsFiles(tls_cert, tls_key, tls_client_ca) if tls else None
+    creds = tls_files.credentials() if tls_files else None
     if reflection:
         try:
             from grpc_reflection.v1alpha import reflection as grpc_reflection
@@ -228,7 +309,8 @@ def start_collector(db_path: str | Path, listen: str = "127.0.0.1:0", token: str
 
     writer = Writer(con)
     servicer = CollectorServicer(writer, cursor_factory, limits, options, analyzer_config)
-    handle = CollectorHandle(db_path, con, writer, servicer, options)
+    policy.refusals = servicer.refusals
+    handle = CollectorHandle(db_path, con, writer, servicer, options, policy, tls_files)
     started = threading.Event()
     failure: list[BaseException] = []
 
@@ -237,7 +319,7 @@ def start_collector(db_path: str | Path, listen: str = "127.0.0.1:0", token: str
         servicer.bind_loop(loop)
         handle._loop = loop
         handle._stop_event = asyncio.Event()
-        interceptors = [BearerTokenInterceptor(token)] if token else []
+        interceptors = [AuthInterceptor(policy)] if policy.enabled else []
         server = grpc.aio.server(
             interceptors=interceptors,
             options=[("grpc.max_receive_message_length", options.max_message_bytes),
@@ -259,6 +341,12 @@ def start_collector(db_path: str | Path, listen: str = "127.0.0.1:0", token: str
         if not port:
             raise CollectorError(f"cannot listen on {listen}: the address is in use or not available on this host")
         await server.start()
+        if fabric is not None and fabric.enabled:
+            from gpuagent.collector.fabric.coordinator import Coordinator, record_outcome  # noqa: PLC0415
+
+            servicer.fabric = handle.fabric = Coordinator(fabric, record=lambda o: record_outcome(writer, o))
+            if fabric_rounds:
+                handle.fabric.start()
         for name in ("", SERVICE_NAME):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
         host, _ = split_listen(listen)
@@ -305,4 +393,12 @@ def start_collector(db_path: str | Path, listen: str = "127.0.0.1:0", token: str
         rollup = handle.analyzer.analyzer.rollup if handle.analyzer is not None else None
         handle.maintenance = mt.MaintenanceThread(
             mt.Maintenance(db_path, maintenance_config, rollup), lambda fn: writer.call(fn).result()).start()
+    if metrics_listen:
+        from gpuagent.collector.views.metrics import MetricsError, start_metrics  # noqa: PLC0415
+
+        try:
+            handle.metrics = start_metrics(writer, cursor_factory, servicer.claims.streams, metrics_listen, token)
+        except MetricsError as exc:
+            handle.stop()
+            raise CollectorError(str(exc)) from None
     return handle

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import duckdb
 import grpc
 
+from gpuagent.collector.ingest.auth import current_principal
 from gpuagent.collector.ingest.flow import InflightBudget
 from gpuagent.collector.ingest.identity import INSTANCE_KEY, INTERVAL_KEY, NODE_KEY, NodeClaims, Refused
 from gpuagent.collector.ingest.ratelog import RateLimitedLog
@@ -37,9 +38,9 @@ _END = object()
 
 
 class _StreamState:
-    __slots__ = ("out", "pending", "idle", "claimed", "instance", "peer", "interval_s", "node_id")
+    __slots__ = ("out", "pending", "idle", "claimed", "instance", "peer", "interval_s", "node_id", "principal")
 
-    def __init__(self, instance: str | None = None, peer: str = "", interval_s: float = 0.0):
+    def __init__(self, instance: str | None = None, peer: str = "", interval_s: float = 0.0, principal=None):
         self.out: asyncio.Queue = asyncio.Queue()
         self.pending = 0
         self.idle = asyncio.Event()
@@ -51,6 +52,7 @@ class _StreamState:
         # The one node this stream writes as: from gpuagent-node-id, else its first batch. A stream never
         # switches node, so a client that registered several nodes cannot write one node's data as another.
         self.node_id: str | None = None
+        self.principal = principal            # the credential's holder (auth.Principal): which nodes it may write
 
     def bind(self, node_id: str) -> str | None:
         """Bind to ``node_id`` on first use; the refusal sentence when the stream is bound to another node."""
@@ -92,6 +94,7 @@ class CollectorServicer(pb_grpc.CollectorServicer):
         self._refusals_logged: set[tuple[str, str | None]] = set()
         self.refusals: collections.Counter = collections.Counter()   # refused requests by cause
         self.client_errors = RateLimitedLog(log)
+        self.fabric = None      # collector/fabric/coordinator.Coordinator when [fabric] is enabled
 
     async def _refuse_undecodable(self, request, context) -> None:
         """Answer a request that is not valid protobuf: INVALID_ARGUMENT, one rate-limited log line."""
@@ -100,6 +103,16 @@ class CollectorServicer(pb_grpc.CollectorServicer):
             self.client_errors.warning(f"undecodable {request.type_name}",
                                        f"refused a request from {context.peer()}: {request.sentence()}")
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.sentence())
+
+    def _node_refusal(self, principal, node_id: str) -> str | None:
+        """The PERMISSION_DENIED sentence (counted) when ``principal`` may not write as ``node_id``."""
+        if principal is None:
+            return None
+        hostname = self._writer.node_identity.get(node_id, ("", node_id))[1]
+        refusal = principal.node_refusal(hostname)
+        if refusal:
+            self.refusals["node_not_allowed"] += 1
+        return refusal
 
     def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -114,6 +127,10 @@ class CollectorServicer(pb_grpc.CollectorServicer):
         if not node.machine_id or not node.hostname:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 "Register needs node.hostname and node.machine_id")
+        refusal = current_principal().node_refusal(node.hostname)
+        if refusal:
+            self.refusals["node_not_allowed"] += 1
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"Register refused: {refusal}")
         writer = self._writer
         instance, _, interval = _client_meta(context)
         peer = context.peer()
@@ -143,6 +160,8 @@ class CollectorServicer(pb_grpc.CollectorServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE,
                                 f"the collector could not store the registration: {first_line(exc)}")
         log.info("registered node %s (machine_id %s, hostname %s)", node_id, node.machine_id, node.hostname)
+        if self.fabric is not None:
+            self.fabric.register(node_id, node.fabric_address, dict(node.labels))
         return pb.RegisterResponse(node_id=node_id, last_committed_seq=highest)
 
     async def _claim(self, node_id: str, machine_id: str, hostname: str, instance: str | None, peer: str,
@@ -197,7 +216,13 @@ class CollectorServicer(pb_grpc.CollectorServicer):
                                                    f"refused a stream from {state.peer}: {batch.sentence()}")
                         error = ("INVALID_ARGUMENT", batch.sentence(), None)
                         break
+                    first = state.node_id is None
                     refusal = state.bind(batch.node_id)
+                    if not refusal and first and batch.node_id:
+                        refusal = self._node_refusal(state.principal, batch.node_id)
+                        if refusal:
+                            error = ("PERMISSION_DENIED", f"batch seq {batch.seq}: {refusal}", batch.seq)
+                            break
                     if refusal:
                         self.refusals["stream_other_node"] += 1
                         error = ("PERMISSION_DENIED", f"batch seq {batch.seq}: {refusal}", batch.seq)
@@ -240,9 +265,12 @@ class CollectorServicer(pb_grpc.CollectorServicer):
 
     async def Stream(self, request_iterator, context):
         instance, node_id, interval = _client_meta(context)
-        state = _StreamState(instance, context.peer(), interval)
+        state = _StreamState(instance, context.peer(), interval, current_principal())
         if node_id:
             state.bind(node_id)
+            refusal = self._node_refusal(state.principal, node_id)
+            if refusal:
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"Stream refused: {refusal}")
         if node_id and node_id in self._writer.known_nodes:
             # Claimed as the stream opens, so that a second agent is refused even before a batch is due.
             try:
@@ -319,3 +347,27 @@ class CollectorServicer(pb_grpc.CollectorServicer):
                                 f"the analysis pass failed in the database: {first_line(exc)}")
         return pb.AnalyzeResponse(pass_json=an.dumps(result.as_dict()), flags_json=an.dumps(flags[:limit]),
                                   truncated=len(flags) > limit)
+
+    # -- Fabric (collector/fabric/coordinator.py)
+    async def Assignments(self, request: pb.AssignmentsRequest, context):
+        await self._refuse_undecodable(request, context)
+        if self.fabric is None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "fabric probes are off on this collector")
+        if request.node_id not in self._writer.known_nodes:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                f"node {request.node_id!r} is not registered with this collector; call Register first")
+        queue = self.fabric.attach(request.node_id)
+        try:
+            while True:
+                msg = await queue.get()
+                if msg is None:
+                    return      # a newer stream for this node took over
+                yield msg
+        finally:
+            self.fabric.detach(request.node_id, queue)
+
+    async def AnswerAssignment(self, request: pb.AssignmentAnswer, context):
+        await self._refuse_undecodable(request, context)
+        if self.fabric is None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "fabric probes are off on this collector")
+        return pb.AssignmentAnswerAck(known=self.fabric.answer(request))

@@ -67,6 +67,16 @@ def _index_or_none(i: int) -> int | None:
     return None if i < 0 else i
 
 
+GPU_MAX = 32767      # the gpu columns are SMALLINT
+
+
+def _gpu_or_none(g: int) -> int | None:
+    """A GPU index that fits the store, or one sentence (a larger one overflowed into an INTERNAL error)."""
+    if g > GPU_MAX:
+        raise BatchError("INVALID_ARGUMENT", f"gpu index {g} is out of range (at most {GPU_MAX})")
+    return _index_or_none(g)
+
+
 def _nan_to_none(x: float) -> float | None:
     return None if math.isnan(x) else x
 
@@ -122,6 +132,10 @@ def _samples_table(node_id: str, cols: pb.SampleColumns, max_ts: int) -> pa.Tabl
     if min(gpus) < -1:
         bad = next(s for s in series if s.gpu < -1)
         raise BatchError("INVALID_ARGUMENT", f"series {bad.id} has gpu index {bad.gpu} (use -1 for host-level)")
+    if max(gpus) > GPU_MAX:
+        bad = next(s for s in series if s.gpu > GPU_MAX)
+        raise BatchError("INVALID_ARGUMENT",
+                         f"series {bad.id} has gpu index {bad.gpu}, out of range (at most {GPU_MAX})")
 
     # The protobuf containers expose __array__, so these are C-speed copies, not Python loops.
     ts = np.asarray(cols.ts_ns, dtype=np.int64)
@@ -192,7 +206,7 @@ def _probe_row(r, node_id: str, created_ns: int, max_ts: int, derived: _Derived)
         raise BatchError("INVALID_ARGUMENT", f"probe {r.probe!r} ended before it started")
     _check_ts(f"probe {r.probe!r} ended_ns", ended, ended, max_ts)
     key = labels_text(r.params)
-    gpu = _index_or_none(r.gpu)
+    gpu = _gpu_or_none(r.gpu)
     for metric in sorted(r.metrics):
         value = r.metrics[metric]
         derived.probe_metrics.append((node_id, r.probe, gpu, key, started, metric,
@@ -205,7 +219,7 @@ def _job_sample_row(j, node_id: str, created_ns: int, max_ts: int, derived: _Der
     derived.job_seen.append((node_id, j.job_id, j.ts_ns, j.job_name or None, j.source or None,
                              j.world_size if j.world_size > 0 else None))
     return (j.ts_ns, node_id, j.job_id, j.pid, _index_or_none(j.rank), _index_or_none(j.local_rank),
-            _index_or_none(j.gpu), j.gpu_util_percent, j.gpu_memory_bytes, j.cpu_percent, j.rss_bytes,
+            _gpu_or_none(j.gpu), j.gpu_util_percent, j.gpu_memory_bytes, j.cpu_percent, j.rss_bytes,
             j.read_bytes_per_s, j.write_bytes_per_s)
 
 
@@ -225,7 +239,7 @@ def _event_row(e, node_id: str, created_ns: int, max_ts: int, derived: _Derived)
                              f"job_end event has a non-numeric duration_s {e.attrs['duration_s']!r}") from None
         derived.job_end.append((node_id, e.attrs["job_id"], e.attrs.get("job_name") or None, e.ts_ns, duration,
                                 _nan_to_none(e.value), *(_job_end_time(e, k, max_ts) for k in JOB_END_TIMES)))
-    return (e.ts_ns, node_id, _index_or_none(e.gpu), e.kind, e.message, _nan_to_none(e.value), _json(e.attrs))
+    return (e.ts_ns, node_id, _gpu_or_none(e.gpu), e.kind, e.message, _nan_to_none(e.value), _json(e.attrs))
 
 
 _ROW_KINDS = (

@@ -89,40 +89,39 @@ def register_node(con: duckdb.DuckDBPyConnection, node: pb.NodeInfo) -> str:
     try:
         node_id = find_node(con, node.hostname, node.machine_id) or _node_id_for(con, node.hostname,
                                                                                  node.machine_id)
+        values = {
+            "machine_id": node.machine_id, "hostname": node.hostname, "agent_version": node.agent_version or None,
+            "pool": labels.get("pool"), "provider": labels.get("provider"), "region": labels.get("region"),
+            "price_per_gpu_hour": price_f, "synthetic": synthetic, "cpu_model": node.cpu_model or None,
+            "cpu_cores_logical": node.cpu_cores_logical or None,
+            "cpu_cores_physical": node.cpu_cores_physical or None,
+            "memory_total_bytes": node.memory_total_bytes or None, "kernel": node.kernel or None,
+            "os": node.os or None, "driver_version": node.driver_version or None,
+            "cuda_version": node.cuda_version or None, "gpu_count": len(node.gpus),
+            "gpu_model": node.gpus[0].name if node.gpus else None, "numa_nodes": node.numa_nodes or None,
+            "virtualized": fp.virtualized, "virt_type": fp.virt_type or None, "in_container": fp.in_container,
+            "container_runtime": fp.container_runtime or None, "clocksource": fp.clocksource or None,
+            "fingerprint": fingerprint_json, "last_seen": now,
+        }
         keys = sorted(labels)
-        con.execute(
-            """INSERT INTO nodes (node_id, machine_id, hostname, agent_version, pool, provider, region,
-                   price_per_gpu_hour, synthetic, labels, cpu_model, cpu_cores_logical, cpu_cores_physical,
-                   memory_total_bytes, kernel, os, driver_version, cuda_version, gpu_count, gpu_model,
-                   numa_nodes, virtualized, virt_type, in_container, container_runtime, clocksource,
-                   fingerprint, first_seen, last_seen)
-               VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, map(?::VARCHAR[], ?::VARCHAR[]), ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,
-                       ?, ?, ?, ?, ?, ?, ?, ?, ?)
-               ON CONFLICT (node_id) DO UPDATE SET
-                   machine_id_shared_with = CASE WHEN nodes.machine_id = excluded.machine_id
-                                                 THEN nodes.machine_id_shared_with END,
-                   machine_id = excluded.machine_id, hostname = excluded.hostname,
-                   agent_version = excluded.agent_version, pool = excluded.pool, provider = excluded.provider,
-                   region = excluded.region, price_per_gpu_hour = excluded.price_per_gpu_hour,
-                   synthetic = excluded.synthetic, labels = excluded.labels, cpu_model = excluded.cpu_model,
-                   cpu_cores_logical = excluded.cpu_cores_logical,
-                   cpu_cores_physical = excluded.cpu_cores_physical,
-                   memory_total_bytes = excluded.memory_total_bytes, kernel = excluded.kernel, os = excluded.os,
-                   driver_version = excluded.driver_version, cuda_version = excluded.cuda_version,
-                   gpu_count = excluded.gpu_count, gpu_model = excluded.gpu_model,
-                   numa_nodes = excluded.numa_nodes, virtualized = excluded.virtualized,
-                   virt_type = excluded.virt_type, in_container = excluded.in_container,
-                   container_runtime = excluded.container_runtime, clocksource = excluded.clocksource,
-                   fingerprint = excluded.fingerprint, last_seen = excluded.last_seen""",
-            [node_id, node.machine_id, node.hostname, node.agent_version or None,
-             labels.get("pool"), labels.get("provider"), labels.get("region"), price_f, synthetic,
-             keys, [labels[k] for k in keys], node.cpu_model or None,
-             node.cpu_cores_logical or None, node.cpu_cores_physical or None,
-             node.memory_total_bytes or None, node.kernel or None, node.os or None,
-             node.driver_version or None, node.cuda_version or None, len(node.gpus),
-             node.gpus[0].name if node.gpus else None, node.numa_nodes or None,
-             fp.virtualized, fp.virt_type or None, fp.in_container, fp.container_runtime or None,
-             fp.clocksource or None, fingerprint_json, now, now])
+        label_values = [labels[k] for k in keys]
+        old = con.execute("SELECT machine_id, map_keys(labels), map_values(labels) FROM nodes WHERE node_id = ?",
+                          [node_id]).fetchone()
+        if old is None:
+            cols = ["node_id", *values, "first_seen", "labels"]
+            con.execute(f"INSERT INTO nodes ({', '.join(cols)}) VALUES ({', '.join('?' * (len(cols) - 1))}, "
+                        "map(?::VARCHAR[], ?::VARCHAR[]))",
+                        [node_id, *values.values(), now, keys, label_values])
+        else:
+            # A plain UPDATE of scalar columns, not INSERT ... ON CONFLICT: DuckDB rewrites a row with a MAP
+            # column as delete + insert, and reverting that after a failed commit (a full disk) aborted the
+            # collector ("duplicate key" in the primary-key index). The labels are rewritten only on change.
+            shared = "machine_id_shared_with = CASE WHEN machine_id = ? THEN machine_id_shared_with END, "
+            con.execute(f"UPDATE nodes SET {shared}{', '.join(f'{c} = ?' for c in values)} WHERE node_id = ?",
+                        [node.machine_id, *values.values(), node_id])
+            if (list(old[1] or []), list(old[2] or [])) != (keys, label_values):
+                con.execute("UPDATE nodes SET labels = map(?::VARCHAR[], ?::VARCHAR[]) WHERE node_id = ?",
+                            [keys, label_values, node_id])
         indexes = [g.index for g in node.gpus]
         if node.gpus:
             # One Arrow table for all GPUs, not bound parameters: DuckDB's Python binding does work

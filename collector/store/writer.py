@@ -117,6 +117,31 @@ class SeqSet:
             self._hi.insert(i + 1, seq)
 
 
+# Fabric runs (params carry node_a and node_b, set by the agent's fabric client) are also kept as link rows.
+LINK_METRICS = ("send_gbits_per_s", "recv_gbits_per_s", "rtt_p50_us", "rtt_p99_us")
+
+
+def link_results_sql(results_view: str, metrics_view: str | None) -> str:
+    """INSERT INTO link_results from one commit's probe rows (and their metrics, when the commit has any)."""
+    if metrics_view is None:
+        metrics = "SELECT NULL::VARCHAR AS node_id, NULL::VARCHAR AS probe, NULL::VARCHAR AS params_key, " \
+                  "NULL::TIMESTAMP AS started_at, " + ", ".join(f"NULL::DOUBLE AS {n}" for n in LINK_METRICS)
+    else:
+        metrics = ("SELECT node_id, probe, params_key, started_at, "
+                   + ", ".join(f"max(value) FILTER (WHERE metric = '{n}') AS {n}" for n in LINK_METRICS)
+                   + f" FROM {metrics_view} GROUP BY ALL")
+    return f"""
+INSERT INTO link_results
+SELECT json_extract_string(r.params, '$.pair_id'), json_extract_string(r.params, '$.node_a'),
+       json_extract_string(r.params, '$.node_b'), r.probe, json_extract_string(r.params, '$.link_params'),
+       {", ".join("m." + n for n in LINK_METRICS)}, r.started_at, r.ended_at, r.status, r.reason, r.node_id
+FROM {results_view} r
+LEFT JOIN ({metrics}) m ON m.node_id = r.node_id AND m.probe = r.probe AND m.started_at = r.started_at
+     AND m.params_key IS NOT DISTINCT FROM r.params_key
+WHERE json_extract_string(r.params, '$.node_a') IS NOT NULL
+  AND json_extract_string(r.params, '$.node_b') IS NOT NULL"""
+
+
 class Writer:
     """Owns the writing connection and the thread that uses it. Thread-safe ``submit``/``call``."""
 
@@ -136,6 +161,7 @@ class Writer:
         self.stats = {"groups": 0, "batches": 0, "duplicates": 0, "samples": 0, "failed_batches": 0,
                       "commit_s": 0.0}
         self.fatal: str | None = None     # set when the database cannot be written any more
+        self.commit_observer: Callable[[float], None] | None = None   # seconds per commit (the /metrics histogram)
         self._last_error_log = -1e9
         self._thread = threading.Thread(target=self._run, name="gpuagent-writer", daemon=True)
         self._stopped = False
@@ -224,7 +250,10 @@ class Writer:
             if fresh:
                 started = time.perf_counter()
                 self._commit(fresh)
-                self.stats["commit_s"] += time.perf_counter() - started
+                took = time.perf_counter() - started
+                self.stats["commit_s"] += took
+                if self.commit_observer is not None:
+                    self.commit_observer(took)
         except Exception as exc:  # noqa: BLE001
             first = first_line(exc)
             if isinstance(exc, duckdb.FatalException) or "invalidated" in first:
@@ -281,6 +310,10 @@ class Writer:
                 con.register(decl.view, found[0] if len(found) == 1 else pa.concat_tables(found))
                 registered.append(decl.view)
                 con.execute(decl.insert_sql)
+            if tables.PROBE_RESULTS.view in registered:
+                con.execute(link_results_sql(
+                    tables.PROBE_RESULTS.view,
+                    tables.PROBE_METRICS.view if tables.PROBE_METRICS.view in registered else None))
             log_decl = tables.INGEST_LOG
             con.register(log_decl.view, log_decl.from_rows(
                 [(it.prepared.node_id, it.prepared.seq, now, *it.prepared.counts) for it in items]))

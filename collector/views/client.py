@@ -21,17 +21,23 @@ class QueryError(RuntimeError):
     """The collector refused or failed the query, or could not be reached; the message says which."""
 
 
-def channel(target: str, tls_ca: str | None = None) -> grpc.Channel:
-    """A channel to ``target``: TLS when ``tls_ca`` (PEM of the CA) is given, plaintext otherwise."""
+def channel(target: str, tls_ca: str | None = None, client_cert: str | None = None,
+            client_key: str | None = None) -> grpc.Channel:
+    """A channel to ``target``: TLS when ``tls_ca`` (PEM of the CA) is given, plaintext otherwise; with
+    ``client_cert``/``client_key`` (PEM) for a collector that requires client certificates."""
     if tls_ca:
-        creds = grpc.ssl_channel_credentials(root_certificates=Path(tls_ca).read_bytes())
+        cert = Path(client_cert).read_bytes() if client_cert else None
+        key = Path(client_key).read_bytes() if client_key else None
+        creds = grpc.ssl_channel_credentials(root_certificates=Path(tls_ca).read_bytes(),
+                                             private_key=key, certificate_chain=cert)
         return grpc.secure_channel(target, creds)
     return grpc.insecure_channel(target)
 
 
-def _call(target: str, tls_ca: str | None, rpc: str, fn):
+def _call(target: str, tls_ca: str | None, rpc: str, fn, client_cert: str | None = None,
+          client_key: str | None = None):
     """Call ``fn(stub)`` on a fresh channel; turn gRPC failures into one-sentence QueryErrors."""
-    with channel(target, tls_ca) as ch:
+    with channel(target, tls_ca, client_cert, client_key) as ch:
         try:
             return fn(pb_grpc.CollectorStub(ch))
         except grpc.RpcError as exc:
@@ -40,16 +46,20 @@ def _call(target: str, tls_ca: str | None, rpc: str, fn):
                 raise QueryError(f"no collector answers at {target} ({details})") from None
             if code == grpc.StatusCode.UNAUTHENTICATED:
                 raise QueryError(f"the collector refused the credentials: {details}") from None
+            if code == grpc.StatusCode.PERMISSION_DENIED and "role" in details:
+                raise QueryError(f"the collector refused {rpc} for these credentials: {details}") from None
             if code == grpc.StatusCode.UNIMPLEMENTED:
                 raise QueryError(f"the collector at {target} is too old for {rpc}; upgrade it") from None
             raise QueryError(details or code.name) from None
 
 
 def query(target: str, sql: str, token: str | None = None, max_rows: int = 0, timeout_s: float = 120.0,
-          tls_ca: str | None = None) -> QueryResult:
+          tls_ca: str | None = None, client_cert: str | None = None,
+          client_key: str | None = None) -> QueryResult:
     """Run read-only ``sql`` on the live collector at ``target``."""
     resp = _call(target, tls_ca, "Query", lambda stub: stub.Query(
-        pb.QueryRequest(sql=sql, max_rows=max_rows), timeout=timeout_s, metadata=bearer_metadata(token)))
+        pb.QueryRequest(sql=sql, max_rows=max_rows), timeout=timeout_s, metadata=bearer_metadata(token)),
+        client_cert, client_key)
     return QueryResult(list(resp.columns), list(resp.column_types), json.loads(resp.rows_json or "[]"),
                        resp.truncated)
 
@@ -103,8 +113,10 @@ class AnalyzeResult:
 
 
 def analyze(target: str, window_s: float = 0.0, token: str | None = None, max_flags: int = 0,
-            timeout_s: float = 300.0, tls_ca: str | None = None) -> AnalyzeResult:
+            timeout_s: float = 300.0, tls_ca: str | None = None, client_cert: str | None = None,
+            client_key: str | None = None) -> AnalyzeResult:
     """Ask the live collector at ``target`` to run one analysis pass now; returns it and the open flags."""
     resp = _call(target, tls_ca, "Analyze", lambda stub: stub.Analyze(
-        pb.AnalyzeRequest(window_s=window_s, max_flags=max_flags), timeout=timeout_s, metadata=bearer_metadata(token)))
+        pb.AnalyzeRequest(window_s=window_s, max_flags=max_flags), timeout=timeout_s, metadata=bearer_metadata(token)),
+        client_cert, client_key)
     return AnalyzeResult(json.loads(resp.pass_json or "{}"), json.loads(resp.flags_json or "[]"), resp.truncated)

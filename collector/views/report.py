@@ -3,6 +3,7 @@
 It opens offline: styles, the few lines of script (table sorting, flag filter) and every plot (inline SVG
 from :mod:`gpuagent.collector.views.svgplot`) are inside the file; nothing is fetched. Content:
 
+- open findings (one per cause, worst first);
 - fleet summary (nodes, pools, GPUs, open flags, lost GPU-hours), marked SYNTHETIC when simulated nodes
   are in the data;
 - open flags with their sentences;
@@ -48,6 +49,14 @@ class ReportError(CompareError):
 
 
 # ------------------------------------------------------------------------------------------ data
+
+
+def _findings(src) -> list[dict[str, Any]]:
+    """Open findings, worst first (one per cause: what the report leads with)."""
+    if not has_table(src, "findings"):
+        return []
+    return src.query("SELECT finding_id, scope, kind, coalesce(node_id, '') AS node_id, coalesce(pool, '') AS pool, "
+                     "severity, flags, nodes, pool_nodes, sentence FROM v_open_findings LIMIT 500")
 
 
 def _flags(src) -> tuple[list[dict[str, Any]], int]:
@@ -347,6 +356,21 @@ def _flags_html(flags: list[dict[str, Any]], total: int) -> str:
             + "</tbody></table></div>")
 
 
+def _findings_html(findings: list[dict[str, Any]]) -> str:
+    if not findings:
+        return "<p class='muted' id='no-findings'>No open findings.</p>"
+    rows = []
+    for f in findings:
+        sev = str(f["severity"])
+        where = f"pool {f['pool']}" if f["scope"] == "pool" else f"{f['node_id']} ({f['pool'] or NO_POOL})"
+        rows.append("<tr class='finding'>"
+                    f"<td class='sev sev-{escape(sev)}'>{escape(sev)}</td>"
+                    + _td(str(f["kind"])) + _td(where) + _td(str(f["flags"]), f["flags"], "num")
+                    + _td(str(f["sentence"])) + "</tr>")
+    return ("<div class='scroll'><table id='findings-table'><thead><tr><th>severity</th><th>kind</th><th>where</th>"
+            "<th>flags</th><th>finding</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table></div>")
+
+
 def _compare_html(c: PoolComparison) -> str:
     if c.window is None:
         return "<p class='muted'>No data stored yet.</p>"
@@ -387,6 +411,7 @@ def render_report(src, window_s: float = 86400.0, reference_pool: str | None = N
     """Build the report HTML from a DbSource or RpcSource."""
     c = compare_pools(src, window_s, reference_pool)
     flags, flags_total = _flags(src)
+    findings = _findings(src)
     w = c.window
     plots_dist, noisy_svg, heat_svg = [], "", ""
     if w is not None:
@@ -417,6 +442,9 @@ def render_report(src, window_s: float = 86400.0, reference_pool: str | None = N
         f"<div class='sub'>Window {escape(window_text)} (ends at the newest stored data) · source "
         f"{escape(source_label)} · generated {now}</div></header><main>",
         synthetic,
+        "<section id='findings'><h2>Open findings</h2>"
+        "<p class='muted'>One row per cause, worst first; the flags behind them are listed further down.</p>",
+        _findings_html(findings), "</section>",
         "<section id='summary'><h2>Fleet summary</h2>", _summary_html(c, flags_total, flags), "</section>",
         "<section id='flags'><h2>Open flags</h2>", _flags_html(flags, flags_total), "</section>",
         "<section id='compare'><h2>Pool comparison</h2>", _compare_html(c), "</section>",

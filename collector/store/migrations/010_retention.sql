@@ -1,5 +1,5 @@
 -- gpuagent collector schema: bounded retention, the disk guard and compaction (collector/store/maintenance.py).
--- (Integrator: this is migration 009 on main; renumber if 007/008 land from other branches.)
+-- (Integrator: migration 010; 009 is the lake branch's 009_exports, held here by a placeholder.)
 
 -- One row per maintenance step that removed or rewrote rows: exactly what went, when and why.
 CREATE TABLE retention_log (

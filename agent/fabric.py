@@ -1,0 +1,279 @@
+"""The agent's end of fabric probes: takes pair assignments from the collector and runs net_pair.
+
+A thread holds the ``Assignments`` stream (collector/fabric/coordinator.py). On an ``offer`` the agent
+answers at once: busy (``busy()`` gives the reason: a job holds the GPUs, the probe budget is spent) or
+the probe lock is taken, else accepted. An accepting listener binds in the offered port range on its
+fabric address first and answers with the port; an accepting connector waits for ``go``. The lock is
+held from the accept until the run ends or the pair is cancelled, and the offer's deadline bounds the
+wait, so a silent collector or peer cannot hold the node. Both ends hand their result (probe
+``net_pair``, params with ``node_a``, ``node_b`` and ``pair_id``) to ``sink.probe_result`` for the next
+batch, and tell the collector when their part of the run is over (after the lock is released).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable
+
+import grpc
+
+from gpuagent.common.errors import first_line
+from gpuagent.probes import net_pair
+from gpuagent.probes.lock import ProbeLock
+from gpuagent.probes.result import ProbeResult
+from gpuagent.proto import pb, pb_grpc
+
+log = logging.getLogger("gpuagent.agent.fabric")
+
+_SETTINGS = {"streams": int, "duration_s": float, "warmup_s": float, "rtt_count": int, "rtt_bytes": int,
+             "chunk_kib": int}
+
+
+def _settings(params) -> net_pair.PairSettings | str:
+    """PairSettings from the assignment's text params, or the sentence saying what is wrong."""
+    try:
+        got = {k: conv(params[k]) for k, conv in _SETTINGS.items() if k in params}
+    except ValueError as exc:
+        return f"the assignment's probe parameters do not parse: {exc}"
+    s = net_pair.PairSettings(**got)
+    return s.problem() or s
+
+
+class FabricClient:
+    def __init__(self, channel: grpc.Channel, node_id: Callable[[], str], address: str, sink: Any, *,
+                 busy: Callable[[], str] = lambda: "", lock: ProbeLock | None = None,
+                 metadata: tuple[tuple[str, str], ...] = (), retry_s: float = 2.0,
+                 on_ran: Callable[[float], None] | None = None, port_range: tuple[int, int] = (0, 0)) -> None:
+        self._channel = channel
+        self._owns_channel = False     # start_fabric_client hands over a channel of its own
+        self._stub = pb_grpc.CollectorStub(channel)
+        self._node_id = node_id
+        self.address = address
+        self.sink = sink
+        self.busy = busy
+        self.lock = lock
+        self._md = metadata
+        self._retry_s = retry_s
+        self._on_ran = on_ran
+        self._port_range = port_range     # this node's own range; (0, 0): the offer's
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._call = None
+        self._pending: dict[str, tuple[pb.Assignment, Any]] = {}   # pair id -> (offer, listener or None)
+        self._mu = threading.Lock()
+        self.counts: dict[str, int] = {}
+
+    # -- lifecycle
+    def start(self) -> "FabricClient":
+        self._thread = threading.Thread(target=self._loop, name="gpuagent-fabric", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._call is not None:
+            self._call.cancel()
+        if self._owns_channel:
+            self._channel.close()
+        with self._mu:
+            pending = list(self._pending)
+        for pid in pending:
+            self._drop(pid)
+        if self._thread:
+            self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            node_id = self._node_id()
+            if not node_id:
+                self._stop.wait(0.2)
+                continue
+            try:
+                self._call = self._stub.Assignments(pb.AssignmentsRequest(node_id=node_id), metadata=self._md)
+                for msg in self._call:
+                    self._handle(node_id, msg)
+            except grpc.RpcError as exc:
+                if not self._stop.is_set():
+                    log.info("fabric assignments stream ended: %s", exc.details() if hasattr(exc, "details") else exc)
+            self._stop.wait(self._retry_s)
+
+    # -- messages
+    def _count(self, key: str) -> None:
+        self.counts[key] = self.counts.get(key, 0) + 1
+
+    def _answer(self, **kw) -> bool:
+        try:
+            return self._stub.AnswerAssignment(pb.AssignmentAnswer(**kw), metadata=self._md, timeout=5.0).known
+        except grpc.RpcError as exc:
+            log.warning("fabric: answering the collector failed: %s", first_line(exc))
+            return False
+
+    def _handle(self, node_id: str, msg: pb.Assignment) -> None:
+        if msg.kind == "offer":
+            self._offer(node_id, msg)
+        elif msg.kind == "go":
+            with self._mu:
+                known = msg.pair_id in self._pending
+            if known:
+                threading.Thread(target=self._connect, args=(node_id, msg), daemon=True,
+                                 name="gpuagent-fabric-connect").start()
+        elif msg.kind == "cancel":
+            self._count("cancelled")
+            self._drop(msg.pair_id)
+
+    def _refuse(self, node_id: str, msg: pb.Assignment, reason: str) -> None:
+        self._count("busy")
+        log.info("fabric: pair %s refused: %s", msg.pair_id, reason)
+        self._answer(node_id=node_id, pair_id=msg.pair_id, accepted=False, reason=reason)
+
+    def _offer(self, node_id: str, msg: pb.Assignment) -> None:
+        reason = self.busy()
+        if reason:
+            return self._refuse(node_id, msg, reason)
+        settings = _settings(msg.params)
+        if isinstance(settings, str):
+            return self._refuse(node_id, msg, settings)
+        if self.lock is not None and (self.lock.held or not self.lock.acquire(0.0, what=f"net_pair {msg.pair_id}")):
+            return self._refuse(node_id, msg, f"lock: another probe run holds {self.lock.path}")
+        listener = None
+        port = 0
+        if msg.role == "listen":
+            wait_s = max(1.0, (msg.deadline_ns - time.time_ns()) / 1e9 + 30.0)
+            ports = self._port_range if self._port_range[0] else (msg.port_lo, msg.port_hi)
+            listener = net_pair.NetPairListener(msg.secret, self.address or "0.0.0.0", ports,
+                                                accept_timeout_s=wait_s)
+            if listener.error is not None:
+                self._release()
+                return self._refuse(node_id, msg, listener.error.reason)
+            port = listener.port
+        with self._mu:
+            self._pending[msg.pair_id] = (msg, listener)
+        if not self._answer(node_id=node_id, pair_id=msg.pair_id, accepted=True, port=port):
+            self._drop(msg.pair_id)
+            return
+        self._count("accepted")
+        if listener is not None:
+            threading.Thread(target=self._serve, args=(node_id, msg, listener), daemon=True,
+                             name="gpuagent-fabric-listen").start()
+        else:
+            # The go must come before the offer's deadline plus the collector's answer wait; else give up.
+            timer = threading.Timer(max(1.0, (msg.deadline_ns - time.time_ns()) / 1e9 + 10.0),
+                                    self._drop, args=(msg.pair_id, True))
+            timer.daemon = True
+            timer.start()
+
+    def _release(self) -> None:
+        if self.lock is not None and self.lock.held:
+            self.lock.release()
+
+    def _drop(self, pair_id: str, only_if_waiting: bool = False) -> None:
+        with self._mu:
+            entry = self._pending.get(pair_id)
+            if entry is None or (only_if_waiting and entry[1] is None and entry[0].kind != "offer"):
+                return
+            self._pending.pop(pair_id)
+        _offer, listener = entry
+        if listener is not None:
+            listener.close()
+        self._release()
+
+    def _finish(self, offer: pb.Assignment, result: ProbeResult, started: float) -> None:
+        # link_params: the run's settings as the collector set them, the same text at both ends.
+        link_params = ",".join(f"{k}={offer.params[k]}" for k in sorted(offer.params))
+        result.params.update({"node_a": offer.node_a, "node_b": offer.node_b, "pair_id": offer.pair_id,
+                              "link_params": link_params})
+        result.env.setdefault("scheduler", "fabric")
+        self._count(f"result:{result.status}")
+        if self._on_ran:
+            self._on_ran(time.monotonic() - started)
+        for rec in result.sink_records():
+            try:
+                self.sink.probe_result(rec)
+            except Exception:  # noqa: BLE001 - a sink problem must not kill the fabric thread
+                log.exception("fabric: the sink refused the net_pair result")
+
+    def _serve(self, node_id: str, offer: pb.Assignment, listener: net_pair.NetPairListener) -> None:
+        t0 = time.monotonic()
+        try:
+            result = listener.serve()
+        finally:
+            with self._mu:
+                owned = self._pending.pop(offer.pair_id, None) is not None
+            if owned:
+                self._release()
+        if owned or result.status != "skipped":
+            self._finish(offer, result, t0)
+        if owned:
+            self._answer(node_id=node_id, pair_id=offer.pair_id, finished=True, status=result.status,
+                         reason=result.reason)
+
+    def _connect(self, node_id: str, go: pb.Assignment) -> None:
+        t0 = time.monotonic()
+        with self._mu:
+            entry = self._pending.get(go.pair_id)
+            if entry is not None:
+                self._pending[go.pair_id] = (go, None)
+        if entry is None:
+            return
+        settings = _settings(go.params)
+        timeout = max(1.0, (go.deadline_ns - time.time_ns()) / 1e9)
+        try:
+            result = net_pair.connect(go.peer_address, go.port, go.secret, settings,
+                                      connect_timeout_s=min(10.0, timeout), io_timeout_s=min(10.0, timeout))
+        finally:
+            with self._mu:
+                owned = self._pending.pop(go.pair_id, None) is not None
+            if owned:
+                self._release()
+        self._finish(go, result, t0)
+        self._answer(node_id=node_id, pair_id=go.pair_id, finished=True, status=result.status,
+                     reason=result.reason)
+
+
+# ---------------------------------------------------------------- wiring into the daemon
+
+def _estimate_s(offer_params) -> float:
+    """A run's expected wall time from its settings (warmup, duration, latency pings), before a first run."""
+    try:
+        return float(offer_params.get("warmup_s", 0.3)) + float(offer_params.get("duration_s", 2.0)) + 1.0
+    except ValueError:
+        return 3.0
+
+
+def start_fabric_client(agent: Any) -> "FabricClient | None":
+    """The daemon's EXTRA_FACTORIES hook (None unless ``[fabric] enabled``).
+
+    Busy when job discovery sees a job on any GPU, when the probe budget (shared with the probe scheduler,
+    which is charged for every fabric run) is spent, or when the node-wide probe lock is held. The
+    stream uses the sender's collector settings (address, TLS, token) on a channel of its own."""
+    cfg = agent.cfg
+    if not cfg.fabric.enabled:
+        return None
+    from gpuagent.agent.probe_scheduler import ProbeScheduler, _busy_gpus_from
+
+    sched = next((x for x in agent.extras if isinstance(x, ProbeScheduler)), None)
+    if sched is None:      # probes are off: a scheduler that never starts still keeps the budget
+        sched = ProbeScheduler(agent.batcher, cfg.probes, state_dir=str(cfg.state_dir))
+    busy_gpus = _busy_gpus_from(agent.samplers)
+    last = {"s": 0.0}
+
+    def busy() -> str:
+        held = busy_gpus()
+        if held:
+            return f"gpus busy: a job holds GPU {', '.join(map(str, held))}"
+        return sched.budget_problem(last["s"] or _estimate_s({}))
+
+    def ran(seconds: float) -> None:
+        last["s"] = seconds
+        sched.charge(seconds)
+
+    sender = agent.sender
+    client = FabricClient(sender.open_channel(), lambda: sender.state.node_id, agent.node_info.fabric_address,
+                          agent.batcher, busy=busy, lock=ProbeLock(sched.lock_path), metadata=sender.metadata(),
+                          on_ran=ran, port_range=(cfg.fabric.port_lo, cfg.fabric.port_hi))
+    client._owns_channel = True
+    log.info("fabric probes on: peers reach this node at %s%s", client.address,
+             f", ports {cfg.fabric.port_lo}-{cfg.fabric.port_hi}" if cfg.fabric.port_lo else "")
+    return client.start()

@@ -1,0 +1,173 @@
+-- network_degraded: which node or link of the fabric is slow, from the pair runs in link_results.
+-- A run's rate is the slower of its two directions (least(send, recv), Gbit/s); a link's rate is the median
+-- of its last $fabric_runs ok runs in the probe window (per probe settings, params_key). Baselines, in order:
+-- the same pool's median of per-node medians (each node's median over its links, so one bad node cannot
+-- drag the reference down), then a declared value ([[baselines.declared]] component net_pair_gbits), then a
+-- cited reference row of that component. A link is slow under $fabric_slow_fraction x that baseline.
+--   node: more than half of a node's measured links are slow while most of those peers are fine with
+--         their other peers -> the node (NIC, cable, switch port, host) is the common factor;
+--   link: a slow link neither of whose ends is a degraded node -> that path alone.
+
+CREATE OR REPLACE TEMP TABLE _nd_runs AS
+SELECT least(node_a, node_b) AS a, greatest(node_a, node_b) AS b, coalesce(params_key, '') AS params_key,
+       started_at, least(send_gbits_per_s, recv_gbits_per_s) AS gbits, send_gbits_per_s AS send,
+       recv_gbits_per_s AS recv, rtt_p50_us, rtt_p99_us
+FROM link_results
+WHERE probe = 'net_pair' AND status = 'ok' AND send_gbits_per_s IS NOT NULL AND recv_gbits_per_s IS NOT NULL
+  AND isfinite(send_gbits_per_s) AND isfinite(recv_gbits_per_s)
+  AND started_at > $probe_window_start AND started_at <= $now
+-- both ends report each run: keep one row per run
+QUALIFY row_number() OVER (PARTITION BY coalesce(pair_id, node_a || '|' || node_b || started_at::VARCHAR)
+                           ORDER BY (reported_by = node_a) DESC, reported_by) = 1;
+
+CREATE OR REPLACE TEMP TABLE _nd_links AS
+WITH recent AS (
+    SELECT *, row_number() OVER (PARTITION BY a, b, params_key ORDER BY started_at DESC) AS rn FROM _nd_runs
+)
+SELECT r.a, r.b, r.params_key,
+       CASE WHEN coalesce(ca.pool, '') = coalesce(cb.pool, '') THEN coalesce(ca.pool, '')
+            ELSE coalesce(ca.pool, '') || ' x ' || coalesce(cb.pool, '') END AS scope,
+       median(r.gbits) AS gbits, median(r.send) AS send, median(r.recv) AS recv,
+       median(r.rtt_p50_us) AS rtt_p50_us, median(r.rtt_p99_us) AS rtt_p99_us, count(*) AS runs,
+       max(r.started_at) AS last_at
+FROM recent r
+LEFT JOIN _node_class ca ON ca.node_id = r.a
+LEFT JOIN _node_class cb ON cb.node_id = r.b
+WHERE r.rn <= $fabric_runs
+GROUP BY ALL;
+
+-- Each link seen from both of its ends.
+CREATE OR REPLACE TEMP TABLE _nd_ends AS
+SELECT a AS node_id, b AS peer, scope, params_key, gbits, send, recv, rtt_p50_us, runs FROM _nd_links
+UNION ALL
+SELECT b, a, scope, params_key, gbits, send, recv, rtt_p50_us, runs FROM _nd_links;
+
+CREATE OR REPLACE TEMP TABLE _nd_pool AS
+WITH per_node AS (
+    SELECT node_id, scope, params_key, median(gbits) AS node_gbits FROM _nd_ends GROUP BY ALL
+),
+fleet AS (
+    SELECT scope, params_key, median(node_gbits) AS ref, count(*) AS nodes FROM per_node GROUP BY ALL
+),
+declared AS (
+    SELECT f.scope, f.params_key, max(d.value) AS value
+    FROM fleet f JOIN _declared_baselines d
+      ON d.component = 'net_pair_gbits' AND (d.params_like IS NULL OR f.params_key LIKE d.params_like)
+    GROUP BY ALL
+),
+reference AS (
+    SELECT f.scope, f.params_key, max(r.value) AS value, any_value(r.source) AS source
+    FROM fleet f JOIN _ref_baselines r
+      ON r.component = 'net_pair_gbits' AND (r.params_like IS NULL OR f.params_key LIKE r.params_like)
+    GROUP BY ALL
+)
+SELECT f.scope, f.params_key, f.nodes, f.ref AS fleet_ref,
+       CASE WHEN f.nodes >= $min_fleet_nodes THEN f.ref ELSE coalesce(d.value, r.value) END AS ref,
+       CASE WHEN f.nodes >= $min_fleet_nodes THEN 'fleet_pool_median'
+            WHEN d.value IS NOT NULL THEN 'user_declared'
+            WHEN r.value IS NOT NULL THEN 'reference_table' ELSE 'none' END AS ref_source,
+       r.source AS ref_cited
+FROM fleet f
+LEFT JOIN declared d ON d.scope = f.scope AND d.params_key = f.params_key
+LEFT JOIN reference r ON r.scope = f.scope AND r.params_key = f.params_key;
+
+CREATE OR REPLACE TEMP TABLE _nd_slow AS
+SELECT e.*, p.ref, p.ref_source, p.nodes AS pool_nodes,
+       coalesce(e.gbits < $fabric_slow_fraction * p.ref, false) AS slow
+FROM _nd_ends e JOIN _nd_pool p ON p.scope = e.scope AND p.params_key = e.params_key;
+
+-- For each slow link of a node: is the peer fine with its other peers?
+CREATE OR REPLACE TEMP TABLE _nd_peers AS
+SELECT x.node_id, x.peer, x.params_key, x.gbits,
+       avg(o.slow::INTEGER) AS peer_other_slow, count(o.peer) AS peer_other_links
+FROM _nd_slow x
+LEFT JOIN _nd_slow o ON o.node_id = x.peer AND o.peer <> x.node_id AND o.params_key = x.params_key
+WHERE x.slow
+GROUP BY ALL;
+
+CREATE OR REPLACE TEMP TABLE _nd_node AS
+SELECT s.node_id, s.scope, s.params_key, any_value(s.ref) AS ref, any_value(s.ref_source) AS ref_source,
+       any_value(s.pool_nodes) AS pool_nodes, count(*) AS links, count(*) FILTER (WHERE s.slow) AS slow_links,
+       median(s.gbits) AS node_gbits, median(s.gbits) FILTER (WHERE s.slow) AS slow_gbits,
+       median(s.gbits) FILTER (WHERE NOT s.slow) AS ok_gbits, sum(s.runs) AS runs,
+       list({'peer': s.peer, 'gbits': round(s.gbits, 3), 'send': round(s.send, 3), 'recv': round(s.recv, 3),
+             'rtt_p50_us': round(s.rtt_p50_us, 1), 'runs': s.runs, 'slow': s.slow} ORDER BY s.gbits) AS pairs
+FROM _nd_slow s
+GROUP BY s.node_id, s.scope, s.params_key;
+
+CREATE OR REPLACE TEMP TABLE _nd_bad_nodes AS
+SELECT n.*, count(p.peer) FILTER (WHERE p.peer_other_links > 0 AND p.peer_other_slow < 0.5) AS peers_fine,
+       count(p.peer) AS peers_slow
+FROM _nd_node n
+LEFT JOIN _nd_peers p ON p.node_id = n.node_id AND p.params_key = n.params_key
+WHERE n.ref IS NOT NULL AND n.links >= $fabric_min_links AND n.slow_links * 2 > n.links
+GROUP BY ALL
+HAVING count(p.peer) FILTER (WHERE p.peer_other_links > 0 AND p.peer_other_slow < 0.5) * 2 > count(p.peer);
+
+-- Failed and skipped pair runs of each node in the window: counters for the evidence.
+CREATE OR REPLACE TEMP TABLE _nd_counts AS
+SELECT node_id, count(*) FILTER (WHERE status = 'failed') AS failed_runs,
+       count(*) FILTER (WHERE status = 'timeout') AS timeout_runs,
+       count(*) FILTER (WHERE status = 'skipped') AS skipped_runs
+FROM (SELECT DISTINCT coalesce(pair_id, started_at::VARCHAR) AS run, status, unnest([node_a, node_b]) AS node_id
+      FROM link_results
+      WHERE probe = 'net_pair' AND status <> 'ok' AND started_at > $probe_window_start AND started_at <= $now)
+GROUP BY node_id;
+
+INSERT INTO _evaluated
+SELECT DISTINCT node_id, NULL, 'network_degraded', 'node' FROM _nd_node WHERE ref IS NOT NULL
+UNION ALL
+SELECT DISTINCT a, NULL, 'network_degraded', 'link' FROM _nd_links;
+
+INSERT INTO _conditions
+SELECT b.node_id, NULL, 'network_degraded', 'node',
+       CASE WHEN b.slow_gbits < 0.25 * b.ref THEN 'critical' ELSE 'warning' END,
+       b.node_gbits, 'gbits_per_s', b.ref, b.ref_source,
+       json_object('pairs', b.pairs, 'links', b.links, 'slow_links', b.slow_links,
+                   'node_median_gbits', round(b.node_gbits, 3), 'slow_median_gbits', round(b.slow_gbits, 3),
+                   'pool', b.scope, 'pool_median_gbits', round(b.ref, 3), 'pool_nodes', b.pool_nodes,
+                   'slow_fraction', $fabric_slow_fraction, 'peers_fine_with_others', b.peers_fine,
+                   'params_key', b.params_key, 'runs', b.runs,
+                   'failed_runs', coalesce(c.failed_runs, 0), 'timeout_runs', coalesce(c.timeout_runs, 0),
+                   'skipped_runs', coalesce(c.skipped_runs, 0))::VARCHAR,
+       'Node ' || coalesce(nc.hostname, b.node_id) || ' reaches ' || b.slow_links::VARCHAR || ' of its '
+       || b.links::VARCHAR || ' measured peers at only ' || _fmt(b.slow_gbits) || ' Gbit/s (median; '
+       || printf('%.0f', 100 * b.slow_gbits / b.ref) || ' % of the '
+       || CASE b.ref_source WHEN 'fleet_pool_median' THEN 'median ' || _fmt(b.ref) || ' Gbit/s of pool '
+                                 || coalesce(nullif(b.scope, ''), '(no pool)')
+               ELSE b.ref_source || ' baseline ' || _fmt(b.ref) || ' Gbit/s' END
+       || ') while ' || b.peers_fine::VARCHAR || ' of those peers are fine with the others: drain node '
+       || coalesce(nc.hostname, b.node_id) || ' and check its NIC, cable, switch port and link speed.'
+FROM _nd_bad_nodes b
+LEFT JOIN _node_class nc ON nc.node_id = b.node_id
+LEFT JOIN _nd_counts c ON c.node_id = b.node_id
+QUALIFY row_number() OVER (PARTITION BY b.node_id ORDER BY b.slow_gbits / b.ref) = 1;
+
+INSERT INTO _conditions
+SELECT l.a, NULL, 'network_degraded', 'link',
+       CASE WHEN l.gbits < 0.25 * s.ref THEN 'critical' ELSE 'warning' END,
+       l.gbits, 'gbits_per_s', s.ref, s.ref_source,
+       json_object('pair', [l.a, l.b], 'hostnames', [ca.hostname, cb.hostname], 'gbits', round(l.gbits, 3),
+                   'send_gbits', round(l.send, 3), 'recv_gbits', round(l.recv, 3),
+                   'rtt_p50_us', round(l.rtt_p50_us, 1), 'rtt_p99_us', round(l.rtt_p99_us, 1), 'runs', l.runs,
+                   'pool', l.scope, 'pool_median_gbits', round(s.ref, 3), 'slow_fraction', $fabric_slow_fraction,
+                   'a_median_gbits', round(na.node_gbits, 3), 'a_slow_links', na.slow_links, 'a_links', na.links,
+                   'b_median_gbits', round(nb.node_gbits, 3), 'b_slow_links', nb.slow_links, 'b_links', nb.links,
+                   'params_key', l.params_key,
+                   'other_slow_links', count(*) OVER (PARTITION BY l.a) - 1)::VARCHAR,
+       'The link between ' || coalesce(ca.hostname, l.a) || ' and ' || coalesce(cb.hostname, l.b) || ' runs at '
+       || _fmt(l.gbits) || ' Gbit/s (' || printf('%.0f', 100 * l.gbits / s.ref) || ' % of the '
+       || CASE s.ref_source WHEN 'fleet_pool_median' THEN 'median ' || _fmt(s.ref) || ' Gbit/s of pool '
+                                 || coalesce(nullif(l.scope, ''), '(no pool)')
+               ELSE s.ref_source || ' baseline ' || _fmt(s.ref) || ' Gbit/s' END
+       || ') while both nodes are fine with their other peers: check the cable, switch ports and route between '
+       || coalesce(ca.hostname, l.a) || ' and ' || coalesce(cb.hostname, l.b) || '.'
+FROM _nd_links l
+JOIN _nd_slow s ON s.node_id = l.a AND s.peer = l.b AND s.params_key = l.params_key AND s.slow
+JOIN _nd_node na ON na.node_id = l.a AND na.params_key = l.params_key
+JOIN _nd_node nb ON nb.node_id = l.b AND nb.params_key = l.params_key
+LEFT JOIN _node_class ca ON ca.node_id = l.a
+LEFT JOIN _node_class cb ON cb.node_id = l.b
+WHERE NOT EXISTS (SELECT 1 FROM _nd_bad_nodes x WHERE x.node_id IN (l.a, l.b))
+-- the flags table keys a flag by node: the lower node id carries its worst slow link, the others are counted
+QUALIFY row_number() OVER (PARTITION BY l.a ORDER BY l.gbits / s.ref) = 1;

@@ -1,0 +1,296 @@
+"""The fabric coordinator: plans pair rounds over the connected nodes and hands out assignments.
+
+It runs on the collector's event loop. Agents that declared a fabric address at Register and hold an
+``Assignments`` stream are the candidates; a round of the planner's tournament (planner.plan_pairs) is
+run at a time. For each pair both ends get an ``offer`` and must answer within ``answer_timeout_s``;
+only when both accepted does the connecting end get ``go`` (with the listener's port). A busy or silent
+end turns the pair into a ``skipped`` outcome with the reason, the other end gets ``cancel``, and the pair
+stays in the plan for a later sweep. A pair that went ahead ends when both ends report ``finished`` or
+at its deadline, whichever is first, so neither side nor the round can hang.
+
+The measurements themselves travel in the agents' batches (probe ``net_pair``, params ``node_a``/``node_b``);
+the coordinator keeps only outcomes, and hands each one to ``record`` when given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from gpuagent.collector.fabric import planner
+from gpuagent.proto import pb
+
+log = logging.getLogger("gpuagent.collector.fabric")
+
+DEFAULT_PARAMS = {"streams": "4", "duration_s": "2.0", "warmup_s": "0.3", "rtt_count": "200"}
+
+
+@dataclass
+class FabricConfig:
+    """[fabric] of the collector config."""
+    enabled: bool = False
+    interval_s: float = 300.0          # pause between rounds
+    scope_key: str | None = "pool"     # pairs never cross this label's values; None: one scope
+    max_pairs_per_round: int = 0       # 0: no cap
+    port_lo: int = 0                   # the listener's port range (0, 0: any free port)
+    port_hi: int = 0
+    answer_timeout_s: float = 5.0      # how long an end has to accept or refuse an offer
+    run_timeout_s: float = 30.0        # from go to the end of the run
+    params: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_PARAMS))
+    seed: int = 0
+
+    @classmethod
+    def from_mapping(cls, table) -> "FabricConfig":
+        """From the collector config's [fabric] table; a bad key or value raises ValueError (one sentence).
+        ``scope_key = ""`` puts all nodes in one scope; ``[fabric.params]`` overrides net_pair settings."""
+        table = dict(table or {})
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = sorted(set(table) - known)
+        if unknown:
+            raise ValueError(f"unknown key fabric.{unknown[0]} (known: {', '.join(sorted(known))})")
+        kw = {}
+        for key, value in table.items():
+            default = getattr(cls, key, None) if key != "params" else None
+            if key == "params":
+                if not isinstance(value, dict):
+                    raise ValueError("[fabric.params] must be a table of net_pair settings")
+                kw[key] = {**DEFAULT_PARAMS, **{str(k): str(v) for k, v in value.items()}}
+            elif key == "enabled":
+                if not isinstance(value, bool):
+                    raise ValueError(f"fabric.enabled must be true or false, not {value!r}")
+                kw[key] = value
+            elif key == "scope_key":
+                if not isinstance(value, str):
+                    raise ValueError(f"fabric.scope_key must be a label name (or \"\" for one scope), not {value!r}")
+                kw[key] = value or None
+            elif isinstance(default, (int, float)):
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    raise ValueError(f"fabric.{key} must be a number, not {value!r}")
+                kw[key] = type(default)(value)
+        cfg = cls(**kw)
+        why = cfg.problem()
+        if why:
+            raise ValueError(why)
+        return cfg
+
+    def problem(self) -> str:
+        if not (self.interval_s >= 0 and self.answer_timeout_s > 0 and self.run_timeout_s > 0):
+            return "fabric interval_s must not be negative, answer_timeout_s and run_timeout_s must be positive"
+        if self.max_pairs_per_round < 0:
+            return f"fabric max_pairs_per_round must not be negative, got {self.max_pairs_per_round}"
+        lo, hi = self.port_lo, self.port_hi
+        if not (0 <= lo <= hi <= 65535) or (lo == 0) != (hi == 0):
+            return f"fabric port range must be 1 <= lo <= hi <= 65535 (or both 0), got {lo}-{hi}"
+        return ""
+
+
+@dataclass
+class Outcome:
+    """What became of one planned pair (node_a connects, node_b listens)."""
+    pair_id: str
+    node_a: str
+    node_b: str
+    status: str                 # "ok", "failed", "timeout" from the connecting end; "skipped" here
+    reason: str
+    started_ns: int
+    ended_ns: int
+    round_no: int
+    params: dict[str, str] = field(default_factory=dict)   # the probe settings the pair was offered
+
+
+class _Pair:
+    def __init__(self, pair_id: str, a: str, b: str):
+        self.pair_id, self.a, self.b = pair_id, a, b
+        self.answers: dict[str, pb.AssignmentAnswer] = {}
+        self.answered = asyncio.Event()
+        self.finished = asyncio.Event()
+        self.finishes: dict[str, pb.AssignmentAnswer] = {}
+
+
+class Coordinator:
+    def __init__(self, config: FabricConfig, record: Callable[[Outcome], None] | None = None):
+        why = config.problem()
+        if why:
+            raise ValueError(why)
+        self.config = config
+        self._record = record
+        self.nodes: dict[str, tuple[str, dict[str, str]]] = {}   # node id -> (fabric address, labels)
+        self._streams: dict[str, asyncio.Queue] = {}
+        self._pairs: dict[str, _Pair] = {}
+        self._ids = itertools.count(1)
+        self._run_tag = f"{time.time_ns():x}"
+        self.outcomes: list[Outcome] = []
+        self.rounds_done = 0
+        self.last_plan: planner.PairPlan | None = None
+        self._task: asyncio.Task | None = None
+
+    # -- what the servicer calls
+    def register(self, node_id: str, address: str, labels: dict[str, str]) -> None:
+        if address:
+            self.nodes[node_id] = (address, dict(labels))
+        else:
+            self.nodes.pop(node_id, None)
+
+    def attach(self, node_id: str) -> asyncio.Queue:
+        """A new Assignments stream for ``node_id``; it replaces an older one."""
+        old = self._streams.get(node_id)
+        if old is not None:
+            old.put_nowait(None)
+        q: asyncio.Queue = asyncio.Queue()
+        self._streams[node_id] = q
+        return q
+
+    def detach(self, node_id: str, queue: asyncio.Queue) -> None:
+        if self._streams.get(node_id) is queue:
+            del self._streams[node_id]
+
+    def answer(self, ans: pb.AssignmentAnswer) -> bool:
+        """An agent's answer or finish report; False when the pair is not (or no longer) running."""
+        pair = self._pairs.get(ans.pair_id)
+        if pair is None or ans.node_id not in (pair.a, pair.b):
+            return False
+        if ans.finished:
+            # The round waits for both ends, so the next round does not find an end still winding down.
+            pair.finishes[ans.node_id] = ans
+            if len(pair.finishes) == 2:
+                pair.finished.set()
+            return True
+        pair.answers[ans.node_id] = ans
+        if len(pair.answers) == 2 or not ans.accepted:
+            pair.answered.set()
+        return True
+
+    # -- planning
+    def ready_nodes(self) -> dict[str, dict[str, str]]:
+        """Nodes with a fabric address and a live Assignments stream: node -> labels."""
+        return {n: labels for n, (_addr, labels) in self.nodes.items() if n in self._streams}
+
+    def plan(self) -> planner.PairPlan:
+        c = self.config
+        plan = planner.plan_pairs(self.ready_nodes(), c.scope_key, c.max_pairs_per_round or None,
+                                  seed=f"{c.seed}/{self.rounds_done}")
+        self.last_plan = plan
+        return plan
+
+    async def sweep(self) -> list[Outcome]:
+        """One full pair-wise sweep over the nodes ready now: every round of one plan, in order."""
+        out: list[Outcome] = []
+        for rnd in self.plan().rounds:
+            out.extend(await self.run_round(rnd))
+        return out
+
+    async def run_round(self, pairs: list[tuple[str, str]]) -> list[Outcome]:
+        round_no = self.rounds_done
+        log.info("fabric round %d started: %s", round_no, " ".join(f"{a}>{b}" for a, b in pairs))
+        outcomes = await asyncio.gather(*(self._run_pair(a, b, round_no) for a, b in pairs))
+        self.rounds_done += 1
+        log.info("fabric round %d done: %s", round_no,
+                 " ".join(f"{o.node_a}>{o.node_b}={o.status}" for o in outcomes))
+        return list(outcomes)
+
+    async def run_forever(self) -> None:
+        while True:
+            try:
+                if len(self.ready_nodes()) >= 2:
+                    await self.sweep()
+            except planner.PlanError as exc:
+                log.error("fabric: cannot plan: %s", exc)
+            await asyncio.sleep(max(1.0, self.config.interval_s))
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self.run_forever())
+
+    def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+
+    # -- one pair
+    def _send(self, node_id: str, msg: pb.Assignment) -> bool:
+        q = self._streams.get(node_id)
+        if q is None:
+            return False
+        q.put_nowait(msg)
+        return True
+
+    def _done(self, pair: _Pair, status: str, reason: str, started: int, round_no: int) -> Outcome:
+        self._pairs.pop(pair.pair_id, None)
+        o = Outcome(pair.pair_id, pair.a, pair.b, status, reason, started, time.time_ns(), round_no,
+                    dict(self.config.params))
+        self.outcomes.append(o)
+        if self._record:
+            try:
+                self._record(o)
+            except Exception as exc:  # noqa: BLE001 - a failed record must not stop the sweep
+                log.error("fabric: recording the outcome of %s failed: %s", pair.pair_id, exc)
+        return o
+
+    async def _run_pair(self, a: str, b: str, round_no: int) -> Outcome:
+        c = self.config
+        pair = _Pair(f"{self._run_tag}-{next(self._ids)}", a, b)
+        self._pairs[pair.pair_id] = pair
+        started = time.time_ns()
+        secret = secrets.token_hex(16)
+        answer_deadline = started + int(c.answer_timeout_s * 1e9)
+        addr_b = self.nodes.get(b, ("", {}))[0]
+        common = dict(kind="offer", pair_id=pair.pair_id, port_lo=c.port_lo, port_hi=c.port_hi, secret=secret,
+                      probe="net_pair", params=c.params, node_a=a, node_b=b)
+        silent = [n for n, role, peer, addr in ((b, "listen", a, ""), (a, "connect", b, addr_b))
+                  if not self._send(n, pb.Assignment(role=role, peer_node_id=peer, peer_address=addr,
+                                                     deadline_ns=answer_deadline, **common))]
+        if not silent:
+            try:
+                await asyncio.wait_for(pair.answered.wait(), c.answer_timeout_s)
+            except asyncio.TimeoutError:
+                silent = [n for n in (a, b) if n not in pair.answers]
+        busy = [(n, pair.answers[n].reason or "busy") for n in (a, b)
+                if n in pair.answers and not pair.answers[n].accepted]
+        if silent or busy:
+            why = "; ".join([f"node {n} did not answer within {c.answer_timeout_s:g} s" for n in silent]
+                            + [f"node {n} is busy: {r}" for n, r in busy])
+            for n in (a, b):
+                self._send(n, pb.Assignment(kind="cancel", pair_id=pair.pair_id, reason=why, node_a=a, node_b=b))
+            return self._done(pair, "skipped", why, started, round_no)
+        port = pair.answers[b].port
+        run_deadline = time.time_ns() + int(c.run_timeout_s * 1e9)
+        if not self._send(a, pb.Assignment(kind="go", pair_id=pair.pair_id, role="connect", peer_node_id=b,
+                                           peer_address=addr_b, port=port, secret=secret, probe="net_pair",
+                                           params=c.params, deadline_ns=run_deadline, node_a=a, node_b=b)):
+            self._send(b, pb.Assignment(kind="cancel", pair_id=pair.pair_id, reason=f"node {a} went away",
+                                        node_a=a, node_b=b))
+            return self._done(pair, "skipped", f"node {a} went away before the run started", started, round_no)
+        try:
+            await asyncio.wait_for(pair.finished.wait(), c.run_timeout_s)
+        except asyncio.TimeoutError:
+            if a in pair.finishes:      # the listener is late to say so, but the run itself ended
+                fin = pair.finishes[a]
+                return self._done(pair, fin.status or "ok", fin.reason, started, round_no)
+            for n in (a, b):
+                self._send(n, pb.Assignment(kind="cancel", pair_id=pair.pair_id, node_a=a, node_b=b,
+                                            reason=f"the run passed its {c.run_timeout_s:g} s deadline"))
+            return self._done(pair, "timeout", f"node {a} did not report the end of the run within "
+                              f"{c.run_timeout_s:g} s", started, round_no)
+        fin = pair.finishes[a]
+        return self._done(pair, fin.status or "ok", fin.reason, started, round_no)
+
+
+def record_outcome(writer, o: Outcome) -> None:
+    """Store a pair the collector could not run (skipped) or saw no end of (timeout) as a link row; the
+    agents store the runs themselves."""
+    if o.status not in ("skipped", "timeout"):
+        return
+    link_params = ",".join(f"{k}={v}" for k, v in sorted(o.params.items()))
+    row = [o.pair_id, o.node_a, o.node_b, "net_pair", link_params, o.started_ns // 1000, o.ended_ns // 1000,
+           o.status, o.reason]
+
+    def insert(con):
+        con.execute("INSERT INTO link_results VALUES (?, ?, ?, ?, ?, NULL, NULL, NULL, NULL, "
+                    "make_timestamp(?), make_timestamp(?), ?, ?, 'collector')", row)
+
+    fut = writer.call(insert)
+    fut.add_done_callback(lambda f: f.exception() and log.error(
+        "fabric: storing the skipped pair %s failed: %s", o.pair_id, f.exception()))

@@ -1,0 +1,239 @@
+"""The agent's Prometheus /metrics ([exporter] listen): dcgm-exporter names and units against the fake
+NVML's values (the one allowed fake; SYNTHETIC H100 values from tests/data), a real agent subprocess
+scraped over HTTP and checked by `promtool check metrics`, values equal to `gpuagent status --json` for
+the same tick, and ticks that stay regular while /metrics is hammered."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import pytest
+from agent_helpers import ROOT, agent_env, free_port, stop, wait_running
+from conftest import wait_for
+from fake_nvml import H100_8GPU, FakeNvmlBackend
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpuagent.agent.config import ConfigError, load_config
+from gpuagent.agent.daemon import Agent, build_node_info
+from gpuagent.agent.gpu_sampler import GpuSampler
+from gpuagent.agent.host_sampler import HostSampler
+from gpuagent.common.nvml import Nvml
+
+MIB = 2 ** 20
+
+
+def _scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        return r.read().decode()
+
+
+def _samples(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out.setdefault(s.name, []).append((dict(s.labels), s.value))
+    return out
+
+
+def _per_gpu(samples, name: str) -> dict[int, float]:
+    return {int(lab["gpu"]): v for lab, v in samples.get(name, [])}
+
+
+def _one(samples, name: str) -> float:
+    (only,) = samples[name]
+    return only[1]
+
+
+def _start_fake_agent(tmp_path, port: int, interval: float = 1.0) -> tuple[subprocess.Popen, object]:
+    cfg = tmp_path / "agent.toml"
+    cfg.write_text(f'[probes]\nenabled = false\n[exporter]\nlisten = "127.0.0.1:{port}"\n')
+    state = tmp_path / "state"
+    log = open(tmp_path / "agent.log", "ab")
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "fake_nvml_agent.py"), "run",
+                             "--collector", f"127.0.0.1:{free_port()}", "--state-dir", str(state),
+                             "--interval", str(interval), "--batch-interval", "1"],
+                            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                            env=agent_env(tmp_path, GPUAGENT_CONFIG=str(cfg)))
+    return proc, state
+
+
+# ------------------------------------------------------------------ units against the fake's values
+
+def test_dcgm_names_carry_nvml_values_in_dcgm_units(tmp_path):
+    cfg = load_config(None, env={}, state_dir=str(tmp_path / "state"), collector="127.0.0.1:9")
+    backend = FakeNvmlBackend(H100_8GPU)
+    gpu = GpuSampler(nvml=Nvml(backend=backend))
+    samplers = [HostSampler(), gpu]
+    agent = Agent(cfg, samplers=samplers, node_info=build_node_info(cfg, samplers))
+    from gpuagent.agent.exporter import Exporter
+    exp = Exporter("127.0.0.1:0").start()
+    agent.exporter = exp
+    try:
+        backend.inject_xid(1, 13)
+        for _ in range(3):
+            backend.advance(10.0)
+            agent.tick()
+        m = _samples(_scrape(exp.port))
+        energy_now = {i: backend.nvmlDeviceGetTotalEnergyConsumption(backend.handles[i]) for i in range(8)}
+    finally:
+        exp.stop()
+        agent.shutdown()
+    f = {g["index"]: g for g in backend.gpus}
+    unsupported_util = {i for i, g in f.items() if "nvmlDeviceGetUtilizationRates" in g["not_supported"]}
+    assert _per_gpu(m, "DCGM_FI_DEV_FB_USED") == {i: g["memory_used_bytes"] / MIB for i, g in f.items()}
+    assert _per_gpu(m, "DCGM_FI_DEV_FB_FREE") == {
+        i: (g["memory_total_bytes"] - g["memory_used_bytes"]) / MIB for i, g in f.items()}
+    assert _per_gpu(m, "DCGM_FI_DEV_POWER_USAGE") == {i: g["power_mw"] / 1000 for i, g in f.items()}
+    # mJ exactly as nvmlDeviceGetTotalEnergyConsumption answers (the fake's clock stood still since the tick)
+    assert _per_gpu(m, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION") == energy_now
+    assert _per_gpu(m, "DCGM_FI_DEV_GPU_TEMP") == {i: g["temperature_c"] for i, g in f.items()}
+    assert _per_gpu(m, "DCGM_FI_DEV_SM_CLOCK") == {i: g["sm_clock_mhz"] for i, g in f.items()}
+    assert _per_gpu(m, "DCGM_FI_DEV_MEM_CLOCK") == {i: g["mem_clock_mhz"] for i, g in f.items()}
+    assert _per_gpu(m, "DCGM_FI_DEV_GPU_UTIL") == {
+        i: g["util_gpu_percent"] for i, g in f.items() if i not in unsupported_util}
+    assert _per_gpu(m, "DCGM_FI_DEV_MEM_COPY_UTIL") == {
+        i: g["util_mem_percent"] for i, g in f.items() if i not in unsupported_util}
+    assert _per_gpu(m, "DCGM_FI_DEV_PCIE_REPLAY_COUNTER") == {i: g["pcie_replay_count"] for i, g in f.items()}
+    # the last XID per GPU: the fixture's recorded events, then the one injected here
+    xids = {e["gpu"]: e["xid"] for e in backend.doc["events"] if e.get("kind") == "xid"} | {1: 13}
+    assert _per_gpu(m, "DCGM_FI_DEV_XID_ERRORS") == xids
+    # NVLink rates (the sampler's, over real time) only for GPUs that have links
+    assert set(_per_gpu(m, "DCGM_FI_PROF_NVLINK_TX_BYTES")) == {i for i, g in f.items() if g["nvlink_links"]}
+    labels = {lab["gpu"]: lab for lab, _ in m["DCGM_FI_DEV_FB_USED"]}
+    assert labels["0"]["UUID"] == f[0]["uuid"] and labels["0"]["pci_bus_id"] == f[0]["pci_bus_id"]
+    assert labels["0"]["device"] == "nvidia0" and labels["0"]["modelName"] == f[0]["name"]
+    assert set(labels["0"]) == {"gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "hpc_job"}
+
+
+# ------------------------------------------------------------------ a real agent, scraped over HTTP
+
+def _same_tick(port: int, state) -> tuple[dict, dict]:
+    """A scrape and `gpuagent status --json` of one tick (retried until their tick counts agree)."""
+    def attempt():
+        m = _samples(_scrape(port))
+        out = subprocess.run([sys.executable, "-m", "gpuagent.agent.cli", "status", "--json", "--state-dir",
+                              str(state)], capture_output=True, text=True, cwd=ROOT, timeout=30)
+        assert out.returncode == 0, out.stderr
+        st = json.loads(out.stdout)
+        return (m, st) if _one(m, "gpuagent_agent_ticks_total") == st["counters"]["ticks"] else None
+    return wait_for(attempt, timeout=30, interval=0.01, what="a scrape and a status of the same tick")
+
+
+def test_real_agent_metrics_match_status_and_pass_promtool(tmp_path):
+    port = free_port()
+    proc, state = _start_fake_agent(tmp_path, port)
+    try:
+        wait_for(lambda: (read := wait_running(state, proc)) and read["counters"]["ticks"] >= 3, timeout=30,
+                 what="3 ticks")
+        m, st = _same_tick(port, state)
+        text = _scrape(port)
+    finally:
+        assert stop(proc) == 0
+    gpus = {g["index"]: g for g in st["gpus"]}
+    assert len(gpus) == 8
+    checks = [("DCGM_FI_DEV_GPU_UTIL", "util_percent", 1), ("DCGM_FI_DEV_FB_USED", "memory_used_bytes", MIB),
+              ("DCGM_FI_DEV_POWER_USAGE", "power_watts", 1), ("DCGM_FI_DEV_GPU_TEMP", "temperature_celsius", 1),
+              ("DCGM_FI_DEV_SM_CLOCK", "sm_clock_mhz", 1), ("DCGM_FI_DEV_MEM_CLOCK", "mem_clock_mhz", 1),
+              ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "energy_consumed_mj", 1),
+              ("DCGM_FI_PROF_NVLINK_RX_BYTES", "nvlink_rx_bytes_per_s", 1)]
+    for name, field, div in checks:
+        want = {i: g[field] / div for i, g in gpus.items() if field in g}
+        assert want, f"status has no {field}"
+        assert _per_gpu(m, name) == pytest.approx(want, rel=1e-12), name
+    h = st["host"]
+    assert _one(m, "gpuagent_host_cpu_busy_ratio") == pytest.approx(h["cpu_busy_percent"] / 100)
+    assert _one(m, "gpuagent_host_cpu_steal_ratio") == pytest.approx(h["cpu_steal_percent"] / 100)
+    assert _one(m, "gpuagent_host_load1") == h["load1"]
+    assert _one(m, "gpuagent_host_memory_used_bytes") == h["mem_used_bytes"]
+    assert _one(m, "gpuagent_host_memory_total_bytes") == h["mem_total_bytes"]
+    for dev, vals in (h.get("disks") or {}).items():
+        got = {lab["device"]: v for lab, v in m["gpuagent_host_disk_written_bytes_per_second"]}
+        assert got[dev] == vals["disk_write_bytes_per_s"]
+    assert _one(m, "gpuagent_spool_backlog_bytes") == st["spool"]["backlog_bytes"]
+    assert _one(m, "gpuagent_collector_connected") == 0    # nothing listens at the collector address
+    assert _one(m, "gpuagent_agent_last_tick_timestamp_seconds") == pytest.approx(st["updated_ns"] / 1e9)
+
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool (Debian package prometheus) is not installed")
+    out = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    problems = [line for line in (out.stdout + out.stderr).splitlines() if line.strip()]
+    # Lints that dcgm-exporter's own names cause, which dashboards need as they are: camelCase labels
+    # (UUID, modelName, Hostname) and the word "COUNTER" in DCGM_FI_DEV_PCIE_REPLAY_COUNTER.
+    dcgm_names = (r"DCGM_FI_\w+ label names should be written in 'snake_case' not 'camelCase'",
+                  r"DCGM_FI_DEV_PCIE_REPLAY_COUNTER metric name should not include type 'counter'")
+    other = [p for p in problems if not any(re.fullmatch(d, p) for d in dcgm_names)]
+    assert other == [], other
+    assert not any(p.startswith("gpuagent_") for p in problems)
+
+
+def test_scrapes_do_not_disturb_the_tick_loop(tmp_path):
+    port = free_port()
+    interval = 0.25
+    proc, state = _start_fake_agent(tmp_path, port, interval=interval)
+    try:
+        wait_running(state, proc)
+        before = _samples(_scrape(port))
+        t0 = time.monotonic()
+        stop_at = t0 + 5.0
+        scrapes = [0]
+
+        def hammer():
+            while time.monotonic() < stop_at:
+                _scrape(port)
+                scrapes[0] += 1
+
+        threads = [threading.Thread(target=hammer) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        elapsed = time.monotonic() - t0
+        after = _samples(_scrape(port))
+    finally:
+        assert stop(proc) == 0
+    ticks = _one(after, "gpuagent_agent_ticks_total") - _one(before, "gpuagent_agent_ticks_total")
+    skipped = _one(after, "gpuagent_agent_skipped_ticks_total") - _one(before, "gpuagent_agent_skipped_ticks_total")
+    assert scrapes[0] >= 50, f"only {scrapes[0]} scrapes: the hammer did not hammer"
+    assert skipped == 0
+    assert ticks >= 0.9 * elapsed / interval - 1, (ticks, elapsed)
+
+
+# ------------------------------------------------------------------ configuration
+
+def test_exporter_listen_config(tmp_path):
+    assert load_config(None, env={}).exporter.listen == ""        # off by default
+    p = tmp_path / "a.toml"
+    p.write_text('[exporter]\nlisten = "0.0.0.0:9402"\n')
+    assert load_config(str(p), env={}).exporter.listen == "0.0.0.0:9402"
+    p.write_text('[exporter]\nlisten = "9402"\n')
+    with pytest.raises(ConfigError, match=r"exporter.listen .* must be HOST:PORT"):
+        load_config(str(p), env={})
+    p.write_text('[exporter]\nport = 9402\n')
+    with pytest.raises(ConfigError, match="unknown key exporter.port"):
+        load_config(str(p), env={})
+
+
+def test_a_taken_port_leaves_the_agent_running(tmp_path):
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        proc, state = _start_fake_agent(tmp_path, port)
+        try:
+            def listed():
+                x = wait_running(state, proc)
+                return x if any("exporter" in u for u in x["unavailable"]) else None
+            st = wait_for(listed, timeout=15, what="the exporter listed as unavailable")
+        finally:
+            assert stop(proc) == 0
+    (msg,) = [u for u in st["unavailable"] if "exporter" in u]
+    assert f"cannot listen on 127.0.0.1:{port}" in msg

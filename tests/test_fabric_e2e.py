@@ -1,0 +1,280 @@
+"""Fleet fabric probes end to end on the namespace testbed (scripts/netns_fleet.py): 4 agents, each the real
+daemon (`gpuagent run` via tests/fabric_agent.py, whose only fake is NVML) in its own network namespace
+with its own hostname and machine-id, and a collector in a fifth namespace running pair rounds on its own.
+Throttles are real tc shaping (tbf per node, htb per pair) on the veth links.
+
+One fleet serves the module; the tests run in file order and each builds on the state the last left
+(the stopped agent comes last)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fabric_helpers import ROOT, load_netns_fleet
+
+pytestmark = pytest.mark.slow
+
+AGENTS = ("n0", "n1", "n2", "n3")
+COLLECTOR = "n4"
+PORT = 7443
+BASE_RATE, SLOW_RATE = "400mbit", "100mbit"
+TOKEN = "fabric-e2e-" + os.urandom(8).hex()
+
+COLLECTOR_TOML = """
+[analyzer]
+interval = "1h"
+fabric_runs = 1
+[fabric]
+enabled = true
+interval_s = 0
+scope_key = "pool"
+answer_timeout_s = 3
+run_timeout_s = 8
+port_lo = 42000
+port_hi = 42100
+[fabric.params]
+streams = 2
+duration_s = 1.0
+warmup_s = 0.2
+rtt_count = 50
+"""
+
+AGENT_TOML = """
+[probes]
+enabled = false
+budget_fraction = 0.5
+[fabric]
+enabled = true
+interface = "eth0"
+"""
+
+
+class Bed:
+    def __init__(self, fleet, tmp: Path):
+        self.fleet, self.tmp = fleet, tmp
+        self.addr = f"{fleet.node(COLLECTOR).ip}:{PORT}"
+        self.col_log = tmp / "collector.log"
+        self.agents: dict[str, subprocess.Popen] = {}
+        self.ids: dict[str, str] = {}      # fleet node name -> collector node id
+
+    def start(self):
+        (self.tmp / "collector.toml").write_text(COLLECTOR_TOML)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "GPUAGENT_COLLECTOR_TOKEN": TOKEN}
+        self.collector = self.fleet.popen(COLLECTOR, [
+            sys.executable, "-m", "gpuagent.collector.cli", "serve", "--listen", self.addr, "--insecure",
+            "--db", str(self.tmp / "c.duckdb"), "--config", str(self.tmp / "collector.toml")],
+            stdout=open(self.col_log, "ab"), stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        (self.tmp / "agent.toml").write_text(AGENT_TOML)
+        for name in AGENTS:
+            state = self.tmp / name
+            env = {k: v for k, v in os.environ.items() if not k.startswith("GPUAGENT_")}
+            env.update(GPUAGENT_JOBS_SOCKET=str(state / "jobs.sock"), GPUAGENT_TEST_JOB_FILE=str(self.tmp / f"{name}.job"),
+                       MALLOC_ARENA_MAX="2", GPUAGENT_TOKEN=TOKEN)
+            self.agents[name] = self.fleet.popen(name, [
+                sys.executable, str(ROOT / "tests" / "fabric_agent.py"), "run", "--config", str(self.tmp / "agent.toml"),
+                "--collector", self.addr, "--state-dir", str(state), "--interval", "1", "--batch-interval", "1",
+                "--label", "pool=fab"], stdout=open(self.tmp / f"{name}.log", "ab"), stderr=subprocess.STDOUT,
+                env=env, cwd=ROOT)
+
+    def stop(self):
+        for p in [*self.agents.values(), getattr(self, "collector", None)]:
+            if p is not None and p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in [*self.agents.values(), getattr(self, "collector", None)]:
+            if p is not None:
+                try:
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+
+    def cli(self, *args: str) -> str:
+        out = self.fleet.exec(COLLECTOR, [sys.executable, "-m", "gpuagent.collector.cli", *args], cwd=ROOT,
+                              timeout=60, env={**os.environ, "GPUAGENT_COLLECTOR_TOKEN": TOKEN})
+        assert out.returncode == 0, out.stderr[-500:]
+        return out.stdout
+
+    def sql(self, query: str) -> list[dict]:
+        return json.loads(self.cli("sql", "--target", self.addr, "--format", "json", query))
+
+    def flags(self) -> list[dict]:
+        return [f for f in json.loads(self.cli("analyze", "--target", self.addr, "--format", "json"))["open_flags"]
+                if f["kind"] == "network_degraded"]
+
+    def rounds(self) -> list[tuple[int, list[tuple[str, str, str]]]]:
+        """The collector's finished rounds, from its log: (round, [(node_a, node_b, status)])."""
+        out = []
+        for m in re.finditer(r"fabric round (\d+) done: (.*)", self.col_log.read_text(errors="replace")):
+            out.append((int(m.group(1)), [tuple(re.split(r"[>=]", x)) for x in m.group(2).split()]))
+        return out
+
+    def wait_rounds(self, after: int, n: int, timeout: float = 90.0) -> list:
+        """Wait until ``n`` rounds numbered ``after`` or later are done; those rounds."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            got = [r for r in self.rounds() if r[0] >= after]
+            if len(got) >= n:
+                return got[:n]
+            for name, p in self.agents.items():
+                assert p.poll() is None or name == "n3", f"agent {name} exited: {(self.tmp / f'{name}.log').read_text()[-1500:]}"
+            assert self.collector.poll() is None, self.col_log.read_text()[-2000:]
+            time.sleep(0.3)
+        raise AssertionError(f"{n} rounds from {after} not done in {timeout} s: {self.rounds()[-3:]}")
+
+    def next_round(self) -> int:
+        rounds = self.rounds()
+        return (rounds[-1][0] + 1) if rounds else 0
+
+    def sweep_after_now(self, extra_rounds: int = 0) -> list:
+        """A full sweep (3 rounds for 4 nodes) that starts after now; waits for the batches to land too."""
+        start = self.next_round() + 1     # the round in flight may have started before the change
+        got = self.wait_rounds(start, 3 + extra_rounds)
+        time.sleep(3.0)                   # batch interval 1 s: the agents' rows reach the collector
+        return got
+
+
+@pytest.fixture(scope="module")
+def bed(tmp_path_factory):
+    nf = load_netns_fleet()
+    why = nf.unavailable_reason()
+    if why:
+        pytest.skip(why)
+    fleet = nf.Fleet.up(len(AGENTS) + 1)
+    tb = Bed(fleet, tmp_path_factory.mktemp("fabric"))
+    try:
+        tb.start()
+        end = time.monotonic() + 60
+        while time.monotonic() < end:
+            assert tb.collector.poll() is None, tb.col_log.read_text()[-1000:]
+            try:
+                rows = tb.sql("SELECT node_id, hostname FROM nodes")
+            except AssertionError:
+                rows = []
+            if len(rows) == len(AGENTS):
+                break
+            time.sleep(1.0)
+        host = {n.hostname: name for name, n in fleet.nodes.items()}
+        tb.ids = {host[r["hostname"]]: r["node_id"] for r in rows}
+        assert sorted(tb.ids) == list(AGENTS), rows
+        yield tb
+    finally:
+        tb.stop()
+        fleet.down()
+
+
+def test_full_sweep_measures_every_pair_within_n_minus_1_rounds(bed):
+    first = bed.wait_rounds(0, 3)
+    # Round 0 may start before the last agent attached; the first round with all 4 nodes starts a sweep.
+    start = next(r for r, pairs in bed.rounds() if len(pairs) == 2)
+    sweep = bed.wait_rounds(start, 3)
+    pairs = [(a, b, st) for _r, ps in sweep for a, b, st in ps]
+    assert len(first) == 3
+    assert {frozenset((a, b)) for a, b, _ in pairs} == {frozenset(p) for p in itertools.combinations(bed.ids.values(), 2)}
+    assert all(st == "ok" for *_, st in pairs), pairs
+    # Each node is in at most one pair per round.
+    for _r, ps in sweep:
+        ends = [n for a, b, _ in ps for n in (a, b)]
+        assert len(ends) == len(set(ends))
+    time.sleep(3.0)
+    rows = bed.sql("SELECT node_a, node_b, reported_by, send_gbits_per_s, recv_gbits_per_s, rtt_p50_us "
+                   "FROM link_results WHERE status = 'ok'")
+    by_link: dict[frozenset, set] = {}
+    for r in rows:
+        assert r["send_gbits_per_s"] > 0 and r["recv_gbits_per_s"] > 0 and r["rtt_p50_us"] > 0
+        by_link.setdefault(frozenset((r["node_a"], r["node_b"])), set()).add(r["reported_by"])
+    assert len(by_link) == 6 and all(ends == set(link) for link, ends in by_link.items())
+    names = {r["hostname"] for r in bed.sql("SELECT hostname FROM nodes")}
+    assert names == {bed.fleet.node(n).hostname for n in AGENTS}
+
+
+def test_node_throttled_to_a_quarter_opens_network_degraded_node_for_it_only(bed):
+    for name in AGENTS:
+        bed.fleet.throttle_node(name, SLOW_RATE if name == "n2" else BASE_RATE)
+    bed.sweep_after_now()
+    flags = bed.flags()
+    assert [(f["node_id"], f["component"]) for f in flags] == [(bed.ids["n2"], "node")], flags
+    ev = json.loads(flags[0]["evidence"]) if isinstance(flags[0]["evidence"], str) else flags[0]["evidence"]
+    assert ev["slow_links"] == 3 and ev["links"] == 3
+    assert flags[0]["value"] < 0.4 * flags[0]["baseline"], flags[0]
+    assert "drain node " + bed.fleet.node("n2").hostname in flags[0]["sentence"]
+
+
+def test_one_pair_throttled_opens_network_degraded_link_for_that_pair_only(bed):
+    for name in AGENTS:
+        bed.fleet.unthrottle(name)
+    for a, b in itertools.combinations(AGENTS, 2):
+        bed.fleet.throttle_pair(a, b, SLOW_RATE if {a, b} == {"n0", "n3"} else BASE_RATE)
+    bed.sweep_after_now()
+    flags = bed.flags()
+    pair = sorted((bed.ids["n0"], bed.ids["n3"]))
+    assert [(f["node_id"], f["component"]) for f in flags] == [(pair[0], "link")], flags
+    ev = json.loads(flags[0]["evidence"]) if isinstance(flags[0]["evidence"], str) else flags[0]["evidence"]
+    assert ev["pair"] == pair
+    hn = {bed.fleet.node(n).hostname for n in ("n0", "n3")}
+    assert all(h in flags[0]["sentence"] for h in hn) and "check the cable" in flags[0]["sentence"]
+
+
+def _eth0_bytes(bed, name: str) -> int:
+    out = bed.fleet.exec(name, ["cat", "/sys/class/net/eth0/statistics/tx_bytes",
+                                "/sys/class/net/eth0/statistics/rx_bytes"]).stdout.split()
+    return sum(int(x) for x in out)
+
+
+def test_a_job_on_the_gpus_keeps_fabric_traffic_off_the_node(bed):
+    job = bed.tmp / "n1.job"
+    job.write_text("hold GPU 0\n")
+    try:
+        time.sleep(3.0)                       # job discovery sees the GPU process at its next tick
+        before = _eth0_bytes(bed, "n1")
+        sweep = bed.sweep_after_now()
+        moved = _eth0_bytes(bed, "n1") - before
+    finally:
+        job.unlink()
+    n1 = bed.ids["n1"]
+    mine = [(a, b, st) for _r, ps in sweep for a, b, st in ps if n1 in (a, b)]
+    others = [(a, b, st) for _r, ps in sweep for a, b, st in ps if n1 not in (a, b)]
+    assert len(mine) == 3 and all(st == "skipped" for *_, st in mine), mine
+    assert len(others) == 3 and all(st == "ok" for *_, st in others), others
+    rows = bed.sql(f"SELECT reason FROM link_results WHERE status = 'skipped' AND '{n1}' IN (node_a, node_b)")
+    assert len(rows) >= 3 and all(f"node {n1} is busy: gpus busy: a job holds GPU 0" in r["reason"] for r in rows)
+    # Each ok pair run at 100-400 Mbit/s for 1 s moves >= 12 MB; the agent's own telemetry is a few kB/s.
+    assert moved < 2_000_000, moved
+
+
+def test_stopping_an_agent_mid_round_gives_reasons_and_the_others_carry_on(bed):
+    n3 = bed.ids["n3"]
+    t_stop = None
+    end = time.monotonic() + 60
+    log = bed.col_log
+    seen = len(log.read_text(errors="replace"))
+    while time.monotonic() < end and t_stop is None:
+        text = log.read_text(errors="replace")
+        m = re.search(rf"fabric round (\d+) started: .*{n3}", text[seen:])
+        if m:
+            time.sleep(0.7)                    # inside the run (warmup 0.2 s, duration 1 s)
+            bed.agents["n3"].send_signal(signal.SIGKILL)
+            t_stop = int(m.group(1))
+        time.sleep(0.05)
+    assert t_stop is not None
+    got = bed.wait_rounds(t_stop, 4)
+    hit = [(a, b, st) for r, ps in got for a, b, st in ps if r == t_stop and n3 in (a, b)]
+    assert hit and all(st != "ok" for *_, st in hit), got
+    # The rest of the sweep planned before the stop skips the stopped node's pairs at once (its stream is
+    # gone); every other pair carries on, and the next plan leaves the node out.
+    later = [(a, b, st) for r, ps in got[1:] for a, b, st in ps]
+    assert all((st != "ok") if n3 in (a, b) else (st == "ok") for a, b, st in later), later
+    assert any(n3 not in (a, b) for a, b, _ in later)
+    time.sleep(3.0)
+    rows = bed.sql(f"SELECT status, reason, reported_by FROM link_results WHERE status <> 'ok' "
+                   f"AND '{n3}' IN (node_a, node_b) AND reason IS NOT NULL AND reason <> ''")
+    assert rows, "no failed/skipped/timeout row with a reason for the stopped node's pair"
