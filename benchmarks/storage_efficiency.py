@@ -6,7 +6,7 @@ a real Prometheus TSDB built from the same samples; ingest throughput while comp
    collector (in-process, real gRPC on loopback, fresh DuckDB file); the file is checkpointed and copied.
 2. DuckDB before/after: the bytes the database uses (file minus free blocks plus WAL, see
    collector/store/maintenance.py) over the samples it holds, before and after every closed hour is
-   compacted (collector/store/maintenance.py: a sorted rewrite per hour and group of nodes).
+   compacted (collector/store/maintenance.py: a sorted rewrite per span in chunks of whole (node, metric) groups).
 3. Prometheus: the same samples written as OpenMetrics text (one gauge family per metric; node_id, gpu and
    the sample's labels as labels; millisecond timestamps), converted with
    ``promtool tsdb create-blocks-from openmetrics``; the size of every file of the block directory over
@@ -68,16 +68,18 @@ def _used(handle, db_path: str) -> tuple[int, int, int]:
     return handle.writer.call(f).result()
 
 
-def _compact_all(handle, db_path: str, now: dt.datetime, span_s: float) -> tuple[int, int, float]:
-    """Compact every closed span through the writer; (spans, rows, seconds)."""
+def _compact_all(handle, db_path: str, now: dt.datetime, span_s: float, duty: float
+                 ) -> tuple[int, int, float, float]:
+    """Compact every closed span through the writer; (spans, rows, seconds, longest writer hold in s)."""
     from gpuagent.collector.store import maintenance as mt
 
-    m = mt.Maintenance(db_path, mt.MaintenanceConfig(compact_span_s=span_s), rollup=None, now=lambda: now)
+    m = mt.Maintenance(db_path, mt.MaintenanceConfig(compact_span_s=span_s, compact_duty=duty), rollup=None,
+                       now=lambda: now)
     call = lambda fn: handle.writer.call(fn).result()  # noqa: E731
     t0 = time.perf_counter()
     hours = call(m.closed_spans)
     rows = sum(mt.compact_span(call, m, h) for h in hours)
-    return len(hours), rows, time.perf_counter() - t0
+    return len(hours), rows, time.perf_counter() - t0, m.counters.compact_hold_max_s
 
 
 def _om_label(v: str) -> str:
@@ -216,13 +218,14 @@ def run(args) -> dict:
         now = _ts(END_NS + HOUR_NS)      # every span of the backfill closed
         h = start_collector(db, analyze=False)
         try:
-            hours, rows, secs = _compact_all(h, db, now, args.span_hours * 3600)
+            hours, rows, secs, hold = _compact_all(h, db, now, args.span_hours * 3600, 1.0)
             after, after_tbl, n2 = _used(h, db)
         finally:
             h.stop()
         assert n2 == n and rows == n, (n, n2, rows)
         out.update({"compact_span_hours": args.span_hours, "compacted_spans": hours, "compaction_s": round(secs, 1),
                     "compaction_rows_per_s": round(rows / secs),
+                    "compaction_longest_writer_hold_s": round(hold, 2),
                     "duckdb_bytes_after": after, "duckdb_bytes_per_sample_after": round(after / n, 3),
                     "samples_table_bytes_per_sample_after": round(after_tbl / n, 3),
                     "duckdb_file_bytes_after": os.stat(db).st_size})
@@ -242,7 +245,7 @@ def run(args) -> dict:
 
             def compact():
                 try:
-                    result["c"] = _compact_all(h, db_b, now, args.span_hours * 3600)
+                    result["c"] = _compact_all(h, db_b, now, args.span_hours * 3600, args.duty)
                 finally:
                     done.set()
 
@@ -259,10 +262,14 @@ def run(args) -> dict:
                     "ingest_samples_per_s_idle": round(idle_samples / idle_s),
                     "ingest_samples_per_s_during_compaction": round(busy_samples / busy_s),
                     "ingest_during_compaction_samples": busy_samples,
+                    "compact_duty": args.duty,
                     "compaction_s_with_ingest": round(result["c"][2], 1),
+                    "compaction_longest_writer_hold_s_with_ingest": round(result["c"][3], 2),
                     "raw_arrow_insert_rows_per_s": round(arrow_insert_rate(live_rows))})
         out["ingest_during_compaction_vs_raw_arrow"] = round(
             out["ingest_samples_per_s_during_compaction"] / out["raw_arrow_insert_rows_per_s"], 3)
+        out["ingest_during_compaction_vs_idle"] = round(
+            out["ingest_samples_per_s_during_compaction"] / out["ingest_samples_per_s_idle"], 3)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
@@ -280,6 +287,8 @@ def main(argv=None) -> None:
     p.add_argument("--live-hours", type=float, default=0.25, help="simulated span of one live run")
     p.add_argument("--streams", type=int, default=16)
     p.add_argument("--span-hours", type=int, default=6, help="storage.compact_span, in hours")
+    p.add_argument("--duty", type=float, default=0.3,
+                   help="storage.compact_duty while the live fleet streams (alone, compaction runs at 1.0)")
     p.add_argument("--promtool", default=shutil.which("promtool") or "/usr/bin/promtool")
     p.add_argument("--workdir", default=None, help="where the temporary files go (default: the system temp)")
     p.add_argument("--keep", action="store_true", help="keep the databases and TSDB blocks")

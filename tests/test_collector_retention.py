@@ -157,7 +157,9 @@ def test_disk_guard_waits_for_the_lake_export_when_the_lake_is_on(tmp_path):
         in_first = call(lambda c: c.execute("SELECT count(*) FROM samples WHERE ts < ?",
                                             [first + mt.HOUR]).fetchone()[0])
         total = call(lambda c: c.execute("SELECT count(*) FROM samples").fetchone()[0])
-        cfg = mt.MaintenanceConfig(max_db_bytes=1, min_free_bytes=0, lake_enabled=True, lake_path=str(tmp_path))
+        # interval_s=0: a deletion that frees no whole block (these hours are small) does not hold the guard off.
+        cfg = mt.MaintenanceConfig(max_db_bytes=1, min_free_bytes=0, lake_enabled=True, lake_path=str(tmp_path),
+                                   interval_s=0.0)
         m = mt.Maintenance(str(tmp_path / "c.duckdb"), cfg, handle.analyzer.analyzer.rollup)
         assert mt.run_guard(call, m) == 0 and m.counters.guard_starved == 1      # no exports table yet
         call(lambda c: c.execute("CREATE TABLE exports (tbl VARCHAR, hour TIMESTAMP)"))
@@ -214,11 +216,12 @@ def test_disk_guard_on_a_small_filesystem_deletes_oldest_first_and_ingest_never_
         mt.run_guard(call, m)
         held, oldest = call(lambda c: c.execute("SELECT count(*), min(ts) FROM samples").fetchone())
         log_rows = call(lambda c: c.execute(
-            "SELECT ts_to, rows, bytes_used_before, bytes_used_after FROM retention_log "
+            "SELECT ts_to, rows, bytes_available_before, bytes_available_after FROM retention_log "
             "WHERE tbl = 'samples' AND reason = 'disk_guard' ORDER BY logged_at").fetchall())
         usage = call(lambda c: mt.measure(c, db))
         print(f"disk guard: {len(log_rows)} steps deleted {m.counters.guard_deleted.get('samples', 0)} of {sent} "
-              f"samples; available now {usage.available_bytes >> 20} MiB")
+              f"samples ({len(log_rows)} of {hours} hours); available now {usage.available_bytes >> 20} MiB; "
+              f"made available per step (MiB): {[round((r[3] - r[2]) / 2**20, 1) for r in log_rows]}")
         assert log_rows, "the guard never ran: the volume was not filled"
         assert call(lambda c: c.execute("SELECT count(*) FROM retention_log WHERE reason <> 'disk_guard'")
                     .fetchone()[0]) == 0
@@ -227,5 +230,14 @@ def test_disk_guard_on_a_small_filesystem_deletes_oldest_first_and_ingest_never_
         ends = [r[0] for r in log_rows]
         assert ends == sorted(ends) and oldest >= ends[-1]                   # oldest hours first, whole
         assert held > 0 and not usage.available_bytes < cfg.min_free_bytes
+        # No more hours than needed: each deletion was decided on a measure taken after a checkpoint that
+        # was short of the floor plus the hysteresis margin, and each made space available (the blocks it
+        # freed show in the measure, so the guard does not go on deleting on a stale figure).
+        target = cfg.min_free_bytes * (1 + cfg.guard_hysteresis)
+        assert all(r[2] < target for r in log_rows), [(r[2], target) for r in log_rows]
+        assert all(r[3] > r[2] for r in log_rows) and m.counters.guard_freed_nothing == 0
+        events = call(lambda c: c.execute("SELECT count(*), sum(value) FROM events WHERE node_id = 'collector' "
+                                          "AND kind = 'disk_guard'").fetchone())
+        assert events == (len(log_rows), deleted + m.counters.guard_deleted.get("job_samples", 0))
     finally:
         handle.stop()

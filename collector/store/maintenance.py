@@ -18,6 +18,7 @@ The volume floor counts the volume's free space plus the file's free blocks, sin
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import os
 import shutil
@@ -99,6 +100,9 @@ class MaintenanceConfig:
     min_free_bytes: int = 1 << 30          # floor of free space on the database's volume (0: off)
     interval_s: float = 60.0               # retention and compaction passes
     guard_interval_s: float = 5.0          # disk guard checks (cheap: stat + PRAGMA)
+    # Once over a bound, the guard deletes until max_db_bytes is undercut, and min_free_bytes exceeded, by
+    # this fraction, so one crossing does not become a deletion every check.
+    guard_hysteresis: float = 0.05
     slice_s: float = 3600.0                # one delete covers at most this much time
     compaction: bool = True
     compact_grace_s: float = 600.0         # a span is closed this long after its end (late batches)
@@ -107,6 +111,12 @@ class MaintenanceConfig:
     # deltas: the longer a series' run, the fewer such groups (1 s samples: ~2.2 bytes/ts per hour-long
     # run, ~0.4 per 6-hour run). Longer spans leave more recent data uncompacted and hold the writer longer.
     compact_span_s: float = 6 * 3600.0
+    # One writer call rewrites whole (node, metric) groups of at most this many rows (a metric is never
+    # split): the writer's hold per call stays around a fraction of a second however large the fleet.
+    compact_chunk_rows: int = 250_000
+    # The share of wall time compaction may take: after each chunk it pauses (1 - duty) / duty times as
+    # long as the chunk took, so ingest and queries keep the writer and the CPUs most of the time.
+    compact_duty: float = 0.3
     lake_enabled: bool = False
     lake_path: str | None = None
 
@@ -124,6 +134,19 @@ class MaintenanceConfig:
                 kwargs[f"{key}_s"] = _seconds(key, value)
             elif key in ("max_db_bytes", "min_free_bytes"):
                 kwargs[key] = _bytes(key, value)
+            elif key == "compact_chunk_rows":
+                if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                    raise MaintenanceConfigError(f"storage.compact_chunk_rows must be a positive integer, not {value!r}")
+                kwargs[key] = value
+            elif key == "guard_hysteresis":
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 0.5:
+                    raise MaintenanceConfigError(f"storage.guard_hysteresis must be a fraction from 0 to 0.5, "
+                                                 f"not {value!r}")
+                kwargs[key] = float(value)
+            elif key == "compact_duty":
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.01 <= value <= 1:
+                    raise MaintenanceConfigError(f"storage.compact_duty must be a number from 0.01 to 1, not {value!r}")
+                kwargs[key] = float(value)
             elif key == "compaction":
                 if not isinstance(value, bool):
                     raise MaintenanceConfigError(f"storage.compaction must be true or false, not {value!r}")
@@ -197,14 +220,18 @@ class Counters:
     guard_deleted: dict[str, int] = field(default_factory=dict)  # disk guard, per table
     compacted_rows: int = 0
     compacted_hours: int = 0
+    compact_hold_max_s: float = 0.0     # the longest one compaction call held the writer
     guard_runs: int = 0
     guard_starved: int = 0       # guard checks over the bound with nothing it may delete
+    guard_freed_nothing: int = 0  # guard deletions after which the measure showed no space freed
     last_error: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {"deleted": dict(self.deleted), "guard_deleted": dict(self.guard_deleted),
                 "compacted_rows": self.compacted_rows, "compacted_hours": self.compacted_hours,
+                "compact_hold_max_s": round(self.compact_hold_max_s, 3),
                 "guard_runs": self.guard_runs, "guard_starved": self.guard_starved,
+                "guard_freed_nothing": self.guard_freed_nothing,
                 "last_error": self.last_error}
 
 
@@ -219,6 +246,8 @@ class Maintenance:
         self.rollup = rollup
         self.now = now
         self.counters = Counters()
+        self._guard_active = False        # a disk-guard episode is deleting until under_target
+        self._guard_hold_until = 0.0      # monotonic: no guard deletion before (after one freed nothing)
 
     # -- raw-row changes keep the rollup watermarks exact
 
@@ -249,9 +278,10 @@ class Maintenance:
                 set_watermark(con, source, *watermark_of(con, source))
         return out
 
-    def _log(self, con, tbl, reason, ts_from, ts_to, rows, before=None, after=None) -> None:
-        con.execute("INSERT INTO retention_log VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    [utc_now(), tbl, reason, ts_from, ts_to, rows, before, after])
+    def _log(self, con, tbl, reason, ts_from, ts_to, rows, before=None, after=None, avail_before=None,
+             avail_after=None) -> None:
+        con.execute("INSERT INTO retention_log VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [utc_now(), tbl, reason, ts_from, ts_to, rows, before, after, avail_before, avail_after])
 
     # -- retention
 
@@ -312,23 +342,43 @@ class Maintenance:
         return bool(con.execute("SELECT count(*) FROM exports WHERE tbl = 'samples' AND hour = ?",
                                 [hour]).fetchone()[0])
 
-    def guard_step(self, con) -> int:
-        """One disk-guard step: when over a bound, delete the oldest raw hour; returns rows deleted.
+    def under_target(self, usage: Usage) -> bool:
+        """Under the bounds by the hysteresis margin: where a guard episode stops deleting."""
+        c, h = self.config, self.config.guard_hysteresis
+        return bool((not c.max_db_bytes or usage.used_bytes <= c.max_db_bytes * (1 - h))
+                    and (not c.min_free_bytes or usage.available_bytes >= c.min_free_bytes * (1 + h)))
 
-        A checkpoint comes first: the WAL holds recent rows uncompressed and shrinks to a fraction once
-        they are in blocks, and rows already deleted free their blocks only then. The newest hour held is
-        never deleted: it is what is arriving now.
-        """
-        before = measure(con, self.db_path)
-        if not self.over_limit(before):
-            return 0
+    def _checkpointed_usage(self, con) -> Usage:
+        """Usage after a checkpoint: the WAL's rows go into compressed blocks and deleted rows free theirs."""
         try:
             con.execute("CHECKPOINT")
-            before = measure(con, self.db_path)
-        except Exception as exc:  # noqa: BLE001 - a reader holds a transaction; decide on the first measure
+        except Exception as exc:  # noqa: BLE001 - a reader holds a transaction; decide on what is measured
             log.info("disk guard: checkpoint deferred: %s", exc)
-        if not self.over_limit(before):
+        return measure(con, self.db_path)
+
+    def _event(self, con, kind: str, message: str, value: float, attrs: dict) -> None:
+        con.execute("INSERT INTO events (ts, node_id, gpu, kind, message, value, attrs) "
+                    "VALUES (?, 'collector', NULL, ?, ?, ?, ?)", [utc_now(), kind, message, value, json.dumps(attrs)])
+
+    def guard_step(self, con) -> int:
+        """One disk-guard step: delete the oldest raw hour when the measure asks for it; returns rows deleted.
+
+        An episode starts when a bound is crossed and deletes one hour per step, measuring after a
+        checkpoint before each, until the usage is under the bounds by ``guard_hysteresis``: no hour goes
+        once the measure says enough has. The newest hour held is never deleted: it is what is arriving now.
+        A deletion that frees no space ends the episode (an event says so) and the guard waits
+        ``interval_s`` before deleting again, so an unreliable measure cannot empty the database.
+        """
+        if time.monotonic() < self._guard_hold_until:
             return 0
+        before = measure(con, self.db_path)
+        if not self._guard_active and not self.over_limit(before):
+            return 0
+        before = self._checkpointed_usage(con)
+        if self.under_target(before) or (not self._guard_active and not self.over_limit(before)):
+            self._guard_active = False
+            return 0
+        self._guard_active = True
         oldest = con.execute("SELECT date_trunc('hour', min(ts)) FROM samples").fetchone()[0]
         jold = con.execute("SELECT date_trunc('hour', min(ts)) FROM job_samples").fetchone()[0]
         newest = con.execute("SELECT date_trunc('hour', greatest((SELECT max(ts) FROM samples), "
@@ -336,6 +386,7 @@ class Maintenance:
         hours = [h for h in (oldest, jold) if h is not None]
         if not hours or min(hours) >= newest or not self._exported_before(con, min(hours)):
             self.counters.guard_starved += 1
+            self._guard_active = False
             return 0
         hour = min(hours)
         end = hour + HOUR
@@ -347,13 +398,30 @@ class Maintenance:
                 out[tbl] = int(c.execute(f"DELETE FROM {tbl} WHERE ts < ?", [end]).fetchone()[0])
             return out
 
-        deleted = self._raw_change(con, change)
+        deleted = self._raw_change(con, change)       # checkpoints: the freed blocks show in the measure
         after = measure(con, self.db_path)
+        freed = after.available_bytes - before.available_bytes
         for tbl, n in deleted.items():
-            self._log(con, tbl, "disk_guard", None, end, n, before.used_bytes, after.used_bytes)
+            self._log(con, tbl, "disk_guard", None, end, n, before.used_bytes, after.used_bytes,
+                      before.available_bytes, after.available_bytes)
             self.counters.guard_deleted[tbl] = self.counters.guard_deleted.get(tbl, 0) + n
-        log.warning("disk guard: the database used %d bytes (volume free %d); deleted raw rows before %s: %s",
-                    before.used_bytes, before.volume_free_bytes, end.isoformat(), deleted)
+        attrs = {"before": end.isoformat(), "rows": deleted, "used_bytes_before": before.used_bytes,
+                 "used_bytes_after": after.used_bytes, "available_bytes_before": before.available_bytes,
+                 "available_bytes_after": after.available_bytes}
+        self._event(con, "disk_guard", f"disk guard deleted raw rows before {end.isoformat()} "
+                    f"({sum(deleted.values())} rows, {freed} bytes made available)", sum(deleted.values()), attrs)
+        log.warning("disk guard: the database used %d bytes (%d available); deleted raw rows before %s: %s; "
+                    "%d bytes made available", before.used_bytes, before.available_bytes, end.isoformat(), deleted,
+                    freed)
+        if freed <= 0 and after.used_bytes >= before.used_bytes:
+            self.counters.guard_freed_nothing += 1
+            self._guard_active = False
+            self._guard_hold_until = time.monotonic() + self.config.interval_s
+            self._event(con, "disk_guard_no_space_freed",
+                        f"disk guard: deleting raw rows before {end.isoformat()} freed no space; no further "
+                        f"deletion for {self.config.interval_s:.0f} s", 0.0, attrs)
+            log.error("disk guard: deleting raw rows before %s freed no space; waiting %.0f s before deleting "
+                      "again", end.isoformat(), self.config.interval_s)
         return sum(deleted.values())
 
     # -- compaction
@@ -374,25 +442,34 @@ class Maintenance:
             "(SELECT hour FROM compacted_hours WHERE tbl = 'samples') ORDER BY h", [limit]).fetchall()
         return [r[0] for r in rows if r[0] + self.span <= limit]
 
-    def compact_slice(self, con, hour: dt.datetime, nodes: list[str]) -> int:
-        """Rewrite the rows of ``nodes`` in the span from ``hour`` sorted by series then time, in one
-        transaction."""
+    def compact_chunk(self, con, hour: dt.datetime, node: str, metrics: list[str], rows) -> int:
+        """Replace one chunk (``node``'s ``metrics`` in the span from ``hour``) by ``rows``, the same rows sorted
+        by series then time, read beforehand outside the writer; one short transaction.
+
+        Only appends happen meanwhile, so an unchanged count means unchanged rows; a late batch for the span
+        makes the count differ, and the chunk is then read again here, on the writer.
+        """
         end = hour + self.span
+        where = "ts >= ? AND ts < ? AND node_id = ? AND metric IN (SELECT unnest(?))"
+        params = [hour, end, node, metrics]
 
         def change(c):
-            sorted_rows = c.execute(
-                "SELECT * FROM samples WHERE ts >= ? AND ts < ? AND node_id IN (SELECT unnest(?)) "
-                "ORDER BY node_id, metric, gpu, labels, ts", [hour, end, nodes]).to_arrow_table()
-            c.execute("DELETE FROM samples WHERE ts >= ? AND ts < ? AND node_id IN (SELECT unnest(?))",
-                      [hour, end, nodes])
-            c.register("_compact_rows", sorted_rows)
+            nonlocal rows
+            if rows is None or c.execute(f"SELECT count(*) FROM samples WHERE {where}",
+                                         params).fetchone()[0] != rows.num_rows:
+                rows = c.execute(f"SELECT * FROM samples WHERE {where} ORDER BY metric, gpu, labels, ts",
+                                 params).to_arrow_table()
+            c.execute(f"DELETE FROM samples WHERE {where}", params)
+            c.register("_compact_rows", rows)
             try:
                 c.execute("INSERT INTO samples SELECT * FROM _compact_rows")
             finally:
                 c.unregister("_compact_rows")
-            return sorted_rows.num_rows
+            return rows.num_rows
 
+        t0 = time.monotonic()
         n = self._raw_change(con, change)
+        self.counters.compact_hold_max_s = max(self.counters.compact_hold_max_s, time.monotonic() - t0)
         self.counters.compacted_rows += n
         return n
 
@@ -402,15 +479,48 @@ class Maintenance:
         self.counters.compacted_hours += 1
 
 
+def _chunks(groups: list[tuple[str, str, int]], max_rows: int) -> list[tuple[str, list[str], int]]:
+    """(node, metrics, rows): consecutive whole metrics of one node, at most ``max_rows`` rows unless a
+    single metric holds more (a series run is never split, so each stays one sorted run)."""
+    out: list[tuple[str, list[str], int]] = []
+    for node, metric, n in groups:
+        if out and out[-1][0] == node and out[-1][2] + n <= max_rows:
+            out[-1][1].append(metric)
+            out[-1] = (node, out[-1][1], out[-1][2] + n)
+        else:
+            out.append((node, [metric], n))
+    return out
+
+
 def compact_span(call: Callable[[Callable[[Any], Any]], Any], m: Maintenance, hour: dt.datetime,
-                 nodes_per_slice: int = 1) -> int:
-    """Compact one closed span through ``call`` (one writer call per group of nodes)."""
-    nodes = [r[0] for r in call(lambda c: c.execute(
-        "SELECT DISTINCT node_id FROM samples WHERE ts >= ? AND ts < ? ORDER BY 1",
-        [hour, hour + m.span]).fetchall())]
-    total = 0
-    for i in range(0, len(nodes), nodes_per_slice):
-        total += call(lambda c, grp=nodes[i:i + nodes_per_slice]: m.compact_slice(c, hour, grp))
+                 stop: threading.Event | None = None) -> int:
+    """Compact one closed span through ``call``: one writer call per chunk of whole (node, metric) groups
+    (``compact_chunk_rows``), each chunk read and sorted beforehand on a reading connection, and a pause
+    after each chunk so compaction takes at most ``compact_duty`` of the time (ingest goes between)."""
+    end = hour + m.span
+    reader = call(lambda c: c.cursor())
+    try:
+        groups = reader.execute("SELECT node_id, metric, count(*) FROM samples WHERE ts >= ? AND ts < ? "
+                                "GROUP BY ALL ORDER BY 1, 2", [hour, end]).fetchall()
+        total = 0
+        duty = m.config.compact_duty
+        for node, metrics, _ in _chunks(groups, m.config.compact_chunk_rows):
+            if stop is not None and stop.is_set():
+                return total       # not marked: the next pass does the span again, which only re-sorts
+            t0 = time.monotonic()
+            rows = reader.execute("SELECT * FROM samples WHERE ts >= ? AND ts < ? AND node_id = ? AND metric IN "
+                                  "(SELECT unnest(?)) ORDER BY metric, gpu, labels, ts",
+                                  [hour, end, node, metrics]).to_arrow_table()
+            total += call(lambda c, n=node, ms=metrics, r=rows: m.compact_chunk(c, hour, n, ms, r))
+            del rows
+            if duty < 1.0:
+                pause = (time.monotonic() - t0) * (1.0 - duty) / duty
+                if stop is not None:
+                    stop.wait(pause)
+                else:
+                    time.sleep(pause)
+    finally:
+        reader.close()
     call(lambda c: m.mark_compacted(c, hour, total))
     return total
 
@@ -468,7 +578,7 @@ class MaintenanceThread:
                         for hour in self._call(self.m.closed_spans):
                             if self._stop.is_set():
                                 break
-                            compact_span(self._call, self.m, hour)
+                            compact_span(self._call, self.m, hour, self._stop)
                 self.m.counters.last_error = None
             except Exception as exc:  # noqa: BLE001 - keep ingesting; try again next interval
                 self.m.counters.last_error = str(exc)

@@ -10,7 +10,9 @@ CREATE TABLE retention_log (
     ts_to      TIMESTAMP,
     rows       BIGINT NOT NULL,      -- rows deleted (retention, disk_guard) or rewritten (compaction)
     bytes_used_before BIGINT,        -- disk guard: the measure it acted on (see docs/COLLECTOR.md)
-    bytes_used_after  BIGINT
+    bytes_used_after  BIGINT,
+    bytes_available_before BIGINT,   -- disk guard: volume free plus the file's free blocks
+    bytes_available_after  BIGINT
 );
 
 -- Closed spans (storage.compact_span, from "hour") of samples already rewritten in series order, so
