@@ -72,8 +72,8 @@ def _write_port_file(path: str, port: int) -> None:
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True)
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
-              help="Collector TOML config: [analyzer], [baselines], [pricing], [metrics], [fabric], [auth], [lake] "
-                   "(see docs/FLAGS.md, docs/FABRIC.md, docs/COLLECTOR.md and docs/LAKE.md).")
+              help="Collector TOML config: [analyzer], [baselines], [pricing], [metrics], [fabric], [auth], "
+                   "[storage], [lake] (see docs/FLAGS.md, docs/FABRIC.md, docs/COLLECTOR.md and docs/LAKE.md).")
 @click.option("--no-analyze", is_flag=True, help="Do not run the scheduled analysis passes.")
 @click.option("--metrics-listen", default=None, metavar="HOST:PORT",
               help="Serve Prometheus /metrics here (off by default; [metrics] listen in --config; "
@@ -93,6 +93,7 @@ def serve(listen, db_path, token, token_file, tls_cert, tls_key, tokens_file, tl
 
     tok = _token(None, token_file) if token_file else _token(token, None)
     analyzer_config = _analyzer_config(config_path)
+    maintenance_config = _maintenance_config(config_path)
     fabric_config = _fabric_config(config_path)
     auth = _auth_config(config_path)
     tokens_file = tokens_file or auth.get("tokens_file")
@@ -111,7 +112,8 @@ def serve(listen, db_path, token, token_file, tls_cert, tls_key, tokens_file, tl
                                                        memory_limit=memory_limit),
                                  analyzer_config=analyzer_config, analyze=not no_analyze,
                                  metrics_listen=metrics_listen or analyzer_config.metrics_listen,
-                                 fabric=fabric_config, lake_config=lake_config)
+                                 fabric=fabric_config, lake_config=lake_config,
+                                 maintenance_config=maintenance_config)
     except CollectorError as exc:
         raise click.ClickException(str(exc)) from None
     try:
@@ -271,6 +273,15 @@ def _lake_config(config_path: str | None):
     try:
         return LakeConfig.from_toml(config_path) if config_path else LakeConfig()
     except LakeError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _maintenance_config(config_path: str | None):
+    from gpuagent.collector.store.maintenance import MaintenanceConfig, MaintenanceConfigError
+
+    try:
+        return MaintenanceConfig.from_toml(config_path) if config_path else MaintenanceConfig()
+    except MaintenanceConfigError as exc:
         raise click.ClickException(str(exc)) from None
 
 

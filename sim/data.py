@@ -198,6 +198,16 @@ class NodeSim:
         psi_io = np.clip(0.3 + 20.0 * self.f_in * busy + 8.0 * ep + n(0.2), 0, 100)
         psi_mem = np.clip(0.1 + 3.0 * ep + n(0.05), 0, 100)
         disk_lat = 0.12 * rng.lognormal(0.0, 0.2, T) + 2.0 * ep
+        # Each value with the precision of the real source (docs: the sim is SYNTHETIC, its precision is not):
+        # /proc/stat percentages are ratios of whole jiffies (USER_HZ 100, 192 logical CPUs, 1 s tick);
+        # /proc/pressure prints avg10 with two decimals; a /proc/diskstats latency is whole ms over whole I/Os.
+        jiffies = 192 * 100.0
+        user, system, iowait, steal = (np.round(x * jiffies / 100.0) * 100.0 / jiffies
+                                       for x in (user, system, iowait, steal))
+        idle = np.clip(100.0 - user - system - iowait - steal, 0, 100)
+        psi_cpu, psi_io, psi_mem = (np.round(x, 2) for x in (psi_cpu, psi_io, psi_mem))
+        ios = rng.poisson(2000.0, T) + 1
+        disk_lat = np.round(disk_lat * ios) / ios
         cols = [user, system, iowait, steal, idle, psi_cpu, psi_io, psi_mem, disk_lat]
         stg = np.repeat(st[:, None], self.gpus, axis=1)
         util = self._util(stg, rng)
@@ -211,6 +221,12 @@ class NodeSim:
                 m.idle_power_watts + (m.power_limit_watts - m.idle_power_watts) * 0.92 * util / 100.0
                 + rng.normal(0.0, 8.0, stg.shape), 0.0, m.power_limit_watts)
             per_gpu["gpu_temperature_celsius"] = 33.0 + 0.4 * util + rng.normal(0.0, 0.7, stg.shape)
+            # NVML: memory in whole bytes, power in whole mW (reported here in W), temperature in whole °C.
+            per_gpu["gpu_memory_used_bytes"] = np.round(per_gpu["gpu_memory_used_bytes"])
+            per_gpu["gpu_power_watts"] = np.round(per_gpu["gpu_power_watts"] * 1000.0) / 1000.0
+            per_gpu["gpu_temperature_celsius"] = np.round(per_gpu["gpu_temperature_celsius"])
+        # NVML reports utilization as a whole percent.
+        per_gpu["gpu_util_percent"] = np.round(util)
         out = np.empty((T, len(self.series)), dtype=np.float64)
         out[:, :len(cols)] = np.column_stack(cols)
         k = len(cols)

@@ -194,11 +194,14 @@ class AnalyzerConfig:
     @classmethod
     def from_mapping(cls, doc: Mapping[str, Any]) -> "AnalyzerConfig":
         """Build from a parsed collector TOML document; unknown keys are one clear error."""
-        # [fabric]: coordinator.py; [auth]: collector/cli.py (serve); [lake]: collector/lake/export.py.
-        unknown = sorted(set(doc) - {"analyzer", "baselines", "pricing", "metrics", "fabric", "auth", "lake"})
+        # [fabric]: fabric/coordinator.py; [auth]: collector/cli.py (serve); [storage]: store/maintenance.py;
+        # [lake]: lake/export.py and store/maintenance.py.
+        unknown = sorted(set(doc) - {"analyzer", "baselines", "pricing", "metrics", "fabric", "auth", "storage",
+                                     "lake"})
         if unknown:
             raise AnalyzerError(f"unknown table or key {unknown[0]!r} in the collector config (expected "
-                                "[analyzer], [[baselines.declared]], [pricing], [metrics], [fabric], [auth] and [lake])")
+                                "[analyzer], [[baselines.declared]], [pricing], [metrics], [fabric], [auth], "
+                                "[storage] and [lake])")
         for table in ("analyzer", "baselines", "pricing"):
             if not isinstance(doc.get(table, {}), Mapping):
                 raise AnalyzerError(f"[{table}] in the collector config must be a table")
@@ -376,6 +379,37 @@ class PassResult:
                 "step_s": {k: round(v, 4) for k, v in self.step_s.items()}}
 
 
+def _row_key(con, source: str, rowid: int) -> int | None:
+    row = con.execute(f"SELECT hash(s) FROM {source} s WHERE rowid = ?", [rowid]).fetchone()
+    return None if row is None else int(row[0])
+
+
+def watermark_of(con, source: str) -> tuple[int, int, int | None]:
+    """(max rowid, row count, hash of the row at max rowid) of a rollup source, as a watermark."""
+    hi, count = con.execute(f"SELECT max(rowid), count(*) FROM {source}").fetchone()
+    hi = -1 if hi is None else int(hi)
+    return hi, int(count), (_row_key(con, source, hi) if hi >= 0 else None)
+
+
+def set_watermark(con, source: str, hi: int, count: int, key: int | None) -> None:
+    con.execute("INSERT OR REPLACE INTO rollup_watermarks (source, last_rowid, updated_at, last_count, last_key) "
+                "VALUES (?, ?, ?, ?, ?)", [source, hi, utc_now(), count, key])
+
+
+def renumbered_since(con, source: str, lo: int, last_count, last_key, hi: int, count: int) -> bool:
+    """Whether rowids moved since the watermark (lo, last_count, last_key) was set.
+
+    DuckDB renumbers rowids when a checkpoint vacuums deleted rows. Appends alone keep the row at ``lo``
+    and grow max(rowid) and count(*) together; after a renumbering the row at ``lo`` is another row (or
+    none), and when the watermark was taken with gaps, max(rowid) and count(*) drift apart.
+    """
+    if hi < lo:
+        return True
+    if last_count is not None and hi - lo != count - int(last_count):
+        return True
+    return last_key is not None and _row_key(con, source, lo) != int(last_key)
+
+
 class Analyzer:
     """Runs analysis passes on a connection that may write (the writer's)."""
 
@@ -395,13 +429,15 @@ class Analyzer:
         total = 0
         for step in rollup_steps():
             source = step.source
-            row = con.execute(f"SELECT max(rowid), count(*) FROM {source}").fetchone()
-            hi = -1 if row[0] is None else int(row[0])
-            wm = con.execute("SELECT last_rowid FROM rollup_watermarks WHERE source = ?", [source]).fetchone()
+            hi, count, key = watermark_of(con, source)
+            wm = con.execute("SELECT last_rowid, last_count, last_key FROM rollup_watermarks WHERE source = ?",
+                             [source]).fetchone()
             lo = -1 if wm is None else int(wm[0])
-            if hi < lo:
-                # The source shrank (rows deleted and compacted): rebuild this rollup from scratch.
-                con.execute(f"DELETE FROM {source}_1m")
+            if wm is not None and lo >= 0 and renumbered_since(con, source, lo, wm[1], wm[2], hi, count):
+                # Rows were deleted and rowids renumbered behind the watermark: rebuild the minutes the raw
+                # table still holds; older rollup minutes (past raw retention) stay as they are.
+                con.execute(f"DELETE FROM {source}_1m WHERE minute >= "
+                            f"(SELECT date_trunc('minute', min(ts)) FROM {source})")
                 lo = -1
             if hi > lo:
                 bounds = con.execute(
@@ -412,7 +448,7 @@ class Analyzer:
                     for stmt in self.sql[step.name]:
                         _run(con, stmt, params)
                     total += int(bounds[2])
-            con.execute("INSERT OR REPLACE INTO rollup_watermarks VALUES (?, ?, ?)", [source, hi, utc_now()])
+            set_watermark(con, source, hi, count, key)
         return total
 
     # -- flags -------------------------------------------------------------------------------------------
