@@ -161,9 +161,9 @@ def test_disk_guard_waits_for_the_lake_export_when_the_lake_is_on(tmp_path):
         cfg = mt.MaintenanceConfig(max_db_bytes=1, min_free_bytes=0, lake_enabled=True, lake_path=str(tmp_path),
                                    interval_s=0.0)
         m = mt.Maintenance(str(tmp_path / "c.duckdb"), cfg, handle.analyzer.analyzer.rollup)
-        assert mt.run_guard(call, m) == 0 and m.counters.guard_starved == 1      # no exports table yet
-        call(lambda c: c.execute("CREATE TABLE exports (tbl VARCHAR, hour TIMESTAMP)"))
-        call(lambda c: c.execute("INSERT INTO exports VALUES ('samples', ?)", [first]))
+        assert mt.run_guard(call, m) == 0 and m.counters.guard_starved == 1      # nothing exported yet
+        call(lambda c: c.execute("INSERT INTO exports VALUES ('samples', ?, 's1', 1, 1, 'samples/x', now())",
+                                 [first]))
         deleted = mt.run_guard(call, m)                  # the first hour only: the second is not exported
         assert m.counters.guard_deleted["samples"] == in_first and m.counters.guard_starved == 2
         assert deleted == in_first + m.counters.guard_deleted["job_samples"]
