@@ -146,6 +146,8 @@ class JobStatus:
     step_time_p50_s: float | None = None
     data_wait_fraction: float | None = None
     ranks: list[int] | None = None
+    model_flops_per_s: float | None = None    # declared model FLOPs x step (or token) rate
+    mfu: float | None = None                  # model FLOPs utilization, a fraction of the GPU's dense BF16 peak
 
 
 @dataclass
@@ -160,6 +162,8 @@ class JobThroughput:
     step_time_p50_s: float
     data_wait_fraction: float           # -1: not measured
     ts_ns: int
+    model_flops_per_s: float | None = None    # None: the job declared no FLOPs
+    mfu: float | None = None                  # None: no FLOPs declared, or the GPU's peak is not known
 
 
 @dataclass
@@ -481,10 +485,12 @@ def render(snap: StatusSnapshot, now_ns: int | None = None) -> str:
                  _fmt(t.steps_per_s, ".2f"), _fmt(t.samples_per_s, ".1f"),
                  _fmt(t.tokens_per_s, ".0f") if t.tokens_per_s else "-",
                  _fmt(t.step_time_p50_s * 1000, ".1f", " ms"),
-                 _fmt(t.data_wait_fraction * 100, ".0f", "%") if t.data_wait_fraction >= 0 else "-"]
+                 _fmt(t.data_wait_fraction * 100, ".0f", "%") if t.data_wait_fraction >= 0 else "-",
+                 _fmt(t.model_flops_per_s / 1e12, ".1f") if t.model_flops_per_s is not None else "-",
+                 _fmt(t.mfu * 100, ".1f", "%") if t.mfu is not None else "-"]
                 for t in snap.job_throughput]
-        out.append(_table(["job", "name", "ranks", "steps/s", "samples/s", "tokens/s", "step p50", "data wait"],
-                          rows))
+        out.append(_table(["job", "name", "ranks", "steps/s", "samples/s", "tokens/s", "step p50", "data wait",
+                           "model TFLOP/s", "MFU"], rows))
 
     out.append("")
     if snap.probes:
