@@ -264,10 +264,13 @@ class Agent:
         for s in self.samplers:
             for gpu, xid in (getattr(s, "last_xid", None) or {}).items():
                 gpus.setdefault(gpu, GpuStatus(index=gpu)).last_xid = xid
+            if getattr(s, "name", "") == "gpu":
+                for gpu, cur in list(getattr(s, "last", {}).items()):
+                    gpus.setdefault(gpu, GpuStatus(index=gpu)).activity_source = cur.get("activity_source")
         for (metric, gpu, labels), (_ts, v) in b.latest_values().items():
             if gpu >= 0:
                 g = gpus.setdefault(gpu, GpuStatus(index=gpu))
-                if metric in GPU_METRICS:
+                if metric in GPU_METRICS and not labels:    # per-MIG-instance GPM series stay out
                     setattr(g, GPU_METRICS[metric], v)
                 elif metric == "gpu_throttle_active" and v >= 1 and labels:
                     g.throttle_reasons.append(dict(labels).get("reason", "?"))
