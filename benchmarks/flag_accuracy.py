@@ -9,7 +9,11 @@ open flag of severity warning/critical is scored against the labels, as docs/FLA
 
 - virtualization_overhead per (node, component): positive when ``inject_virt_penalty_<component>`` > threshold;
 - noisy_neighbor_variance per node: positive when ``inject_noise_cv`` >= 0.10;
-- utilization_gap per (node, component): positive when ``inject_<idle|no_job|input_bound>_fraction`` >= 0.25.
+- utilization_gap per (node, component): positive when ``inject_<idle|no_job|input_bound>_fraction`` >= 0.25;
+  held_idle is also positive when ``inject_busy_idle_fraction`` >= 0.25: "busy but idle inside" GPUs whose
+  utilization counter reads ~90 % while GPM SM activity is 1-5 % (the fleet sends gpu_sm_active_percent,
+  ``--gpu-metrics util_gpm``). ``utilization_gap_busy_but_idle`` scores those alone: positives are the
+  busy-but-idle nodes, negatives the nodes with neither idle injection, a hit is an open held_idle flag.
 
 - network_degraded (``--fabric-sweeps``, default 2: full pair-wise net_pair sweeps of each pool, SYNTHETIC):
   component ``node`` per node: positive when ``inject_net_factor`` < 0.5 (every link of the node slow);
@@ -46,7 +50,8 @@ from gpuagent.sim.run import SimConfig, run_sim
 from gpuagent.sim.fleet import NodeSpec, VIRT_COMPONENTS
 
 VO_THRESHOLD = {c.component: c.threshold for c in A.COMPONENTS if c.kind == "virtualization_overhead"}
-GAP = {"held_idle": "idle_fraction", "no_job": "no_job_fraction", "input_bound": "input_bound_fraction"}
+GAP = {"held_idle": ("idle_fraction", "busy_idle_fraction"), "no_job": ("no_job_fraction",),
+       "input_bound": ("input_bound_fraction",)}
 
 
 def build_fleet(n: int, seed: int) -> list[NodeSpec]:
@@ -75,6 +80,13 @@ def build_fleet(n: int, seed: int) -> list[NodeSpec]:
         fleet.append(NodeSpec(index=i, hostname=f"acc-{i:04d}", pool=pool, virtualized=virtualized,
                               provider="cloud-a" if virtualized else "on-prem",
                               price_per_gpu_hour=3.5 if virtualized else 2.2, inject=inject))
+    # Busy-but-idle GPUs from their own generator (the other injections stay as they were): ~10 % of the
+    # nodes without another utilization injection.
+    brng = random.Random(seed * 104729 + 3)
+    for i, node in enumerate(fleet):
+        if brng.random() < 0.1 and not any(k in node.inject for k in ("idle_fraction", "no_job_fraction",
+                                                                        "input_bound_fraction")):
+            fleet[i] = replace(node, inject={**node.inject, "busy_idle_fraction": brng.choice((0.4, 0.6))})
     # Fabric faults from their own generator, so the other injections stay as they were: ~2 % bad nodes, and
     # ~2 % of the nodes one end of a bad path to a healthy peer of the same pool (each node in one at most).
     # Fabric pairs are planned within racks of RACK nodes of a pool (label "rack", the [fabric] scope_key),
@@ -118,7 +130,7 @@ RACK = 50
 CAUSE_KIND = {"virt_penalty": "virtualization_overhead", "noise_cv": "noisy_neighbor_variance",
               "net_factor": "network_degraded", "net_links": "network_degraded",
               "idle_fraction": "utilization_gap", "no_job_fraction": "utilization_gap",
-              "input_bound_fraction": "utilization_gap"}
+              "input_bound_fraction": "utilization_gap", "busy_idle_fraction": "utilization_gap"}
 
 
 def _cause_kind(key: str) -> str:
@@ -203,7 +215,8 @@ def score(db: Path) -> dict:
     have = {(n, k, c) for n, k, c in flagged}
     have_kind = {(n, k) for n, k, _ in flagged}
     counts = {k: {"tp": 0, "fn": 0, "fp": 0, "tn": 0} for k in A.KINDS if k != "network_degraded"}
-    counts.update({k: {"tp": 0, "fn": 0, "fp": 0, "tn": 0} for k in ("network_degraded_node", "network_degraded_link")})
+    counts.update({k: {"tp": 0, "fn": 0, "fp": 0, "tn": 0}
+                   for k in ("network_degraded_node", "network_degraded_link", "utilization_gap_busy_but_idle")})
     # virtualization_overhead split by whether the node also had injected noise: a penalty near the threshold
     # on a node whose runs scatter by CV 0.2-0.4 is statistically hard to call from ~12 runs.
     split = {k: {"tp": 0, "fn": 0, "fp": 0, "tn": 0} for k in ("nodes_without_noise", "nodes_with_noise")}
@@ -237,9 +250,12 @@ def score(db: Path) -> dict:
                   float(lab.get("inject_noise_cv", 0)) >= 0.10)
         cv = float(lab.get("inject_noise_cv", 0))
         count("noisy_neighbor_variance", cv >= 0.10, (node_id, "noisy_neighbor_variance") in have_kind)
-        for comp, key in GAP.items():
-            f = float(lab.get(f"inject_{key}", 0))
+        for comp, keys in GAP.items():
+            f = max(float(lab.get(f"inject_{key}", 0)) for key in keys)
             count("utilization_gap", f >= 0.25, (node_id, "utilization_gap", comp) in have)
+        bi, idle = float(lab.get("inject_busy_idle_fraction", 0)), float(lab.get("inject_idle_fraction", 0))
+        if bi >= 0.25 or idle == 0:
+            count("utilization_gap_busy_but_idle", bi >= 0.25, (node_id, "utilization_gap", "held_idle") in have)
     kinds = {}
     for kind, c in counts.items():
         pos, neg = c["tp"] + c["fn"], c["fp"] + c["tn"]
@@ -290,7 +306,7 @@ def main(argv=None) -> int:
     try:
         t0 = time.perf_counter()
         summary = run_sim(SimConfig(collector=target, sim_hours=args.sim_hours, interval_s=args.interval_s,
-                                    probe_interval_s=args.probe_interval_s, gpu_metrics="util", seed=args.seed,
+                                    probe_interval_s=args.probe_interval_s, gpu_metrics="util_gpm", seed=args.seed,
                                     procs=args.procs, prefix="acc", fabric_sweeps=args.fabric_sweeps, fabric_scope="rack"), fleet)
         sim_s = time.perf_counter() - t0
         if summary.errors:

@@ -345,6 +345,35 @@ def test_utilization_gap_components_and_cost(con):
     assert inp["value"] == pytest.approx(0.5) and "50 % of step time waits for data" in inp["sentence"]
 
 
+def test_utilization_gap_uses_gpm_sm_activity(con):
+    """SYNTHETIC rows: GPU 0's utilization counter says 97 % but GPM says 4 % of its SMs were busy (held-idle
+    in effect); GPU 1 is 97 % with 80 % SM activity (busy); GPU 2 has no GPM and 97 % utilization (busy by the
+    counter); GPU 3 is a MIG GPU whose only SM activity is per GPU instance (labelled), which the whole-GPU
+    judgement must not use."""
+    S.add_node(con, "synthetic-gpm", virtualized=False, gpu_count=4, pool="cloud-a", price_per_gpu_hour=2.0)
+    samples, jobs = [], []
+    for m in range(30):
+        t = NOW - dt.timedelta(minutes=30 - m, seconds=-5)
+        for g in range(4):
+            samples.append((t, "synthetic-gpm", g, "gpu_util_percent", "", 97.0))
+            jobs.append((t, "synthetic-gpm", f"job-{g}", g, 97.0))
+        samples += [(t, "synthetic-gpm", 0, "gpu_sm_active_percent", "", 4.0),
+                    (t, "synthetic-gpm", 1, "gpu_sm_active_percent", "", 80.0),
+                    (t, "synthetic-gpm", 3, "gpu_sm_active_percent", "gpu_instance=1", 3.0)]
+    S.add_samples(con, samples)
+    S.add_job_samples(con, jobs)
+    run(con)
+    got = {(f["gpu"], f["component"]): f for f in flags(con, "utilization_gap")}
+    assert set(got) == {(0, "held_idle")}
+    f = got[(0, "held_idle")]
+    ev = json.loads(f["evidence"])
+    assert ev["held_sm_active_percent"] == pytest.approx(4.0) and ev["held_gpu_util_percent"] == pytest.approx(97.0)
+    assert ev["busy_but_idle_minutes"] == 30 and ev["activity_source"] == "gpm_sm_active"
+    assert f["value"] == pytest.approx(30 / 60)
+    assert ("under 10 % busy for 30 of 30 held minutes (SM activity 4 % by GPM, utilization counter 97 %; "
+            "busy but idle inside for 30 min)") in f["sentence"]
+
+
 def test_input_bound_from_host_iowait_without_step_data(con):
     S.add_node(con, "synthetic-io", virtualized=False, gpu_count=1)
     rows, jobs = [], []
