@@ -605,39 +605,53 @@ def _json_ready(v):
 
 @lake.command("baselines")
 @_engine_options
-@click.option("--lookback", default="24h", show_default=True, help="Probe runs this far back from now.")
+@click.option("--lookback", default=None, help="Probe runs this far back from now (default: the config's "
+              "baseline_lookback, 24h).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              help="The shards' collector TOML config: its [analyzer] windows, min_runs and baseline_lookback.")
 @click.option("--db", "db_paths", multiple=True, type=click.Path(dir_okay=False),
-              help="Also write them into this stopped collector's database (repeatable).")
+              help="Also write the baselines into this stopped collector's database (repeatable).")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
-def lake_baselines(lake_path, engine, master, lookback, db_paths, fmt):
-    """Bare-metal baselines per hardware class over the lake, published for every shard's fleet_baselines."""
+def lake_baselines(lake_path, engine, master, lookback, config_path, db_paths, fmt):
+    """What needs the whole fleet, published for every shard: bare-metal baselines per hardware class
+    (fleet_baselines) and each class's median noise (the noisy-neighbor peers)."""
     import json
+    from dataclasses import replace
 
     from gpuagent.collector.analysis.analyzer import AnalyzerError, parse_duration
     from gpuagent.collector.lake.engines import open_engine
-    from gpuagent.collector.lake.fleet import compute_baselines, publish_baselines, write_baselines_to_db
+    from gpuagent.collector.lake.fleet import (compute_baselines, compute_noise_medians, publish_baselines,
+                                               publish_noise_medians, write_baselines_to_db)
     from gpuagent.collector.lake.layout import LakeError
+    from gpuagent.common.timeutil import utc_now
 
+    config = _analyzer_config(config_path, None)
     try:
-        seconds = parse_duration(lookback)
+        if lookback:
+            config = replace(config, baseline_lookback_s=parse_duration(lookback))
+        now = utc_now()
         src = open_engine(engine, lake_path, master)
         try:
-            rows = compute_baselines(src, lookback_s=seconds)
+            rows = compute_baselines(src, now=now, lookback_s=config.baseline_lookback_s)
+            noise = compute_noise_medians(src, config, now=now)
         finally:
             src.close()
         where = publish_baselines(src.lake, rows)
+        noise_where = publish_noise_medians(src.lake, noise)
         for path in db_paths:
             write_baselines_to_db(path, rows)
     except (LakeError, AnalyzerError) as exc:
         raise click.ClickException(str(exc)) from None
     if fmt == "json":
-        click.echo(json.dumps(rows, default=str, indent=2))
+        click.echo(json.dumps({"baselines": rows, "noise_medians": noise}, default=str, indent=2))
     else:
         for r in rows:
             click.echo(f"{r['class_label']} | {r['component']} | {r['params_key'] or '-'}: {r['baseline']:.6g} "
                        f"({r['nodes']} nodes, {r['runs']} runs)")
-    click.echo(f"{len(rows)} baselines written to {where}" + (f" and {len(db_paths)} database(s)" if db_paths else ""),
-               err=fmt == "json")
+        for r in noise:
+            click.echo(f"noise {r['component']} | {r['peer_key']}: median CV {r['fleet_cv']:.4g} ({r['nodes']} nodes)")
+    click.echo(f"{len(rows)} baselines written to {where}" + (f" and {len(db_paths)} database(s)" if db_paths else "")
+               + f"; {len(noise)} class noise medians to {noise_where}", err=fmt == "json")
 
 
 if __name__ == "__main__":  # pragma: no cover

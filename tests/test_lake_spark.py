@@ -71,14 +71,18 @@ def test_lake_sql_baselines_and_compare_on_spark_equal_duckdb(lake_dir, tmp_path
         assert_same(got, want, q)
 
     # Baselines: the same rows (computed_at is each run's own clock); each run publishes the lake's file.
-    def baselines(engine) -> list[dict]:
-        rows = json.loads(cli("lake", "baselines", *lake, *engine, "--format", "json"))
-        return [{k: v for k, v in r.items() if k != "computed_at"} for r in rows]
+    def baselines(engine) -> dict[str, list[dict]]:
+        out = json.loads(cli("lake", "baselines", *lake, *engine, "--format", "json"))
+        return {k: [{c: v for c, v in r.items() if c != "computed_at"} for r in rows] for k, rows in out.items()}
 
-    want = baselines(DUCK)
+    both = baselines(DUCK)
+    want = both["baselines"]
     assert want and all(r["baseline"] is not None and r["nodes"] > 0 for r in want)
-    got = baselines(SPARK)
+    assert both["noise_medians"] and all(r["fleet_cv"] is not None and r["nodes"] > 0 for r in both["noise_medians"])
+    got_both = baselines(SPARK)
+    got = got_both["baselines"]
     assert_same(got, want)
+    assert_same(got_both["noise_medians"], both["noise_medians"])
     import pyarrow.parquet as pq
 
     published = pq.read_table(layout.open_lake(str(lake_dir)).path(layout.BASELINES_FILE)).to_pylist()

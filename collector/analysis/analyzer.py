@@ -415,8 +415,9 @@ class Analyzer:
 
     def __init__(self, config: AnalyzerConfig | None = None,
                  baselines_loader: Callable[[Any, dt.datetime], int] | None = None):
-        """``baselines_loader(con, now)``, when given, fills fleet_baselines in place of the baseline step:
-        a shard of a larger fleet takes them from the lake (collector/lake/fleet.py)."""
+        """``baselines_loader(con, now)``, when given, fills fleet_baselines (and the class noise medians,
+        _nn_fleet_lake) in place of the baseline step: a shard of a larger fleet takes what needs the whole
+        fleet from the lake (collector/lake/fleet.py)."""
         self.config = config or AnalyzerConfig()
         self.baselines_loader = baselines_loader
         self.reference = load_reference(self.config.reference_path)
@@ -481,6 +482,9 @@ class Analyzer:
         con.execute("CREATE OR REPLACE TEMP TABLE _pool_prices (pool VARCHAR, price_per_gpu_hour DOUBLE)")
         if cfg.pool_prices:
             con.executemany("INSERT INTO _pool_prices VALUES (?, ?)", list(cfg.pool_prices.items()))
+        # The whole fleet's noise medians per class, for a shard: the lake loader fills it (collector/lake/fleet.py).
+        con.execute("""CREATE OR REPLACE TEMP TABLE _nn_fleet_lake (component VARCHAR, peer_key VARCHAR,
+            fleet_cv DOUBLE, nodes BIGINT)""")
         con.execute("""CREATE OR REPLACE TEMP TABLE _conditions (node_id VARCHAR, gpu SMALLINT, kind VARCHAR,
             component VARCHAR, severity VARCHAR, value DOUBLE, unit VARCHAR, baseline DOUBLE,
             baseline_source VARCHAR, evidence VARCHAR, sentence VARCHAR)""")

@@ -48,7 +48,7 @@ STEPS: tuple[Step, ...] = (
     Step("virtualization_overhead", "30_virtualization_overhead.sql", CONDITIONS,
          temp_tables=("_vo_values", "_vo_pooled", "_vo_fleet", "_vo_ref", "_vo_declared", "_vo", "_vo_scored")),
     Step("noisy_neighbor_variance", "40_noisy_neighbor_variance.sql", CONDITIONS,
-         temp_tables=("_nn_points", "_nn_series", "_nn_fleet", "_nn")),
+         temp_tables=("_nn_points", "_nn_series", "_nn_fleet_local", "_nn_fleet", "_nn")),
     Step("noisy_neighbor_passive", "41_noisy_neighbor_passive.sql", CONDITIONS,
          temp_tables=("_pc_ticks", "_pc_named", "_pc_series", "_pc_episodes", "_pc")),
     Step("utilization_gap", "50_utilization_gap.sql", CONDITIONS,

@@ -1,18 +1,22 @@
-"""What needs the whole fleet, computed over the lake: bare-metal baselines and the pool comparison.
+"""What needs the whole fleet, computed over the lake: bare-metal baselines, each hardware class's median
+noise (CV), and the pool comparison.
 
-Baselines run the analyzer's own SQL (the node-class statement of 20_node_class.sql and the query of
-25_fleet_baselines.sql) on Spark or DuckDB, so a sharded fleet gets the numbers one collector would compute.
-They reach the shards two ways:
+Both run the analyzer's own SQL on Spark or DuckDB, so a sharded fleet gets the numbers one collector would
+compute: baselines take the node-class statement of 20_node_class.sql and the query of 25_fleet_baselines.sql;
+noise medians take _ok_metrics (20_node_class.sql) and _nn_points, _nn_series, _nn_fleet_local
+(40_noisy_neighbor_variance.sql) over the analyzer's probe and step windows. They reach the shards two ways:
 
-- ``<lake>/fleet_baselines/current.parquet``: every shard with ``[lake] fleet_baselines = true`` loads it
-  into its own ``fleet_baselines`` at each analysis pass instead of computing them from its part of the
-  fleet (live shards: no RPC, no lock; the file is replaced in one rename or one object PUT);
-- ``--db FILE``: written straight into stopped collectors' database files.
+- ``<lake>/fleet_baselines/current.parquet`` and ``<lake>/fleet_noise/current.parquet``: every shard with
+  ``[lake] fleet_baselines = true`` loads them at each analysis pass (into ``fleet_baselines`` and the pass's
+  ``_nn_fleet_lake``) instead of computing them from its part of the fleet (live shards: no RPC, no lock; each
+  file is replaced in one rename or one object PUT);
+- ``--db FILE``: baselines written straight into stopped collectors' database files.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import re
 import uuid
 from typing import Any
 
@@ -28,6 +32,35 @@ BASELINE_COLUMNS = ("class_label", "component", "params_key", "baseline", "nodes
 _BASELINE_SCHEMA = pa.schema([("class_label", pa.string()), ("component", pa.string()),
                               ("params_key", pa.string()), ("baseline", pa.float64()), ("nodes", pa.int64()),
                               ("runs", pa.int64()), ("computed_at", pa.timestamp("us"))])
+
+
+NOISE_COLUMNS = ("component", "peer_key", "fleet_cv", "nodes", "computed_at")
+_NOISE_SCHEMA = pa.schema([("component", pa.string()), ("peer_key", pa.string()), ("fleet_cv", pa.float64()),
+                           ("nodes", pa.int64()), ("computed_at", pa.timestamp("us"))])
+_PARAM = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def _select_of(statements: list[str], table: str, where: str) -> str:
+    """The query of ``CREATE OR REPLACE TEMP TABLE <table> AS <query>`` among a step's statements."""
+    head = f"CREATE OR REPLACE TEMP TABLE {table} AS"
+    for stmt in statements:
+        if stmt.startswith(head):
+            return stmt[len(head):].rstrip().rstrip(";")
+    raise LakeError(f"{where} no longer creates {table}")
+
+
+def _bind(sql: str, params: dict[str, Any], dialect) -> str:
+    """The analyzer's $parameters as literals of the engine's dialect."""
+    def literal(m: re.Match) -> str:
+        v = params[m.group(1)]
+        if isinstance(v, dt.datetime):
+            return dialect.ts_literal(v)
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, (int, float)):
+            return repr(float(v)) if isinstance(v, float) else str(v)
+        raise LakeError(f"parameter ${m.group(1)} has no literal form")
+    return _PARAM.sub(literal, sql)
 
 
 def _analysis_sql() -> tuple[str, str]:
@@ -47,8 +80,9 @@ def _analysis_sql() -> tuple[str, str]:
 def _components_sql() -> str:
     from gpuagent.collector.analysis.analyzer import COMPONENTS  # noqa: PLC0415
 
-    rows = [f"('{c.kind}', '{c.component}', '{c.probe}', '{c.metric}')" for c in COMPONENTS]
-    return "SELECT * FROM (VALUES " + ", ".join(rows) + ") AS t(kind, component, probe, metric)"
+    rows = [f"('{c.kind}', '{c.component}', '{c.probe}', '{c.metric}', {'true' if c.per_gpu else 'false'})"
+            for c in COMPONENTS]
+    return "SELECT * FROM (VALUES " + ", ".join(rows) + ") AS t(kind, component, probe, metric, per_gpu)"
 
 
 def _define(engine, name: str, sql: str) -> None:
@@ -58,14 +92,20 @@ def _define(engine, name: str, sql: str) -> None:
         engine.con.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS {sql}")
 
 
-def compute_baselines(engine, now: dt.datetime | None = None, lookback_s: float = 86400.0) -> list[dict[str, Any]]:
-    """Bare-metal baselines per hardware class over the lake, as rows of ``fleet_baselines``."""
-    now = now or utc_now()
-    node_class, baselines = _analysis_sql()
+def _define_context(engine) -> None:
+    """_pool_prices (empty: prices do not change a class), _components and _node_class over the lake."""
+    node_class, _ = _analysis_sql()
     _define(engine, "_pool_prices", "SELECT CAST(NULL AS STRING) AS pool, CAST(NULL AS DOUBLE) AS price_per_gpu_hour "
                                     "WHERE 1 = 0")
     _define(engine, "_components", _components_sql())
     _define(engine, "_node_class", node_class)
+
+
+def compute_baselines(engine, now: dt.datetime | None = None, lookback_s: float = 86400.0) -> list[dict[str, Any]]:
+    """Bare-metal baselines per hardware class over the lake, as rows of ``fleet_baselines``."""
+    now = now or utc_now()
+    _, baselines = _analysis_sql()
+    _define_context(engine)
     d = engine.dialect
     sql = (baselines.replace("$lookback_start", d.ts_literal(now - dt.timedelta(seconds=lookback_s)))
            .replace("$now", d.ts_literal(now)))
@@ -78,24 +118,61 @@ def compute_baselines(engine, now: dt.datetime | None = None, lookback_s: float 
     return out
 
 
+def compute_noise_medians(engine, config=None, now: dt.datetime | None = None) -> list[dict[str, Any]]:
+    """Each class's median CV over the whole fleet (the noisy-neighbor peers), as rows of ``_nn_fleet_lake``.
+
+    ``config`` (an AnalyzerConfig; default: the analyzer's defaults) sets the windows and min_runs: give the
+    shards' own [analyzer] settings, or a shard judges its series against medians of other windows."""
+    from gpuagent.collector.analysis.analyzer import Analyzer, AnalyzerConfig, load_sql  # noqa: PLC0415
+    from gpuagent.collector.analysis.steps import STEPS  # noqa: PLC0415
+
+    now = now or utc_now()
+    params = Analyzer(config or AnalyzerConfig()).params(now)
+    sql = load_sql(tuple(s for s in STEPS if s.name in ("node_class", "noisy_neighbor_variance")))
+    nn = sql["noisy_neighbor_variance"]
+    _define_context(engine)
+    d = engine.dialect
+    _define(engine, "_ok_metrics", _bind(_select_of(sql["node_class"], "_ok_metrics", "20_node_class.sql"), params, d))
+    for table in ("_nn_points", "_nn_series"):
+        _define(engine, table, _bind(_select_of(nn, table, "40_noisy_neighbor_variance.sql"), params, d))
+    query = _bind(_select_of(nn, "_nn_fleet_local", "40_noisy_neighbor_variance.sql"), params, d)
+    rows = engine.query(query + " ORDER BY component, peer_key")
+    return [{"component": r["component"], "peer_key": r["peer_key"],
+             "fleet_cv": None if r["fleet_cv"] is None else float(r["fleet_cv"]), "nodes": int(r["nodes"]),
+             "computed_at": now} for r in rows]
+
+
+def noise_table(rows: list[dict[str, Any]]) -> pa.Table:
+    return pa.Table.from_pylist(rows, schema=_NOISE_SCHEMA)
+
+
 def baselines_table(rows: list[dict[str, Any]]) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=_BASELINE_SCHEMA)
 
 
-def publish_baselines(lake: Lake, rows: list[dict[str, Any]]) -> str:
-    """Replace ``fleet_baselines/current.parquet`` in one step; returns its path."""
+def _publish(lake: Lake, rel: str, table: pa.Table) -> str:
+    """Replace the lake file ``rel`` in one step; returns its path."""
     fs = lake.fs
-    final = lake.path(layout.BASELINES_FILE)
+    final = lake.path(rel)
     fs.create_dir(final.rsplit("/", 1)[0], recursive=True)
-    table = baselines_table(rows)
     if lake.renames_atomically:
-        tmp = lake.path(layout.TMP, f"baselines-{uuid.uuid4().hex[:8]}.parquet")
+        tmp = lake.path(layout.TMP, f"{rel.split('/', 1)[0]}-{uuid.uuid4().hex[:8]}.parquet")
         fs.create_dir(tmp.rsplit("/", 1)[0], recursive=True)
         pq.write_table(table, tmp, filesystem=fs, compression="zstd")
         fs.move(tmp, final)
     else:
         pq.write_table(table, final, filesystem=fs, compression="zstd")
-    return lake.uri_of(layout.BASELINES_FILE)
+    return lake.uri_of(rel)
+
+
+def publish_baselines(lake: Lake, rows: list[dict[str, Any]]) -> str:
+    """Replace ``fleet_baselines/current.parquet`` in one step; returns its path."""
+    return _publish(lake, layout.BASELINES_FILE, baselines_table(rows))
+
+
+def publish_noise_medians(lake: Lake, rows: list[dict[str, Any]]) -> str:
+    """Replace ``fleet_noise/current.parquet`` in one step; returns its path."""
+    return _publish(lake, layout.NOISE_FILE, noise_table(rows))
 
 
 def replace_baselines(con, table: pa.Table) -> int:
@@ -130,24 +207,40 @@ def write_baselines_to_db(db_path: str, rows: list[dict[str, Any]]) -> int:
 
 
 class LakeBaselineLoader:
-    """The analyzer's baseline step on a shard: load the lake's current baselines into fleet_baselines.
+    """The analyzer's baseline step on a shard: load the lake's current baselines into fleet_baselines and its
+    class noise medians into the pass's _nn_fleet_lake.
 
-    Without the file (no `lake baselines` run yet) the shard keeps what it has and says so once."""
+    Without a file (no `lake baselines` run yet) the shard keeps its own numbers and says so once per file."""
 
     def __init__(self, lake_uri: str):
         self.lake_uri = lake_uri
-        self.missing_logged = False
+        self.missing_logged: set[str] = set()
 
-    def __call__(self, con, now: dt.datetime) -> int:
+    def _read(self, lake: Lake, rel: str) -> pa.Table | None:
         import logging  # noqa: PLC0415
 
-        lake = layout.open_lake(self.lake_uri, create=True)
-        path = lake.path(layout.BASELINES_FILE)
+        path = lake.path(rel)
         if lake.fs.get_file_info(path).type != pafs.FileType.File:
-            if not self.missing_logged:
+            if rel not in self.missing_logged:
                 logging.getLogger("gpuagent.collector.lake").warning(
-                    "fleet_baselines come from the lake, which has none yet (%s): run "
-                    "`gpuagent-collector lake baselines`", lake.uri_of(layout.BASELINES_FILE))
-                self.missing_logged = True
-            return 0
-        return replace_baselines(con, pq.read_table(path, filesystem=lake.fs))
+                    "%s come from the lake, which has none yet (%s): run `gpuagent-collector lake baselines`",
+                    rel.split("/", 1)[0], lake.uri_of(rel))
+                self.missing_logged.add(rel)
+            return None
+        return pq.read_table(path, filesystem=lake.fs)
+
+    def __call__(self, con, now: dt.datetime) -> int:
+        lake = layout.open_lake(self.lake_uri, create=True)
+        n = 0
+        baselines = self._read(lake, layout.BASELINES_FILE)
+        if baselines is not None:
+            n += replace_baselines(con, baselines)
+        noise = self._read(lake, layout.NOISE_FILE)
+        if noise is not None:
+            con.register("_lake_noise", noise)
+            try:
+                con.execute("INSERT INTO _nn_fleet_lake SELECT component, peer_key, fleet_cv, nodes FROM _lake_noise")
+            finally:
+                con.unregister("_lake_noise")
+            n += noise.num_rows
+        return n

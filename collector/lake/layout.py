@@ -6,6 +6,7 @@ A lake is a folder on any filesystem pyarrow supports (a local path, ``s3://buck
     <table>/shard=<shard>/part-<run>-<n>.parquet                           snapshots (nodes, gpus, flags)
     <partition>/_SUCCESS                                                   manifest: the part files, one a line
     fleet_baselines/current.parquet                                        written by `lake baselines`
+    fleet_noise/current.parquet                                            written by `lake baselines`
     _tmp/                                                                  exports in progress (never read)
 
 A partition counts only when its ``_SUCCESS`` names its files: on a local filesystem the whole partition is
@@ -25,6 +26,7 @@ import pyarrow.fs as pafs
 SUCCESS = "_SUCCESS"
 TMP = "_tmp"
 BASELINES_FILE = "fleet_baselines/current.parquet"
+NOISE_FILE = "fleet_noise/current.parquet"
 _SHARD = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
 

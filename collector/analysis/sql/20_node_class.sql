@@ -20,13 +20,14 @@ LEFT JOIN gpus g ON g.node_id = n.node_id AND g.gpu = 0
 LEFT JOIN _pool_prices p ON p.pool = n.pool;
 
 -- The ok probe runs in the probe window (probes run far less often than samples), one row per metric value.
+-- Also run over the lake for the fleet's noise medians: no isfinite() (NaN and +-inf fall outside the BETWEEN).
 CREATE OR REPLACE TEMP TABLE _ok_metrics AS
 SELECT m.node_id, m.probe, m.gpu, coalesce(m.params_key, '') AS params_key, m.started_at, m.metric, m.value
 FROM probe_metrics m
 JOIN probe_results r
   ON r.node_id = m.node_id AND r.probe = m.probe AND r.gpu IS NOT DISTINCT FROM m.gpu
  AND r.started_at = m.started_at
-WHERE r.status = 'ok' AND m.value IS NOT NULL AND isfinite(m.value)
+WHERE r.status = 'ok' AND m.value BETWEEN -1.7976931348623157e308 AND 1.7976931348623157e308
   AND m.started_at > $probe_window_start AND m.started_at <= $now
   AND r.started_at > $probe_window_start AND r.started_at <= $now;
 
