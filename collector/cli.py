@@ -486,16 +486,19 @@ def compare(ctx, by, db_path, target, token, token_file, tls_ca, tls_client_cert
               help="Rounds of the plan listed.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.pass_context
-def fabric(ctx, db_path, target, token, token_file, tls_ca, window, config_path, top, max_rounds, fmt):
+def fabric(ctx, db_path, target, token, token_file, tls_ca, tls_client_cert, tls_client_key, window, config_path,
+           top, max_rounds, fmt):
     """Fabric probes: the pair-wise plan, the last round, the link matrix, the worst nodes and links."""
     from gpuagent.collector.views.compare import CompareError
     from gpuagent.collector.views.fabric import run_fabric
 
+    _check_client_cert(tls_ca, tls_client_cert, tls_client_key)
     db_path, target = _source_args(ctx, db_path, target)
     analyzer = _analyzer_config(config_path)
     tok = _token(None, token_file) if token_file else _token(token, None)
     try:
         click.echo(run_fabric(db_path, target, window=window, fmt=fmt, token=tok, tls_ca=tls_ca,
+                              client_cert=tls_client_cert, client_key=tls_client_key,
                               config=_fabric_config(config_path), runs=analyzer.fabric_runs,
                               slow_fraction=analyzer.fabric_slow_fraction, top=top, max_rounds=max_rounds),
                    nl=False)

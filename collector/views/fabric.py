@@ -274,9 +274,10 @@ def render_text(v: FabricView, top: int = 10, max_rounds: int = 10, matrix_max: 
 
 
 def run_fabric(db: str | None, target: str | None, *, window: str = "24h", fmt: str = "text",
-               token: str | None = None, tls_ca: str | None = None, config: FabricConfig | None = None,
+               token: str | None = None, tls_ca: str | None = None, client_cert: str | None = None,
+               client_key: str | None = None, config: FabricConfig | None = None,
                runs: int = 3, slow_fraction: float = 0.5, top: int = 10, max_rounds: int = 10) -> str:
-    src = open_source(db, target, token, tls_ca)
+    src = open_source(db, target, token, tls_ca, client_cert, client_key)
     try:
         view = build_view(src, window, config, runs, slow_fraction)
     finally:
