@@ -264,10 +264,13 @@ class Agent:
         for s in self.samplers:
             for gpu, xid in (getattr(s, "last_xid", None) or {}).items():
                 gpus.setdefault(gpu, GpuStatus(index=gpu)).last_xid = xid
+            if getattr(s, "name", "") == "gpu":
+                for gpu, cur in list(getattr(s, "last", {}).items()):
+                    gpus.setdefault(gpu, GpuStatus(index=gpu)).activity_source = cur.get("activity_source")
         for (metric, gpu, labels), (_ts, v) in b.latest_values().items():
             if gpu >= 0:
                 g = gpus.setdefault(gpu, GpuStatus(index=gpu))
-                if metric in GPU_METRICS:
+                if metric in GPU_METRICS and not labels:    # per-MIG-instance GPM series stay out
                     setattr(g, GPU_METRICS[metric], v)
                 elif metric == "gpu_throttle_active" and v >= 1 and labels:
                     g.throttle_reasons.append(dict(labels).get("reason", "?"))
@@ -327,6 +330,7 @@ class Agent:
             counters=TickCounters(ticks=self.ticks, late_ticks=self.late_ticks, skipped_ticks=self.skipped_ticks,
                                   batches=b.total_batches, samples=b.total_samples),
             torch_loaded="torch" in sys.modules,
+            fabric=next((x.fabric_status() for x in self.extras if hasattr(x, "fabric_status")), None),
         )
 
     def _report_once(self, key: tuple[str, str], message: str) -> None:
@@ -388,7 +392,8 @@ def lock_state_dir(state_dir: Path) -> int:
 
 _JOB_SAMPLE_KEYS = ("job_id", "job_name", "source", "pid", "rank", "gpu", "gpu_util_percent", "cpu_percent",
                     "rss_bytes")
-_STEP_KEYS = ("steps_per_s", "samples_per_s", "tokens_per_s", "step_time_p50_s", "data_wait_fraction")
+_STEP_KEYS = ("steps_per_s", "samples_per_s", "tokens_per_s", "step_time_p50_s", "data_wait_fraction",
+              "model_flops_per_s", "mfu")
 
 
 def _n_items(batch: pb.Batch) -> int:
@@ -421,6 +426,25 @@ def build_node_info(cfg: AgentConfig, samplers: list[Sampler]) -> pb.NodeInfo:
     return info
 
 
+def _peak_flops_lookup(samplers: list[Any]):
+    """(pid, local_rank) -> the dense BF16 peak in FLOP/s of the GPU the rank uses, for MFU.
+
+    On a node whose GPUs are all one model that model's peak; on a mixed node the GPU whose index is
+    the rank's local rank (the usual one-GPU-per-local-rank launch); None when the model is not in
+    gpuagent.common.gpu_peaks or there is no GPU."""
+    from gpuagent.common.gpu_peaks import dense_bf16_peak
+    gpu = next((s for s in samplers if getattr(s, "name", "") == "gpu"), None)
+    names = [g["name"] for g in gpu.gpu_inventory()] if gpu is not None else []
+    peaks = [(p[1] * 1e12 if p else None) for p in map(dense_bf16_peak, names)]
+    uniform = peaks[0] if peaks and all(p == peaks[0] for p in peaks) else None
+
+    def lookup(_pid: int, local_rank: int) -> float | None:
+        if uniform is not None:
+            return uniform
+        return peaks[local_rank] if 0 <= local_rank < len(peaks) else None
+    return lookup
+
+
 def start_job_step_receiver(agent: Agent) -> None:
     """The opt-in training-step tracker's listener (gpuagent.agent.job_steps); a sampler once started.
 
@@ -432,7 +456,8 @@ def start_job_step_receiver(agent: Agent) -> None:
         return None
     from gpuagent.agent.job_steps import JobSocketError, JobStepReceiver
     window_s = jobs.step_window_s if jobs.step_window_s is not None else agent.cfg.batch_interval_s
-    receiver = JobStepReceiver(socket_path=jobs.step_socket or None, window_s=window_s)
+    receiver = JobStepReceiver(socket_path=jobs.step_socket or None, window_s=window_s,
+                               peak_flops=_peak_flops_lookup(agent.samplers))
     try:
         receiver.start()
     except JobSocketError as exc:

@@ -12,6 +12,7 @@ batch, and tell the collector when their part of the run is over (after the lock
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 import time
@@ -19,6 +20,7 @@ from typing import Any, Callable
 
 import grpc
 
+from gpuagent.agent.status import FabricRun, FabricStatus
 from gpuagent.common.errors import first_line
 from gpuagent.probes import net_pair
 from gpuagent.probes.lock import ProbeLock
@@ -39,6 +41,9 @@ def _settings(params) -> net_pair.PairSettings | str:
         return f"the assignment's probe parameters do not parse: {exc}"
     s = net_pair.PairSettings(**got)
     return s.problem() or s
+
+
+RECENT_RUNS = 8     # runs kept for `gpuagent status`
 
 
 class FabricClient:
@@ -64,6 +69,10 @@ class FabricClient:
         self._pending: dict[str, tuple[pb.Assignment, Any]] = {}   # pair id -> (offer, listener or None)
         self._mu = threading.Lock()
         self.counts: dict[str, int] = {}
+        self._recent: collections.deque[FabricRun] = collections.deque(maxlen=RECENT_RUNS)
+        self._stream_open = False
+        self._stream_error = ""
+        self._last_message_ns = 0
 
     # -- lifecycle
     def start(self) -> "FabricClient":
@@ -92,16 +101,31 @@ class FabricClient:
                 continue
             try:
                 self._call = self._stub.Assignments(pb.AssignmentsRequest(node_id=node_id), metadata=self._md)
+                self._stream_open = True
                 for msg in self._call:
+                    self._last_message_ns = time.time_ns()
+                    self._stream_error = ""
                     self._handle(node_id, msg)
+                self._stream_error = "the collector ended the stream"
             except grpc.RpcError as exc:
+                self._stream_error = first_line(exc.details() if hasattr(exc, "details") else exc)
                 if not self._stop.is_set():
-                    log.info("fabric assignments stream ended: %s", exc.details() if hasattr(exc, "details") else exc)
+                    log.info("fabric assignments stream ended: %s", self._stream_error)
+            self._stream_open = False
             self._stop.wait(self._retry_s)
+
+    def fabric_status(self) -> FabricStatus:
+        """What ``gpuagent status`` shows: the stream, the counters and the last runs, newest first."""
+        with self._mu:
+            recent = list(reversed(self._recent))
+            counts = dict(self.counts)
+        return FabricStatus(address=self.address, stream_open=self._stream_open, stream_error=self._stream_error,
+                            last_message_ns=self._last_message_ns, counts=counts, recent=recent)
 
     # -- messages
     def _count(self, key: str) -> None:
-        self.counts[key] = self.counts.get(key, 0) + 1
+        with self._mu:
+            self.counts[key] = self.counts.get(key, 0) + 1
 
     def _answer(self, **kw) -> bool:
         try:
@@ -186,6 +210,14 @@ class FabricClient:
                               "link_params": link_params})
         result.env.setdefault("scheduler", "fabric")
         self._count(f"result:{result.status}")
+        me_a = offer.role != "listen"
+        m = result.metrics
+        run = FabricRun(pair_id=offer.pair_id, peer=offer.peer_node_id or (offer.node_b if me_a else offer.node_a),
+                        role="connect" if me_a else "listen", status=result.status, reason=result.reason or "",
+                        ended_ns=time.time_ns(), send_gbits_per_s=m.get("send_gbits_per_s"),
+                        recv_gbits_per_s=m.get("recv_gbits_per_s"), rtt_p50_us=m.get("rtt_p50_us"))
+        with self._mu:
+            self._recent.append(run)
         if self._on_ran:
             self._on_ran(time.monotonic() - started)
         for rec in result.sink_records():

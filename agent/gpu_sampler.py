@@ -5,6 +5,12 @@ does not offer is skipped after being reported once (as a ``metric_unavailable``
 ``Nvml.unavailable``); without NVML at all the sampler emits one ``nvml_unavailable`` event and then
 does nothing, so the agent runs host-only. Metric names: docs/METRICS.md ("GPU sampler").
 
+GPM (Hopper and newer, through :class:`gpuagent.common.nvml.Gpm`): SM activity, SM occupancy,
+tensor-pipe activity, DRAM bandwidth utilization and PCIe/NVLink throughput over each tick. Where GPM
+is missing, the only activity figure is ``gpu_util_percent`` (time any kernel ran), and the status
+says so (``activity_source``). Under MIG the GPM values are per GPU instance (label ``gpu_instance``)
+for the instances that run compute processes.
+
 Events:
 - ``xid``: value = the XID number, from nvmlEventSetWait with a 0 ms timeout each tick (never blocks).
 - ``gpu_lost``: the GPU answered GPU_IS_LOST (fell off the bus); it is not queried again.
@@ -18,7 +24,7 @@ import logging
 import time
 from typing import Any, Mapping
 
-from gpuagent.common.nvml import EVENT_TYPE_XID, VIRT_MODES, Nvml, decode_throttle, sysfs_bus_id
+from gpuagent.common.nvml import EVENT_TYPE_XID, VIRT_MODES, Gpm, Nvml, decode_throttle, sysfs_bus_id
 
 log = logging.getLogger("gpuagent.gpu_sampler")
 
@@ -59,8 +65,9 @@ class GpuSampler:
 
     name = "gpu"
 
-    def __init__(self, nvml: Nvml | None = None, pcie_fallback_every: int = 10) -> None:
+    def __init__(self, nvml: Nvml | None = None, pcie_fallback_every: int = 10, gpm: bool = True) -> None:
         self.nvml = nvml if nvml is not None else Nvml()
+        self.gpm = Gpm(self.nvml) if gpm and self.nvml.available else None
         self._announced_off = False
         self._prev_reasons: dict[int, frozenset[str]] = {}
         self._counter_prev: dict[tuple[str, int], tuple[float, int, int]] = {}
@@ -237,6 +244,7 @@ class GpuSampler:
         if util is not None:
             put("gpu_util_percent", util.gpu)
             put("gpu_mem_util_percent", util.memory)
+        self._gpm_values(i, h, put, cur)
         mem = q("nvmlDeviceGetMemoryInfo", h, gpu=i)
         if mem is not None:
             put("gpu_memory_used_bytes", mem.used)
@@ -273,6 +281,29 @@ class GpuSampler:
         self._counters(i, h, ts, put)
         self.last[i] = cur
 
+    def _gpm_values(self, i: int, h: Any, put, cur: dict[str, Any]) -> None:
+        """GPM metrics of the GPU (of each busy GPU instance under MIG); ``cur['activity_source']``:
+        'gpm', 'gpm per GPU instance', or 'utilization counter' when only gpu_util_percent exists."""
+        gpm = self.gpm
+        cur["activity_source"] = "utilization counter"
+        if gpm is None or not gpm.supported(i):
+            return
+        if self._static_values(i, h)["mig"]:
+            procs = self.nvml.query("nvmlDeviceGetComputeRunningProcesses", h, gpu=i) or ()
+            instances = sorted({int(p.gpuInstanceId) for p in procs
+                                if getattr(p, "gpuInstanceId", None) not in (None, 0xFFFFFFFF)})
+            for gi in instances:
+                for name, v in (gpm.read(i, gi) or {}).items():
+                    put(name, v, {"gpu_instance": str(gi)})
+            cur["activity_source"] = "gpm per GPU instance"
+            return
+        vals = gpm.read(i)
+        if vals is None:
+            return      # first tick: GPM needs two samples
+        for name, v in vals.items():
+            put(name, v)
+        cur["activity_source"] = "gpm"
+
     def _static_values(self, i: int, h: Any) -> dict[str, Any]:
         """Maxima that do not change while the driver is loaded: asked once a minute, sent every tick."""
         now = time.monotonic()
@@ -283,7 +314,8 @@ class GpuSampler:
                    "sm_max": q("nvmlDeviceGetMaxClockInfo", h, self._sm, gpu=i),
                    "mem_max": q("nvmlDeviceGetMaxClockInfo", h, self._mem, gpu=i),
                    "gen_max": q("nvmlDeviceGetMaxPcieLinkGeneration", h, gpu=i),
-                   "width_max": q("nvmlDeviceGetMaxPcieLinkWidth", h, gpu=i)}
+                   "width_max": q("nvmlDeviceGetMaxPcieLinkWidth", h, gpu=i),
+                   "mig": mig_mode_text(q("nvmlDeviceGetMigMode", h, gpu=i, report=False)) == "enabled"}
             self._static[i] = got
         return got
 
@@ -386,6 +418,8 @@ class GpuSampler:
         put("gpu_pcie_rx_bytes_per_s", rx * 1024.0 if rx is not None else None)
 
     def close(self) -> None:
+        if self.gpm is not None:
+            self.gpm.close()
         if self._event_set is not None:
             self.nvml.query("nvmlEventSetFree", self._event_set)
             self._event_set = None

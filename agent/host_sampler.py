@@ -1,4 +1,4 @@
-"""Host sampler: CPU, load, memory, disks, NICs, context switches, interrupts and PSI from /proc.
+"""Host sampler: CPU, load, memory, disks, NICs, TCP retransmits, context switches, interrupts and PSI from /proc.
 
 It reads the /proc files directly (a handful of small reads per tick) rather than going through
 psutil's per-call machinery, because the daemon must stay under 1 % of one core at 1 s sampling. The
@@ -137,6 +137,7 @@ class HostSampler:
         self._prev_intr: int | None = None
         self._prev_disk: dict[str, list[int]] = {}
         self._prev_net: dict[str, list[int]] = {}
+        self._prev_tcp: tuple[int, int] | None = None
         self._prev_psi: dict[str, float] = {}
         self._disk_ok: dict[str, bool] = {}
         self._psi_files = [r for r in ("cpu", "io", "memory") if os.path.exists(f"{self.proc}/pressure/{r}")]
@@ -164,9 +165,11 @@ class HostSampler:
         if dt is not None:
             self._disks(put, dt)
             self._net(put, dt)
+            self._tcp(put, dt)
         else:
             self._disks(None, 0.0)
             self._net(None, 0.0)
+            self._tcp(None, 0.0)
         self._psi(put, dt)
 
     # ------------------------------------------------------------------ sources
@@ -278,8 +281,8 @@ class HostSampler:
             if not name or (self._skip_nic and self._skip_nic.search(name)):
                 continue
             a = rest.split()
-            # rx bytes, rx errs, rx drop, tx bytes, tx errs
-            cur = [int(a[0]), int(a[2]), int(a[3]), int(a[8]), int(a[10])]
+            # rx bytes, rx errs, rx drop, tx bytes, tx errs, tx drop
+            cur = [int(a[0]), int(a[2]), int(a[3]), int(a[8]), int(a[10]), int(a[11])]
             seen[name] = cur
             prev = self._prev_net.get(name)
             if put is None or prev is None:
@@ -291,7 +294,29 @@ class HostSampler:
             put("net_rx_errors_per_s", d[1] / dt, lab)
             put("net_tx_errors_per_s", d[4] / dt, lab)
             put("net_rx_drops_per_s", d[2] / dt, lab)
+            put("net_tx_drops_per_s", d[5] / dt, lab)
         self._prev_net = seen
+
+    def _tcp(self, put, dt: float) -> None:
+        """Node-wide TCP retransmits (/proc/net/snmp): the evidence that a slow link loses packets."""
+        text = self._read(f"{self.proc}/net/snmp")
+        if text is None:
+            return
+        rows = [line.split()[1:] for line in text.splitlines() if line.startswith("Tcp:")]
+        if len(rows) < 2:
+            return
+        tcp = dict(zip(rows[0], rows[1]))
+        try:
+            cur = (int(tcp["OutSegs"]), int(tcp["RetransSegs"]))
+        except (KeyError, ValueError):
+            return
+        prev, self._prev_tcp = self._prev_tcp, cur
+        if put is None or prev is None:
+            return
+        out_segs, retrans = (max(0, c - p) for c, p in zip(cur, prev))
+        put("net_tcp_out_segs_per_s", out_segs / dt)
+        put("net_tcp_retrans_segs_per_s", retrans / dt)
+        put("net_tcp_retrans_percent", 100.0 * retrans / out_segs if out_segs else 0.0)
 
     def _psi(self, put, dt: float | None) -> None:
         for res in self._psi_files:

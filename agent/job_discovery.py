@@ -40,6 +40,16 @@ start time could be read (a GPU process whose /proc entry is not readable). ``la
 last tick at which any of its processes was alive: once found, a process is checked every tick, so the
 job really ended between ``last_seen_ns`` and the next tick (one sampling interval later).
 ``duration_s`` = last_seen_ns - started_ns. ``first_seen_ns`` is the first tick that saw the job.
+
+Passive progress and contention, per job and tick, for jobs that never use the tracker (samples with
+label ``job_id``; the analyzer's noisy_neighbor_variance co_tenant/hypervisor components read them):
+- ``job_progress_percent`` (label ``source``): the mean GPU utilization of the job's GPUs where NVML
+  knows it (``gpu_util``), else the CPU share of the job's processes and their descendants in % of
+  one core (``cpu_share``), so a CPU job that loses CPU to someone else shows a drop;
+- ``job_neighbour_cpu_percent``: CPU (% of one core) used by every process that is not the job's (not
+  in its process trees, not in its container or pod cgroup) and not this agent's;
+- ``job_neighbour_process_cpu_percent`` (labels ``comm``, ``pid``): the top five of those processes
+  that used at least ``NEIGHBOUR_NAMED_MIN`` %, so the flag can name them.
 """
 
 from __future__ import annotations
@@ -54,6 +64,8 @@ from gpuagent.agent.config import JobRules
 from gpuagent.common.job_identity import cgroup_ids, job_identity, own_container_id
 
 RECHECK_S = 2.0
+NEIGHBOUR_NAMED_MIN = 5.0   # % of one core: below this a neighbour is not worth naming
+NEIGHBOUR_TOP = 5
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -129,6 +141,8 @@ class JobDiscovery:
         self._own_container = own_container_id()   # the agent's own container is not a job boundary
         # Set by the daemon to JobStepReceiver.tracked_pids (pid -> job_id of processes sending steps).
         self.tracked_pids: Callable[[], dict[int, str]] | None = None
+        # Every process's last (start, cpu ticks, time) for the neighbour CPU shares.
+        self._all_cpu: dict[int, tuple[int, int, float]] = {}
 
     # ------------------------------------------------------------------ /proc readers
     def _start_wall_ns(self, p: _Proc | None) -> int | None:
@@ -384,6 +398,7 @@ class JobDiscovery:
                 job.gpus.add(gpu)
         for job_id, pids in seen_pids.items():
             self._jobs[job_id].pids = pids
+        gpu_progress: dict[str, float] = {}
         for job_id, pairs in seen_jobs.items():
             per_gpu: dict[int, float] = {}
             for gpu, util in pairs:
@@ -391,9 +406,93 @@ class JobDiscovery:
                     per_gpu[gpu] = per_gpu.get(gpu, 0.0) + util
             if per_gpu:
                 job = self._jobs[job_id]
-                job.util_sum += sum(min(100.0, u) for u in per_gpu.values()) / len(per_gpu)
+                gpu_progress[job_id] = sum(min(100.0, u) for u in per_gpu.values()) / len(per_gpu)
+                job.util_sum += gpu_progress[job_id]
                 job.util_n += 1
+        self._contention(ts_ns, t, sink, seen_pids, gpu_progress,
+                         {r[6]["job_id"]: r[6]["attrs"] for r in resolved})
         self._end_jobs(ts_ns, sink)
+
+    def _contention(self, ts_ns: int, t: float, sink, job_pids: dict[str, set[int]],
+                    gpu_progress: dict[str, float], job_attrs: dict[str, dict[str, str]]) -> None:
+        """Per job: its progress, and the CPU used by everything outside it (see the module doc)."""
+        if not job_pids:
+            self._all_cpu.clear()
+            return
+        try:
+            names = [int(n) for n in os.listdir(self.proc) if n.isdigit()]
+        except OSError:
+            return
+        cpu: dict[int, float] = {}
+        parent: dict[int, int] = {}
+        comm: dict[int, str] = {}
+        seen: dict[int, tuple[int, int, float]] = {}
+        for pid in names:
+            raw = self._read_bytes(pid, "stat")
+            if not raw:
+                continue
+            close = raw.rfind(b")")
+            rest = raw[close + 2:].split()
+            try:
+                ticks, start, ppid = int(rest[11]) + int(rest[12]), int(rest[19]), int(rest[1])
+            except (IndexError, ValueError):
+                continue
+            comm[pid] = raw[raw.find(b"(") + 1:close].decode("utf-8", "replace")
+            parent[pid] = ppid
+            seen[pid] = (start, ticks, t)
+            prev = self._all_cpu.get(pid)
+            if prev is not None and prev[0] == start and t > prev[2]:
+                cpu[pid] = max(0, ticks - prev[1]) / _CLK_TCK / (t - prev[2]) * 100.0
+        self._all_cpu = seen
+
+        def tree(roots: set[int]) -> set[int]:
+            """The roots and all their descendants."""
+            children: dict[int, list[int]] = {}
+            for pid, pp in parent.items():
+                children.setdefault(pp, []).append(pid)
+            out, todo = set(), list(roots)
+            while todo:
+                pid = todo.pop()
+                if pid not in out:
+                    out.add(pid)
+                    todo.extend(children.get(pid, ()))
+            return out
+
+        agent = tree({self._self_pid})
+        for job_id, pids in job_pids.items():
+            mine = tree(pids)
+            attrs = job_attrs.get(job_id, {})
+            cg_ids = {v for k, v in attrs.items() if k in ("container_id", "pod_uid") and v}
+            if cg_ids:   # a container or pod is a job boundary: everything in it is the job's
+                for pid in names:
+                    if pid not in mine:
+                        cg = (self._read_bytes(pid, "cgroup") or b"").decode("utf-8", "replace")
+                        if any(c in cg for c in cg_ids):
+                            mine.add(pid)
+            if job_id not in gpu_progress and not any(p in cpu for p in mine):
+                continue   # the job's first tick: no CPU deltas yet, and 0 would read as a stall
+            lab = {"job_id": job_id}
+            if job_id in gpu_progress:
+                sink.add("job_progress_percent", gpu_progress[job_id], labels=dict(lab, source="gpu_util"), ts_ns=ts_ns)
+            else:
+                sink.add("job_progress_percent", sum(cpu.get(p, 0.0) for p in mine),
+                         labels=dict(lab, source="cpu_share"), ts_ns=ts_ns)
+            # Summed per command name: eight stress-ng workers at 8 % each are one 64 % neighbour.
+            by_comm: dict[str, list] = {}
+            for p, v in cpu.items():
+                if p not in mine and p not in agent:
+                    e = by_comm.setdefault(comm.get(p, "?"), [0.0, 0, p, 0.0])
+                    e[0] += v
+                    e[1] += 1
+                    if v > e[3]:
+                        e[2], e[3] = p, v
+            sink.add("job_neighbour_cpu_percent", sum(e[0] for e in by_comm.values()), labels=lab, ts_ns=ts_ns)
+            top = sorted(by_comm.items(), key=lambda kv: kv[1][0], reverse=True)[:NEIGHBOUR_TOP]
+            for name, (v, n, pid, _) in top:
+                if v < NEIGHBOUR_NAMED_MIN:
+                    break
+                sink.add("job_neighbour_process_cpu_percent", v,
+                         labels=dict(lab, comm=name, pid=str(pid), processes=str(n)), ts_ns=ts_ns)
 
     def _usage(self, pid: int, p: _Proc | None, t: float) -> tuple[float, float, float, float]:
         if p is None:

@@ -12,6 +12,11 @@ A small daemon thread blocks on the socket (the kernel queues only ~10 datagrams
 default, ``net.unix.max_dgram_qlen``, so a once-per-tick drain would lose bursts); each sampling
 tick (:meth:`JobStepReceiver.sample`) closes a window every ``window_s`` and emits one
 ``sink.job_step(...)`` per (job, rank) that stepped in it. Never imports torch.
+
+MFU: when a tracker declared its model FLOPs (per step, or per token), each window also carries
+``model_flops_per_s`` (steps/s x FLOPs per step, or tokens/s x FLOPs per token), and, when
+``peak_flops(pid, local_rank)`` knows the rank's GPU peak, ``peak_flops_per_s`` and
+``mfu = model_flops_per_s / peak_flops_per_s`` (a fraction).
 """
 
 from __future__ import annotations
@@ -57,6 +62,8 @@ class _Stream:
     last_seen_ns: int = 0
     overflow: int = 0
     closed: bool = False                          # the tracker said bye: report and forget it
+    flops_per_step: float = 0.0                   # declared model FLOPs (0: not declared)
+    flops_per_token: float = 0.0
 
 
 def _percentile(sorted_values: list[float], q: float) -> float:
@@ -121,7 +128,8 @@ class JobStepReceiver:
     def __init__(self, socket_path: str | None = None, window_s: float = 5.0, *,
                  proc_root: str = "/proc", socket_mode: int = 0o666,
                  identity: Callable[[int], JobIdentity | None] | None = None,
-                 clock: Callable[[], int] = time.time_ns) -> None:
+                 clock: Callable[[], int] = time.time_ns,
+                 peak_flops: Callable[[int, int], float | None] | None = None) -> None:
         self.socket_path = socket_path or wire.socket_path()
         self.window_ns = int(window_s * 1e9)
         self.socket_mode = socket_mode
@@ -129,6 +137,7 @@ class JobStepReceiver:
         self._proc_root = proc_root
         self._own_container = own_container_id(proc_root)
         self._identity = identity or self._identity_from_proc
+        self._peak_flops = peak_flops
         self._lock = threading.Lock()
         self._streams: dict[tuple[int, int], _Stream] = {}
         self._live: dict[str, dict[str, Any]] = {}
@@ -268,7 +277,9 @@ class JobStepReceiver:
         rank = hello["rank"] if hello["rank"] >= 0 else (ident.rank if ident else -1)
         name = hello["job_name"] or (ident.job_name if ident else "")
         stream = _Stream(pid=pid, job_id=job_id, job_name=name, source=source, rank=rank,
-                         local_rank=local_rank, world_size=world_size, last_seen_ns=self._clock())
+                         local_rank=local_rank, world_size=world_size, last_seen_ns=self._clock(),
+                         flops_per_step=hello.get("flops_per_step", 0.0),
+                         flops_per_token=hello.get("flops_per_token", 0.0))
         if old is not None:
             stream.records, stream.last_index, stream.last_t_end_ns = (old.records, old.last_index,
                                                                       old.last_t_end_ns)
@@ -307,11 +318,13 @@ class JobStepReceiver:
         live: dict[str, dict[str, Any]] = {}
         for s, records, prev_index, prev_t_end in ready:
             agg = aggregate(records, prev_index, prev_t_end)
+            agg.update(self._mfu(s, agg))
             sink.job_step(ts_ns=ts_ns, job_id=s.job_id, job_name=s.job_name, rank=s.rank, pid=s.pid, **agg)
             job = live.setdefault(s.job_id, {"job_id": s.job_id, "job_name": s.job_name, "ranks": [],
                                              "steps_per_s": 0.0, "samples_per_s": 0.0, "tokens_per_s": 0.0,
                                              "step_time_p50_s": 0.0, "data_wait_fraction": -1.0,
-                                             "ts_ns": ts_ns, "_waits": []})
+                                             "model_flops_per_s": None, "mfu": None,
+                                             "ts_ns": ts_ns, "_waits": [], "_mfu": [0.0, 0.0]})
             job["ranks"].append(s.rank)
             job["samples_per_s"] += agg["samples_per_s"]
             job["tokens_per_s"] += agg["tokens_per_s"]
@@ -319,7 +332,15 @@ class JobStepReceiver:
             job["step_time_p50_s"] = max(job["step_time_p50_s"], agg["step_time_p50_s"])
             if agg["data_wait_fraction"] >= 0:
                 job["_waits"].append(agg["data_wait_fraction"])
+            if "model_flops_per_s" in agg:
+                job["model_flops_per_s"] = (job["model_flops_per_s"] or 0.0) + agg["model_flops_per_s"]
+                if "peak_flops_per_s" in agg:
+                    job["_mfu"][0] += agg["model_flops_per_s"]
+                    job["_mfu"][1] += agg["peak_flops_per_s"]
         for job in live.values():
+            done, peak = job.pop("_mfu")
+            if peak > 0:
+                job["mfu"] = done / peak       # over the ranks whose GPU peak is known
             waits = job.pop("_waits")
             job["data_wait_fraction"] = sum(waits) / len(waits) if waits else -1.0
             job["ranks"].sort()
@@ -331,11 +352,27 @@ class JobStepReceiver:
             self._live.update(live)
         return len(ready)
 
+    def _mfu(self, s: _Stream, agg: dict[str, float]) -> dict[str, float]:
+        """model_flops_per_s (and peak_flops_per_s, mfu when the GPU's peak is known) for a declared job."""
+        if s.flops_per_step > 0:
+            done = agg["steps_per_s"] * s.flops_per_step
+        elif s.flops_per_token > 0 and agg["tokens_per_s"] > 0:
+            done = agg["tokens_per_s"] * s.flops_per_token
+        else:
+            return {}
+        out = {"model_flops_per_s": done}
+        peak = self._peak_flops(s.pid, s.local_rank) if self._peak_flops is not None else None
+        if peak:
+            out["peak_flops_per_s"] = peak
+            out["mfu"] = done / peak
+        return out
+
     def live(self) -> list[dict[str, Any]]:
         """Each tracked job's throughput in the last closed window (for ``gpuagent status``).
 
         ``steps_per_s`` and ``step_time_p50_s`` are the highest over the job's ranks on this node
-        (ranks of a synchronous job step together); samples/tokens per second add up over ranks.
+        (ranks of a synchronous job step together); samples/tokens per second and model FLOPs/s add up
+        over ranks; ``mfu`` is their FLOPs over their GPUs' summed peaks (None: not declared/no peak).
         """
         with self._lock:
             return [dict(v, ranks=list(v["ranks"])) for v in sorted(self._live.values(), key=lambda j: j["job_id"])]

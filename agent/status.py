@@ -40,7 +40,9 @@ GPU_METRICS = {"gpu_util_percent": "util_percent", "gpu_mem_util_percent": "mem_
                "gpu_pcie_replay_count": "pcie_replay_count", "gpu_pcie_tx_bytes_per_s": "pcie_tx_bytes_per_s",
                "gpu_pcie_rx_bytes_per_s": "pcie_rx_bytes_per_s", "gpu_nvlink_tx_bytes_per_s": "nvlink_tx_bytes_per_s",
                "gpu_nvlink_rx_bytes_per_s": "nvlink_rx_bytes_per_s",
-               "gpu_ecc_corrected_total": "ecc_corrected_total", "gpu_ecc_uncorrected_total": "ecc_uncorrected_total"}
+               "gpu_ecc_corrected_total": "ecc_corrected_total", "gpu_ecc_uncorrected_total": "ecc_uncorrected_total",
+               "gpu_sm_active_percent": "sm_active_percent", "gpu_sm_occupancy_percent": "sm_occupancy_percent",
+               "gpu_tensor_active_percent": "tensor_active_percent", "gpu_dram_active_percent": "dram_active_percent"}
 # Host metrics (unlabelled batcher series) shown by status; HostStatus has one field each.
 HOST_METRICS = ("cpu_idle_percent", "cpu_steal_percent", "cpu_iowait_percent", "load1", "mem_used_bytes",
                 "mem_total_bytes", "mem_available_bytes", "cpu_user_percent", "cpu_system_percent", "load5",
@@ -126,6 +128,11 @@ class GpuStatus:
     ecc_corrected_total: float | None = None
     ecc_uncorrected_total: float | None = None
     last_xid: int | None = None               # the latest XID event this agent saw on the GPU
+    sm_active_percent: float | None = None    # GPM: share of SMs busy (None: no GPM on this GPU)
+    sm_occupancy_percent: float | None = None
+    tensor_active_percent: float | None = None
+    dram_active_percent: float | None = None
+    activity_source: str | None = None        # "gpm", "gpm per GPU instance" or "utilization counter"
 
 
 @dataclass
@@ -146,6 +153,8 @@ class JobStatus:
     step_time_p50_s: float | None = None
     data_wait_fraction: float | None = None
     ranks: list[int] | None = None
+    model_flops_per_s: float | None = None    # declared model FLOPs x step (or token) rate
+    mfu: float | None = None                  # model FLOPs utilization, a fraction of the GPU's dense BF16 peak
 
 
 @dataclass
@@ -160,6 +169,8 @@ class JobThroughput:
     step_time_p50_s: float
     data_wait_fraction: float           # -1: not measured
     ts_ns: int
+    model_flops_per_s: float | None = None    # None: the job declared no FLOPs
+    mfu: float | None = None                  # None: no FLOPs declared, or the GPU's peak is not known
 
 
 @dataclass
@@ -227,6 +238,31 @@ class TickCounters:
 
 
 @dataclass
+class FabricRun:
+    """One net_pair run this node took part in, as its end measured it."""
+    pair_id: str
+    peer: str                           # the other end's node id
+    role: str                           # connect (node_a: sends first) | listen
+    status: str
+    reason: str
+    ended_ns: int
+    send_gbits_per_s: float | None = None
+    recv_gbits_per_s: float | None = None
+    rtt_p50_us: float | None = None
+
+
+@dataclass
+class FabricStatus:
+    """The fabric client ([fabric] enabled): its assignments stream and its last runs, newest first."""
+    address: str                        # where peers reach this node
+    stream_open: bool                   # an Assignments call is in progress (the collector sends only offers)
+    stream_error: str                   # why the last call ended ("" while none failed)
+    last_message_ns: int                # when the collector last sent an assignment (0: never)
+    counts: dict[str, int]              # accepted, busy, cancelled, result:<status>
+    recent: list[FabricRun]
+
+
+@dataclass
 class StatusSnapshot:
     state: str                          # running | stopped
     pid: int
@@ -251,6 +287,7 @@ class StatusSnapshot:
     counters: TickCounters
     torch_loaded: bool
     version: int = STATUS_VERSION
+    fabric: FabricStatus | None = None  # None: [fabric] is off
 
     def to_json(self) -> dict[str, Any]:
         """The status file's JSON object (``version`` first; unseen values left out)."""
@@ -457,11 +494,14 @@ def render(snap: StatusSnapshot, now_ns: int | None = None) -> str:
     if snap.gpus:
         out.append(f"GPUs ({len(snap.gpus)})")
         rows = [[str(g.index), (g.name or "?")[:28], _fmt(g.util_percent, ".0f", "%"),
+                 _fmt(g.sm_active_percent, ".0f", "%"), _fmt(g.tensor_active_percent, ".0f", "%"),
                  f"{_fmt_bytes(g.memory_used_bytes)} / {_fmt_bytes(g.memory_total_bytes)}",
                  _fmt(g.temperature_celsius, ".0f", " C"),
                  f"{_fmt(g.power_watts, '.0f')} / {_fmt(g.power_limit_watts, '.0f')} W",
                  ",".join(g.throttle_reasons) or "-"] for g in snap.gpus]
-        out.append(_table(["gpu", "name", "util", "memory", "temp", "power", "throttle"], rows))
+        # util: time any kernel ran (NVML counter); SM active / tensor: GPM, "-" where the GPU has none
+        out.append(_table(["gpu", "name", "util", "SM active", "tensor", "memory", "temp", "power", "throttle"],
+                          rows))
     else:
         out.append("GPUs      none visible")
 
@@ -481,10 +521,12 @@ def render(snap: StatusSnapshot, now_ns: int | None = None) -> str:
                  _fmt(t.steps_per_s, ".2f"), _fmt(t.samples_per_s, ".1f"),
                  _fmt(t.tokens_per_s, ".0f") if t.tokens_per_s else "-",
                  _fmt(t.step_time_p50_s * 1000, ".1f", " ms"),
-                 _fmt(t.data_wait_fraction * 100, ".0f", "%") if t.data_wait_fraction >= 0 else "-"]
+                 _fmt(t.data_wait_fraction * 100, ".0f", "%") if t.data_wait_fraction >= 0 else "-",
+                 _fmt(t.model_flops_per_s / 1e12, ".1f") if t.model_flops_per_s is not None else "-",
+                 _fmt(t.mfu * 100, ".1f", "%") if t.mfu is not None else "-"]
                 for t in snap.job_throughput]
-        out.append(_table(["job", "name", "ranks", "steps/s", "samples/s", "tokens/s", "step p50", "data wait"],
-                          rows))
+        out.append(_table(["job", "name", "ranks", "steps/s", "samples/s", "tokens/s", "step p50", "data wait",
+                           "model TFLOP/s", "MFU"], rows))
 
     out.append("")
     if snap.probes:
@@ -496,6 +538,10 @@ def render(snap: StatusSnapshot, now_ns: int | None = None) -> str:
         out.append(_table(["probe", "status", "when", "metrics / reason"], rows))
     else:
         out.append("Probes    no results yet")
+
+    if snap.fabric is not None:
+        out.append("")
+        out += _render_fabric(snap.fabric, now_ns)
 
     link = snap.collector
     sp = snap.spool
@@ -515,6 +561,22 @@ def render(snap: StatusSnapshot, now_ns: int | None = None) -> str:
         for u in snap.unavailable[:20]:
             out.append(f"  - {u}")
     return "\n".join(out)
+
+
+def _render_fabric(fab: FabricStatus, now_ns: int) -> list[str]:
+    if fab.stream_open:
+        stream = f"assignments stream open (last assignment {_ago(fab.last_message_ns, now_ns)})"
+    else:
+        stream = "assignments stream DOWN" + (f": {fab.stream_error}" if fab.stream_error else "")
+    counts = "  ".join(f"{k} {v}" for k, v in sorted(fab.counts.items())) or "no assignments yet"
+    out = [f"Fabric    peers reach this node at {fab.address or '?'}  {stream}  {counts}"]
+    if not fab.recent:
+        out.append("          no runs yet")
+        return out
+    rows = [[r.peer[:20], r.role, r.status, _ago(r.ended_ns, now_ns), _fmt(r.send_gbits_per_s, ".2f"),
+             _fmt(r.recv_gbits_per_s, ".2f"), _fmt(r.rtt_p50_us, ".0f", " us"), r.reason[:60]] for r in fab.recent]
+    out.append(_table(["peer", "role", "status", "when", "send Gbit/s", "recv Gbit/s", "rtt p50", "reason"], rows))
+    return out
 
 
 def _text(v: int | None) -> str:

@@ -13,7 +13,13 @@ printed beside it: where the CPU, not the path, is the limit, it reads lower.
 Runs are interleaved (iperf3 first in even rounds, net_pair first in odd ones) and medians compared;
 target ratio 0.9-1.1. Done unthrottled (CPU-bound: veth throughput is memory copies, so on a shared
 machine the spread is wide) and with a tbf node throttle (default 200 mbit) on the listening node,
-which shapes both directions. Prints JSON with --json.
+which shapes both directions.
+
+With ``--part collective`` (or ``all``): the collective probe across two namespaces (gloo on CPU, nnodes=2,
+``--coll-nprocs`` ranks per node, one message size, busbw by the nccl-tests formula) against a plain
+torch.distributed loop (benchmarks/allreduce_loop.py) with the same ranks, size, warm-up and iteration
+counts across the same namespaces; rounds interleaved (probe first in even rounds), medians compared,
+target ratio 0.9-1.1. Gloo binds eth0 in each namespace (GLOO_SOCKET_IFNAME). Prints JSON with --json.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -118,6 +125,90 @@ def _compare(fleet, args, label: str) -> dict:
     return out
 
 
+_port = [29600]
+
+
+def _next_port() -> int:
+    """A fresh rendezvous port per run, so one run's sockets in TIME_WAIT never meet the next."""
+    _port[0] += 1
+    return _port[0]
+
+
+def _wait_all(procs: list, timeout: float) -> list[str]:
+    outs = []
+    for p in procs:
+        try:
+            out, _ = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise RuntimeError("a collective run did not finish in time") from None
+        if p.returncode != 0:
+            raise RuntimeError(f"a collective rank exited with {p.returncode}")
+        outs.append(out)
+    return outs
+
+
+def _coll_env() -> dict:
+    return {**os.environ, "GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1"}
+
+
+def _collective_probe(fleet, args) -> float:
+    """busbw (GB/s) the collective probe reports, run as two nodes (n0 rank 0, n1 rank 1)."""
+    port, master = _next_port(), fleet.node("n0").ip
+    params = {"backend": "gloo", "nprocs": args.coll_nprocs, "nnodes": 2, "master_addr": master,
+              "master_port": port, "min_bytes": args.coll_bytes, "max_bytes": args.coll_bytes,
+              "iters": args.coll_iters, "warmup": args.coll_warmup, "latency_iters": 10}
+    procs = []
+    for rank, node in enumerate(("n0", "n1")):
+        argv = [sys.executable, "-m", "gpuagent.probes", "collective", "--json"]
+        for k, v in {**params, "node_rank": rank}.items():
+            argv += ["--param", f"{k}={v}"]
+        procs.append(fleet.popen(node, argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                 env=_coll_env(), cwd=ROOT))
+    outs = _wait_all(procs, 300)
+    res = json.loads(outs[0])
+    if res["status"] != "ok":
+        raise RuntimeError(f"collective probe {res['status']}: {res['reason']}")
+    assert res["env"]["world_size"] == 2 * args.coll_nprocs and res["env"]["nnodes"] == 2
+    return res["metrics"]["busbw_gbps"]
+
+
+def _collective_plain(fleet, args) -> float:
+    """busbw (GB/s) of the plain torch.distributed loop with the same ranks across the same namespaces."""
+    port, master = _next_port(), fleet.node("n0").ip
+    world = 2 * args.coll_nprocs
+    env = {**_coll_env(), "MASTER_ADDR": master, "MASTER_PORT": str(port)}
+    procs = []
+    for node_rank, node in enumerate(("n0", "n1")):
+        for local in range(args.coll_nprocs):
+            procs.append(fleet.popen(node, [sys.executable, str(ROOT / "benchmarks" / "allreduce_loop.py"),
+                                            "--rank", str(node_rank * args.coll_nprocs + local), "--world", str(world),
+                                            "--nbytes", str(args.coll_bytes), "--iters", str(args.coll_iters),
+                                            "--warmup", str(args.coll_warmup)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=ROOT))
+    outs = _wait_all(procs, 300)
+    return json.loads(outs[0])["busbw_gbps"]
+
+
+def _compare_collective(fleet, args) -> dict:
+    runs = {"probe": [], "plain": []}
+    for r in range(args.coll_rounds):
+        order = ("probe", "plain") if r % 2 == 0 else ("plain", "probe")
+        for which in order:
+            runs[which].append((_collective_probe if which == "probe" else _collective_plain)(fleet, args))
+        print(f"collective: round {r + 1}/{args.coll_rounds} done", file=sys.stderr)
+    med = {k: statistics.median(v) for k, v in runs.items()}
+    ratio = med["probe"] / med["plain"]
+    world = 2 * args.coll_nprocs
+    return {"settings": {"nodes": 2, "ranks_per_node": args.coll_nprocs, "world": world, "bytes": args.coll_bytes,
+                         "iters": args.coll_iters, "warmup": args.coll_warmup, "rounds": args.coll_rounds,
+                         "busbw_factor": round(2 * (world - 1) / world, 4)},
+            "probe_busbw_median_gbps": round(med["probe"], 4), "plain_busbw_median_gbps": round(med["plain"], 4),
+            "ratio": round(ratio, 3), "within_target": TARGET[0] <= ratio <= TARGET[1],
+            "runs": {k: [round(x, 4) for x in v] for k, v in runs.items()}}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5)
@@ -126,25 +217,36 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--streams", type=int, default=4)
     ap.add_argument("--rtt-count", type=int, default=1000)
     ap.add_argument("--throttle", default="200mbit", help="tbf rate for the throttled part ('' to skip)")
+    ap.add_argument("--part", choices=("net_pair", "collective", "all"), default="all")
+    ap.add_argument("--coll-rounds", type=int, default=5)
+    ap.add_argument("--coll-nprocs", type=int, default=1, help="collective ranks per namespace")
+    ap.add_argument("--coll-bytes", type=int, default=16 << 20, help="all-reduce message size")
+    ap.add_argument("--coll-iters", type=int, default=20)
+    ap.add_argument("--coll-warmup", type=int, default=5)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
 
     nf = _netns_fleet()
-    why = nf.unavailable_reason() or ("" if shutil.which("iperf3") else "iperf3 is not installed (apt-get install iperf3)")
+    why = nf.unavailable_reason()
+    if not why and args.part != "collective" and not shutil.which("iperf3"):
+        why = "iperf3 is not installed (apt-get install iperf3)"
     if why:
         print(json.dumps({"skipped": why}))
         return 1
     t0 = time.monotonic()
+    result: dict = {"target_ratio": list(TARGET)}
     with nf.Fleet.up(2) as fleet:
-        result = {"settings": {"rounds": args.rounds, "duration_s": args.duration, "warmup_s": args.warmup,
-                               "streams": args.streams, "write_bytes": 128 * 1024},
-                  "target_ratio": list(TARGET),
-                  "iperf3_version": subprocess.run(["iperf3", "--version"], capture_output=True,
-                                                   text=True).stdout.split("\n")[0].strip(),
-                  "unthrottled": _compare(fleet, args, "unthrottled")}
-        if args.throttle:
-            fleet.throttle_node("n1", args.throttle)
-            result[f"throttled_{args.throttle}"] = _compare(fleet, args, f"throttled {args.throttle}")
+        if args.part in ("collective", "all"):
+            result["collective_gloo_cross_node"] = _compare_collective(fleet, args)
+        if args.part in ("net_pair", "all"):
+            result.update({"settings": {"rounds": args.rounds, "duration_s": args.duration, "warmup_s": args.warmup,
+                                        "streams": args.streams, "write_bytes": 128 * 1024},
+                           "iperf3_version": subprocess.run(["iperf3", "--version"], capture_output=True,
+                                                            text=True).stdout.split("\n")[0].strip(),
+                           "unthrottled": _compare(fleet, args, "unthrottled")})
+            if args.throttle:
+                fleet.throttle_node("n1", args.throttle)
+                result[f"throttled_{args.throttle}"] = _compare(fleet, args, f"throttled {args.throttle}")
     result["wall_s"] = round(time.monotonic() - t0, 1)
     print(json.dumps(result, indent=None if args.json else 1))
     return 0

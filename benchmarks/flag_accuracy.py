@@ -9,9 +9,19 @@ open flag of severity warning/critical is scored against the labels, as docs/FLA
 
 - virtualization_overhead per (node, component): positive when ``inject_virt_penalty_<component>`` > threshold;
 - noisy_neighbor_variance per node: positive when ``inject_noise_cv`` >= 0.10;
-- utilization_gap per (node, component): positive when ``inject_<idle|no_job|input_bound>_fraction`` >= 0.25.
+- utilization_gap per (node, component): positive when ``inject_<idle|no_job|input_bound>_fraction`` >= 0.25;
+  held_idle is also positive when ``inject_busy_idle_fraction`` >= 0.25: "busy but idle inside" GPUs whose
+  utilization counter reads ~90 % while GPM SM activity is 1-5 % (the fleet sends gpu_sm_active_percent,
+  ``--gpu-metrics util_gpm``). ``utilization_gap_busy_but_idle`` scores those alone: positives are the
+  busy-but-idle nodes, negatives the nodes with neither idle injection, a hit is an open held_idle flag.
 
-Targets: recall >= 0.95 and false-positive rate <= 0.02 for each kind.
+- network_degraded (``--fabric-sweeps``, default 2: full pair-wise net_pair sweeps of each pool, SYNTHETIC):
+  component ``node`` per node: positive when ``inject_net_factor`` < 0.5 (every link of the node slow);
+  component ``link`` per node: positive when the node is an end of an ``inject_net_links`` path, a hit when an
+  open link flag names that pair (a link flag naming any other pair is a false positive on its nodes).
+
+Targets: recall >= 0.95 and false-positive rate <= 0.02 for each kind. The planner's time for a 1,000-node
+pair-wise plan (one scope, and scoped by this fleet's pools) is reported too.
 
 Findings (95_findings.sql) are scored too: on each node with injected causes (each inject_* label is one
 cause), the open findings that name the node, at most 1.5 per cause; every injected cause covered by a
@@ -29,16 +39,19 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from gpuagent.collector.analysis import analyzer as A
+from gpuagent.collector.fabric import planner
 from gpuagent.collector.store.db import open_readonly
 from gpuagent.collector.views.client import analyze as remote_analyze
 from gpuagent.sim.run import SimConfig, run_sim
 from gpuagent.sim.fleet import NodeSpec, VIRT_COMPONENTS
 
 VO_THRESHOLD = {c.component: c.threshold for c in A.COMPONENTS if c.kind == "virtualization_overhead"}
-GAP = {"held_idle": "idle_fraction", "no_job": "no_job_fraction", "input_bound": "input_bound_fraction"}
+GAP = {"held_idle": ("idle_fraction", "busy_idle_fraction"), "no_job": ("no_job_fraction",),
+       "input_bound": ("input_bound_fraction",)}
 
 
 def build_fleet(n: int, seed: int) -> list[NodeSpec]:
@@ -67,18 +80,57 @@ def build_fleet(n: int, seed: int) -> list[NodeSpec]:
         fleet.append(NodeSpec(index=i, hostname=f"acc-{i:04d}", pool=pool, virtualized=virtualized,
                               provider="cloud-a" if virtualized else "on-prem",
                               price_per_gpu_hour=3.5 if virtualized else 2.2, inject=inject))
+    # Busy-but-idle GPUs from their own generator (the other injections stay as they were): ~10 % of the
+    # nodes without another utilization injection.
+    brng = random.Random(seed * 104729 + 3)
+    for i, node in enumerate(fleet):
+        if brng.random() < 0.1 and not any(k in node.inject for k in ("idle_fraction", "no_job_fraction",
+                                                                        "input_bound_fraction")):
+            fleet[i] = replace(node, inject={**node.inject, "busy_idle_fraction": brng.choice((0.4, 0.6))})
+    # Fabric faults from their own generator, so the other injections stay as they were: ~2 % bad nodes, and
+    # ~2 % of the nodes one end of a bad path to a healthy peer of the same pool (each node in one at most).
+    # Fabric pairs are planned within racks of RACK nodes of a pool (label "rack", the [fabric] scope_key),
+    # as a large fleet would scope its sweeps.
+    per_pool: dict[str, int] = {}
+    for i, node in enumerate(fleet):
+        k = per_pool[node.pool] = per_pool.get(node.pool, -1) + 1
+        fleet[i] = replace(node, extra_labels={**node.extra_labels, "rack": f"{node.pool}-r{k // RACK}"})
+    frng = random.Random(seed * 7919 + 1)
+    bad_nodes = {i for i in range(n) if frng.random() < 0.02}
+    taken = set(bad_nodes)
+    links: dict[int, str] = {}
+    for i in range(n):
+        if i in taken or frng.random() >= 0.01:
+            continue
+        rack = fleet[i].extra_labels["rack"]
+        peers = [j for j in range(n) if j not in taken and j != i and fleet[j].extra_labels["rack"] == rack]
+        if peers:
+            j = frng.choice(peers)
+            taken |= {i, j}
+            links[i] = f"{fleet[j].hostname}:{frng.choice((0.2, 0.3, 0.35))}"
+    for i in range(n):
+        if i in bad_nodes or i in links:
+            inject = dict(fleet[i].inject)
+            labels = dict(fleet[i].extra_labels)
+            if i in bad_nodes:
+                inject["net_factor"] = frng.choice((0.2, 0.25, 0.3))
+            if i in links:
+                labels["inject_net_links"] = links[i]
+            fleet[i] = replace(fleet[i], inject=inject, extra_labels=labels)
     # A pool-wide cause: every node of cloud-pcie has the same PCIe penalty in both directions.
     for j in range(POOL_NODES):
         fleet.append(NodeSpec(index=n + j, hostname=f"acc-pool-{j:03d}", pool=POOL, virtualized=True,
-                              provider=POOL, price_per_gpu_hour=3.5,
+                              provider=POOL, price_per_gpu_hour=3.5, extra_labels={"rack": f"{POOL}-r0"},
                               inject={"virt_penalty_h2d": 20.0, "virt_penalty_d2h": 20.0}))
     return fleet
 
 
 POOL, POOL_NODES = "cloud-pcie", 9
+RACK = 50
 CAUSE_KIND = {"virt_penalty": "virtualization_overhead", "noise_cv": "noisy_neighbor_variance",
+              "net_factor": "network_degraded", "net_links": "network_degraded",
               "idle_fraction": "utilization_gap", "no_job_fraction": "utilization_gap",
-              "input_bound_fraction": "utilization_gap"}
+              "input_bound_fraction": "utilization_gap", "busy_idle_fraction": "utilization_gap"}
 
 
 def _cause_kind(key: str) -> str:
@@ -108,7 +160,9 @@ def score_findings(db: Path) -> dict:
         lab = dict(labels or {})
         if pool == POOL:
             continue
-        injected = [k[len("inject_"):] for k, v in lab.items() if k.startswith("inject_") and float(v) > 0]
+        # inject_net_links names a pair, not a number; network_degraded is scored per link in score()
+        injected = [k[len("inject_"):] for k, v in lab.items()
+                    if k.startswith("inject_") and k != "inject_net_links" and float(v) > 0]
         # A VO penalty at or under its threshold is not a cause the analyzer is asked to find.
         injected = [k for k in injected if not (k.startswith("virt_penalty_")
                     and float(lab[f"inject_{k}"]) <= VO_THRESHOLD.get(k[len("virt_penalty_"):], 0))]
@@ -152,11 +206,17 @@ def score(db: Path) -> dict:
         nodes = con.execute("SELECT node_id, virtualized, labels FROM nodes WHERE synthetic").fetchall()
         flagged = con.execute("""SELECT DISTINCT node_id, kind, component FROM flags
                                  WHERE state = 'open' AND severity IN ('warning', 'critical')""").fetchall()
+        link_flags = con.execute("""SELECT node_id, json_extract_string(evidence, '$.pair[1]') FROM flags
+                                    WHERE state = 'open' AND severity IN ('warning', 'critical')
+                                      AND kind = 'network_degraded' AND component = 'link'""").fetchall()
+        hosts = dict(con.execute("SELECT hostname, node_id FROM nodes WHERE synthetic").fetchall())
     finally:
         con.close()
     have = {(n, k, c) for n, k, c in flagged}
     have_kind = {(n, k) for n, k, _ in flagged}
-    counts = {k: {"tp": 0, "fn": 0, "fp": 0, "tn": 0} for k in A.KINDS}
+    counts = {k: {"tp": 0, "fn": 0, "fp": 0, "tn": 0} for k in A.KINDS if k != "network_degraded"}
+    counts.update({k: {"tp": 0, "fn": 0, "fp": 0, "tn": 0}
+                   for k in ("network_degraded_node", "network_degraded_link", "utilization_gap_busy_but_idle")})
     # virtualization_overhead split by whether the node also had injected noise: a penalty near the threshold
     # on a node whose runs scatter by CV 0.2-0.4 is statistically hard to call from ~12 runs.
     split = {k: {"tp": 0, "fn": 0, "fp": 0, "tn": 0} for k in ("nodes_without_noise", "nodes_with_noise")}
@@ -167,8 +227,21 @@ def score(db: Path) -> dict:
         if kind == "virtualization_overhead":
             split["nodes_with_noise" if noisy else "nodes_without_noise"][key] += 1
 
+    # network_degraded/link: the injected paths, as node-id pairs, and the pairs the open link flags name.
+    bad_links: set[frozenset] = set()
+    for node_id, _virt, labels in nodes:
+        for item in filter(None, dict(labels or {}).get("inject_net_links", "").split(",")):
+            bad_links.add(frozenset((node_id, hosts[item.rpartition(":")[0]])))
+    flagged_links = {frozenset(p) for p in link_flags}
+    on_bad_link = {n for pair in bad_links for n in pair}
+    on_flagged_link = {n for pair in flagged_links for n in pair}
+    link_hit = {n for pair in bad_links & flagged_links for n in pair}
     for node_id, _virt, labels in nodes:
         lab = dict(labels or {})
+        count("network_degraded_node", float(lab.get("inject_net_factor", 1)) < 0.5,
+              (node_id, "network_degraded", "node") in have)
+        truth = node_id in on_bad_link
+        count("network_degraded_link", truth, node_id in link_hit if truth else node_id in on_flagged_link)
         for comp, thr in VO_THRESHOLD.items():
             p = float(lab.get(f"inject_virt_penalty_{comp}", 0))
             if 0 < p <= thr:
@@ -177,9 +250,12 @@ def score(db: Path) -> dict:
                   float(lab.get("inject_noise_cv", 0)) >= 0.10)
         cv = float(lab.get("inject_noise_cv", 0))
         count("noisy_neighbor_variance", cv >= 0.10, (node_id, "noisy_neighbor_variance") in have_kind)
-        for comp, key in GAP.items():
-            f = float(lab.get(f"inject_{key}", 0))
+        for comp, keys in GAP.items():
+            f = max(float(lab.get(f"inject_{key}", 0)) for key in keys)
             count("utilization_gap", f >= 0.25, (node_id, "utilization_gap", comp) in have)
+        bi, idle = float(lab.get("inject_busy_idle_fraction", 0)), float(lab.get("inject_idle_fraction", 0))
+        if bi >= 0.25 or idle == 0:
+            count("utilization_gap_busy_but_idle", bi >= 0.25, (node_id, "utilization_gap", "held_idle") in have)
     kinds = {}
     for kind, c in counts.items():
         pos, neg = c["tp"] + c["fn"], c["fp"] + c["tn"]
@@ -191,7 +267,22 @@ def score(db: Path) -> dict:
         name: {"recall": round(c["tp"] / (c["tp"] + c["fn"]), 4) if c["tp"] + c["fn"] else None,
                "false_positive_rate": round(c["fp"] / (c["fp"] + c["tn"]), 4) if c["fp"] + c["tn"] else None, **c}
         for name, c in split.items()}
+    kinds["network_degraded_link"]["links"] = {"injected": len(bad_links), "flagged": len(flagged_links),
+                                               "found": len(bad_links & flagged_links)}
     return {"kinds": kinds, "nodes": len(nodes)}
+
+
+def planner_time(fleet: list[NodeSpec], n: int = 1000) -> dict:
+    """Seconds to plan a full pair-wise sweep of ``n`` nodes: one scope, and scoped by the fleet's pools."""
+    nodes = [f"plan-{i:04d}" for i in range(n)]
+    pools = {nodes[i]: {"pool": fleet[i % len(fleet)].pool} for i in range(n)}
+    out = {"nodes": n}
+    for name, labels, key in (("one_scope", nodes, None), ("by_pool", pools, "pool")):
+        t0 = time.perf_counter()
+        plan = planner.plan_pairs(labels, key) if key else planner.plan_pairs(labels)
+        out[name] = {"seconds": round(time.perf_counter() - t0, 4), "rounds": len(plan.rounds),
+                     "pairs": len(plan.pairs())}
+    return out
 
 
 def main(argv=None) -> int:
@@ -202,6 +293,7 @@ def main(argv=None) -> int:
     ap.add_argument("--interval-s", type=float, default=10.0, help="simulated sample interval")
     ap.add_argument("--probe-interval-s", type=float, default=300.0)
     ap.add_argument("--procs", type=int, default=1, help="simulator processes")
+    ap.add_argument("--fabric-sweeps", type=int, default=2, help="SYNTHETIC pair-wise sweeps per pool (0: none)")
     ap.add_argument("--db", help="keep the database here (default: a temporary file)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
@@ -214,8 +306,8 @@ def main(argv=None) -> int:
     try:
         t0 = time.perf_counter()
         summary = run_sim(SimConfig(collector=target, sim_hours=args.sim_hours, interval_s=args.interval_s,
-                                    probe_interval_s=args.probe_interval_s, gpu_metrics="util", seed=args.seed,
-                                    procs=args.procs, prefix="acc"), fleet)
+                                    probe_interval_s=args.probe_interval_s, gpu_metrics="util_gpm", seed=args.seed,
+                                    procs=args.procs, prefix="acc", fabric_sweeps=args.fabric_sweeps, fabric_scope="rack"), fleet)
         sim_s = time.perf_counter() - t0
         if summary.errors:
             raise SystemExit(f"the simulator reported errors: {summary.errors[:3]}")
@@ -230,12 +322,13 @@ def main(argv=None) -> int:
             proc.kill()
     out = score(db)
     out["findings"] = score_findings(db)
+    out["planner"] = planner_time(fleet)
     out.update({
         "benchmark": "flag_accuracy",
         "data": "SYNTHETIC fleet from gpuagent-sim over the real protocol to a real collector; real analyzer",
         "seed": args.seed, "sim_hours": args.sim_hours, "sample_interval_s": args.interval_s,
         "probe_interval_s": args.probe_interval_s,
-        "injected_nodes": sum(1 for n in fleet if n.inject),
+        "injected_nodes": sum(1 for n in fleet if n.inject or n.extra_labels), "fabric_sweeps": args.fabric_sweeps,
         "sim": {"samples": summary.samples, "probe_results": summary.probe_results,
                 "batches_acked": summary.batches_acked, "wall_s": round(sim_s, 1)},
         "analysis_pass": res.run, "analyze_rpc_s": round(analyze_s, 2),
@@ -252,6 +345,9 @@ def main(argv=None) -> int:
               f"injected causes ({f['findings_per_cause']} per cause), {f['causes_without_a_finding']} causes "
               f"without a finding; pool-wide injection on {POOL}: {f['pool_wide_injection']['findings']} finding(s) "
               f"{f['pool_wide_injection']['scopes']}; {f['open_findings']} open findings in all")
+        pl = out["planner"]
+        print(f"planner, {pl['nodes']} nodes: {pl['one_scope']['seconds']} s in one scope "
+              f"({pl['one_scope']['rounds']} rounds), {pl['by_pool']['seconds']} s by pool")
     return 0
 
 

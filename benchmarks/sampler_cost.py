@@ -9,6 +9,10 @@ sampler would call every tick for the same host data (cpu_times(percpu) + cpu_st
 
 The GPU case runs against the FAKE NVML backend of tests/fake_nvml.py (8x H100 fixture): it measures
 our Python work per tick, not the driver's time, which real NVML adds (typically tens of µs per call).
+It runs twice, with GPM sampling on (the default; 7 of the 8 fake GPUs offer GPM, the MIG one has no
+busy instance) and off (``GpuSampler(gpm=False)``); the difference is GPM's per-tick cost in our code
+and the fake (one nvmlGpmSampleGet + one nvmlGpmMetricsGet per GPU, with pynvml's real ctypes
+structure), not what the driver spends computing the metrics on a real Hopper GPU.
 Job discovery runs on this GPU-less node in rule mode (a /proc scan every 5 s), with ``--jobs`` real
 subprocesses carrying RANK/LOCAL_RANK so that there is something to sample.
 
@@ -121,8 +125,32 @@ def main() -> int:
         out["host"]["cpu_median_us"] / out["reference_psutil_calls"]["cpu_median_us"], 3)
 
     backend = FakeNvmlBackend()
+    fake_gpm_ns = [0]
+
+    def timed(fn):
+        def call(*a):
+            c = time.thread_time_ns()
+            try:
+                return fn(*a)
+            finally:
+                fake_gpm_ns[0] += time.thread_time_ns() - c
+        return call
+
+    # the fake's own GPM functions are timed apart, so the agent's share can be told from the fake's
+    for fn in ("nvmlGpmSampleGet", "nvmlGpmMetricsGet"):
+        setattr(backend, fn, timed(getattr(backend, fn)))
     gpu = GpuSampler(Nvml(backend=backend))
     out["gpu_fake_8x_h100"] = _measure(lambda ts: (backend.advance(1.0), gpu.sample(ts, sink)), args.ticks)
+    out["gpu_fake_8x_h100"]["gpm_metrics_get_calls"] = backend.calls.get("nvmlGpmMetricsGet", 0)
+    out["gpu_fake_8x_h100"]["fake_gpm_functions_cpu_us_per_tick"] = round(fake_gpm_ns[0] / 1000 / args.ticks, 1)
+    backend_off = FakeNvmlBackend()
+    gpu_off = GpuSampler(Nvml(backend=backend_off), gpm=False)
+    out["gpu_fake_8x_h100_gpm_off"] = _measure(lambda ts: (backend_off.advance(1.0), gpu_off.sample(ts, sink)),
+                                               args.ticks)
+    out["gpm_cpu_us_per_tick_8_gpus"] = round(out["gpu_fake_8x_h100"]["cpu_mean_us"]
+                                              - out["gpu_fake_8x_h100_gpm_off"]["cpu_mean_us"], 1)
+    out["gpm_cpu_us_per_tick_8_gpus_agent_side"] = round(
+        out["gpm_cpu_us_per_tick_8_gpus"] - out["gpu_fake_8x_h100"]["fake_gpm_functions_cpu_us_per_tick"], 1)
     out["gpu_fake_8x_h100_plus_processes"] = _measure(lambda ts: gpu.processes(), args.ticks)
 
     env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE=str(args.jobs))

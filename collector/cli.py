@@ -72,8 +72,8 @@ def _write_port_file(path: str, port: int) -> None:
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True)
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
-              help="Collector TOML config: [analyzer], [baselines], [pricing], [metrics], [fabric], [auth] "
-                   "(see docs/FLAGS.md, docs/FABRIC.md and docs/COLLECTOR.md).")
+              help="Collector TOML config: [analyzer], [baselines], [pricing], [metrics], [fabric], [auth], "
+                   "[storage], [lake] (see docs/FLAGS.md, docs/FABRIC.md, docs/COLLECTOR.md and docs/LAKE.md).")
 @click.option("--no-analyze", is_flag=True, help="Do not run the scheduled analysis passes.")
 @click.option("--metrics-listen", default=None, metavar="HOST:PORT",
               help="Serve Prometheus /metrics here (off by default; [metrics] listen in --config; "
@@ -93,10 +93,12 @@ def serve(listen, db_path, token, token_file, tls_cert, tls_key, tokens_file, tl
 
     tok = _token(None, token_file) if token_file else _token(token, None)
     analyzer_config = _analyzer_config(config_path)
+    maintenance_config = _maintenance_config(config_path)
     fabric_config = _fabric_config(config_path)
     auth = _auth_config(config_path)
     tokens_file = tokens_file or auth.get("tokens_file")
     tls_client_ca = tls_client_ca or auth.get("tls_client_ca")
+    lake_config = _lake_config(config_path)
     stop = threading.Event()
     reload = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -110,7 +112,8 @@ def serve(listen, db_path, token, token_file, tls_cert, tls_key, tokens_file, tl
                                                        memory_limit=memory_limit),
                                  analyzer_config=analyzer_config, analyze=not no_analyze,
                                  metrics_listen=metrics_listen or analyzer_config.metrics_listen,
-                                 fabric=fabric_config)
+                                 fabric=fabric_config, lake_config=lake_config,
+                                 maintenance_config=maintenance_config)
     except CollectorError as exc:
         raise click.ClickException(str(exc)) from None
     try:
@@ -262,6 +265,26 @@ def _auth_config(config_path: str | None) -> dict[str, str]:
     return out
 
 
+def _lake_config(config_path: str | None):
+    """[lake] of the collector config (collector/lake/export.py); disabled when absent."""
+    from gpuagent.collector.lake.export import LakeConfig
+    from gpuagent.collector.lake.layout import LakeError
+
+    try:
+        return LakeConfig.from_toml(config_path) if config_path else LakeConfig()
+    except LakeError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _maintenance_config(config_path: str | None):
+    from gpuagent.collector.store.maintenance import MaintenanceConfig, MaintenanceConfigError
+
+    try:
+        return MaintenanceConfig.from_toml(config_path) if config_path else MaintenanceConfig()
+    except MaintenanceConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
 def _fabric_config(config_path: str | None):
     """[fabric] of the collector config (collector/fabric/coordinator.py); None when absent."""
     if not config_path:
@@ -342,8 +365,14 @@ def analyze(db_path, target, window, config_path, token, token_file, tls_ca, tls
         from gpuagent.collector.analysis.analyzer import AnalyzerError, analyze_db, open_findings_in, open_flags_in
 
         config = _analyzer_config(config_path, window)
+        lake_config = _lake_config(config_path)
+        loader = None
+        if lake_config.fleet_baselines:
+            from gpuagent.collector.lake.fleet import LakeBaselineLoader
+
+            loader = LakeBaselineLoader(lake_config.path)
         try:
-            result = analyze_db(db_path, config)
+            result = analyze_db(db_path, config, baselines_loader=loader)
             flags = open_flags_in(db_path, max_flags + 1)
             findings = open_findings_in(db_path)
         except AnalyzerError as exc:
@@ -382,7 +411,9 @@ def _source_args(ctx: click.Context, db_path: str | None, target: str | None) ->
     return db_path, target or None
 
 
-def _source_options(fn):
+def _source_options(fn=None, *, reference_pool: bool = True):
+    if fn is None:
+        return lambda f: _source_options(f, reference_pool=reference_pool)
     opts = [
         click.option("--db", "db_path", type=click.Path(dir_okay=False), default=None,
                      help="Read this DuckDB file (read-only; not while a collector holds it)."),
@@ -395,9 +426,10 @@ def _source_options(fn):
         *_CLIENT_CERT_OPTS,
         click.option("--window", default="24h", show_default=True,
                      help="Window ending at the newest stored data: 30m, 24h, 7d, ..."),
-        click.option("--reference-pool", default=None,
-                     help="Pool the others are compared with (default: the largest all-bare-metal pool)."),
     ]
+    if reference_pool:
+        opts.append(click.option("--reference-pool", default=None,
+                                 help="Pool the others are compared with (default: the largest all-bare-metal pool)."))
     for opt in reversed(opts):
         fn = opt(fn)
     return fn
@@ -406,19 +438,70 @@ def _source_options(fn):
 @main.command()
 @click.option("--by", type=click.Choice(["pool"]), default="pool", show_default=True, help="Group nodes by this.")
 @_source_options
+@click.option("--lake", "lake_path", default=None, metavar="PATH",
+              help="Compare the whole fleet from this lake (folder or s3://...) instead of one collector.")
+@click.option("--engine", type=click.Choice(["duckdb", "spark"]), default="duckdb", show_default=True,
+              help="With --lake: the engine that reads it.")
+@click.option("--master", default=None, help="With --engine spark: the Spark master (default local[*]).")
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True)
 @click.pass_context
 def compare(ctx, by, db_path, target, token, token_file, tls_ca, tls_client_cert, tls_client_key, window,
-            reference_pool, fmt):
+            reference_pool, lake_path, engine, master, fmt):
     """Pools side by side: probe medians and spread, utilization, flagged nodes, cost per effective GPU-hour."""
     from gpuagent.collector.views.compare import CompareError, run_compare
 
+    if lake_path:
+        if db_path or ctx.get_parameter_source("target") == click.core.ParameterSource.COMMANDLINE:
+            raise click.ClickException("give --lake or --db/--target, not both")
+        from gpuagent.collector.lake.engines import open_engine
+        from gpuagent.collector.lake.layout import LakeError
+        from gpuagent.collector.views.compare import compare_pools, formatter, parse_window
+
+        try:
+            seconds = parse_window(window)
+            src = open_engine(engine, lake_path, master)
+            try:
+                click.echo(formatter(fmt)(compare_pools(src, seconds, reference_pool)))
+            finally:
+                src.close()
+        except (CompareError, LakeError) as exc:
+            raise click.ClickException(str(exc)) from None
+        return
     _check_client_cert(tls_ca, tls_client_cert, tls_client_key)
     db_path, target = _source_args(ctx, db_path, target)
     tok = _token(None, token_file) if token_file else _token(token, None)
     try:
         click.echo(run_compare(db_path, target, window=window, fmt=fmt, token=tok, reference_pool=reference_pool,
                                tls_ca=tls_ca, client_cert=tls_client_cert, client_key=tls_client_key))
+    except CompareError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@main.command()
+@_source_options(reference_pool=False)
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              help="Collector TOML config: [fabric] scope and cap for the plan, [analyzer] fabric_* settings.")
+@click.option("--top", type=click.IntRange(1), default=10, show_default=True, help="Worst nodes and links shown.")
+@click.option("--rounds", "max_rounds", type=click.IntRange(0), default=10, show_default=True,
+              help="Rounds of the plan listed.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.pass_context
+def fabric(ctx, db_path, target, token, token_file, tls_ca, tls_client_cert, tls_client_key, window, config_path,
+           top, max_rounds, fmt):
+    """Fabric probes: the pair-wise plan, the last round, the link matrix, the worst nodes and links."""
+    from gpuagent.collector.views.compare import CompareError
+    from gpuagent.collector.views.fabric import run_fabric
+
+    _check_client_cert(tls_ca, tls_client_cert, tls_client_key)
+    db_path, target = _source_args(ctx, db_path, target)
+    analyzer = _analyzer_config(config_path)
+    tok = _token(None, token_file) if token_file else _token(token, None)
+    try:
+        click.echo(run_fabric(db_path, target, window=window, fmt=fmt, token=tok, tls_ca=tls_ca,
+                              client_cert=tls_client_cert, client_key=tls_client_key,
+                              config=_fabric_config(config_path), runs=analyzer.fabric_runs,
+                              slow_fraction=analyzer.fabric_slow_fraction, top=top, max_rounds=max_rounds),
+                   nl=False)
     except CompareError as exc:
         raise click.ClickException(str(exc)) from None
 
@@ -444,6 +527,134 @@ def report(ctx, out, db_path, target, token, token_file, tls_ca, tls_client_cert
         raise click.ClickException(str(exc)) from None
     note = " (includes SYNTHETIC nodes from gpuagent-sim)" if info["synthetic"] else ""
     click.echo(f"wrote {info['out']}: {info['bytes']:,} bytes, {info['svg_plots']} plots{note}")
+
+
+# ------------------------------------------------------------------------------------------------ lake
+
+@main.group()
+def lake() -> None:
+    """The Parquet lake: export closed hours, and fleet-wide SQL and baselines over it (docs/LAKE.md)."""
+
+
+def _engine_options(fn):
+    opts = [
+        click.option("--lake", "lake_path", required=True, metavar="PATH", help="The lake: a folder or s3://..."),
+        click.option("--engine", type=click.Choice(["duckdb", "spark"]), default="duckdb", show_default=True),
+        click.option("--master", default=None, help="Spark master with --engine spark (default local[*])."),
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
+
+
+@lake.command("export")
+@click.option("--db", "db_path", required=True, type=click.Path(dir_okay=False),
+              help="The collector database to export (not while a collector holds it).")
+@click.option("--lake", "lake_path", required=True, metavar="PATH", help="The lake: a folder or s3://... (created).")
+@click.option("--shard", required=True, help="This database's shard name in the lake.")
+@click.option("--grace", default="10m", show_default=True, help="An hour is closed this long after it ends.")
+@click.option("--again", is_flag=True, help="Export hours already exported again (replacing them).")
+def lake_export(db_path, lake_path, shard, grace, again):
+    """Export the closed hours of a database file to the lake (a running collector uses [lake] instead)."""
+    from gpuagent.collector.analysis.analyzer import AnalyzerError, parse_duration
+    from gpuagent.collector.lake.export import export_db
+    from gpuagent.collector.lake.layout import LakeError
+
+    try:
+        res = export_db(db_path, lake_path, shard, parse_duration(grace), again)
+    except (LakeError, AnalyzerError) as exc:
+        raise click.ClickException(str(exc)) from None
+    note = (f"; {res.skipped_not_rolled_up} hours of samples_1m wait for an analysis pass"
+            if res.skipped_not_rolled_up else "")
+    click.echo(f"exported {res.partitions} partitions ({res.rows:,} rows, {res.bytes:,} bytes) and "
+               f"{res.snapshots} snapshots to {lake_path} as shard {shard}{note}")
+
+
+@lake.command("sql")
+@click.argument("query")
+@_engine_options
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True)
+def lake_sql(query, lake_path, engine, master, fmt):
+    """Run QUERY over the whole lake: tables as in the collector, plus date, hour and shard columns."""
+    from gpuagent.collector.lake.engines import open_engine
+    from gpuagent.collector.lake.layout import LakeError
+    from gpuagent.collector.views.client import format_result
+    from gpuagent.collector.views.result import QueryResult
+
+    try:
+        src = open_engine(engine, lake_path, master)
+    except LakeError as exc:
+        raise click.ClickException(str(exc)) from None
+    try:
+        table = src.arrow(query)
+    except Exception as exc:  # noqa: BLE001 - the engine's own message names the problem
+        raise click.ClickException(f"the query failed on {engine}: {str(exc).strip().splitlines()[0]}") from None
+    finally:
+        src.close()
+    rows = [[_json_ready(v) for v in row.values()] for row in table.to_pylist()]
+    click.echo(format_result(QueryResult(table.column_names, [str(t) for t in table.schema.types], rows, False), fmt))
+
+
+def _json_ready(v):
+    import datetime as dt
+    import decimal
+
+    if isinstance(v, (dt.datetime, dt.date)):
+        return v.isoformat(sep=" ") if isinstance(v, dt.datetime) else v.isoformat()
+    if isinstance(v, decimal.Decimal):
+        return float(v)
+    return v
+
+
+@lake.command("baselines")
+@_engine_options
+@click.option("--lookback", default=None, help="Probe runs this far back from now (default: the config's "
+              "baseline_lookback, 24h).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              help="The shards' collector TOML config: its [analyzer] windows, min_runs and baseline_lookback.")
+@click.option("--db", "db_paths", multiple=True, type=click.Path(dir_okay=False),
+              help="Also write the baselines into this stopped collector's database (repeatable).")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def lake_baselines(lake_path, engine, master, lookback, config_path, db_paths, fmt):
+    """What needs the whole fleet, published for every shard: bare-metal baselines per hardware class
+    (fleet_baselines) and each class's median noise (the noisy-neighbor peers)."""
+    import json
+    from dataclasses import replace
+
+    from gpuagent.collector.analysis.analyzer import AnalyzerError, parse_duration
+    from gpuagent.collector.lake.engines import open_engine
+    from gpuagent.collector.lake.fleet import (compute_baselines, compute_noise_medians, publish_baselines,
+                                               publish_noise_medians, write_baselines_to_db)
+    from gpuagent.collector.lake.layout import LakeError
+    from gpuagent.common.timeutil import utc_now
+
+    config = _analyzer_config(config_path, None)
+    try:
+        if lookback:
+            config = replace(config, baseline_lookback_s=parse_duration(lookback))
+        now = utc_now()
+        src = open_engine(engine, lake_path, master)
+        try:
+            rows = compute_baselines(src, now=now, lookback_s=config.baseline_lookback_s)
+            noise = compute_noise_medians(src, config, now=now)
+        finally:
+            src.close()
+        where = publish_baselines(src.lake, rows)
+        noise_where = publish_noise_medians(src.lake, noise)
+        for path in db_paths:
+            write_baselines_to_db(path, rows)
+    except (LakeError, AnalyzerError) as exc:
+        raise click.ClickException(str(exc)) from None
+    if fmt == "json":
+        click.echo(json.dumps({"baselines": rows, "noise_medians": noise}, default=str, indent=2))
+    else:
+        for r in rows:
+            click.echo(f"{r['class_label']} | {r['component']} | {r['params_key'] or '-'}: {r['baseline']:.6g} "
+                       f"({r['nodes']} nodes, {r['runs']} runs)")
+        for r in noise:
+            click.echo(f"noise {r['component']} | {r['peer_key']}: median CV {r['fleet_cv']:.4g} ({r['nodes']} nodes)")
+    click.echo(f"{len(rows)} baselines written to {where}" + (f" and {len(db_paths)} database(s)" if db_paths else "")
+               + f"; {len(noise)} class noise medians to {noise_where}", err=fmt == "json")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -240,3 +240,95 @@ class Nvml:
         if self.available:
             self.query("nvmlShutdown")
             self.available = False
+
+
+# GPM metrics (nvml.h, nvmlGpmMetricId_t; Hopper and newer): agent metric name, metric id, factor to
+# the agent's unit. Percentages stay percentages; throughputs come in MiB/s and go out in bytes/s.
+_MIB = 1024.0 * 1024.0
+GPM_METRICS: tuple[tuple[str, int, float], ...] = (
+    ("gpu_sm_active_percent", 2, 1.0),          # NVML_GPM_METRIC_SM_UTIL: share of SMs busy
+    ("gpu_sm_occupancy_percent", 3, 1.0),       # NVML_GPM_METRIC_SM_OCCUPANCY: warps active vs the maximum
+    ("gpu_tensor_active_percent", 5, 1.0),      # NVML_GPM_METRIC_ANY_TENSOR_UTIL
+    ("gpu_dram_active_percent", 10, 1.0),       # NVML_GPM_METRIC_DRAM_BW_UTIL: DRAM bandwidth vs its peak
+    ("gpu_gpm_pcie_tx_bytes_per_s", 20, _MIB),  # NVML_GPM_METRIC_PCIE_TX_PER_SEC (MiB/s)
+    ("gpu_gpm_pcie_rx_bytes_per_s", 21, _MIB),
+    ("gpu_gpm_nvlink_rx_bytes_per_s", 60, _MIB),  # NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC (MiB/s)
+    ("gpu_gpm_nvlink_tx_bytes_per_s", 61, _MIB),
+)
+
+
+class Gpm:
+    """GPM through the seam: two samples per (GPU, GPU instance), and each :meth:`read` takes a new
+    one and returns the metrics over the interval since the previous one (None on the first read).
+
+    ``supported(i)`` asks nvmlGpmQueryDeviceSupport once per GPU; a GPU without GPM (before Hopper,
+    vGPU guests, old drivers or bindings) is reported once, and the caller falls back to the
+    utilization counters. Under MIG, device-level samples are not used: ``read(i, gi)`` samples one
+    GPU instance with nvmlGpmMigSampleGet.
+    """
+
+    def __init__(self, nvml: Nvml) -> None:
+        self.nvml = nvml
+        self._supported: dict[int, bool] = {}
+        # key -> [previous sample, current sample, have_previous, the metrics-get structure (reused)]
+        self._slots: dict[tuple[int, int | None], list[Any]] = {}
+        self._struct = nvml.const("c_nvmlGpmMetricsGet_t", None)
+        self._version = nvml.const("NVML_GPM_METRICS_GET_VERSION", 1)
+
+    def supported(self, i: int) -> bool:
+        got = self._supported.get(i)
+        if got is None:
+            n = self.nvml
+            info = n.query("nvmlGpmQueryDeviceSupport", n.handle(i), gpu=i, report=False)
+            got = bool(info is not None and int(getattr(info, "isSupportedDevice", 0)) and self._struct is not None)
+            if not got:
+                n.mark_unsupported("nvmlGpmSampleGet", i, "GPM is not supported (needs Hopper or newer, a "
+                                   "driver and binding with GPM); activity comes from the utilization counters")
+            self._supported[i] = got
+        return got
+
+    def read(self, i: int, gpu_instance: int | None = None) -> dict[str, float] | None:
+        """Metric name -> value since the previous read of this GPU (instance); None when there is no
+        previous sample yet or NVML refused."""
+        n = self.nvml
+        key = (i, gpu_instance)
+        slot = self._slots.get(key)
+        if slot is None:
+            a = n.query("nvmlGpmSampleAlloc", gpu=i)
+            b = n.query("nvmlGpmSampleAlloc", gpu=i)
+            if a is None or b is None:
+                return None
+            mg = self._struct()           # ~25 KB (room for every metric id): built once per GPU (instance)
+            mg.version = self._version
+            mg.numMetrics = len(GPM_METRICS)
+            for k, (_, mid, _) in enumerate(GPM_METRICS):
+                mg.metrics[k].metricId = mid
+            slot = self._slots[key] = [a, b, False, mg]
+        prev, cur, have_prev, mg = slot
+        if gpu_instance is None:
+            got = n.query("nvmlGpmSampleGet", n.handle(i), cur, gpu=i)
+        else:
+            got = n.query("nvmlGpmMigSampleGet", n.handle(i), gpu_instance, cur, gpu=i)
+        if got is None:
+            slot[2] = False
+            return None
+        slot[0], slot[1], slot[2] = cur, prev, True       # the new sample is the next read's previous one
+        if not have_prev:
+            return None
+        mg.sample1, mg.sample2 = prev, cur
+        res = n.query("nvmlGpmMetricsGet", mg, gpu=i)
+        if res is None:
+            return None
+        out = {}
+        metrics = res.metrics
+        for k, (name, _, factor) in enumerate(GPM_METRICS):
+            m = metrics[k]
+            if m.nvmlReturn == 0:
+                out[name] = m.value * factor
+        return out
+
+    def close(self) -> None:
+        for prev, cur, _, _ in self._slots.values():
+            self.nvml.query("nvmlGpmSampleFree", prev)
+            self.nvml.query("nvmlGpmSampleFree", cur)
+        self._slots.clear()

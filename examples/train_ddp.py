@@ -4,6 +4,9 @@ Run it with torchrun (2 processes on this machine)::
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 examples/train_ddp.py --steps 60
 
+``--duration-s`` trains until that much time has passed instead of a fixed step count (the ranks agree
+on when to stop). ``--read-file PATH`` gives the loader heavy I/O phases of its own: every
+``--read-every`` batches it reads ``--read-mb`` MB of PATH from disk (page cache dropped first).
 ``--data-sleep-ms`` slows the (synthetic) data loader on purpose, so the agent should see the
 data-wait fraction rise. ``--no-tracker`` runs the same job without the tracker (passive metrics only).
 The data is random tensors: the job exists to produce real steps, not a useful model.
@@ -31,12 +34,36 @@ import gpuagent.jobs
 class SyntheticLoader:
     """Random batches; sleeps ``sleep_s`` before each one to stand in for a slow input pipeline."""
 
-    def __init__(self, steps: int, batch_size: int, features: int, sleep_s: float, seed: int) -> None:
+    def __init__(self, steps: int, batch_size: int, features: int, sleep_s: float, seed: int,
+                 read_file: str = "", read_mb: int = 0, read_every: int = 0) -> None:
         self.steps, self.batch_size, self.features, self.sleep_s = steps, batch_size, features, sleep_s
         self.gen = torch.Generator().manual_seed(seed)
+        self.read_file, self.read_bytes, self.read_every = read_file, read_mb << 20, read_every
+
+    def _read_phase(self) -> None:
+        """Read read_mb MB of the file from disk: drop its cached pages first so the read is real I/O."""
+        fd = os.open(self.read_file, os.O_RDONLY)
+        try:
+            if hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            left = self.read_bytes
+            while left > 0:
+                chunk = os.read(fd, min(left, 1 << 20))
+                if not chunk:
+                    os.lseek(fd, 0, os.SEEK_SET)
+                    if hasattr(os, "posix_fadvise"):
+                        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                    continue
+                left -= len(chunk)
+        finally:
+            os.close(fd)
 
     def __iter__(self):
-        for _ in range(self.steps):
+        i = 0
+        while self.steps <= 0 or i < self.steps:
+            if self.read_file and self.read_every > 0 and i % self.read_every == 0:
+                self._read_phase()
+            i += 1
             if self.sleep_s > 0:
                 time.sleep(self.sleep_s)
             x = torch.randn(self.batch_size, self.features, generator=self.gen)
@@ -50,6 +77,10 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--features", type=int, default=256)
     ap.add_argument("--hidden", type=int, default=512)
+    ap.add_argument("--duration-s", type=float, default=0.0, help="train this long instead of --steps")
+    ap.add_argument("--read-file", default="", help="the loader reads this file in phases (real disk I/O)")
+    ap.add_argument("--read-mb", type=int, default=64, help="MB read per I/O phase")
+    ap.add_argument("--read-every", type=int, default=200, help="batches between I/O phases")
     ap.add_argument("--data-sleep-ms", type=float, default=0.0, help="sleep before each batch (slow input)")
     ap.add_argument("--name", default="train_ddp_example", help="job name reported to the agent")
     ap.add_argument("--no-tracker", action="store_true", help="run without gpuagent.jobs")
@@ -64,7 +95,9 @@ def main() -> None:
         nn.Sequential(nn.Linear(args.features, args.hidden), nn.ReLU(), nn.Linear(args.hidden, 10)))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     loss_fn = nn.CrossEntropyLoss()
-    batches = SyntheticLoader(args.steps, args.batch_size, args.features, args.data_sleep_ms / 1000.0, seed=rank)
+    batches = SyntheticLoader(0 if args.duration_s > 0 else args.steps, args.batch_size, args.features,
+                              args.data_sleep_ms / 1000.0, seed=rank, read_file=args.read_file,
+                              read_mb=args.read_mb, read_every=args.read_every)
 
     dist.barrier()
     # The integration: one line to create the tracker, one call per step (wrap_loader is optional
@@ -75,8 +108,14 @@ def main() -> None:
         batches = tracker.wrap_loader(batches)
 
     own_steps: list[float] = []   # the job's own step times, from the same starting point
-    prev = time.perf_counter()
+    prev = t_start = time.perf_counter()
     for x, y in batches:
+        if args.duration_s > 0 and len(own_steps) % 20 == 0:
+            # Every rank must take the same number of steps: stop when any rank's time is up.
+            done = torch.tensor([float(time.perf_counter() - t_start >= args.duration_s)])
+            dist.all_reduce(done, op=dist.ReduceOp.MAX)
+            if done.item() > 0:
+                break
         opt.zero_grad(set_to_none=True)
         loss = loss_fn(model(x), y)
         loss.backward()

@@ -11,11 +11,17 @@ events per step on the current stream, one when the batch is ready and one at th
 reads them back later with ``Event.query()``: the data wait is then the time the GPU sat idle
 between the previous step's end and this step's data-ready point. No call here synchronises the
 device.
+
+MFU: a script that declares the model FLOPs of one step on this rank (``flops_per_step``), or of one
+token (``flops_per_token``, multiplied by the tokens each step reports), lets the agent report model
+FLOPs utilization against the GPU's dense BF16 peak (gpuagent.common.gpu_peaks). The declaration
+travels once, in the hello; the hot path is unchanged.
 """
 
 from __future__ import annotations
 
 import atexit
+import math
 import os
 import random
 import socket
@@ -41,7 +47,10 @@ class Tracker:
 
     def __init__(self, name: str | None = None, samples_per_step: int = 0, tokens_per_step: int = 0,
                  *, socket_path: str | None = None, flush_interval_s: float = 0.1,
-                 retry_s: float = 5.0, cuda: bool | None = None, rank: int | None = None) -> None:
+                 retry_s: float = 5.0, cuda: bool | None = None, rank: int | None = None,
+                 flops_per_step: float = 0.0, flops_per_token: float = 0.0) -> None:
+        self.flops_per_step = _flops("flops_per_step", flops_per_step)
+        self.flops_per_token = _flops("flops_per_token", flops_per_token)
         ident = read_own_identity()
         self.job_id = ident.job_id
         self.source = ident.source
@@ -336,7 +345,19 @@ class Tracker:
 
     def _hello(self) -> bytes:
         return wire.encode_hello(self.pid, self.rank, self.local_rank, self.world_size, self._tracker_id,
-                                 self.job_id, self.job_name, self.source)
+                                 self.job_id, self.job_name, self.source, self.flops_per_step,
+                                 self.flops_per_token)
+
+
+def _flops(name: str, value: Any) -> float:
+    """A declared FLOP count (0: none); anything but a finite number >= 0 is refused at setup."""
+    try:
+        v = float(value or 0)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number of FLOPs, not {value!r}") from None
+    if not math.isfinite(v) or v < 0:
+        raise ValueError(f"{name} must be a finite number of FLOPs >= 0, not {value!r}")
+    return v
 
 
 class _StepContext:
@@ -358,7 +379,9 @@ def track(name: str | None = None, samples_per_step: int = 0, tokens_per_step: i
     """Start tracking this process's training steps; see :class:`Tracker` for ``options``.
 
     ``samples_per_step``/``tokens_per_step`` are what one call of ``step()`` processed on this rank
-    (override per call with ``step(samples=..., tokens=...)``).
+    (override per call with ``step(samples=..., tokens=...)``). ``flops_per_step=`` (model FLOPs of one
+    step on this rank, forward + backward) or ``flops_per_token=`` (e.g. 6 x parameters for a dense
+    transformer; needs tokens per step) turn on MFU in ``job_steps`` and ``gpuagent status``.
     """
     return Tracker(name, samples_per_step, tokens_per_step, **options)
 

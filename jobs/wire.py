@@ -7,6 +7,8 @@ HELLO (sent once per connect; tells the agent who is sending)::
     header  <IBBH  magic "GAJ1", kind=1, version=1, 0
     body    <iiiiI  pid, rank, local_rank, world_size, tracker_id
     then three strings, each <H length + UTF-8: job_id, job_name, source
+    then, optionally, <dd  flops_per_step, flops_per_token (what the script declared for MFU; 0: not
+    declared). A hello without them (a tracker from before MFU) decodes with both 0.
 
 STEPS (one datagram carries 1..MAX_RECORDS step records of one tracker)::
 
@@ -42,6 +44,7 @@ RECORD = struct.Struct("<QqqqQQ")
 STEPS_PREFIX = HEADER.size + STEPS_BODY.size
 MAX_STEPS_BYTES = STEPS_PREFIX + MAX_RECORDS * RECORD.size
 _LEN = struct.Struct("<H")
+HELLO_FLOPS = struct.Struct("<dd")
 
 DEFAULT_SOCKET = "/run/gpuagent/jobs.sock"
 SOCKET_ENV = "GPUAGENT_JOBS_SOCKET"
@@ -56,13 +59,15 @@ def socket_path(environ=None) -> str:
 
 
 def encode_hello(pid: int, rank: int, local_rank: int, world_size: int, tracker_id: int,
-                 job_id: str, job_name: str, source: str) -> bytes:
+                 job_id: str, job_name: str, source: str, flops_per_step: float = 0.0,
+                 flops_per_token: float = 0.0) -> bytes:
     parts = [HEADER.pack(MAGIC, KIND_HELLO, VERSION, 0),
              HELLO_BODY.pack(pid, rank, local_rank, world_size, tracker_id)]
     for text in (job_id, job_name, source):
         raw = text.encode("utf-8")[:1024]
         parts.append(_LEN.pack(len(raw)))
         parts.append(raw)
+    parts.append(HELLO_FLOPS.pack(float(flops_per_step), float(flops_per_token)))
     return b"".join(parts)
 
 
@@ -97,9 +102,16 @@ def decode(data: bytes):
                 raise WireError("hello datagram truncated")
             texts.append(bytes(data[off:off + n]).decode("utf-8", errors="replace"))
             off += n
+        flops_per_step = flops_per_token = 0.0
+        rest = len(data) - off
+        if rest >= HELLO_FLOPS.size:
+            flops_per_step, flops_per_token = HELLO_FLOPS.unpack_from(data, off)
+        elif rest:
+            raise WireError("hello datagram truncated")
         return "hello", {"pid": pid, "rank": rank, "local_rank": local_rank,
                          "world_size": world_size, "tracker_id": tracker_id,
-                         "job_id": texts[0], "job_name": texts[1], "source": texts[2]}
+                         "job_id": texts[0], "job_name": texts[1], "source": texts[2],
+                         "flops_per_step": _finite(flops_per_step), "flops_per_token": _finite(flops_per_token)}
     if kind == KIND_BYE:
         if len(data) != off + STEPS_BODY.size:
             raise WireError("bye datagram has the wrong length")
@@ -113,3 +125,8 @@ def decode(data: bytes):
         records = list(RECORD.iter_unpack(memoryview(data)[STEPS_PREFIX:]))
         return "steps", {"pid": pid, "rank": rank, "tracker_id": tracker_id, "records": records}
     raise WireError(f"unknown datagram kind {kind}")
+
+
+def _finite(v: float) -> float:
+    """A declared FLOP count: positive and finite, else 0 (not declared)."""
+    return v if v > 0 and v != float("inf") else 0.0

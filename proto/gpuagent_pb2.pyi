@@ -239,7 +239,7 @@ class JobSample(_message.Message):
     def __init__(self, ts_ns: _Optional[int] = ..., job_id: _Optional[str] = ..., job_name: _Optional[str] = ..., source: _Optional[str] = ..., pid: _Optional[int] = ..., rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., world_size: _Optional[int] = ..., gpu: _Optional[int] = ..., gpu_util_percent: _Optional[float] = ..., gpu_memory_bytes: _Optional[float] = ..., cpu_percent: _Optional[float] = ..., rss_bytes: _Optional[float] = ..., read_bytes_per_s: _Optional[float] = ..., write_bytes_per_s: _Optional[float] = ..., attrs: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class JobStep(_message.Message):
-    __slots__ = ("ts_ns", "job_id", "job_name", "rank", "window_s", "steps", "step_time_p50_s", "step_time_p95_s", "step_time_max_s", "steps_per_s", "samples_per_s", "tokens_per_s", "data_wait_fraction", "pid", "step_time_mean_s")
+    __slots__ = ("ts_ns", "job_id", "job_name", "rank", "window_s", "steps", "step_time_p50_s", "step_time_p95_s", "step_time_max_s", "steps_per_s", "samples_per_s", "tokens_per_s", "data_wait_fraction", "pid", "step_time_mean_s", "model_flops_per_s", "peak_flops_per_s", "mfu")
     TS_NS_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -255,6 +255,9 @@ class JobStep(_message.Message):
     DATA_WAIT_FRACTION_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     STEP_TIME_MEAN_S_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FLOPS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    PEAK_FLOPS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    MFU_FIELD_NUMBER: _ClassVar[int]
     ts_ns: int
     job_id: str
     job_name: str
@@ -270,7 +273,10 @@ class JobStep(_message.Message):
     data_wait_fraction: float
     pid: int
     step_time_mean_s: float
-    def __init__(self, ts_ns: _Optional[int] = ..., job_id: _Optional[str] = ..., job_name: _Optional[str] = ..., rank: _Optional[int] = ..., window_s: _Optional[float] = ..., steps: _Optional[int] = ..., step_time_p50_s: _Optional[float] = ..., step_time_p95_s: _Optional[float] = ..., step_time_max_s: _Optional[float] = ..., steps_per_s: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., data_wait_fraction: _Optional[float] = ..., pid: _Optional[int] = ..., step_time_mean_s: _Optional[float] = ...) -> None: ...
+    model_flops_per_s: float
+    peak_flops_per_s: float
+    mfu: float
+    def __init__(self, ts_ns: _Optional[int] = ..., job_id: _Optional[str] = ..., job_name: _Optional[str] = ..., rank: _Optional[int] = ..., window_s: _Optional[float] = ..., steps: _Optional[int] = ..., step_time_p50_s: _Optional[float] = ..., step_time_p95_s: _Optional[float] = ..., step_time_max_s: _Optional[float] = ..., steps_per_s: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., data_wait_fraction: _Optional[float] = ..., pid: _Optional[int] = ..., step_time_mean_s: _Optional[float] = ..., model_flops_per_s: _Optional[float] = ..., peak_flops_per_s: _Optional[float] = ..., mfu: _Optional[float] = ...) -> None: ...
 
 class Event(_message.Message):
     __slots__ = ("ts_ns", "kind", "gpu", "message", "value", "attrs")

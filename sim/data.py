@@ -28,7 +28,7 @@ from gpuagent.proto import pb
 from gpuagent.proto.wire import length_delimited, varint
 
 NS = 1_000_000_000
-IDLE, BUSY, NO_JOB = 1, 0, 2
+IDLE, BUSY, NO_JOB, BUSY_IDLE = 1, 0, 2, 3
 
 HOST_METRICS = (
     ("cpu_user_percent", ()), ("cpu_system_percent", ()), ("cpu_iowait_percent", ()),
@@ -37,7 +37,9 @@ HOST_METRICS = (
     ("psi_memory_some_avg10_percent", ()), ("disk_read_latency_ms", (("device", "nvme0n1"),)),
 )
 GPU_METRICS_FULL = ("gpu_util_percent", "gpu_memory_used_bytes", "gpu_power_watts", "gpu_temperature_celsius")
-GPU_METRIC_SETS = {"full": GPU_METRICS_FULL, "util": ("gpu_util_percent",)}
+# util_gpm: utilization plus GPM SM activity, as an agent on a Hopper GPU sends them
+GPU_METRIC_SETS = {"full": GPU_METRICS_FULL, "util": ("gpu_util_percent",),
+                   "util_gpm": ("gpu_util_percent", "gpu_sm_active_percent")}
 
 # Nominal node-level probe values that do not depend on the GPU model (a local NVMe, a modern x86 host).
 STORAGE = {"seq_read_gbps": 6.5, "seq_write_gbps": 3.2, "rand_read_iops": 750_000.0,
@@ -119,12 +121,14 @@ class NodeSim:
         self.gpus = node.gpu_count
         span_s = (timing.end_ns - timing.start_ns) / NS
         self.minutes = max(1, int(np.ceil(span_s / 60.0)))
-        # Per-minute state from a minute-of-hour pattern: idle block, then no-job block, rest busy.
+        # Per-minute state from a minute-of-hour pattern: idle block, busy-but-idle block, no-job block, rest busy.
         phase = int(rng.integers(60))
         moh = (np.arange(self.minutes) + phase) % 60
         n_idle = int(round(node.fraction("idle_fraction") * 60))
+        n_bi = int(round(node.fraction("busy_idle_fraction") * 60))
         n_nojob = int(round(node.fraction("no_job_fraction") * 60))
-        self.state = np.where(moh < n_idle, IDLE, np.where(moh < n_idle + n_nojob, NO_JOB, BUSY))
+        self.state = np.where(moh < n_idle, IDLE, np.where(moh < n_idle + n_bi, BUSY_IDLE,
+                                                           np.where(moh < n_idle + n_bi + n_nojob, NO_JOB, BUSY)))
         self.noisy = node.noise_cv >= 0.10
         self.episode = (rng.random(self.minutes) < 0.3) if self.noisy else np.zeros(self.minutes, bool)
         self.f_in = node.fraction("input_bound_fraction")
@@ -140,6 +144,7 @@ class NodeSim:
             length_delimited(1, pb.Series(id=i, metric=m, gpu=g, labels=lbl).SerializeToString())
             for i, (m, g, lbl) in enumerate(self.series))
         self.job_id = f"synthetic:{node.hostname}:{node.job_name}"
+        self.fabric = None      # a sim.fabric.NodeFabric when the run simulates fabric probes
 
     # ------------------------------------------------------------------ Register
 
@@ -177,7 +182,14 @@ class NodeSim:
         """GPU utilization for a (ticks, gpus) state array."""
         busy = self.base_util * (1.0 - self.f_in) + rng.normal(0.0, 3.0, state.shape)
         idle = rng.uniform(0.0, 2.0, state.shape)
-        return np.clip(np.where(state == BUSY, busy, np.where(state == IDLE, idle, 0.0)), 0.0, 100.0)
+        # busy but idle inside: the counter reads like a busy GPU (some kernel always runs)
+        return np.clip(np.where((state == BUSY) | (state == BUSY_IDLE), busy, np.where(state == IDLE, idle, 0.0)),
+                       0.0, 100.0)
+
+    def _sm_active(self, state: np.ndarray, util: np.ndarray, rng) -> np.ndarray:
+        """GPM SM activity: 70-90 % of the utilization counter when working, 1-5 % when busy but idle."""
+        working = util * rng.uniform(0.7, 0.9, state.shape)
+        return np.clip(np.where(state == BUSY_IDLE, rng.uniform(1.0, 5.0, state.shape), working), 0.0, 100.0)
 
     def samples(self, ts_ns: np.ndarray) -> np.ndarray:
         """Values of shape (ticks, series) for the given tick timestamps."""
@@ -197,11 +209,23 @@ class NodeSim:
         psi_io = np.clip(0.3 + 20.0 * self.f_in * busy + 8.0 * ep + n(0.2), 0, 100)
         psi_mem = np.clip(0.1 + 3.0 * ep + n(0.05), 0, 100)
         disk_lat = 0.12 * rng.lognormal(0.0, 0.2, T) + 2.0 * ep
+        # Each value with the precision of the real source (docs: the sim is SYNTHETIC, its precision is not):
+        # /proc/stat percentages are ratios of whole jiffies (USER_HZ 100, 192 logical CPUs, 1 s tick);
+        # /proc/pressure prints avg10 with two decimals; a /proc/diskstats latency is whole ms over whole I/Os.
+        jiffies = 192 * 100.0
+        user, system, iowait, steal = (np.round(x * jiffies / 100.0) * 100.0 / jiffies
+                                       for x in (user, system, iowait, steal))
+        idle = np.clip(100.0 - user - system - iowait - steal, 0, 100)
+        psi_cpu, psi_io, psi_mem = (np.round(x, 2) for x in (psi_cpu, psi_io, psi_mem))
+        ios = rng.poisson(2000.0, T) + 1
+        disk_lat = np.round(disk_lat * ios) / ios
         cols = [user, system, iowait, steal, idle, psi_cpu, psi_io, psi_mem, disk_lat]
         stg = np.repeat(st[:, None], self.gpus, axis=1)
         util = self._util(stg, rng)
         m = self.model
         per_gpu = {"gpu_util_percent": util}
+        if "gpu_sm_active_percent" in self.gpu_metrics:
+            per_gpu["gpu_sm_active_percent"] = self._sm_active(stg, util, rng)
         if "gpu_memory_used_bytes" in self.gpu_metrics:
             held = (stg != NO_JOB)
             per_gpu["gpu_memory_used_bytes"] = np.where(held, 0.86 * m.memory_bytes, 0.6 * (1 << 30)) \
@@ -210,6 +234,12 @@ class NodeSim:
                 m.idle_power_watts + (m.power_limit_watts - m.idle_power_watts) * 0.92 * util / 100.0
                 + rng.normal(0.0, 8.0, stg.shape), 0.0, m.power_limit_watts)
             per_gpu["gpu_temperature_celsius"] = 33.0 + 0.4 * util + rng.normal(0.0, 0.7, stg.shape)
+            # NVML: memory in whole bytes, power in whole mW (reported here in W), temperature in whole °C.
+            per_gpu["gpu_memory_used_bytes"] = np.round(per_gpu["gpu_memory_used_bytes"])
+            per_gpu["gpu_power_watts"] = np.round(per_gpu["gpu_power_watts"] * 1000.0) / 1000.0
+            per_gpu["gpu_temperature_celsius"] = np.round(per_gpu["gpu_temperature_celsius"])
+        # NVML reports utilization as a whole percent.
+        per_gpu["gpu_util_percent"] = np.round(util)
         out = np.empty((T, len(self.series)), dtype=np.float64)
         out[:, :len(cols)] = np.column_stack(cols)
         k = len(cols)
@@ -355,6 +385,8 @@ class NodeSim:
         ts = ts[ts < t1]
         values = self.samples(ts)
         probes = self.probe_results(t0, t1)
+        if self.fabric is not None:
+            probes += self.fabric.results(t0, t1)
         jsamples, jsteps = self.job_rows(t0, t1)
         events = []
         if first:

@@ -13,6 +13,12 @@ Injected conditions (names and semantics follow docs/FLAGS.md "Simulator injecti
   healthy nodes use :data:`HEALTHY_CV`. Noisy nodes also get bursts of CPU steal (virtualized) and PSI.
 - ``idle_fraction``: the job holds the GPUs but they sit at ~0 % utilization for this share of each hour.
 - ``no_job_fraction``: no job holds the GPUs for this share of each hour.
+- ``busy_idle_fraction``: "busy but idle inside": the job holds the GPUs and NVML utilization reads busy
+  (a kernel is always running) while GPM SM activity (``gpu_sm_active_percent``, sent with
+  ``--gpu-metrics util_gpm``) is 1-5 % for this share of each hour.
+- ``net_factor`` (0 < f <= 1; with ``--fabric-sweeps``): every fabric link of the node runs at f x the
+  healthy rate (a bad NIC, cable or port). A bad path between two nodes is the label ``inject_net_links``
+  ("peer-host:factor,...", :mod:`gpuagent.sim.fabric`).
 - ``input_bound_fraction``: job steps report ``data_wait_fraction = f`` and GPU utilization is scaled by
   ``1 - f``.
 
@@ -44,8 +50,8 @@ VIRT_COMPONENTS: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
     "steal": ("host", (("cpu_steal_percent", "points"),)),
 }
 
-FRACTIONS = ("idle_fraction", "no_job_fraction", "input_bound_fraction")
-INJECT_KEYS = (tuple(f"virt_penalty_{c}" for c in VIRT_COMPONENTS) + ("noise_cv",) + FRACTIONS)
+FRACTIONS = ("idle_fraction", "no_job_fraction", "input_bound_fraction", "busy_idle_fraction")
+INJECT_KEYS = (tuple(f"virt_penalty_{c}" for c in VIRT_COMPONENTS) + ("noise_cv",) + FRACTIONS + ("net_factor",))
 HEALTHY_CV = 0.02
 
 
@@ -158,10 +164,14 @@ def validate(node: NodeSpec) -> NodeSpec:
                 raise ScenarioError(f"{node.hostname}: {key} must be between 0 and 95 percent, got {v:g}")
         elif key == "noise_cv" and not 0 <= v <= 1:
             raise ScenarioError(f"{node.hostname}: noise_cv must be between 0 and 1, got {v:g}")
+        elif key == "net_factor" and not 0 < v <= 1:
+            raise ScenarioError(f"{node.hostname}: net_factor must be in (0, 1], got {v:g}")
         elif key in FRACTIONS and not 0 <= v <= 1:
             raise ScenarioError(f"{node.hostname}: {key} must be between 0 and 1, got {v:g}")
     if node.fraction("idle_fraction") + node.fraction("no_job_fraction") > 1:
         raise ScenarioError(f"{node.hostname}: idle_fraction + no_job_fraction must not exceed 1")
+    if node.fraction("idle_fraction") + node.fraction("no_job_fraction") + node.fraction("busy_idle_fraction") > 1:
+        raise ScenarioError(f"{node.hostname}: idle_fraction + no_job_fraction + busy_idle_fraction must not exceed 1")
     if not node.virt_type:
         node = replace(node, virt_type="kvm" if node.virtualized else "none")
     return node

@@ -42,6 +42,7 @@ import grpc
 from gpuagent.common.retry import REFUSED, RETRYABLE, STREAM_METHOD, Backoff
 from gpuagent.proto import pb, pb_grpc
 from gpuagent.sim.data import GPU_METRIC_SETS, NS, Cadence, NodeSim, SimTiming
+from gpuagent.sim.fabric import FabricSim, NodeFabric, link_factors
 from gpuagent.sim.fleet import GPU_MODELS, NodeSpec, ScenarioError, load_scenario_file, scenario_fleet, validate
 
 AGENT_VERSION = "gpuagent-sim/0.1.0 (SYNTHETIC)"
@@ -75,6 +76,9 @@ class SimConfig(Cadence):
     end_ns: int | None = None             # backfill end (default: now); fixes timestamps for tests
     connect_timeout_s: float = 15.0
     retries: int = 3
+    fabric_sweeps: int = 0                # full pair-wise net_pair sweeps per pool over the span (0: none)
+    fabric_gbits: float = 25.0            # a healthy link's SYNTHETIC rate, Gbit/s each way
+    fabric_scope: str = "pool"            # node label whose values the pairs never cross (the [fabric] scope_key)
 
 
 @dataclass
@@ -150,6 +154,8 @@ def validate_config(config: SimConfig) -> None:
         (config.step_window_s > 0, "--step-window-s must be positive"),
         (config.streams >= 1 and config.procs >= 1, "--streams and --procs must be at least 1"),
         (config.gpu_metrics in GPU_METRIC_SETS, f"--gpu-metrics must be one of {', '.join(sorted(GPU_METRIC_SETS))}"),
+        (config.fabric_sweeps >= 0, "--fabric-sweeps must not be negative"),
+        (config.fabric_gbits > 0, "--fabric-gbits must be positive"),
         (config.gpu_model in GPU_MODELS, f"--gpu-model must be one of {', '.join(sorted(GPU_MODELS))}"),
     ]
     for ok, msg in checks:
@@ -163,8 +169,9 @@ def validate_config(config: SimConfig) -> None:
 class _Runner:
     """Drives a slice of the fleet from one event loop and one channel."""
 
-    def __init__(self, config: SimConfig, start_ns: int, end_ns: int, live: bool):
+    def __init__(self, config: SimConfig, start_ns: int, end_ns: int, live: bool, fabric=None):
         self.c = config
+        self.fabric = fabric    # (FabricSim, schedule, {hostname: NodeSpec}, node ids, link factors) or None
         self.timing = SimTiming.over(config, start_ns, end_ns)
         self.live = live
         self.summary = SimSummary(sim_start_ns=start_ns, sim_end_ns=end_ns)
@@ -194,6 +201,9 @@ class _Runner:
         s = self.summary
         s.nodes += 1
         sim = NodeSim(node, self.timing, seed=self.c.seed)
+        if self.fabric is not None:
+            fs, schedule, by_host, ids, links = self.fabric
+            sim.fabric = NodeFabric(fs, node.hostname, schedule.get(node.hostname, []), by_host, ids, links)
         try:
             async with self.sem:
                 if self.fatal:
@@ -280,8 +290,42 @@ class _Runner:
             self.fatal = f"cannot reach the collector at {self.c.collector}: {exc.details()}"
 
 
-def _run_slice(config: SimConfig, fleet: list[NodeSpec], start_ns: int, end_ns: int, live: bool) -> SimSummary:
-    return asyncio.run(_Runner(config, start_ns, end_ns, live).run(fleet))
+def _run_slice(config: SimConfig, fleet: list[NodeSpec], start_ns: int, end_ns: int, live: bool,
+               fabric=None) -> SimSummary:
+    return asyncio.run(_Runner(config, start_ns, end_ns, live, fabric).run(fleet))
+
+
+async def _register_all(config: SimConfig, fleet: list[NodeSpec], start_ns: int) -> dict[str, str]:
+    """{hostname: node_id}: fabric results name both ends by the collector's node ids."""
+    metadata = (("authorization", f"Bearer {config.token}"),) if config.token else None
+    timing = SimTiming.over(config, start_ns, start_ns + NS)
+    async with grpc.aio.insecure_channel(config.collector) as channel:
+        try:
+            await asyncio.wait_for(channel.channel_ready(), config.connect_timeout_s)
+        except asyncio.TimeoutError:
+            raise SimError(f"cannot reach the collector at {config.collector} "
+                           f"within {config.connect_timeout_s:g} s") from None
+        register = pb_grpc.CollectorStub(channel).Register
+        sem = asyncio.Semaphore(config.streams)
+
+        async def one(node: NodeSpec) -> tuple[str, str]:
+            async with sem:
+                try:
+                    resp = await register(NodeSim(node, timing, seed=config.seed).register_request(AGENT_VERSION),
+                                          metadata=metadata, timeout=60)
+                except grpc.aio.AioRpcError as exc:
+                    raise SimError(f"{node.hostname}: Register failed: {exc.code().name}: {exc.details()}") from None
+            return node.hostname, resp.node_id
+
+        return dict(await asyncio.gather(*(one(n) for n in fleet)))
+
+
+def _fabric_inputs(config: SimConfig, fleet: list[NodeSpec], start_ns: int, end_ns: int):
+    links = link_factors(fleet)
+    ids = asyncio.run(_register_all(config, fleet, start_ns))
+    fs = FabricSim(sweeps=config.fabric_sweeps, gbits=config.fabric_gbits, seed=config.seed,
+                   scope_key=config.fabric_scope)
+    return fs, fs.schedule(fleet, start_ns, end_ns), {n.hostname: n for n in fleet}, ids, links
 
 
 def run_sim(config: SimConfig, fleet: list[NodeSpec] | None = None) -> SimSummary:
@@ -298,15 +342,16 @@ def run_sim(config: SimConfig, fleet: list[NodeSpec] | None = None) -> SimSummar
         raise ScenarioError("the fleet has no nodes")
     start_ns, end_ns, live = _span(config)
     wall0 = time.monotonic()
+    fabric = _fabric_inputs(config, fleet, start_ns, end_ns) if config.fabric_sweeps else None
     procs = max(1, min(config.procs, len(fleet)))
     if procs == 1:
-        summary = _run_slice(config, fleet, start_ns, end_ns, live)
+        summary = _run_slice(config, fleet, start_ns, end_ns, live, fabric)
     else:
         slices = [fleet[i::procs] for i in range(procs)]
         summary = SimSummary(sim_start_ns=start_ns, sim_end_ns=end_ns)
         ctx = multiprocessing.get_context("spawn")  # never fork a process that may hold gRPC state
         with ProcessPoolExecutor(max_workers=procs, mp_context=ctx) as ex:
-            futures = [ex.submit(_run_slice, config, sl, start_ns, end_ns, live) for sl in slices]
+            futures = [ex.submit(_run_slice, config, sl, start_ns, end_ns, live, fabric) for sl in slices]
             for f in futures:
                 summary.merge(f.result())
     summary.pools = dict(Counter(n.pool for n in fleet))
@@ -360,6 +405,12 @@ _DEFAULTS = SimConfig()
 @click.option("--prefix", default=_DEFAULTS.prefix, help="hostname prefix (sim-0001, ...)")
 @click.option("--connect-timeout", "connect_timeout_s", type=float, default=_DEFAULTS.connect_timeout_s,
               help="seconds to wait for the collector to answer")
+@click.option("--fabric-sweeps", type=int, default=_DEFAULTS.fabric_sweeps,
+              help="SYNTHETIC net_pair sweeps (every pair of each pool) over the span, reported by both ends")
+@click.option("--fabric-gbits", type=float, default=_DEFAULTS.fabric_gbits,
+              help="a healthy link's SYNTHETIC rate, Gbit/s each way")
+@click.option("--fabric-scope", default=_DEFAULTS.fabric_scope,
+              help="node label whose values fabric pairs never cross (e.g. a rack label)")
 @click.option("--dry-run", is_flag=True, help="print the fleet and its injections, send nothing")
 @click.option("--json", "as_json", is_flag=True, help="print the summary as JSON")
 def main(dry_run: bool, as_json: bool, **kw) -> None:

@@ -11,6 +11,7 @@ computations are deterministic. Tests can also flip throttle bits and inject XID
 
 from __future__ import annotations
 
+import ctypes
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -58,10 +59,12 @@ class FakeNvmlBackend:
         self.lost: set[int] = set()
         self.pcie_throughput_calls = 0
         self._pending_events = [dict(e) for e in doc.get("events", [])]
+        self._gpm_samples: dict[int, Any] = {}     # sample address -> (buffer, taken: (gpu, gi, us) | None)
 
     # Constants and error classes come from the real binding.
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("NVML") or name.startswith("nvmlEventType") or name.startswith("nvmlClocks"):
+        if (name.startswith("NVML") or name.startswith("nvmlEventType") or name.startswith("nvmlClocks")
+                or name.startswith("c_nvmlGpm")):
             return getattr(pynvml, name)
         raise AttributeError(name)
 
@@ -282,6 +285,67 @@ class FakeNvmlBackend:
         if not samples:
             raise _err(pynvml.NVML_ERROR_NOT_FOUND)
         return samples
+
+    # GPM (nvml.h "GPM"): SYNTHETIC values from the fixture's "gpm"/"gpm_mig" keys, see its _sources
+    _GPM_KEYS = {2: "sm_active", 3: "sm_occupancy", 5: "tensor_active", 10: "dram_active"}
+
+    def nvmlGpmQueryDeviceSupport(self, h):
+        g = self._g(h, "nvmlGpmQueryDeviceSupport")
+        return SimpleNamespace(version=1, isSupportedDevice=1 if ("gpm" in g or "gpm_mig" in g) else 0)
+
+    def nvmlGpmSampleAlloc(self):
+        buf = ctypes.create_string_buffer(16)
+        ptr = ctypes.cast(buf, pynvml.c_nvmlGpmSample_t)
+        self._gpm_samples[ctypes.addressof(buf)] = [buf, None]
+        return ptr
+
+    def nvmlGpmSampleFree(self, sample):
+        self._gpm_samples.pop(ctypes.cast(sample, ctypes.c_void_p).value, None)
+
+    def _gpm_take(self, h, gi, sample, fn):
+        g = self._g(h, fn)
+        mig = g["mig_mode"] is not None and g["mig_mode"][0] == 1
+        if ("gpm" not in g and "gpm_mig" not in g) or (mig and gi is None):
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if gi is not None and (not mig or str(gi) not in g.get("gpm_mig", {})):
+            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        slot = self._gpm_samples.get(ctypes.cast(sample, ctypes.c_void_p).value)
+        if slot is None:
+            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        slot[1] = (h.index, gi, self.now_us)
+        return sample
+
+    def nvmlGpmSampleGet(self, h, sample):
+        return self._gpm_take(h, None, sample, "nvmlGpmSampleGet")
+
+    def nvmlGpmMigSampleGet(self, h, gpu_instance_id, sample):
+        return self._gpm_take(h, int(gpu_instance_id), sample, "nvmlGpmMigSampleGet")
+
+    def nvmlGpmMetricsGet(self, mg):
+        self.calls["nvmlGpmMetricsGet"] = self.calls.get("nvmlGpmMetricsGet", 0) + 1
+        if mg.version != pynvml.NVML_GPM_METRICS_GET_VERSION:
+            raise _err(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        a = self._gpm_samples.get(ctypes.cast(mg.sample1, ctypes.c_void_p).value)
+        b = self._gpm_samples.get(ctypes.cast(mg.sample2, ctypes.c_void_p).value)
+        if not a or not b or a[1] is None or b[1] is None or a[1][:2] != b[1][:2] or b[1][2] <= a[1][2]:
+            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)   # two samples of one GPU, the second later
+        gpu, gi, _ = b[1]
+        g = self.gpus[gpu]
+        vals = g["gpm_mig"][str(gi)] if gi is not None else g["gpm"]
+        # throughputs in MiB/s, from the same rates the counters grow at (under MIG: none per instance)
+        rates = {} if gi is not None else {
+            20: g["pcie_tx_kb_per_s"] / 1024.0, 21: g["pcie_rx_kb_per_s"] / 1024.0,
+            60: g["nvlink_rx_kib_per_s"] / 1024.0, 61: g["nvlink_tx_kib_per_s"] / 1024.0}
+        for k in range(mg.numMetrics):
+            m = mg.metrics[k]
+            key = self._GPM_KEYS.get(m.metricId)
+            if key is not None and key in vals:
+                m.value, m.nvmlReturn = float(vals[key]), pynvml.NVML_SUCCESS
+            elif m.metricId in rates:
+                m.value, m.nvmlReturn = rates[m.metricId], pynvml.NVML_SUCCESS
+            else:
+                m.value, m.nvmlReturn = 0.0, pynvml.NVML_ERROR_NOT_SUPPORTED
+        return mg
 
     # events
     def nvmlEventSetCreate(self):

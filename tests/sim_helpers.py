@@ -27,12 +27,22 @@ FLEET_SPEC = [
     ("cloud-b", True, 2.9, {"input_bound_fraction": 0.45}),
 ]
 GPUS = 4
+# With fabric=True (the shared fleet database): cloud-a's links run at 0.6 x the 25 Gbit/s of the others,
+# and the path between sim-0001 and sim-0002 (bare metal) at 0.3 x.
+FABRIC_SWEEPS, FABRIC_GBITS, CLOUD_A_NET, BAD_LINK = 3, 25.0, 0.6, ("sim-0001", "sim-0002", 0.3)
 
 
-def fleet() -> list[NodeSpec]:
-    return [validate(NodeSpec(i, f"sim-{i + 1:04d}", pool, virt, gpu_count=GPUS, price_per_gpu_hour=price,
-                              provider=pool, inject=inject))
-            for i, (pool, virt, price, inject) in enumerate(FLEET_SPEC)]
+def fleet(fabric: bool = False) -> list[NodeSpec]:
+    out = []
+    for i, (pool, virt, price, inject) in enumerate(FLEET_SPEC):
+        host, labels = f"sim-{i + 1:04d}", {}
+        if fabric and pool == "cloud-a":
+            inject = {**inject, "net_factor": CLOUD_A_NET}
+        if fabric and host == BAD_LINK[0]:
+            labels = {"inject_net_links": f"{BAD_LINK[1]}:{BAD_LINK[2]}"}
+        out.append(validate(NodeSpec(i, host, pool, virt, gpu_count=GPUS, price_per_gpu_hour=price,
+                                     provider=pool, inject=inject, extra_labels=labels)))
+    return out
 
 
 @dataclass
@@ -58,8 +68,8 @@ def fleet_db(tmp_path_factory) -> FleetDb:
     try:
         local_run.wait_port(port, proc, tmp / "collector.log")
         cfg = SimConfig(collector=f"127.0.0.1:{port}", token=TOKEN, sim_hours=2.0, interval_s=10.0,
-                        batch_s=600.0, seed=7, streams=8)
-        summary = run_sim(cfg, fleet())
+                        batch_s=600.0, seed=7, streams=8, fabric_sweeps=FABRIC_SWEEPS, fabric_gbits=FABRIC_GBITS)
+        summary = run_sim(cfg, fleet(fabric=True))
         assert summary.nodes_ok == len(FLEET_SPEC), summary.errors
         via_target = run_compare(None, f"127.0.0.1:{port}", window="24h", fmt="json", token=TOKEN)
         report_via_target = tmp / "report-via-target.html"
@@ -69,5 +79,5 @@ def fleet_db(tmp_path_factory) -> FleetDb:
     from gpuagent.collector.analysis.analyzer import analyze_db  # noqa: PLC0415
 
     analyze_db(str(db))
-    _CACHE["fleet"] = FleetDb(db, summary, fleet(), via_target, report_via_target)
+    _CACHE["fleet"] = FleetDb(db, summary, fleet(fabric=True), via_target, report_via_target)
     return _CACHE["fleet"]

@@ -87,15 +87,53 @@ def test_incremental_rollup_equals_full_group_by_including_late_rows(con):
     assert [r[5] for r in jf] == pytest.approx([r[5] for r in jr])
 
 
-def test_rollup_rebuilds_when_the_source_shrinks(con):
-    S.add_samples(con, [(NOW - dt.timedelta(seconds=s), "synthetic-a", None, "load1", "", 1.0) for s in range(120)])
+def _synthetic_minutes(con, first_minute, minutes, per_minute, salt):
+    """``per_minute`` SYNTHETIC rows in each of ``minutes`` minutes, 4 GPU series, whole-number values
+    (so sums are exact in any order)."""
+    con.execute("""INSERT INTO samples
+                   SELECT ?::TIMESTAMP + to_minutes(r // ?) + to_microseconds((r % ?) * (60000000 // ?)),
+                          'synthetic-a', (r % 4)::SMALLINT, 'gpu_util_percent', '', ((r * 7919 + ?) % 101)::DOUBLE
+                   FROM range(?::BIGINT) t(r)""",
+                [first_minute, per_minute, per_minute, per_minute, salt, minutes * per_minute])
+
+
+def _rollup_rows(con, where="TRUE", params=()):
+    return con.execute(f"SELECT minute, node_id, gpu, metric, labels, n, sum, avg, min, max FROM samples_1m "
+                       f"WHERE {where} ORDER BY ALL", list(params)).fetchall()
+
+
+def test_rollup_keeps_deleted_minutes_and_rebuilds_the_rest_after_rowids_renumber(con):
+    # Retention deletes raw rows but keeps their 1-minute rollups (issue #13), so a shrinking source no
+    # longer empties samples_1m: the minutes whose raw rows are gone stay as rolled up, and the minutes raw
+    # still holds must come out exactly as a full GROUP BY, even when DuckDB renumbered rowids under the
+    # watermark and the table has since grown past it again.
     an = A.Analyzer()
-    A.run_in_transaction(con, an.rollup)
-    con.execute("DELETE FROM samples")
+    m0 = NOW - dt.timedelta(minutes=5)
+    _synthetic_minutes(con, m0, 5, 60_000, 1)                                    # minutes m0..m0+4
+    assert A.run_in_transaction(con, an.rollup) == 300_000
+    lo = con.execute("SELECT last_rowid FROM rollup_watermarks WHERE source = 'samples'").fetchone()[0]
+    cut = m0 + dt.timedelta(minutes=2)
+    kept = _rollup_rows(con, "minute < ?", [cut])
+    assert len(kept) == 2 * 4 and sum(r[5] for r in kept) == 120_000
+
+    con.execute("DELETE FROM samples WHERE ts < ?", [cut])                       # as retention does
     con.execute("CHECKPOINT")
-    S.add_samples(con, [(NOW, "synthetic-a", None, "load1", "", 5.0)])
-    A.run_in_transaction(con, an.rollup)
-    assert con.execute("SELECT sum(n), max(max) FROM samples_1m").fetchone() == (1, 5.0)
+    assert con.execute("SELECT min(rowid), max(rowid), count(*) FROM samples").fetchone() == (0, 179_999, 180_000)
+    _synthetic_minutes(con, m0 + dt.timedelta(minutes=3), 1, 50_000, 2)          # late rows for a rolled-up minute
+    _synthetic_minutes(con, NOW, 1, 100_000, 3)                                  # a new minute
+    hi, count = con.execute("SELECT max(rowid), count(*) FROM samples").fetchone()
+    # Past the old watermark again, by exactly as much as the count grew: only the row at the watermark
+    # tells that rowids moved.
+    assert hi > lo and hi - lo == count - 300_000
+
+    assert A.run_in_transaction(con, an.rollup) == 330_000                      # every raw row still held
+    assert _rollup_rows(con, "minute < ?", [cut]) == kept
+    full = con.execute("""SELECT date_trunc('minute', ts), node_id, gpu, metric, labels, count(value), sum(value),
+                                 avg(value), min(value), max(value)
+                          FROM samples GROUP BY ALL ORDER BY ALL""").fetchall()
+    assert _rollup_rows(con, "minute >= ?", [cut]) == full and len(full) == 4 * 4
+    assert con.execute("SELECT sum(n) FROM samples_1m").fetchone()[0] == 300_000 + 50_000 + 100_000
+    assert A.run_in_transaction(con, an.rollup) == 0
 
 
 # ----------------------------------------------------------------------------------------- virtualization_overhead
@@ -305,6 +343,35 @@ def test_utilization_gap_components_and_cost(con):
     assert "GPU 1 was held by job-idle but under 10 % busy for 45 of 60 held minutes: 0.75 GPU-h lost (2.25 at 3.00/GPU-h in pool cloud-a)" in idle["sentence"]
     assert nojob["value"] == pytest.approx(40 / 60)
     assert inp["value"] == pytest.approx(0.5) and "50 % of step time waits for data" in inp["sentence"]
+
+
+def test_utilization_gap_uses_gpm_sm_activity(con):
+    """SYNTHETIC rows: GPU 0's utilization counter says 97 % but GPM says 4 % of its SMs were busy (held-idle
+    in effect); GPU 1 is 97 % with 80 % SM activity (busy); GPU 2 has no GPM and 97 % utilization (busy by the
+    counter); GPU 3 is a MIG GPU whose only SM activity is per GPU instance (labelled), which the whole-GPU
+    judgement must not use."""
+    S.add_node(con, "synthetic-gpm", virtualized=False, gpu_count=4, pool="cloud-a", price_per_gpu_hour=2.0)
+    samples, jobs = [], []
+    for m in range(30):
+        t = NOW - dt.timedelta(minutes=30 - m, seconds=-5)
+        for g in range(4):
+            samples.append((t, "synthetic-gpm", g, "gpu_util_percent", "", 97.0))
+            jobs.append((t, "synthetic-gpm", f"job-{g}", g, 97.0))
+        samples += [(t, "synthetic-gpm", 0, "gpu_sm_active_percent", "", 4.0),
+                    (t, "synthetic-gpm", 1, "gpu_sm_active_percent", "", 80.0),
+                    (t, "synthetic-gpm", 3, "gpu_sm_active_percent", "gpu_instance=1", 3.0)]
+    S.add_samples(con, samples)
+    S.add_job_samples(con, jobs)
+    run(con)
+    got = {(f["gpu"], f["component"]): f for f in flags(con, "utilization_gap")}
+    assert set(got) == {(0, "held_idle")}
+    f = got[(0, "held_idle")]
+    ev = json.loads(f["evidence"])
+    assert ev["held_sm_active_percent"] == pytest.approx(4.0) and ev["held_gpu_util_percent"] == pytest.approx(97.0)
+    assert ev["busy_but_idle_minutes"] == 30 and ev["activity_source"] == "gpm_sm_active"
+    assert f["value"] == pytest.approx(30 / 60)
+    assert ("under 10 % busy for 30 of 30 held minutes (SM activity 4 % by GPM, utilization counter 97 %; "
+            "busy but idle inside for 30 min)") in f["sentence"]
 
 
 def test_input_bound_from_host_iowait_without_step_data(con):

@@ -110,3 +110,23 @@ def test_prepared_tables_have_the_declared_columns_and_types():
         assert got is not None, decl.name
         types = [f.type.value_type if isinstance(f.type, pa.DictionaryType) else f.type for f in got.schema]
         assert (got.schema.names, types) == (decl.names, [c.type for c in decl.columns]), decl.name
+
+
+def test_a_collector_killed_right_after_migrating_opens_again(tmp_path):
+    """The migrations' DDL must not be left in the WAL: DuckDB 1.5.6 cannot replay an ALTER TABLE of a table
+    with a DEFAULT nextval column (007 adds flags.finding_id), so a kill before the first checkpoint used to
+    leave a file that would not open."""
+    import subprocess
+    import sys
+
+    db = tmp_path / "c.duckdb"
+    code = ("import os, sys, duckdb\n"
+            "from gpuagent.collector.store import schema\n"
+            "con = duckdb.connect(sys.argv[1])\n"
+            "con.execute(\"SET checkpoint_threshold = '1GB'\")\n"
+            "schema.migrate(con)\n"
+            "os._exit(0)\n")          # no close, no checkpoint at exit: what SIGKILL leaves behind
+    subprocess.run([sys.executable, "-c", code, str(db)], check=True)
+    with duckdb.connect(str(db)) as con:
+        assert schema.current_version(con) == schema.LATEST_VERSION
+        assert "finding_id" in [r[0] for r in con.execute("DESCRIBE flags").fetchall()]

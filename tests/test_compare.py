@@ -7,12 +7,13 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 
 import pytest
 from click.testing import CliRunner
 
 from gpuagent.collector.views.compare import DbSource, compare_pools, run_compare
-from sim_helpers import GPUS, fleet_db
+from sim_helpers import BAD_LINK, CLOUD_A_NET, FABRIC_GBITS, FABRIC_SWEEPS, GPUS, fleet_db
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +64,33 @@ def test_pools_side_by_side_match_the_injections(fx):
     assert a["nodes_flagged_percent"] == 100.0
 
 
+def test_inter_node_bandwidth_and_latency_per_pool(fx):
+    """SYNTHETIC net_pair sweeps (sim_helpers): cloud-a's links run at 0.6 x, one bare-metal path at 0.3 x."""
+    doc = json.loads(run_compare(str(fx.db), None, window="24h", fmt="json"))
+    bare, a, b = (_pool(doc, p) for p in ("bare-metal", "cloud-a", "cloud-b"))
+    # Every pair within a pool once per sweep, each run counted once though both ends report it.
+    assert (bare["links"], a["links"], b["links"]) == (3, 3, 1)
+    assert (bare["link_runs"], a["link_runs"], b["link_runs"]) == (3 * FABRIC_SWEEPS, 3 * FABRIC_SWEEPS,
+                                                                   FABRIC_SWEEPS)
+    assert bare["link_gbits_median"] == pytest.approx(FABRIC_GBITS, rel=0.06)
+    assert bare["link_gbits_p10"] == pytest.approx(FABRIC_GBITS * BAD_LINK[2], rel=0.1)   # the bad path
+    assert a["link_gbits_median"] == pytest.approx(FABRIC_GBITS * CLOUD_A_NET, rel=0.06)
+    assert a["link_gbits_vs_reference_percent"] == pytest.approx(-40, abs=5)
+    assert b["link_gbits_median"] == pytest.approx(FABRIC_GBITS, rel=0.06)
+    # the simulator's queueing: rtt / sqrt(rate factor) -> cloud-a ~1.29 x bare metal's
+    assert a["link_rtt_p50_us"] / bare["link_rtt_p50_us"] == pytest.approx(CLOUD_A_NET ** -0.5, rel=0.08)
+
+    text = run_compare(str(fx.db), None, fmt="table")
+    row = next(line for line in text.splitlines() if line.startswith("inter-node Gbit/s"))
+    cells = re.findall(r"([0-9.]+) \[([0-9.]+)\], (\d) links? ?(?:\(([-+]\d+)%\))?", row)
+    assert [(n, pct and -45 <= int(pct) <= -35) for _, _, n, pct in cells] == [("3", ""), ("3", True), ("1", False)]
+    assert "inter-node rtt p50 (median)" in text
+    rows = list(csv.DictReader(io.StringIO(run_compare(str(fx.db), None, fmt="csv"))))
+    got = {r["pool"]: float(r["value"]) for r in rows if r["section"] == "pool" and r["field"] == "link_gbits_median"}
+    assert got == pytest.approx({"bare-metal": bare["link_gbits_median"], "cloud-a": a["link_gbits_median"],
+                                 "cloud-b": b["link_gbits_median"]})
+
+
 def test_live_collector_and_file_agree(fx):
     via_target = json.loads(fx.compare_via_target_json)
     via_file = json.loads(run_compare(str(fx.db), None, window="24h", fmt="json"))
@@ -73,6 +101,8 @@ def test_live_collector_and_file_agree(fx):
     for p in via_target["pools"]:
         assert p["effective_util_percent"] == pytest.approx(_pool(via_file, p["pool"])["effective_util_percent"],
                                                             rel=1e-6)
+        for k in ("link_runs", "links", "link_gbits_median", "link_rtt_p50_us"):
+            assert p[k] == pytest.approx(_pool(via_file, p["pool"])[k]), k
 
 
 def test_formats_and_reference_pool(fx):

@@ -95,6 +95,27 @@ def test_full_sweep_measures_every_pair_in_n_minus_1_rounds(fabric_fleet):
         assert recs[0]["metrics"]["send_gbits_per_s"] == recs[1]["metrics"]["send_gbits_per_s"] > 0
     assert "secret" not in str([r["params"] for _, s in clients.values() for r in s.rows])
 
+    # What `gpuagent status` shows of each node: its 3 runs, newest first, as its end measured them.
+    from gpuagent.agent import status as st
+    for node_id, (client, sink) in clients.items():
+        fab = client.fabric_status()
+        assert fab.address == "127.0.0.1" and fab.stream_open and fab.stream_error == ""
+        assert fab.counts == {"accepted": 3, "result:ok": 3} and fab.last_message_ns > 0
+        assert [r.ended_ns for r in fab.recent] == sorted((r.ended_ns for r in fab.recent), reverse=True)
+        mine = {rec["params"]["pair_id"]: rec for rec in sink.rows}
+        assert {r.pair_id for r in fab.recent} == set(mine) and len(fab.recent) == 3
+        for run in fab.recent:
+            rec = mine[run.pair_id]
+            peer = rec["params"]["node_b"] if rec["params"]["node_a"] == node_id else rec["params"]["node_a"]
+            assert (run.peer, run.role, run.status) == (peer, rec["env"]["role"], "ok")
+            assert (run.send_gbits_per_s, run.recv_gbits_per_s, run.rtt_p50_us) == (
+                rec["metrics"]["send_gbits_per_s"], rec["metrics"]["recv_gbits_per_s"], rec["metrics"]["rtt_p50_us"])
+        # the status file's JSON form reads back to the same section
+        assert st._load(st.FabricStatus, json.loads(json.dumps(st._dump(fab))), "fabric") == fab
+        text = "\n".join(st._render_fabric(fab, time.time_ns()))
+        assert "peers reach this node at 127.0.0.1  assignments stream open" in text
+        assert all(r.peer[:20] in text for r in fab.recent) and text.count("  ok  ") == 3
+
 
 def test_busy_end_gives_skipped_with_reason_and_others_carry_on(fabric_fleet):
     col, add, clients = fabric_fleet

@@ -174,7 +174,12 @@ def bed(tmp_path_factory):
 
 def test_full_sweep_measures_every_pair_within_n_minus_1_rounds(bed):
     first = bed.wait_rounds(0, 3)
-    # Round 0 may start before the last agent attached; the first round with all 4 nodes starts a sweep.
+    # The first rounds may start before the last agent attached (under load, several of them); the first
+    # round with all 4 nodes starts a sweep.
+    end = time.monotonic() + 90
+    while not any(len(pairs) == 2 for _r, pairs in bed.rounds()):
+        assert time.monotonic() < end, f"no round with all 4 nodes in 90 s: {bed.rounds()[-3:]}"
+        bed.wait_rounds(bed.next_round(), 1)
     start = next(r for r, pairs in bed.rounds() if len(pairs) == 2)
     sweep = bed.wait_rounds(start, 3)
     pairs = [(a, b, st) for _r, ps in sweep for a, b, st in ps]
@@ -195,6 +200,30 @@ def test_full_sweep_measures_every_pair_within_n_minus_1_rounds(bed):
     assert len(by_link) == 6 and all(ends == set(link) for link, ends in by_link.items())
     names = {r["hostname"] for r in bed.sql("SELECT hostname FROM nodes")}
     assert names == {bed.fleet.node(n).hostname for n in AGENTS}
+
+    # `gpuagent status` on each node shows its last fabric runs, the values its end reported.
+    rows = bed.sql("SELECT pair_id, node_a, node_b, reported_by, status, send_gbits_per_s, recv_gbits_per_s, "
+                   "rtt_p50_us FROM link_results WHERE reported_by <> 'collector'")
+    stored = {(r["pair_id"], r["reported_by"]): r for r in rows}
+    for name in AGENTS:
+        me = bed.ids[name]
+        out = subprocess.run([sys.executable, "-m", "gpuagent.agent.cli", "status", "--json",
+                              "--state-dir", str(bed.tmp / name)], capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert out.returncode == 0, out.stderr
+        fab = json.loads(out.stdout)["fabric"]
+        assert fab["stream_open"] and fab["address"] == bed.fleet.node(name).ip
+        assert len(fab["recent"]) >= 3 and fab["counts"]["result:ok"] >= 3
+        for run in fab["recent"]:
+            row = stored.get((run["pair_id"], me))
+            if row is None:          # a run that ended after the query above
+                continue
+            assert run["peer"] == (row["node_b"] if row["node_a"] == me else row["node_a"])
+            assert run["role"] == ("connect" if row["node_a"] == me else "listen")
+            for k in ("send_gbits_per_s", "recv_gbits_per_s", "rtt_p50_us"):
+                assert run[k] == pytest.approx(row[k]), (name, k)
+        text = subprocess.run([sys.executable, "-m", "gpuagent.agent.cli", "status", "--state-dir",
+                               str(bed.tmp / name)], capture_output=True, text=True, timeout=60, cwd=ROOT).stdout
+        assert f"Fabric    peers reach this node at {bed.fleet.node(name).ip}" in text
 
 
 def test_node_throttled_to_a_quarter_opens_network_degraded_node_for_it_only(bed):

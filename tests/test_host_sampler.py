@@ -57,6 +57,9 @@ def test_synthetic_pair_exact_values(tmp_path):
     n = (("nic", "eth0"),)
     assert m[("net_rx_bytes_per_s", n)] == 1_000_000 and m[("net_tx_bytes_per_s", n)] == 500_000
     assert m[("net_rx_errors_per_s", n)] == 3 and m[("net_rx_drops_per_s", n)] == 2
+    assert m[("net_tx_drops_per_s", n)] == 5
+    assert m[("net_tcp_out_segs_per_s", ())] == 10_000 and m[("net_tcp_retrans_segs_per_s", ())] == 30
+    assert m[("net_tcp_retrans_percent", ())] == pytest.approx(0.3)
     assert not any(dict(k[1]).get("nic") == "lo" for k in m)
     assert m[("psi_cpu_some_avg10_percent", ())] == 20.0
     assert m[("psi_cpu_some_stall_percent", ())] == pytest.approx(25.0)

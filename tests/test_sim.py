@@ -360,3 +360,22 @@ def test_ctrl_c_mid_backfill_is_one_sentence_and_keeps_what_was_acknowledged(liv
                                             "stay stored; the rest were not sent.")
     stored = _sql(address, "SELECT count(*), count(DISTINCT (node_id, seq)) FROM ingest_log")[0]
     assert stored[0] > 0 and stored[0] == stored[1]
+
+
+def test_busy_idle_injection_reads_busy_on_the_counter_and_idle_on_gpm():
+    """SYNTHETIC: with busy_idle_fraction 0.5 and --gpu-metrics util_gpm, half the hour the GPUs read ~90 %
+    utilization with 1-5 % SM activity; the other half SM activity is 70-90 % of utilization."""
+    node = validate(NodeSpec(index=0, hostname="sim-bi", pool="p", virtualized=False, inject={"busy_idle_fraction": 0.5}))
+    sim = NodeSim(node, _timing(1.0, gpu_metrics="util_gpm"), seed=3)
+    ticks = np.arange(END_NS - 3600 * NS, END_NS, 10 * NS, dtype=np.int64)
+    vals = sim.samples(ticks)
+    col = {(m, g): k for k, (m, g, _) in enumerate(sim.series)}
+    util, sm = vals[:, col[("gpu_util_percent", 0)]], vals[:, col[("gpu_sm_active_percent", 0)]]
+    busy_idle = sm <= 5.0
+    assert 0.45 <= busy_idle.mean() <= 0.55
+    assert util[busy_idle].min() > 70.0 and sm[busy_idle].min() >= 1.0
+    ratio = sm[~busy_idle] / util[~busy_idle]
+    assert ratio.min() >= 0.7 - 1e-9 and ratio.max() <= 0.9 + 1e-9
+    with pytest.raises(ScenarioError, match="busy_idle_fraction must not exceed 1"):
+        validate(NodeSpec(index=1, hostname="sim-x", pool="p", virtualized=False,
+                          inject={"busy_idle_fraction": 0.6, "idle_fraction": 0.5}))

@@ -110,8 +110,16 @@ COMPONENTS: tuple[Component, ...] = (
               "pipe round-trip latency", "us", "µs"),
     Component(_NN, "host_memcpy", "host", "memcpy_gbps", "higher", False, 0.10, 0.20,
               "memcpy bandwidth", "gbps", "GB/s"),
+    # a fabric link's rate over its runs (61_link_variance.sql reads link_results, not probe_metrics)
+    Component(_NN, "link", "net_pair", "link_gbits", "higher", False, 0.10, 0.20,
+              "fabric link rate", "gbps", "Gbit/s"),
     Component(_NN, "step_time", "job_steps", "step_time_p50_s", "lower", False, 0.10, 0.20,
               "training step time", "s", "s"),
+    # Passive (no tracker): threshold = the fraction of the job's progress lost while contended.
+    Component(_NN, "co_tenant", "job_samples", "job_progress_percent", "higher", False, 0.20, 0.40,
+              "job progress under co-tenant CPU use", "fraction", ""),
+    Component(_NN, "hypervisor", "job_samples", "job_progress_percent", "higher", False, 0.20, 0.40,
+              "job progress under CPU steal", "fraction", ""),
 )
 
 
@@ -163,6 +171,8 @@ class AnalyzerConfig:
     min_fleet_nodes: int = 3
     corroboration_steal_percent: float = 1.0
     corroboration_psi_percent: float = 10.0
+    neighbour_cpu_percent: float = 25.0   # % of one core a neighbour must add over its usual level
+    job_warmup_s: float = 10.0            # a passively seen job's start-up (imports, rendezvous) is not progress
     min_minutes: int = 10
     idle_util_percent: float = 10.0
     input_bound_util_percent: float = 70.0
@@ -184,11 +194,14 @@ class AnalyzerConfig:
     @classmethod
     def from_mapping(cls, doc: Mapping[str, Any]) -> "AnalyzerConfig":
         """Build from a parsed collector TOML document; unknown keys are one clear error."""
-        # [fabric]: coordinator.py; [auth]: collector/cli.py (serve)
-        unknown = sorted(set(doc) - {"analyzer", "baselines", "pricing", "metrics", "fabric", "auth"})
+        # [fabric]: fabric/coordinator.py; [auth]: collector/cli.py (serve); [storage]: store/maintenance.py;
+        # [lake]: lake/export.py and store/maintenance.py.
+        unknown = sorted(set(doc) - {"analyzer", "baselines", "pricing", "metrics", "fabric", "auth", "storage",
+                                     "lake"})
         if unknown:
             raise AnalyzerError(f"unknown table or key {unknown[0]!r} in the collector config (expected "
-                                "[analyzer], [[baselines.declared]], [pricing], [metrics], [fabric] and [auth])")
+                                "[analyzer], [[baselines.declared]], [pricing], [metrics], [fabric], [auth], "
+                                "[storage] and [lake])")
         for table in ("analyzer", "baselines", "pricing"):
             if not isinstance(doc.get(table, {}), Mapping):
                 raise AnalyzerError(f"[{table}] in the collector config must be a table")
@@ -366,11 +379,47 @@ class PassResult:
                 "step_s": {k: round(v, 4) for k, v in self.step_s.items()}}
 
 
+def _row_key(con, source: str, rowid: int) -> int | None:
+    row = con.execute(f"SELECT hash(s) FROM {source} s WHERE rowid = ?", [rowid]).fetchone()
+    return None if row is None else int(row[0])
+
+
+def watermark_of(con, source: str) -> tuple[int, int, int | None]:
+    """(max rowid, row count, hash of the row at max rowid) of a rollup source, as a watermark."""
+    hi, count = con.execute(f"SELECT max(rowid), count(*) FROM {source}").fetchone()
+    hi = -1 if hi is None else int(hi)
+    return hi, int(count), (_row_key(con, source, hi) if hi >= 0 else None)
+
+
+def set_watermark(con, source: str, hi: int, count: int, key: int | None) -> None:
+    con.execute("INSERT OR REPLACE INTO rollup_watermarks (source, last_rowid, updated_at, last_count, last_key) "
+                "VALUES (?, ?, ?, ?, ?)", [source, hi, utc_now(), count, key])
+
+
+def renumbered_since(con, source: str, lo: int, last_count, last_key, hi: int, count: int) -> bool:
+    """Whether rowids moved since the watermark (lo, last_count, last_key) was set.
+
+    DuckDB renumbers rowids when a checkpoint vacuums deleted rows. Appends alone keep the row at ``lo``
+    and grow max(rowid) and count(*) together; after a renumbering the row at ``lo`` is another row (or
+    none), and when the watermark was taken with gaps, max(rowid) and count(*) drift apart.
+    """
+    if hi < lo:
+        return True
+    if last_count is not None and hi - lo != count - int(last_count):
+        return True
+    return last_key is not None and _row_key(con, source, lo) != int(last_key)
+
+
 class Analyzer:
     """Runs analysis passes on a connection that may write (the writer's)."""
 
-    def __init__(self, config: AnalyzerConfig | None = None):
+    def __init__(self, config: AnalyzerConfig | None = None,
+                 baselines_loader: Callable[[Any, dt.datetime], int] | None = None):
+        """``baselines_loader(con, now)``, when given, fills fleet_baselines (and the class noise medians,
+        _nn_fleet_lake) in place of the baseline step: a shard of a larger fleet takes what needs the whole
+        fleet from the lake (collector/lake/fleet.py)."""
         self.config = config or AnalyzerConfig()
+        self.baselines_loader = baselines_loader
         self.reference = load_reference(self.config.reference_path)
         self.sql = load_sql()
 
@@ -381,13 +430,15 @@ class Analyzer:
         total = 0
         for step in rollup_steps():
             source = step.source
-            row = con.execute(f"SELECT max(rowid), count(*) FROM {source}").fetchone()
-            hi = -1 if row[0] is None else int(row[0])
-            wm = con.execute("SELECT last_rowid FROM rollup_watermarks WHERE source = ?", [source]).fetchone()
+            hi, count, key = watermark_of(con, source)
+            wm = con.execute("SELECT last_rowid, last_count, last_key FROM rollup_watermarks WHERE source = ?",
+                             [source]).fetchone()
             lo = -1 if wm is None else int(wm[0])
-            if hi < lo:
-                # The source shrank (rows deleted and compacted): rebuild this rollup from scratch.
-                con.execute(f"DELETE FROM {source}_1m")
+            if wm is not None and lo >= 0 and renumbered_since(con, source, lo, wm[1], wm[2], hi, count):
+                # Rows were deleted and rowids renumbered behind the watermark: rebuild the minutes the raw
+                # table still holds; older rollup minutes (past raw retention) stay as they are.
+                con.execute(f"DELETE FROM {source}_1m WHERE minute >= "
+                            f"(SELECT date_trunc('minute', min(ts)) FROM {source})")
                 lo = -1
             if hi > lo:
                 bounds = con.execute(
@@ -398,7 +449,7 @@ class Analyzer:
                     for stmt in self.sql[step.name]:
                         _run(con, stmt, params)
                     total += int(bounds[2])
-            con.execute("INSERT OR REPLACE INTO rollup_watermarks VALUES (?, ?, ?)", [source, hi, utc_now()])
+            set_watermark(con, source, hi, count, key)
         return total
 
     # -- flags -------------------------------------------------------------------------------------------
@@ -431,6 +482,9 @@ class Analyzer:
         con.execute("CREATE OR REPLACE TEMP TABLE _pool_prices (pool VARCHAR, price_per_gpu_hour DOUBLE)")
         if cfg.pool_prices:
             con.executemany("INSERT INTO _pool_prices VALUES (?, ?)", list(cfg.pool_prices.items()))
+        # The whole fleet's noise medians per class, for a shard: the lake loader fills it (collector/lake/fleet.py).
+        con.execute("""CREATE OR REPLACE TEMP TABLE _nn_fleet_lake (component VARCHAR, peer_key VARCHAR,
+            fleet_cv DOUBLE, nodes BIGINT)""")
         con.execute("""CREATE OR REPLACE TEMP TABLE _conditions (node_id VARCHAR, gpu SMALLINT, kind VARCHAR,
             component VARCHAR, severity VARCHAR, value DOUBLE, unit VARCHAR, baseline DOUBLE,
             baseline_source VARCHAR, evidence VARCHAR, sentence VARCHAR)""")
@@ -460,6 +514,7 @@ class Analyzer:
             "theoretical_threshold": cfg.theoretical_threshold_percent, "vo_z": cfg.significance_z,
             "min_runs": cfg.min_runs, "noise_k": cfg.noise_k, "min_fleet_nodes": cfg.min_fleet_nodes,
             "corr_steal": cfg.corroboration_steal_percent, "corr_psi": cfg.corroboration_psi_percent,
+            "neighbour_cpu": cfg.neighbour_cpu_percent, "job_warmup_s": cfg.job_warmup_s,
             "min_minutes": cfg.min_minutes, "idle_util": cfg.idle_util_percent,
             "input_util": cfg.input_bound_util_percent, "data_wait": cfg.data_wait_fraction,
             "iowait": cfg.iowait_percent, "cpu_busy": cfg.cpu_busy_percent, "gap_fraction": cfg.gap_fraction,
@@ -479,6 +534,11 @@ class Analyzer:
         counts: dict[str, int] = {}
         step_s: dict[str, float] = {}
         for step in pass_steps():
+            if step.produces == BASELINE and self.baselines_loader is not None:
+                ts = time.perf_counter()
+                self.baselines_loader(con, now)
+                step_s["fleet_baselines (lake)"] = time.perf_counter() - ts
+                continue
             if step.produces == BASELINE and not self._baselines_stale(con, now):
                 continue
             ts = time.perf_counter()
@@ -530,7 +590,8 @@ def run_in_transaction(con, fn: Callable[[Any], Any]):
 
 
 def analyze_db(path: str | Path, config: AnalyzerConfig | None = None,
-               now: dt.datetime | None = None) -> PassResult:
+               now: dt.datetime | None = None,
+               baselines_loader: Callable[[Any, dt.datetime], int] | None = None) -> PassResult:
     """One pass directly on a database file (the collector must be stopped: DuckDB allows one writer).
 
     The file is opened and migrated the way the collector opens it, so the pass runs as it would there.
@@ -545,7 +606,7 @@ def analyze_db(path: str | Path, config: AnalyzerConfig | None = None,
     except db.DatabaseError as exc:
         raise AnalyzerError(f"{exc}{_LIVE_HINT}") from None
     try:
-        analyzer = Analyzer(config)
+        analyzer = Analyzer(config, baselines_loader)
         return run_in_transaction(con, lambda c: analyzer.run_pass(c, now))
     finally:
         con.close()

@@ -231,7 +231,7 @@ class Coordinator:
 
     async def _run_pair(self, a: str, b: str, round_no: int) -> Outcome:
         c = self.config
-        pair = _Pair(f"{self._run_tag}-{next(self._ids)}", a, b)
+        pair = _Pair(f"{self._run_tag}-r{round_no}-{next(self._ids)}", a, b)   # the round is read back by `fabric`
         self._pairs[pair.pair_id] = pair
         started = time.time_ns()
         secret = secrets.token_hex(16)

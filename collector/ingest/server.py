@@ -180,8 +180,10 @@ class CollectorHandle:
         self._lock = threading.Lock()
         self._closed = False
         self.analyzer = None   # the scheduled analysis thread (analyzer.AnalyzerThread), when running
+        self.maintenance = None   # retention, disk guard, compaction (maintenance.MaintenanceThread)
         self.metrics = None    # the /metrics endpoint (views.metrics.MetricsServer), when serving
         self.fabric = None     # the fabric coordinator, when [fabric] is enabled
+        self.exporter = None   # the lake exporter thread (lake/export.ExporterThread), when [lake] enabled
 
     def fabric_sweep(self, timeout: float | None = None):
         """Run one full pair-wise sweep on the collector's loop now; its outcomes."""
@@ -231,8 +233,12 @@ class CollectorHandle:
             grace = self._options.stop_grace_s if grace is None else grace
             self._loop.call_soon_threadsafe(self._stop_event.set)
             self._thread.join(grace + 30)
+        if self.maintenance is not None:
+            self.maintenance.stop()
         if self.metrics is not None:
             self.metrics.stop()
+        if self.exporter is not None:
+            self.exporter.stop()
         if self.analyzer is not None:
             self.analyzer.stop()
         self._writer.stop()
@@ -259,7 +265,7 @@ def start_collector(db_path: str | Path, listen: str = "127.0.0.1:0", token: str
                     reflection: bool = False, limits: Limits = Limits(),
                     options: ServerOptions = ServerOptions(), analyzer_config=None,
                     analyze: bool = True, metrics_listen: str | None = None, fabric=None,
-                    fabric_rounds: bool = True) -> CollectorHandle:
+                    fabric_rounds: bool = True, lake_config=None, maintenance_config=None) -> CollectorHandle:
     """Open the database, start the writer and the gRPC server; return once it listens.
 
     With ``analyze`` (the default) an analysis pass runs every ``analyzer_config.interval_s`` on the writer
@@ -268,6 +274,10 @@ def start_collector(db_path: str | Path, listen: str = "127.0.0.1:0", token: str
 
     ``fabric`` (a collector.fabric.coordinator.FabricConfig with enabled set) serves fabric assignments
     (``handle.fabric``); with ``fabric_rounds`` its sweeps run on their own every ``interval_s``.
+    With ``maintenance_config`` (store/maintenance.py) retention, the disk guard and compaction run too.
+
+    ``lake_config`` (lake/export.LakeConfig) turns on the background lake export and, with
+    ``fleet_baselines``, takes the fleet baselines from the lake.
 
     Raises CollectorError (one sentence) when it cannot start: policy, lock held, bind failure.
     """
@@ -375,14 +385,25 @@ def start_collector(db_path: str | Path, listen: str = "127.0.0.1:0", token: str
     if analyze:
         from gpuagent.collector.analysis import analyzer as an  # noqa: PLC0415
 
+        loader = None
+        if lake_config is not None and lake_config.fleet_baselines:
+            from gpuagent.collector.lake.fleet import LakeBaselineLoader  # noqa: PLC0415
+
+            loader = LakeBaselineLoader(lake_config.path)
         try:
-            analysis = an.Analyzer(analyzer_config)
+            analysis = an.Analyzer(analyzer_config, loader)
         except an.AnalyzerError as exc:
             handle.stop()
             raise CollectorError(str(exc)) from None
         handle.analyzer = an.AnalyzerThread(
             analysis, lambda fn: writer.call(lambda c: an.run_in_transaction(c, fn)).result(),
             on_error=lambda exc: log.error("analysis pass failed: %s", exc)).start()
+    if maintenance_config is not None:
+        from gpuagent.collector.store import maintenance as mt  # noqa: PLC0415
+
+        rollup = handle.analyzer.analyzer.rollup if handle.analyzer is not None else None
+        handle.maintenance = mt.MaintenanceThread(
+            mt.Maintenance(db_path, maintenance_config, rollup), lambda fn: writer.call(fn).result()).start()
     if metrics_listen:
         from gpuagent.collector.views.metrics import MetricsError, start_metrics  # noqa: PLC0415
 
@@ -391,4 +412,18 @@ def start_collector(db_path: str | Path, listen: str = "127.0.0.1:0", token: str
         except MetricsError as exc:
             handle.stop()
             raise CollectorError(str(exc)) from None
+    if lake_config is not None and lake_config.enabled:
+        from gpuagent.collector.lake import export as lx  # noqa: PLC0415
+        from gpuagent.collector.lake.layout import LakeError, open_lake  # noqa: PLC0415
+
+        try:
+            exporter = lx.Exporter(open_lake(lake_config.path, create=True), lake_config.shard_name,
+                                   cursor_factory, lambda fn: writer.call(fn).result(), lake_config.grace_s)
+        except LakeError as exc:
+            handle.stop()
+            raise CollectorError(str(exc)) from None
+        except OSError as exc:
+            handle.stop()
+            raise CollectorError(f"cannot use the lake {lake_config.path}: {exc.strerror or exc}") from None
+        handle.exporter = lx.ExporterThread(exporter, lake_config.interval_s).start()
     return handle

@@ -227,7 +227,13 @@ def _job_step_row(j, node_id: str, created_ns: int, max_ts: int, derived: _Deriv
     derived.job_seen.append((node_id, j.job_id, j.ts_ns, j.job_name or None, None, None))
     return (j.ts_ns, node_id, j.job_id, j.job_name or None, _index_or_none(j.rank), j.pid, j.window_s, j.steps,
             j.step_time_p50_s, j.step_time_p95_s, j.step_time_max_s, j.step_time_mean_s, j.steps_per_s,
-            j.samples_per_s, j.tokens_per_s, j.data_wait_fraction if j.data_wait_fraction >= 0 else None)
+            j.samples_per_s, j.tokens_per_s, j.data_wait_fraction if j.data_wait_fraction >= 0 else None,
+            _positive_or_none(j.model_flops_per_s), _positive_or_none(j.peak_flops_per_s), _positive_or_none(j.mfu))
+
+
+def _positive_or_none(v: float) -> float | None:
+    """MFU fields: 0 (not declared, peak unknown) and non-finite values are NULL."""
+    return v if v > 0 and math.isfinite(v) else None
 
 
 def _event_row(e, node_id: str, created_ns: int, max_ts: int, derived: _Derived) -> tuple:

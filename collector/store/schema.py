@@ -82,4 +82,10 @@ def migrate(con: duckdb.DuckDBPyConnection, target: int | None = None,
             con.execute("ROLLBACK")
             raise
         applied.append(mig.version)
+    if applied:
+        # Fold the schema changes into the file now. DuckDB 1.5.6 cannot replay an ALTER TABLE of a table with
+        # a DEFAULT nextval(...) column from the write-ahead log (007 adds flags.finding_id): a collector
+        # killed before its first checkpoint would not open again ("Calling DatabaseManager::
+        # GetDefaultDatabase with no default database set"). After a checkpoint the WAL holds no DDL.
+        con.execute("CHECKPOINT")
     return applied

@@ -108,10 +108,11 @@ JOB_SAMPLES = Table("job_samples", _cols(
 
 JOB_STEPS = Table("job_steps", _cols(
     "ts node_id job_id job_name rank pid window_s steps step_time_p50_s step_time_p95_s step_time_max_s "
-    "step_time_mean_s steps_per_s samples_per_s tokens_per_s data_wait_fraction",
+    "step_time_mean_s steps_per_s samples_per_s tokens_per_s data_wait_fraction model_flops_per_s peak_flops_per_s mfu",
     ts=TS, node_id=STR, job_id=STR, job_name=STR, rank=I32, pid=I32, window_s=F64, steps=I32,
     step_time_p50_s=F64, step_time_p95_s=F64, step_time_max_s=F64, step_time_mean_s=F64, steps_per_s=F64,
-    samples_per_s=F64, tokens_per_s=F64, data_wait_fraction=F64))
+    samples_per_s=F64, tokens_per_s=F64, data_wait_fraction=F64, model_flops_per_s=F64, peak_flops_per_s=F64,
+    mfu=F64))
 
 EVENTS = Table("events", _cols("ts node_id gpu kind message value attrs",
                                ts=TS, node_id=STR, gpu=I16, kind=STR, message=STR, value=F64, attrs=STR))

@@ -8,10 +8,14 @@ For each pool, over a window that ends at the newest stored data:
 - share of nodes with an open flag, overall and per kind;
 - cost per effective GPU-hour = price paid for the sampled GPU-hours / (GPU-hours × utilization);
 - throughput per GPU for the same job name across pools (median ``tokens_per_s`` / ``samples_per_s`` of
-  a rank's step windows; one rank drives one GPU).
+  a rank's step windows; one rank drives one GPU);
+- inter-node bandwidth and latency: the median ``net_pair`` link rate (a run's slower direction, Gbit/s)
+  and the median rtt p50 over the runs between two nodes of the pool (link_results).
 
-Reads a DuckDB file (read-only) or a live collector through its Query RPC; the SQL below is plain
-DuckDB and runs unchanged either way (only literals, no bind parameters, for the RPC path).
+Reads a DuckDB file (read-only), a live collector through its Query RPC, or the whole fleet's Parquet lake
+on DuckDB or Spark (collector/lake/engines.py). The SQL below is written in what DuckDB and Spark SQL both
+accept (only literals, no bind parameters, for the RPC path); a source's ``dialect`` spells the two things
+that differ, a timestamp's epoch seconds and a timestamp literal.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ import os
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any
+
+from gpuagent.collector.views.dialect import DUCKDB, Dialect
 
 # (probe, metric, better) — the headline metric of each probe (docs/METRICS.md).
 HEADLINE: tuple[tuple[str, str, str], ...] = (
@@ -137,6 +143,8 @@ def open_source(db: str | None, target: str | None, token: str | None = None, tl
 
 
 def has_table(src, name: str) -> bool:
+    if hasattr(src, "has_table"):
+        return src.has_table(name)
     rows = src.query("SELECT count(*) AS n FROM information_schema.tables "
                      f"WHERE table_schema = 'main' AND table_name = {_lit(name)}")
     return bool(rows and rows[0]["n"])
@@ -162,19 +170,27 @@ def parse_window(text: str) -> float:
 # ------------------------------------------------------------------------------------------ window
 
 
+def _dialect(src) -> Dialect:
+    return getattr(src, "dialect", DUCKDB)
+
+
 @dataclass(frozen=True)
 class Window:
     start: float    # epoch seconds
     end: float
     seconds: float
+    dialect: Dialect = DUCKDB
+
+    def _ts(self, t: float) -> str:
+        return self.dialect.ts(t)
 
     @property
     def start_sql(self) -> str:
-        return f"to_timestamp({self.start:.6f})::TIMESTAMP"
+        return self._ts(self.start)
 
     @property
     def end_sql(self) -> str:
-        return f"to_timestamp({self.end:.6f})::TIMESTAMP"
+        return self._ts(self.end)
 
     def iso(self, which: str) -> str:
         t = self.start if which == "start" else self.end
@@ -184,20 +200,21 @@ class Window:
 # The newest stored data anchors the window, so an old database file still compares its last day.
 SQL_NEWEST = """
 SELECT max(t) AS newest FROM (
-    SELECT epoch(max(ts)) AS t FROM samples
-    UNION ALL SELECT epoch(max(started_at)) FROM probe_results
-    UNION ALL SELECT epoch(max(ts)) FROM job_steps
-)
+    SELECT {epoch_ts} AS t FROM samples
+    UNION ALL SELECT {epoch_started} AS t FROM probe_results
+    UNION ALL SELECT {epoch_ts} AS t FROM job_steps
+) AS newest_of_each
 """
 
 
 def resolve_window(src, seconds: float) -> Window | None:
-    rows = src.query(SQL_NEWEST)
+    d = _dialect(src)
+    rows = src.query(SQL_NEWEST.format(epoch_ts=d.epoch("max(ts)"), epoch_started=d.epoch("max(started_at)")))
     newest = rows[0]["newest"] if rows else None
     if newest is None:
         return None
     newest = float(newest)
-    return Window(newest - seconds, newest + 1e-6, seconds)
+    return Window(newest - seconds, newest + 1e-6, seconds, d)
 
 
 # ------------------------------------------------------------------------------------------ SQL
@@ -208,25 +225,28 @@ SELECT coalesce(pool, '{no_pool}') AS pool,
        count(*) FILTER (WHERE virtualized) AS virtualized_nodes,
        count(*) FILTER (WHERE synthetic) AS synthetic_nodes,
        sum(coalesce(gpu_count, 0)) AS gpus,
-       string_agg(DISTINCT gpu_model, ', ' ORDER BY gpu_model) AS gpu_models,
        median(price_per_gpu_hour) AS price_per_gpu_hour
 FROM nodes
 GROUP BY 1
 ORDER BY 1
 """
 
+SQL_POOL_MODELS = """
+SELECT DISTINCT coalesce(pool, '{no_pool}') AS pool, gpu_model FROM nodes WHERE gpu_model IS NOT NULL
+"""
+
 SQL_PROBES = """
 SELECT coalesce(n.pool, '{no_pool}') AS pool, m.probe, m.metric,
        count(*) AS runs,
        count(DISTINCT m.node_id) AS nodes,
-       quantile_cont(m.value, 0.5) AS median,
-       quantile_cont(m.value, 0.1) AS p10,
-       quantile_cont(m.value, 0.9) AS p90
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY m.value) AS median,
+       percentile_cont(0.1) WITHIN GROUP (ORDER BY m.value) AS p10,
+       percentile_cont(0.9) WITHIN GROUP (ORDER BY m.value) AS p90
 FROM probe_metrics m
-JOIN nodes n USING (node_id)
+JOIN nodes n ON n.node_id = m.node_id
 WHERE m.started_at >= {start} AND m.started_at < {end}
-  AND (m.probe, m.metric) IN ({pairs})
-  AND m.value IS NOT NULL AND isfinite(m.value)
+  AND m.probe || '.' || m.metric IN ({pairs})
+  AND m.value BETWEEN -1.7976931348623157e308 AND 1.7976931348623157e308
 GROUP BY ALL
 """
 
@@ -251,17 +271,49 @@ WITH per_minute AS (
 {util_tail}
 """
 
+# Double literals (60e0, not 60.0): Spark reads 60.0 as a DECIMAL and would round the quotients.
 UTIL_TAIL = """
 SELECT coalesce(n.pool, '{no_pool}') AS pool,
-       count(*) / 60.0 AS gpu_hours,
+       count(*) / 60e0 AS gpu_hours,
        avg(p.util) AS effective_util_percent,
-       sum(p.util) / 100.0 / 60.0 AS effective_gpu_hours,
-       avg(CASE WHEN p.util < 10 THEN 1.0 ELSE 0.0 END) * 100 AS idle_minutes_percent,
-       sum(n.price_per_gpu_hour / 60.0) AS cost,
+       sum(p.util) / 100e0 / 60e0 AS effective_gpu_hours,
+       avg(CASE WHEN p.util < 10 THEN 1e0 ELSE 0e0 END) * 100 AS idle_minutes_percent,
+       sum(n.price_per_gpu_hour / 60e0) AS cost,
        count(*) FILTER (WHERE n.price_per_gpu_hour IS NULL) AS unpriced_gpu_minutes
 FROM per_minute p
-JOIN nodes n USING (node_id)
+JOIN nodes n ON n.node_id = p.node_id
 GROUP BY 1
+"""
+
+# One row per net_pair run (both ends report it: the connecting end's row is kept), both ends in one pool.
+# Written in what DuckDB and Spark SQL both accept: no QUALIFY, no isfinite (NaN and inf fall outside
+# BETWEEN the largest finite doubles on both engines), percentile_cont ... WITHIN GROUP.
+SQL_LINKS = """
+SELECT pool,
+       count(*) AS runs,
+       count(DISTINCT link) AS links,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY gbits) AS link_gbits_median,
+       percentile_cont(0.1) WITHIN GROUP (ORDER BY gbits) AS link_gbits_p10,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY rtt_p50_us) AS link_rtt_p50_us
+FROM (
+    SELECT coalesce(na.pool, '{no_pool}') AS pool,
+           least(l.node_a, l.node_b) || '|' || greatest(l.node_a, l.node_b) AS link,
+           least(l.send_gbits_per_s, l.recv_gbits_per_s) AS gbits,
+           CASE WHEN l.rtt_p50_us BETWEEN 0 AND 1.7976931348623157e308 THEN l.rtt_p50_us END AS rtt_p50_us,
+           row_number() OVER (
+               PARTITION BY coalesce(l.pair_id, l.node_a || '|' || l.node_b || '|' || CAST(l.started_at AS STRING))
+               ORDER BY CASE WHEN l.reported_by = l.node_a THEN 0 ELSE 1 END, l.reported_by) AS rn
+    FROM link_results l
+    JOIN nodes na ON na.node_id = l.node_a
+    JOIN nodes nb ON nb.node_id = l.node_b
+    WHERE l.probe = 'net_pair' AND l.status = 'ok'
+      AND l.started_at >= {start} AND l.started_at < {end}
+      AND coalesce(na.pool, '{no_pool}') = coalesce(nb.pool, '{no_pool}')
+      AND l.send_gbits_per_s BETWEEN -1.7976931348623157e308 AND 1.7976931348623157e308
+      AND l.recv_gbits_per_s BETWEEN -1.7976931348623157e308 AND 1.7976931348623157e308
+) AS runs
+WHERE rn = 1
+GROUP BY pool
 """
 
 SQL_FLAGS = """
@@ -269,20 +321,28 @@ SELECT coalesce(n.pool, '{no_pool}') AS pool, f.kind,
        count(DISTINCT f.node_id) AS nodes_flagged,
        count(*) AS open_flags
 FROM flags f
-JOIN nodes n USING (node_id)
+JOIN nodes n ON n.node_id = f.node_id
 WHERE f.state = 'open'
-GROUP BY GROUPING SETS ((1, f.kind), (1))
+GROUP BY ALL
+"""
+
+SQL_FLAGS_ANY = """
+SELECT coalesce(n.pool, '{no_pool}') AS pool, count(DISTINCT f.node_id) AS nodes_flagged
+FROM flags f
+JOIN nodes n ON n.node_id = f.node_id
+WHERE f.state = 'open'
+GROUP BY ALL
 """
 
 SQL_JOBS = """
 SELECT coalesce(n.pool, '{no_pool}') AS pool, s.job_name,
-       count(DISTINCT s.node_id || ':' || s.rank) AS ranks,
+       count(DISTINCT s.node_id || ':' || CAST(s.rank AS STRING)) AS ranks,
        count(*) AS windows,
-       quantile_cont(s.tokens_per_s, 0.5) AS tokens_per_s_per_gpu,
-       quantile_cont(s.samples_per_s, 0.5) AS samples_per_s_per_gpu,
-       quantile_cont(s.step_time_p50_s, 0.5) AS step_time_p50_s
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY s.tokens_per_s) AS tokens_per_s_per_gpu,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY s.samples_per_s) AS samples_per_s_per_gpu,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY s.step_time_p50_s) AS step_time_p50_s
 FROM job_steps s
-JOIN nodes n USING (node_id)
+JOIN nodes n ON n.node_id = s.node_id
 WHERE s.ts >= {start} AND s.ts < {end} AND s.job_name IS NOT NULL AND s.job_name <> ''
 GROUP BY ALL
 ORDER BY s.job_name, pool
@@ -339,6 +399,9 @@ def _num(v) -> float | None:
 def compare_pools(src, window_s: float = 86400.0, reference_pool: str | None = None) -> PoolComparison:
     """Compute the pool comparison from ``src`` (a DbSource or RpcSource)."""
     pools = src.query(_fmt(SQL_POOLS))
+    models: dict[str, list[str]] = {}
+    for r in src.query(_fmt(SQL_POOL_MODELS)):
+        models.setdefault(r["pool"], []).append(r["gpu_model"])
     result = PoolComparison(window=None, reference_pool=None)
     result.total_nodes = sum(int(p["nodes"]) for p in pools)
     result.synthetic_nodes = sum(int(p["synthetic_nodes"] or 0) for p in pools)
@@ -348,10 +411,12 @@ def compare_pools(src, window_s: float = 86400.0, reference_pool: str | None = N
     for p in pools:
         row = {"pool": p["pool"], "nodes": int(p["nodes"]), "virtualized_nodes": int(p["virtualized_nodes"] or 0),
                "synthetic_nodes": int(p["synthetic_nodes"] or 0), "gpus": int(p["gpus"] or 0),
-               "gpu_models": p["gpu_models"] or "", "price_per_gpu_hour": _num(p["price_per_gpu_hour"]),
+               "gpu_models": ", ".join(sorted(models.get(p["pool"], []))), "price_per_gpu_hour": _num(p["price_per_gpu_hour"]),
                "gpu_hours": 0.0, "effective_util_percent": None, "effective_gpu_hours": 0.0,
                "idle_minutes_percent": None, "cost": None, "cost_per_effective_gpu_hour": None,
                "nodes_flagged": 0, "nodes_flagged_percent": 0.0,
+               "link_runs": 0, "links": 0, "link_gbits_median": None, "link_gbits_p10": None,
+               "link_rtt_p50_us": None, "link_gbits_vs_reference_percent": None,
                **{f"{k}_nodes": 0 for k in FLAG_KINDS}}
         by_pool[row["pool"]] = row
     result.pools = list(by_pool.values())
@@ -366,7 +431,7 @@ def compare_pools(src, window_s: float = 86400.0, reference_pool: str | None = N
     if window is None:
         return result
 
-    pairs = ", ".join(f"({_lit(p)}, {_lit(m)})" for p, m, _ in HEADLINE)
+    pairs = ", ".join(_lit(f"{p}.{m}") for p, m, _ in HEADLINE)
     better = {(p, m): b for p, m, b in HEADLINE}
     for r in src.query(_fmt(SQL_PROBES, window, pairs=pairs)):
         med = _num(r["median"])
@@ -411,15 +476,29 @@ def compare_pools(src, window_s: float = 86400.0, reference_pool: str | None = N
                 row["cost_per_effective_gpu_hour"] = row["cost"] / row["effective_gpu_hours"]
 
     if has_table(src, "flags"):
+        for r in src.query(_fmt(SQL_FLAGS_ANY)):
+            row = by_pool.get(r["pool"])
+            if row is not None:
+                row["nodes_flagged"] = int(r["nodes_flagged"])
+                row["nodes_flagged_percent"] = 100.0 * row["nodes_flagged"] / row["nodes"] if row["nodes"] else 0.0
         for r in src.query(_fmt(SQL_FLAGS)):
+            row = by_pool.get(r["pool"])
+            if row is not None and r["kind"] in FLAG_KINDS:
+                row[f"{r['kind']}_nodes"] = int(r["nodes_flagged"])
+
+    if has_table(src, "link_results"):
+        for r in src.query(_fmt(SQL_LINKS, window)):
             row = by_pool.get(r["pool"])
             if row is None:
                 continue
-            if r["kind"] is None:
-                row["nodes_flagged"] = int(r["nodes_flagged"])
-                row["nodes_flagged_percent"] = 100.0 * row["nodes_flagged"] / row["nodes"] if row["nodes"] else 0.0
-            elif r["kind"] in FLAG_KINDS:
-                row[f"{r['kind']}_nodes"] = int(r["nodes_flagged"])
+            row.update(link_runs=int(r["runs"]), links=int(r["links"]), link_gbits_median=_num(r["link_gbits_median"]),
+                       link_gbits_p10=_num(r["link_gbits_p10"]), link_rtt_p50_us=_num(r["link_rtt_p50_us"]))
+        ref = by_pool.get(reference_pool) if reference_pool else None
+        if ref is not None and ref["link_gbits_median"]:
+            for row in result.pools:
+                if row["link_gbits_median"] is not None:
+                    row["link_gbits_vs_reference_percent"] = (
+                        (row["link_gbits_median"] - ref["link_gbits_median"]) / ref["link_gbits_median"] * 100)
 
     for r in src.query(_fmt(SQL_JOBS, window)):
         result.jobs.append({"pool": r["pool"], "job_name": r["job_name"], "ranks": int(r["ranks"]),
@@ -475,7 +554,21 @@ def pool_rows(c: PoolComparison) -> list[tuple[str, list[str]]]:
     for k in FLAG_KINDS:
         rows.append((f"  {k}", cells(lambda p, k=k: f"{100.0 * p[f'{k}_nodes'] / p['nodes']:.0f} %"
                                      if p["nodes"] else "-")))
+    if any(p["link_runs"] for p in c.pools):
+        rows.append(("inter-node Gbit/s (median [p10])", cells(lambda p: _link_cell(p, c.reference_pool))))
+        rows.append(("inter-node rtt p50 (median)", cells(
+            lambda p: "-" if p["link_rtt_p50_us"] is None else f"{fmt_value(p['link_rtt_p50_us'])} us")))
     return rows
+
+
+def _link_cell(p: dict[str, Any], reference_pool: str | None) -> str:
+    if p["link_gbits_median"] is None:
+        return "-"
+    text = (f"{fmt_value(p['link_gbits_median'])} [{fmt_value(p['link_gbits_p10'])}], "
+            f"{p['links']} link{'s' if p['links'] != 1 else ''}")
+    if p["pool"] != reference_pool and p["link_gbits_vs_reference_percent"] is not None:
+        text += f" ({round(p['link_gbits_vs_reference_percent']) or 0:+d}%)"
+    return text
 
 
 def probe_cell(r: dict[str, Any] | None, reference_pool: str | None) -> str:
@@ -510,6 +603,9 @@ def format_table(c: PoolComparison) -> str:
     lines.append(f"Window: {c.window.iso('start')} to {c.window.iso('end')} (ends at the newest stored data)")
     pools = c.pool_names
     lines += ["", _aligned(["pool"] + pools, [[label] + cells for label, cells in pool_rows(c)])]
+    if any(p["link_runs"] for p in c.pools):
+        lines.append("inter-node: net_pair runs between two nodes of the pool in the window; a run's rate is "
+                     "its slower direction")
     ref = f"; (±N%) vs {c.reference_pool}" if c.reference_pool else ""
     lines += ["", f"Probes: median [p10–p90] ±half-spread{ref}"]
     rows = []
@@ -551,6 +647,10 @@ def format_json(c: PoolComparison) -> str:
     return json.dumps(c.to_dict(), indent=2, sort_keys=True, default=str)
 
 
+def formatter(fmt: str):
+    return {"table": format_table, "csv": format_csv, "json": format_json}[fmt]
+
+
 def run_compare(db: str | None, target: str | None, window: str = "24h", fmt: str = "table",
                 token: str | None = None, reference_pool: str | None = None, tls_ca: str | None = None,
                 client_cert: str | None = None, client_key: str | None = None) -> str:
@@ -561,4 +661,4 @@ def run_compare(db: str | None, target: str | None, window: str = "24h", fmt: st
         c = compare_pools(src, seconds, reference_pool)
     finally:
         src.close()
-    return {"table": format_table, "csv": format_csv, "json": format_json}[fmt](c)
+    return formatter(fmt)(c)

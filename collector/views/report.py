@@ -8,8 +8,9 @@ from :mod:`gpuagent.collector.views.svgplot`) are inside the file; nothing is fe
   are in the data;
 - open flags with their sentences;
 - the pool comparison (:mod:`gpuagent.collector.views.compare`);
-- plots: per-probe distributions by pool (per-node medians), noisy nodes over time, and a GPU
-  utilization heatmap by node and time bucket (hourly when the data spans ≥ 6 h, finer otherwise).
+- plots: per-probe distributions by pool (per-node medians), noisy nodes over time, a GPU
+  utilization heatmap by node and time bucket (hourly when the data spans ≥ 6 h, finer otherwise), and
+  a node × node heatmap of fabric link rates (net_pair runs in link_results).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from gpuagent.collector.views.compare import (FLAG_KINDS, HEADLINE, NO_POOL, Com
 
 MAX_FLAGS = 500
 MAX_HEATMAP_ROWS = 60
+MAX_LINK_NODES = 48
 MAX_NOISY_SERIES = 6
 
 # noisy_neighbor_variance component -> (probe, metric) per docs/FLAGS.md; "step_time" reads job_steps.
@@ -204,6 +206,53 @@ def _heatmap(src, w: Window) -> tuple[str, list[str], list[float], list[list[flo
     if total > MAX_HEATMAP_ROWS:
         title += f" — the {MAX_HEATMAP_ROWS} least-utilized of {total} nodes"
     return title, [f"{d['host']} ({d['pool']})" for d in picked], cols, [d["v"] for d in picked], b
+
+
+def _link_heatmap(src, w: Window) -> tuple[str, list[str], list[list[float | None]], float]:
+    """Node × node median link rate (a run's slower direction, Gbit/s) over the window's ok net_pair runs.
+    With more nodes than fit, the nodes whose median link is slowest are kept; the selection and the
+    per-link medians happen in SQL, so at most MAX_LINK_NODES² rows come back from a live collector."""
+    if not has_table(src, "link_results"):
+        return "Fabric link rates", [], [], 0.0
+    rows = src.query(f"""
+        WITH runs AS (
+            SELECT least(node_a, node_b) AS a, greatest(node_a, node_b) AS b,
+                   least(send_gbits_per_s, recv_gbits_per_s) AS gbits,
+                   row_number() OVER (PARTITION BY coalesce(pair_id, node_a || '|' || node_b || started_at::VARCHAR)
+                                      ORDER BY (reported_by = node_a) DESC, reported_by) AS rn
+            FROM link_results
+            WHERE probe = 'net_pair' AND status = 'ok' AND isfinite(send_gbits_per_s)
+              AND isfinite(recv_gbits_per_s) AND started_at >= {w.start_sql} AND started_at < {w.end_sql}
+        ),
+        links AS (SELECT a, b, median(gbits) AS gbits FROM runs WHERE rn = 1 GROUP BY a, b),
+        ends AS (SELECT a AS node_id, gbits FROM links UNION ALL SELECT b, gbits FROM links),
+        pick AS (   -- the nodes with the slowest links when there are more than fit
+            SELECT node_id, count(*) OVER () AS total FROM ends GROUP BY node_id
+            ORDER BY median(gbits), node_id LIMIT {MAX_LINK_NODES}
+        )
+        SELECT l.a, l.b, l.gbits, na.hostname AS host_a, coalesce(na.pool, {_lit(NO_POOL)}) AS pool_a,
+               nb.hostname AS host_b, coalesce(nb.pool, {_lit(NO_POOL)}) AS pool_b, pa.total
+        FROM links l JOIN pick pa ON pa.node_id = l.a JOIN pick pb ON pb.node_id = l.b
+        LEFT JOIN nodes na ON na.node_id = l.a LEFT JOIN nodes nb ON nb.node_id = l.b""")
+    title = "Fabric link rate by node pair (median of the window's net_pair runs, slower direction)"
+    if not rows:
+        return title, [], [], 0.0
+    names: dict[str, tuple[str, str]] = {}
+    for r in rows:
+        names[r["a"]] = (r["pool_a"], str(r["host_a"] or r["a"]))
+        names[r["b"]] = (r["pool_b"], str(r["host_b"] or r["b"]))
+    order = sorted(names, key=lambda n: names[n])
+    ix = {n: i for i, n in enumerate(order)}
+    values: list[list[float | None]] = [[None] * len(order) for _ in order]
+    for r in rows:
+        i, j = ix[r["a"]], ix[r["b"]]
+        values[i][j] = values[j][i] = float(r["gbits"])
+    total = int(rows[0]["total"])
+    if total > len(order):
+        title += f" — the {len(order)} nodes with the slowest links of {total}"
+    vmax = max(v for row in values for v in row if v is not None)
+    labels = [f"{names[n][1]} ({names[n][0]})" for n in order]
+    return title, labels, values, vmax
 
 
 # ------------------------------------------------------------------------------------------ HTML
@@ -413,7 +462,7 @@ def render_report(src, window_s: float = 86400.0, reference_pool: str | None = N
     flags, flags_total = _flags(src)
     findings = _findings(src)
     w = c.window
-    plots_dist, noisy_svg, heat_svg = [], "", ""
+    plots_dist, noisy_svg, heat_svg, link_svg = [], "", "", ""
     if w is not None:
         dists = _distributions(src, w)
         for probe, metric, better in HEADLINE:
@@ -426,6 +475,11 @@ def render_report(src, window_s: float = 86400.0, reference_pool: str | None = N
                                   width=980)
         htitle, rows, cols, values, b = _heatmap(src, w)
         heat_svg = svgplot.heatmap("util-heatmap", htitle, rows, cols, values, b, width=980)
+        ltitle, lnodes, lvalues, lmax = _link_heatmap(src, w)
+        lmax = svgplot.nice_ticks(0.0, lmax)[-1] if lmax > 0 else 1.0
+        link_svg = svgplot.heatmap("link-heatmap", ltitle, lnodes, list(range(len(lnodes))), lvalues, 0,
+                                   vmax=lmax, unit="Gbit/s", width=980, col_labels=lnodes,
+                                   empty="no fabric (net_pair) runs in the window", missing="not measured")
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     window_text = "no data" if w is None else f"{w.iso('start')} to {w.iso('end')}"
     synthetic = ""
@@ -455,6 +509,10 @@ def render_report(src, window_s: float = 86400.0, reference_pool: str | None = N
         "</section>",
         "<section id='utilization'><h2>GPU utilization</h2>", heat_svg or "<p class='muted'>No data.</p>",
         "</section>",
+        "<section id='fabric'><h2>Fabric links</h2>"
+        "<p class='muted'>Each cell is one link between two nodes: red is slow against the fastest link, "
+        "grey is a pair not measured (pairs never cross the fabric scope, by default the pool).</p>",
+        link_svg or "<p class='muted'>No data.</p>", "</section>",
         "</main><footer>Written by gpuagent-collector report. Self-contained: no external resources.</footer>",
         f"<script>{SCRIPT}</script></body></html>",
     ]

@@ -1,6 +1,7 @@
 """Inline SVG plots for the fleet report, generated in Python so the HTML needs no plotting library.
 
-Three kinds: box + strip (distribution per group), lines over time, and a heatmap. Every drawn data
+Three kinds: box + strip (distribution per group), lines over time, and a heatmap (time buckets or a
+named matrix such as node × node link rates). Every drawn data
 mark carries ``class="mark"`` and a ``<title>`` tooltip, so the report test (and a reader hovering) can
 see what was drawn. Empty inputs draw an explanatory text instead of an empty frame.
 """
@@ -212,17 +213,25 @@ def ramp(frac: float) -> str:
 
 
 def heatmap(plot_id: str, title: str, rows: list[str], cols: list[float], values: list[list[float | None]],
-            bucket_s: float, vmax: float = 100.0, unit: str = "%", width: int = 760) -> str:
-    """Rows × time-bucket cells coloured by value (0..vmax); None cells stay grey."""
+            bucket_s: float, vmax: float = 100.0, unit: str = "%", width: int = 760,
+            col_labels: list[str] | None = None, empty: str = "no GPU utilization samples in the window",
+            missing: str = "no data") -> str:
+    """Rows × columns cells coloured by value (0..vmax, red to green); None cells stay grey.
+
+    Columns are time buckets (epoch seconds, ``bucket_s`` wide) unless ``col_labels`` names them (a matrix,
+    e.g. node × node); then the names are written above the columns and in each cell's tooltip."""
     if not rows or not cols:
-        return _empty("heatmap", plot_id, width, 120, title, "no GPU utilization samples in the window")
-    left, top, right, bottom = 96, 26, 60, 34
+        return _empty("heatmap", plot_id, width, 120, title, empty)
+    named = col_labels is not None
+    top = 26 + (min(90, 6 * max(len(n[:16]) for n in col_labels)) if named else 0)
+    left, right, bottom = 96, 60 if unit == "%" else 90, 34 if not named else 12
     cell_h = max(6.0, min(16.0, 520.0 / len(rows)))
     height = int(top + cell_h * len(rows) + bottom)
     pw = width - left - right
     cw = pw / len(cols)
     parts = _svg_open("heatmap", plot_id, width, height, title)
-    span = cols[-1] - cols[0] + bucket_s
+    span = cols[-1] - cols[0] + bucket_s if not named else 0
+    fmt = (lambda v: f"{v:.0f} {unit}") if vmax >= 50 else (lambda v: f"{tick_label(v)} {unit}")
     for i, name in enumerate(rows):
         yy = top + i * cell_h
         if cell_h >= 8 or i % 2 == 0:
@@ -231,18 +240,27 @@ def heatmap(plot_id: str, title: str, rows: list[str], cols: list[float], values
         for j, t in enumerate(cols):
             v = values[i][j]
             fill = "#e6e6e6" if v is None else ramp(v / vmax)
-            tip = f"{name} {_time_label(t, span)}: " + ("no data" if v is None else f"{v:.0f} {unit}")
+            where = f"{name} × {col_labels[j]}" if named else f"{name} {_time_label(t, span)}"
+            tip = f"{where}: " + (missing if v is None else fmt(v))
             cls = "cell" if v is None else "mark cell"
             parts.append(f'<rect class="{cls}" x="{left + j * cw:.1f}" y="{yy:.1f}" width="{cw + 0.3:.1f}" '
                          f'height="{cell_h + 0.3:.1f}" fill="{fill}"><title>{escape(tip)}</title></rect>')
-    step = max(1, math.ceil(len(cols) / 8))
-    for j in range(0, len(cols), step):
-        parts.append(f'<text x="{left + j * cw:.1f}" y="{height - bottom + 13}" font-size="10" fill="#555" '
-                     f'{FONT}>{_time_label(cols[j], span)}</text>')
+    if named:
+        fs = min(10.0, max(5.0, cw * 0.8))
+        for j, name in enumerate(col_labels):
+            x = left + (j + 0.6) * cw
+            parts.append(f'<text class="col-label" transform="translate({x:.1f} {top - 4}) rotate(-60)" '
+                         f'font-size="{fs:.1f}" {FONT}>{escape(name[:16])}</text>')
+    else:
+        step = max(1, math.ceil(len(cols) / 8))
+        for j in range(0, len(cols), step):
+            parts.append(f'<text x="{left + j * cw:.1f}" y="{height - bottom + 13}" font-size="10" fill="#555" '
+                         f'{FONT}>{_time_label(cols[j], span)}</text>')
     lx = left + pw + 14
     for k in range(11):
         parts.append(f'<rect x="{lx}" y="{top + (10 - k) * 12}" width="14" height="12" fill="{ramp(k / 10)}"/>')
-    parts.append(f'<text x="{lx + 18}" y="{top + 9}" font-size="9" {FONT}>{vmax:g}{escape(unit)}</text>'
-                 f'<text x="{lx + 18}" y="{top + 130}" font-size="9" {FONT}>0{escape(unit)}</text>')
+    u = escape(unit if unit == "%" else " " + unit)
+    parts.append(f'<text x="{lx + 18}" y="{top + 9}" font-size="9" {FONT}>{vmax:g}{u}</text>'
+                 f'<text x="{lx + 18}" y="{top + 130}" font-size="9" {FONT}>0{u}</text>')
     parts.append("</svg>")
     return "".join(parts)

@@ -1,6 +1,8 @@
 -- Each node's hardware class: GPU model, PCIe generation and width (of GPU 0), GPU count.
 -- Probe comparisons add the probe's params_key on top of this. The label is what sentences print.
 -- _pool_prices comes from the collector config ([pricing]); a node's own price label wins.
+-- This first statement is also run by Spark and DuckDB over the lake (collector/lake/fleet.py): keep it in
+-- the SQL both accept.
 
 CREATE OR REPLACE TEMP TABLE _node_class AS
 SELECT n.node_id, n.hostname, n.pool, n.virtualized, n.virt_type,
@@ -9,8 +11,8 @@ SELECT n.node_id, n.hostname, n.pool, n.virtualized, n.virt_type,
        coalesce(n.price_per_gpu_hour, p.price_per_gpu_hour) AS price_per_gpu_hour,
        CASE WHEN n.gpu_model IS NULL OR coalesce(n.gpu_count, 0) = 0 THEN 'no GPU'
             ELSE n.gpu_model
-                 || coalesce(' PCIe Gen' || g.pcie_gen_max::VARCHAR || ' x' || g.pcie_width_max::VARCHAR, '')
-                 || ' ×' || n.gpu_count::VARCHAR
+                 || coalesce(' PCIe Gen' || CAST(g.pcie_gen_max AS STRING) || ' x' || CAST(g.pcie_width_max AS STRING), '')
+                 || ' ×' || CAST(n.gpu_count AS STRING)
        END AS class_label,
        n.fingerprint
 FROM nodes n
@@ -18,13 +20,14 @@ LEFT JOIN gpus g ON g.node_id = n.node_id AND g.gpu = 0
 LEFT JOIN _pool_prices p ON p.pool = n.pool;
 
 -- The ok probe runs in the probe window (probes run far less often than samples), one row per metric value.
+-- Also run over the lake for the fleet's noise medians: no isfinite() (NaN and +-inf fall outside the BETWEEN).
 CREATE OR REPLACE TEMP TABLE _ok_metrics AS
 SELECT m.node_id, m.probe, m.gpu, coalesce(m.params_key, '') AS params_key, m.started_at, m.metric, m.value
 FROM probe_metrics m
 JOIN probe_results r
   ON r.node_id = m.node_id AND r.probe = m.probe AND r.gpu IS NOT DISTINCT FROM m.gpu
  AND r.started_at = m.started_at
-WHERE r.status = 'ok' AND m.value IS NOT NULL AND isfinite(m.value)
+WHERE r.status = 'ok' AND m.value BETWEEN -1.7976931348623157e308 AND 1.7976931348623157e308
   AND m.started_at > $probe_window_start AND m.started_at <= $now
   AND r.started_at > $probe_window_start AND r.started_at <= $now;
 

@@ -2,6 +2,8 @@
 -- median over bare-metal nodes (nodes.virtualized = false) of each node's median over the lookback.
 -- This reads up to baseline_lookback (24 h) of probe runs, so the analyzer runs it only when the stored
 -- baselines are older than baseline_refresh (15 min); the table is kept so that anyone can see the baselines.
+-- The INSERT's query also runs on Spark and DuckDB over the lake for a sharded fleet (collector/lake/fleet.py),
+-- so it stays in the SQL both accept: no isfinite() (NaN and +-inf fall outside the BETWEEN).
 
 DELETE FROM fleet_baselines;
 
@@ -15,7 +17,7 @@ WITH per_node AS (
      AND r.started_at = m.started_at
     JOIN _components c ON c.kind = 'virtualization_overhead' AND c.probe = m.probe AND c.metric = m.metric
     JOIN _node_class nc ON nc.node_id = m.node_id AND nc.virtualized = false
-    WHERE r.status = 'ok' AND m.value IS NOT NULL AND isfinite(m.value)
+    WHERE r.status = 'ok' AND m.value BETWEEN -1.7976931348623157e308 AND 1.7976931348623157e308
       AND m.started_at > $lookback_start AND m.started_at <= $now
       AND r.started_at > $lookback_start AND r.started_at <= $now
     GROUP BY ALL

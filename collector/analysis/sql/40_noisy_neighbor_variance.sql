@@ -4,6 +4,8 @@
 -- higher-is-better, so >= 1 always means a bad tail). Flag when CV >= the component's absolute threshold AND
 -- CV >= $noise_k x the median CV of the class (needs >= $min_fleet_nodes other nodes); without enough peers
 -- the relative test cannot be made, so corroboration (steal or PSI) is required instead.
+-- _nn_points, _nn_series and _nn_fleet_local also run on Spark and DuckDB over the lake (collector/lake/fleet.py):
+-- keep them in the SQL both accept.
 
 CREATE OR REPLACE TEMP TABLE _nn_points AS
 SELECT m.node_id, CASE WHEN c.per_gpu THEN m.gpu END AS gpu, c.component,
@@ -13,7 +15,7 @@ JOIN _components c ON c.kind = 'noisy_neighbor_variance' AND c.probe = m.probe A
 JOIN _node_class nc ON nc.node_id = m.node_id
 UNION ALL
 SELECT s.node_id, NULL AS gpu, 'step_time' AS component,
-       'job ' || s.job_id AS peer_key, 'job=' || s.job_id || ',rank=' || coalesce(s.rank, -1)::VARCHAR AS series,
+       'job ' || s.job_id AS peer_key, 'job=' || s.job_id || ',rank=' || CAST(coalesce(s.rank, -1) AS STRING) AS series,
        s.step_time_p50_s AS value
 FROM job_steps s
 WHERE s.ts > $window_start AND s.ts <= $now AND s.step_time_p50_s > 0 AND coalesce(s.steps, 1) > 0;
@@ -22,15 +24,25 @@ CREATE OR REPLACE TEMP TABLE _nn_series AS
 SELECT p.node_id, p.gpu, p.component, p.peer_key, p.series,
        count(*) AS runs, avg(p.value) AS mean,
        stddev_samp(p.value) / nullif(abs(avg(p.value)), 0) AS cv,
-       quantile_cont(p.value, 0.5) AS p50, quantile_cont(p.value, 0.99) AS p99, quantile_cont(p.value, 0.01) AS p1
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY p.value) AS p50,
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY p.value) AS p99,
+       percentile_cont(0.01) WITHIN GROUP (ORDER BY p.value) AS p1
 FROM _nn_points p
 GROUP BY ALL
 HAVING count(*) >= $min_runs;
 
 -- Median CV of each class (all its nodes' series); peers = nodes other than the one judged.
-CREATE OR REPLACE TEMP TABLE _nn_fleet AS
+CREATE OR REPLACE TEMP TABLE _nn_fleet_local AS
 SELECT component, peer_key, median(cv) AS fleet_cv, count(DISTINCT node_id) AS nodes
 FROM _nn_series GROUP BY ALL;
+
+-- A shard of a larger fleet sees only its own nodes of a class: _nn_fleet_lake holds the whole fleet's medians
+-- (`lake baselines`, loaded by the lake loader; empty otherwise). They win; a key they lack uses this node set.
+CREATE OR REPLACE TEMP TABLE _nn_fleet AS
+SELECT component, peer_key, fleet_cv, nodes FROM _nn_fleet_lake
+UNION ALL
+SELECT l.component, l.peer_key, l.fleet_cv, l.nodes FROM _nn_fleet_local l
+WHERE NOT EXISTS (SELECT 1 FROM _nn_fleet_lake k WHERE k.component = l.component AND k.peer_key = l.peer_key);
 
 CREATE OR REPLACE TEMP TABLE _nn AS
 SELECT s.*, c.label, c.unit_label, c.better, c.threshold,

@@ -1,13 +1,21 @@
 -- utilization_gap: GPU time that is paid for but not used, over the window, from the 1-minute rollups.
--- Per GPU and minute: NVML utilization (samples_1m gpu_util_percent) and whether a job held the GPU
--- (job_samples_1m). Three components: no_job, held_idle and input_bound, each as lost GPU-hours and money
--- at the pool's price per GPU-hour.
+-- Per GPU and minute: NVML utilization (samples_1m gpu_util_percent), GPM SM activity where the GPU has it
+-- (gpu_sm_active_percent, whole-GPU series only) and whether a job held the GPU (job_samples_1m). Three
+-- components: no_job, held_idle and input_bound, each as lost GPU-hours and money at the pool's price per GPU-hour.
+-- held_idle judges a minute by SM activity where it exists, else by utilization: a GPU whose utilization
+-- counter says "busy" (a kernel was always running) while few of its SMs were busy is held-idle in effect.
 
 CREATE OR REPLACE TEMP TABLE _ug_minutes AS
 WITH util AS (
     SELECT node_id, gpu, minute, sum / nullif(n, 0) AS util
     FROM samples_1m
     WHERE metric = 'gpu_util_percent' AND gpu IS NOT NULL AND gpu >= 0
+      AND minute >= date_trunc('minute', $window_start) AND minute <= $now
+),
+sm AS (
+    SELECT node_id, gpu, minute, sum / nullif(n, 0) AS sm_active
+    FROM samples_1m
+    WHERE metric = 'gpu_sm_active_percent' AND labels = '' AND gpu IS NOT NULL AND gpu >= 0
       AND minute >= date_trunc('minute', $window_start) AND minute <= $now
 ),
 held AS (
@@ -28,8 +36,10 @@ host AS (
       AND minute >= date_trunc('minute', $window_start) AND minute <= $now
     GROUP BY ALL
 )
-SELECT u.node_id, u.gpu, u.minute, u.util, h.job_id, h.job_id IS NOT NULL AS held, ho.iowait, ho.cpu_busy
+SELECT u.node_id, u.gpu, u.minute, u.util, s.sm_active, coalesce(s.sm_active, u.util) AS busy,
+       h.job_id, h.job_id IS NOT NULL AS held, ho.iowait, ho.cpu_busy
 FROM util u
+LEFT JOIN sm s ON s.node_id = u.node_id AND s.gpu = u.gpu AND s.minute = u.minute
 LEFT JOIN held h ON h.node_id = u.node_id AND h.gpu = u.gpu AND h.minute = u.minute
 LEFT JOIN host ho ON ho.node_id = u.node_id AND ho.minute = u.minute;
 
@@ -45,8 +55,10 @@ SELECT m.node_id, m.gpu,
        count(*) AS sampled_minutes,
        count(*) FILTER (WHERE NOT m.held) AS no_job_minutes,
        count(*) FILTER (WHERE m.held) AS held_minutes,
-       count(*) FILTER (WHERE m.held AND m.util < $idle_util) AS held_idle_minutes,
+       count(*) FILTER (WHERE m.held AND m.busy < $idle_util) AS held_idle_minutes,
+       count(*) FILTER (WHERE m.held AND m.sm_active < $idle_util AND m.util >= $idle_util) AS busy_but_idle_minutes,
        avg(m.util) FILTER (WHERE m.held) AS held_util,
+       avg(m.sm_active) FILTER (WHERE m.held) AS held_sm_active,
        avg(m.util) FILTER (WHERE NOT m.held) AS no_job_util,
        avg(m.iowait) FILTER (WHERE m.held) AS iowait,
        avg(m.cpu_busy) FILTER (WHERE m.held) AS cpu_busy,
@@ -84,7 +96,15 @@ UNION ALL BY NAME
 SELECT *, 'held_idle' AS component, held_idle_minutes / 60.0 AS lost_hours,
        'GPU ' || gpu::VARCHAR || ' was held by ' || array_to_string(jobs, ', ') || ' but under '
        || printf('%.0f', $idle_util) || ' % busy for ' || held_idle_minutes::VARCHAR || ' of '
-       || held_minutes::VARCHAR || ' held minutes' AS what,
+       || held_minutes::VARCHAR || ' held minutes'
+       || CASE WHEN held_sm_active IS NOT NULL
+               THEN ' (SM activity ' || printf('%.0f', held_sm_active) || ' % by GPM, utilization counter '
+                    || printf('%.0f', coalesce(held_util, 0)) || ' %'
+                    || CASE WHEN busy_but_idle_minutes > 0
+                            THEN '; busy but idle inside for ' || busy_but_idle_minutes::VARCHAR || ' min' ELSE '' END
+                    || ')'
+               ELSE '' END       -- without GPM the sentence is about the utilization counter alone
+       AS what,
        'ask the job owner to release idle allocations or fix the stalled job' AS advice
 FROM _ug_scored
 WHERE NOT input_bound AND held_minutes > 0 AND held_idle_minutes >= $gap_fraction * held_minutes
@@ -108,7 +128,10 @@ SELECT node_id, gpu, 'utilization_gap' AS kind, component,
            'price_per_gpu_hour', price_per_gpu_hour, 'pool', pool,
            'window_hours', $window_hours, 'sampled_minutes', sampled_minutes,
            'no_job_minutes', no_job_minutes, 'held_minutes', held_minutes, 'held_idle_minutes', held_idle_minutes,
-           'held_gpu_util_percent', held_util, 'jobs', jobs, 'data_wait_fraction', data_wait,
+           'held_gpu_util_percent', held_util, 'held_sm_active_percent', held_sm_active,
+           'busy_but_idle_minutes', busy_but_idle_minutes,
+           'activity_source', CASE WHEN held_sm_active IS NOT NULL THEN 'gpm_sm_active' ELSE 'utilization_counter' END,
+           'jobs', jobs, 'data_wait_fraction', data_wait,
            'cpu_iowait_percent', iowait, 'cpu_busy_percent', cpu_busy
        )::VARCHAR AS evidence,
        what || ': ' || printf('%.2f', lost_hours) || ' GPU-h lost'

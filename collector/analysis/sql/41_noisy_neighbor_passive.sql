@@ -1,0 +1,187 @@
+-- noisy_neighbor_variance for jobs seen only passively (no tracker): components co_tenant and hypervisor.
+-- Per agent tick and job (agent/job_discovery.py): the job's progress (GPU util, else the CPU share of its
+-- own processes), the CPU of each command outside the job (workers summed per command name), and the
+-- node's CPU steal. Each command (and steal) is one contention series.
+-- An episode is a run of ticks where a series stands above its usual level (its 25th percentile over the
+-- job) by a clear margin: >= $neighbour_cpu % of a core and >= half its usual level (steal: >= $corr_steal
+-- points); up to two quiet ticks inside a run do not split it. The job's first $job_warmup_s are left out
+-- (start-up: imports, rendezvous, not progress).
+-- The job's progress during an episode is compared with its own progress just before and just after it
+-- (each window as long as the episode, >= 10 s, without that series' episode ticks), so a slow drift of the
+-- rest of the node does not count. A flag needs: >= $min_runs ticks in the episode and in each window
+-- (so contention still going on is judged once ticks follow it, and a job's wind-down at its end, which
+-- looks like lost progress, has nothing after it to be judged against); the series' level over
+-- the reference by the margin; and progress lower than the reference by the component's threshold, and
+-- lower than each side by at least half that. The job's own busy phases never count: its processes are
+-- not neighbours. Neighbours are named by their share of the added CPU during the episode.
+
+CREATE OR REPLACE TEMP TABLE _pc_ticks AS
+WITH raw AS (
+    SELECT node_id, ts, metric, value,
+           regexp_extract(labels, '(^|,)job_id=([^,]*)', 2) AS job_id,
+           regexp_extract(labels, '(^|,)source=([^,]*)', 2) AS source
+    FROM samples
+    WHERE ts > $window_start AND ts <= $now
+      AND metric IN ('job_progress_percent', 'job_neighbour_cpu_percent')
+), host AS (
+    SELECT node_id, ts,
+           max(value) FILTER (WHERE metric = 'cpu_steal_percent') AS steal,
+           max(value) FILTER (WHERE metric = 'psi_cpu_some_avg10_percent') AS psi_cpu,
+           max(value) FILTER (WHERE metric = 'psi_io_some_avg10_percent') AS psi_io,
+           max(value) FILTER (WHERE metric = 'psi_memory_some_avg10_percent') AS psi_mem
+    FROM samples
+    WHERE ts > $window_start AND ts <= $now AND labels = ''
+      AND metric IN ('cpu_steal_percent', 'psi_cpu_some_avg10_percent', 'psi_io_some_avg10_percent',
+                     'psi_memory_some_avg10_percent')
+    GROUP BY ALL
+), t AS (
+    SELECT node_id, job_id, ts,
+           max(value) FILTER (WHERE metric = 'job_progress_percent') AS progress,
+           max(source) FILTER (WHERE metric = 'job_progress_percent') AS progress_source,
+           max(value) FILTER (WHERE metric = 'job_neighbour_cpu_percent') AS neighbour_cpu
+    FROM raw GROUP BY ALL
+), b AS (
+    SELECT t.*, h.steal, h.psi_cpu, h.psi_io, h.psi_mem,
+           min(t.ts) OVER (PARTITION BY t.node_id, t.job_id) AS job_first,
+           max(t.ts) OVER (PARTITION BY t.node_id, t.job_id) AS job_last,
+           -- seconds this tick stands for: the gap to the job's previous tick (capped: a gap is not contention)
+           least(coalesce(epoch(t.ts - lag(t.ts) OVER (PARTITION BY t.node_id, t.job_id ORDER BY t.ts)), 0), 10.0) AS dt_s
+    FROM t LEFT JOIN host h ON h.node_id = t.node_id AND h.ts = t.ts
+    WHERE t.progress IS NOT NULL AND t.job_id <> ''
+)
+SELECT * FROM b WHERE ts >= job_first + to_microseconds(CAST($job_warmup_s * 1e6 AS BIGINT));
+
+CREATE OR REPLACE TEMP TABLE _pc_named AS
+SELECT node_id, ts, regexp_extract(labels, '(^|,)job_id=([^,]*)', 2) AS job_id,
+       regexp_extract(labels, '(^|,)comm=([^,]*)', 2) AS comm,
+       regexp_extract(labels, '(^|,)pid=([^,]*)', 2) AS pid, value
+FROM samples
+WHERE ts > $window_start AND ts <= $now AND metric = 'job_neighbour_process_cpu_percent';
+
+-- One row per job tick and series: every named command (0 in ticks where it was not named) and steal.
+CREATE OR REPLACE TEMP TABLE _pc_series AS
+WITH keys AS (SELECT DISTINCT node_id, job_id, comm FROM _pc_named),
+s AS (
+    SELECT k.node_id, k.job_id, k.ts, k.progress, k.job_last, k.dt_s, 'co_tenant' AS component, c.comm AS key,
+           coalesce(n.value, 0) AS v
+    FROM _pc_ticks k
+    JOIN keys c ON c.node_id = k.node_id AND c.job_id = k.job_id
+    LEFT JOIN _pc_named n ON n.node_id = k.node_id AND n.job_id = k.job_id AND n.ts = k.ts AND n.comm = c.comm
+    UNION ALL
+    SELECT node_id, job_id, ts, progress, job_last, dt_s, 'hypervisor', 'cpu steal', coalesce(steal, 0) FROM _pc_ticks
+), u AS (
+    SELECT *, quantile_cont(v, 0.25) OVER (PARTITION BY node_id, job_id, key) AS usual FROM s
+), h AS (
+    SELECT *, v >= usual + CASE component WHEN 'co_tenant' THEN greatest($neighbour_cpu, usual / 2)
+                                          ELSE $corr_steal END AS raw_hit
+    FROM u
+), g AS (
+    -- up to two quiet ticks between contended ones do not end the episode
+    SELECT *, raw_hit OR coalesce(bool_or(raw_hit) OVER (w ROWS BETWEEN 2 PRECEDING AND 1 PRECEDING)
+                                  AND bool_or(raw_hit) OVER (w ROWS BETWEEN 1 FOLLOWING AND 2 FOLLOWING), false) AS hit
+    FROM h WINDOW w AS (PARTITION BY node_id, job_id, key ORDER BY ts)
+)
+SELECT *, row_number() OVER (PARTITION BY node_id, job_id, key ORDER BY ts)
+          - row_number() OVER (PARTITION BY node_id, job_id, key, hit ORDER BY ts) AS island
+FROM g;
+
+CREATE OR REPLACE TEMP TABLE _pc_episodes AS
+WITH e AS (
+    SELECT node_id, job_id, component, key, island, min(ts) AS t0, max(ts) AS t1, count(*) AS n,
+           sum(dt_s) AS hit_s, avg(progress) AS p_hit, avg(v) AS v_hit, any_value(job_last) AS job_last
+    FROM _pc_series WHERE hit GROUP BY ALL
+    HAVING count(*) >= $min_runs
+), r AS (
+    SELECT e.*, greatest(e.t1 - e.t0, INTERVAL 10 SECOND) AS span FROM e
+)
+SELECT r.*,
+       count(s.ts) FILTER (WHERE s.ts < r.t0) AS n_before,
+       count(s.ts) FILTER (WHERE s.ts > r.t1) AS n_after,
+       avg(s.progress) FILTER (WHERE s.ts < r.t0) AS p_before,
+       avg(s.progress) FILTER (WHERE s.ts > r.t1) AS p_after,
+       avg(s.progress) AS p_ref, avg(s.v) AS v_ref
+FROM r
+LEFT JOIN _pc_series s ON s.node_id = r.node_id AND s.job_id = r.job_id AND s.key = r.key AND NOT s.hit
+     AND ((s.ts >= r.t0 - r.span AND s.ts < r.t0) OR (s.ts > r.t1 AND s.ts <= r.t1 + r.span))
+GROUP BY ALL;
+
+CREATE OR REPLACE TEMP TABLE _pc AS
+WITH q AS (
+    SELECT e.*, c.threshold, c.critical, 1 - e.p_hit / nullif(e.p_ref, 0) AS lost,
+           1 - e.p_hit / nullif(e.p_before, 0) AS lost_before, 1 - e.p_hit / nullif(e.p_after, 0) AS lost_after
+    FROM _pc_episodes e
+    JOIN _components c ON c.kind = 'noisy_neighbor_variance' AND c.component = e.component
+), ok AS (
+    SELECT * FROM q
+    WHERE n_before >= $min_runs AND n_after >= $min_runs
+      AND v_hit - v_ref >= CASE component WHEN 'co_tenant' THEN greatest($neighbour_cpu, v_ref / 2) ELSE $corr_steal END
+      AND lost >= threshold AND lost_before >= threshold / 2 AND coalesce(lost_after, 1) >= threshold / 2
+    QUALIFY row_number() OVER (PARTITION BY node_id, component ORDER BY lost DESC, v_hit - v_ref DESC) = 1
+), win AS (   -- every tick of the episode and of its reference windows, for the totals and the names
+    SELECT ok.node_id, ok.job_id, ok.component, k.ts, k.ts BETWEEN ok.t0 AND ok.t1 AS during,
+           k.neighbour_cpu, k.steal, k.psi_cpu, k.psi_io, k.psi_mem, k.progress_source
+    FROM ok JOIN _pc_ticks k ON k.node_id = ok.node_id AND k.job_id = ok.job_id
+     AND k.ts >= ok.t0 - ok.span AND k.ts <= ok.t1 + ok.span
+), tot AS (
+    SELECT node_id, job_id, component, max(progress_source) AS progress_source,
+           avg(neighbour_cpu) FILTER (WHERE during) AS n_hit, avg(neighbour_cpu) FILTER (WHERE NOT during) AS n_ref,
+           avg(steal) FILTER (WHERE during) AS steal_avg, max(steal) FILTER (WHERE during) AS steal_max,
+           max(psi_cpu) FILTER (WHERE during) AS psi_cpu_max, max(psi_io) FILTER (WHERE during) AS psi_io_max,
+           max(psi_mem) FILTER (WHERE during) AS psi_mem_max,
+           count(*) FILTER (WHERE during) AS n_during, count(*) FILTER (WHERE NOT during) AS n_around
+    FROM win GROUP BY ALL
+), per_comm AS (
+    SELECT w.node_id, w.job_id, w.component, n.comm,
+           list(DISTINCT n.pid) FILTER (WHERE w.during) AS pids,
+           coalesce(sum(n.value) FILTER (WHERE w.during), 0) AS s_hit,
+           coalesce(sum(n.value) FILTER (WHERE NOT w.during), 0) AS s_ref
+    FROM win w JOIN _pc_named n ON n.node_id = w.node_id AND n.job_id = w.job_id AND n.ts = w.ts
+    GROUP BY ALL
+), rises AS (
+    SELECT p.*, p.s_hit / t.n_during - p.s_ref / nullif(t.n_around, 0) AS rise,
+           p.s_hit / t.n_during AS cpu_hit, coalesce(p.s_ref / nullif(t.n_around, 0), 0) AS cpu_ref
+    FROM per_comm p JOIN tot t USING (node_id, job_id, component)
+), shares AS (
+    SELECT *, rise / sum(rise) FILTER (WHERE rise > 0) OVER (PARTITION BY node_id, job_id, component) AS share
+    FROM rises
+)
+SELECT ok.*, tot.* EXCLUDE (node_id, job_id, component),
+       (SELECT list({'comm': s.comm, 'pids': s.pids, 'cpu_percent_contended': round(s.cpu_hit, 1),
+                     'cpu_percent_around': round(s.cpu_ref, 1), 'share_of_added_cpu': round(s.share, 3)}
+                    ORDER BY s.rise DESC)[1:3]
+        FROM shares s WHERE s.node_id = ok.node_id AND s.job_id = ok.job_id AND s.component = ok.component
+          AND s.rise > 0) AS neighbours
+FROM ok JOIN tot USING (node_id, job_id, component);
+
+-- Every node with a passively seen job was judged for both components (a flag closes when clear).
+INSERT INTO _evaluated SELECT DISTINCT node_id, NULL, 'noisy_neighbor_variance', c.component
+FROM _pc_ticks CROSS JOIN (VALUES ('co_tenant'), ('hypervisor')) c(component);
+
+INSERT INTO _conditions
+SELECT node_id, NULL AS gpu, 'noisy_neighbor_variance' AS kind, component,
+       CASE WHEN lost >= critical THEN 'critical' ELSE 'warning' END AS severity,
+       lost AS value, 'fraction' AS unit, p_ref AS baseline, 'job_progress_around_episode' AS baseline_source,
+       json_object(
+           'job_id', job_id, 'cause', key, 'progress_source', progress_source,
+           'progress_before', round(p_before, 1), 'progress_after', round(p_after, 1),
+           'progress_contended', round(p_hit, 1), 'progress_lost_fraction', round(lost, 3),
+           'contended_ticks', n, 'contended_s', round(hit_s, 1), 'reference_ticks_before', n_before,
+           'reference_ticks_after', n_after,
+           'cause_level_contended', round(v_hit, 1), 'cause_level_around', round(v_ref, 1),
+           'neighbour_cpu_percent_contended', round(n_hit, 1), 'neighbour_cpu_percent_around', round(n_ref, 1),
+           'neighbour_cpu_margin_percent', $neighbour_cpu, 'neighbours', neighbours,
+           'cpu_steal_percent', json_object('avg', steal_avg, 'max', steal_max),
+           'psi_some_avg10_percent_max', json_object('cpu', psi_cpu_max, 'io', psi_io_max, 'memory', psi_mem_max)
+       )::VARCHAR AS evidence,
+       'job ' || job_id || ' lost ' || printf('%.0f', lost * 100) || ' % of its progress ('
+       || CASE progress_source WHEN 'gpu_util' THEN 'GPU utilization ' ELSE 'CPU share of its processes ' END
+       || _fmt(p_ref) || ' % around it -> ' || _fmt(p_hit) || ' %) during ' || printf('%.0f', hit_s) || ' s while '
+       || CASE component
+              WHEN 'co_tenant' THEN key || ' used ' || printf('%.0f', v_hit) || ' % of a core (around it '
+                   || printf('%.0f', v_ref) || ' %; added CPU by command: ' || coalesce(array_to_string(list_transform(neighbours,
+                        x -> x.comm || ' ' || printf('%.0f', x.share_of_added_cpu * 100) || ' %'), ', '), 'unnamed')
+                   || '); isolate the co-tenant (cgroup CPU limits, pinning) or move it off this node.'
+              ELSE 'the hypervisor stole up to ' || printf('%.0f', steal_max)
+                   || ' % of the CPU; ask for dedicated vCPUs or move the job.' END
+       AS sentence
+FROM _pc;

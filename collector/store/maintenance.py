@@ -1,0 +1,590 @@
+"""Keeping the collector's database bounded and compact: retention, the disk guard and compaction.
+
+Everything here runs as short calls on the writer thread (``Writer.call``), each its own transaction, so
+ingest waits at most one slice between two group commits and never stops.
+
+Raw rows are read by the analyzer's rollups through rowid watermarks, and DuckDB renumbers rowids when a
+checkpoint vacuums deleted rows. So every step that deletes or rewrites raw rows first brings the rollups
+up to date, then changes the rows, checkpoints, and moves the watermarks to the new end: no raw row is
+ever rolled up twice or missed. (Should a checkpoint be refused because a query is reading, the analyzer
+notices the later renumbering through ``rollup_watermarks`` (last_count, last_key) and rebuilds the minutes the raw
+table still holds.)
+
+"Bytes" for ``max_db_bytes`` are the bytes the database uses: the file's blocks minus its free blocks
+(``PRAGMA database_size``; DuckDB reuses free blocks but never shrinks the file) plus the write-ahead log.
+The volume floor counts the volume's free space plus the file's free blocks, since both take new data.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import os
+import shutil
+import threading
+import time
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from gpuagent.common.timeutil import utc_now
+
+log = logging.getLogger("gpuagent.collector.store.maintenance")
+
+HOUR = dt.timedelta(hours=1)
+DAY_S = 86_400.0
+
+# table -> (time column, setting that bounds it, extra condition). Raw tables come first.
+RAW_TABLES = ("samples", "job_samples")
+TABLES: dict[str, tuple[str, str, str]] = {
+    "samples": ("ts", "raw_retention_s", ""),
+    "job_samples": ("ts", "raw_retention_s", ""),
+    "samples_1m": ("minute", "rollup_retention_s", ""),
+    "job_samples_1m": ("minute", "rollup_retention_s", ""),
+    "probe_results": ("started_at", "probe_retention_s", ""),
+    "probe_metrics": ("started_at", "probe_retention_s", ""),
+    "jobs": ("last_seen", "job_retention_s", ""),
+    "job_steps": ("ts", "job_retention_s", ""),
+    "events": ("ts", "event_retention_s", ""),
+    "flags": ("last_seen", "flag_retention_s", "state = 'closed'"),
+    "link_results": ("started_at", "link_retention_s", ""),
+}
+
+
+class MaintenanceConfigError(ValueError):
+    """A [storage] or [lake] setting is not usable; the message is one sentence."""
+
+
+def _seconds(name: str, value: Any) -> float:
+    from gpuagent.collector.analysis.analyzer import parse_duration  # noqa: PLC0415 - one duration syntax
+
+    try:
+        seconds = parse_duration(value)
+    except (ValueError, TypeError):
+        raise MaintenanceConfigError(f"storage.{name} must be a duration such as 7d, 12h or 30m, "
+                                     f"not {value!r}") from None
+    if seconds <= 0:
+        raise MaintenanceConfigError(f"storage.{name} must be positive, not {value!r}")
+    return seconds
+
+
+def _bytes(name: str, value: Any) -> int:
+    units = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+             "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    text = str(value).strip().lower().replace(" ", "")
+    num = text.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = text[len(num):]
+    try:
+        out = int(float(num) * units[unit])
+    except (ValueError, KeyError):
+        raise MaintenanceConfigError(f"storage.{name} must be a size such as 500GB or 2GiB, not {value!r}") from None
+    if out < 0:
+        raise MaintenanceConfigError(f"storage.{name} must not be negative, not {value!r}")
+    return out
+
+
+@dataclass(frozen=True)
+class MaintenanceConfig:
+    raw_retention_s: float = 7 * DAY_S
+    rollup_retention_s: float = 400 * DAY_S
+    probe_retention_s: float = 400 * DAY_S
+    job_retention_s: float = 90 * DAY_S
+    event_retention_s: float = 90 * DAY_S
+    flag_retention_s: float = 400 * DAY_S
+    link_retention_s: float = 400 * DAY_S
+    max_db_bytes: int = 0                 # 0: no size bound
+    min_free_bytes: int = 1 << 30          # floor of free space on the database's volume (0: off)
+    interval_s: float = 60.0               # retention and compaction passes
+    guard_interval_s: float = 5.0          # disk guard checks (cheap: stat + PRAGMA)
+    # Once over a bound, the guard deletes until max_db_bytes is undercut, and min_free_bytes exceeded, by
+    # this fraction, so one crossing does not become a deletion every check.
+    guard_hysteresis: float = 0.05
+    slice_s: float = 3600.0                # one delete covers at most this much time
+    compaction: bool = False   # off by default until its cost to ingest is measured within target (docs/COLLECTOR.md)
+    compact_grace_s: float = 600.0         # a span is closed this long after its end (late batches)
+    # Compaction rewrites whole spans of this many hours (dividing a day). DuckDB bit-packs timestamps in
+    # groups of 2048 values, and a group that crosses from one series to the next stores full-width
+    # deltas: the longer a series' run, the fewer such groups (1 s samples: ~2.2 bytes/ts per hour-long
+    # run, ~0.4 per 6-hour run). Longer spans leave more recent data uncompacted and hold the writer longer.
+    compact_span_s: float = 6 * 3600.0
+    # One writer call rewrites whole (node, metric) groups of at most this many rows (a metric is never
+    # split): the writer's hold per call stays around a fraction of a second however large the fleet.
+    compact_chunk_rows: int = 250_000
+    # The share of wall time compaction may take: after each chunk it pauses (1 - duty) / duty times as
+    # long as the chunk took, so ingest and queries keep the writer and the CPUs most of the time.
+    compact_duty: float = 0.3
+    lake_enabled: bool = False
+    lake_path: str | None = None
+
+    _DURATIONS = ("raw_retention", "rollup_retention", "probe_retention", "job_retention", "event_retention",
+                  "flag_retention", "link_retention", "interval", "guard_interval", "slice", "compact_grace",
+                  "compact_span")
+
+    @classmethod
+    def from_mapping(cls, doc: dict) -> "MaintenanceConfig":
+        """From a parsed collector TOML: ``[storage]`` and ``[lake]`` (both optional)."""
+        st = doc.get("storage") or {}
+        kwargs: dict[str, Any] = {}
+        for key, value in st.items():
+            if key in cls._DURATIONS:
+                kwargs[f"{key}_s"] = _seconds(key, value)
+            elif key in ("max_db_bytes", "min_free_bytes"):
+                kwargs[key] = _bytes(key, value)
+            elif key == "compact_chunk_rows":
+                if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                    raise MaintenanceConfigError(f"storage.compact_chunk_rows must be a positive integer, not {value!r}")
+                kwargs[key] = value
+            elif key == "guard_hysteresis":
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 0.5:
+                    raise MaintenanceConfigError(f"storage.guard_hysteresis must be a fraction from 0 to 0.5, "
+                                                 f"not {value!r}")
+                kwargs[key] = float(value)
+            elif key == "compact_duty":
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.01 <= value <= 1:
+                    raise MaintenanceConfigError(f"storage.compact_duty must be a number from 0.01 to 1, not {value!r}")
+                kwargs[key] = float(value)
+            elif key == "compaction":
+                if not isinstance(value, bool):
+                    raise MaintenanceConfigError(f"storage.compaction must be true or false, not {value!r}")
+                kwargs[key] = value
+            else:
+                raise MaintenanceConfigError(f"unknown setting storage.{key}")
+        span = kwargs.get("compact_span_s", cls.compact_span_s)
+        if span % 3600 or DAY_S % span:
+            raise MaintenanceConfigError(f"storage.compact_span must be a whole number of hours that divides a day "
+                                         f"(1h, 2h, 3h, 4h, 6h, 8h, 12h, 24h), not {st.get('compact_span')!r}")
+        lake = doc.get("lake") or {}
+        if lake:
+            kwargs["lake_enabled"] = bool(lake.get("enabled", False))
+            kwargs["lake_path"] = lake.get("path")
+        return cls(**kwargs)
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> "MaintenanceConfig":
+        try:
+            with open(path, "rb") as fh:
+                return cls.from_mapping(tomllib.load(fh))
+        except OSError as exc:
+            raise MaintenanceConfigError(f"cannot read the config {path}: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise MaintenanceConfigError(f"the config {path} is not valid TOML: {exc}") from None
+
+
+@dataclass
+class Usage:
+    file_bytes: int
+    wal_bytes: int
+    free_block_bytes: int
+    volume_free_bytes: int
+
+    @property
+    def used_bytes(self) -> int:
+        return self.file_bytes - self.free_block_bytes + self.wal_bytes
+
+    @property
+    def available_bytes(self) -> int:
+        return self.volume_free_bytes + self.free_block_bytes
+
+
+def measure(con, db_path: str) -> Usage:
+    """The database's use of its volume (see the module docstring for what counts)."""
+    row = con.execute("SELECT free_blocks, block_size FROM pragma_database_size() "
+                      "WHERE database_name = current_database()").fetchone()
+    free_blocks, block_size = (int(row[0]), int(row[1])) if row else (0, 0)
+    size = lambda p: os.stat(p).st_size if os.path.exists(p) else 0  # noqa: E731
+    return Usage(size(db_path), size(db_path + ".wal"), free_blocks * block_size,
+                 shutil.disk_usage(Path(db_path).resolve().parent).free)
+
+
+def table_bytes(con, table: str) -> int:
+    """Bytes of the blocks that hold ``table``'s segments, each block counted whole (after a checkpoint)."""
+    blocks, block_size = con.execute(
+        f"SELECT (SELECT count(*) FROM (SELECT block_id FROM pragma_storage_info('{table}') WHERE block_id >= 0 "
+        f"UNION SELECT unnest(additional_block_ids) FROM pragma_storage_info('{table}'))), "
+        "(SELECT block_size FROM pragma_database_size() WHERE database_name = current_database())").fetchone()
+    return int(blocks) * int(block_size)
+
+
+def _table_exists(con, name: str) -> bool:
+    return bool(con.execute("SELECT count(*) FROM information_schema.tables WHERE table_schema = 'main' "
+                            "AND table_name = ?", [name]).fetchone()[0])
+
+
+@dataclass
+class Counters:
+    deleted: dict[str, int] = field(default_factory=dict)        # retention, per table
+    guard_deleted: dict[str, int] = field(default_factory=dict)  # disk guard, per table
+    compacted_rows: int = 0
+    compacted_hours: int = 0
+    compact_hold_max_s: float = 0.0     # the longest one compaction call held the writer
+    guard_runs: int = 0
+    guard_starved: int = 0       # guard checks over the bound with nothing it may delete
+    guard_freed_nothing: int = 0  # guard deletions after which the measure showed no space freed
+    last_error: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"deleted": dict(self.deleted), "guard_deleted": dict(self.guard_deleted),
+                "compacted_rows": self.compacted_rows, "compacted_hours": self.compacted_hours,
+                "compact_hold_max_s": round(self.compact_hold_max_s, 3),
+                "guard_runs": self.guard_runs, "guard_starved": self.guard_starved,
+                "guard_freed_nothing": self.guard_freed_nothing,
+                "last_error": self.last_error}
+
+
+class Maintenance:
+    """The steps, each a function of the writer's connection. ``rollup`` (the analyzer's) may be None."""
+
+    def __init__(self, db_path: str, config: MaintenanceConfig,
+                 rollup: Callable[[Any], Any] | None = None,
+                 now: Callable[[], dt.datetime] = utc_now):
+        self.db_path = str(db_path)
+        self.config = config
+        self.rollup = rollup
+        self.now = now
+        self.counters = Counters()
+        self._guard_active = False        # a disk-guard episode is deleting until under_target
+        self._guard_hold_until = 0.0      # monotonic: no guard deletion before (after one freed nothing)
+
+    # -- raw-row changes keep the rollup watermarks exact
+
+    def _raw_change(self, con, change: Callable[[Any], Any]) -> Any:
+        if self.rollup is not None:
+            con.execute("BEGIN TRANSACTION")
+            try:
+                self.rollup(con)
+                con.execute("COMMIT")
+            except BaseException:
+                con.execute("ROLLBACK")
+                raise
+        con.execute("BEGIN TRANSACTION")
+        try:
+            out = change(con)
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        try:
+            con.execute("CHECKPOINT")
+        except Exception as exc:  # noqa: BLE001 - a reader holds a transaction; the analyzer's check covers it
+            log.info("checkpoint after a raw-row change deferred: %s", exc)
+        if self.rollup is not None:
+            from gpuagent.collector.analysis.analyzer import set_watermark, watermark_of  # noqa: PLC0415
+
+            for source in RAW_TABLES:
+                set_watermark(con, source, *watermark_of(con, source))
+        return out
+
+    def _log(self, con, tbl, reason, ts_from, ts_to, rows, before=None, after=None, avail_before=None,
+             avail_after=None) -> None:
+        con.execute("INSERT INTO retention_log VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [utc_now(), tbl, reason, ts_from, ts_to, rows, before, after, avail_before, avail_after])
+
+    # -- retention
+
+    def retention_slices(self, con) -> list[tuple[str, dt.datetime, dt.datetime | None]]:
+        """(table, bound, oldest) for each existing table holding rows older than its retention."""
+        out = []
+        now = self.now()
+        for tbl, (col, setting, cond) in TABLES.items():
+            if not _table_exists(con, tbl):
+                continue
+            bound = now - dt.timedelta(seconds=getattr(self.config, setting))
+            if tbl in RAW_TABLES:   # whole minutes, so a rollup rebuild never meets a half-deleted minute
+                bound = bound.replace(second=0, microsecond=0)
+            where = f"WHERE {cond}" if cond else ""
+            oldest = con.execute(f"SELECT min({col}) FROM {tbl} {where}").fetchone()[0]
+            if oldest is not None and oldest < bound:
+                out.append((tbl, bound, oldest))
+        return out
+
+    def delete_slice(self, con, tbl: str, bound: dt.datetime, oldest: dt.datetime, reason: str = "retention"
+                     ) -> tuple[int, dt.datetime]:
+        """Delete one slice of ``tbl`` older than ``bound`` (oldest first); returns (rows, slice end)."""
+        col, _, cond = TABLES[tbl]
+        end = min(bound, oldest + dt.timedelta(seconds=self.config.slice_s))
+        extra = f" AND {cond}" if cond else ""
+
+        def change(c):
+            n = c.execute(f"DELETE FROM {tbl} WHERE {col} < ?{extra}", [end]).fetchone()[0]
+            self._log(c, tbl, reason, None, end, int(n))
+            return int(n)
+
+        if tbl in RAW_TABLES:
+            n = self._raw_change(con, change)
+        else:
+            con.execute("BEGIN TRANSACTION")
+            try:
+                n = change(con)
+                con.execute("COMMIT")
+            except BaseException:
+                con.execute("ROLLBACK")
+                raise
+        self.counters.deleted[tbl] = self.counters.deleted.get(tbl, 0) + n
+        return n, end
+
+    # -- disk guard
+
+    def over_limit(self, usage: Usage) -> bool:
+        c = self.config
+        return bool((c.max_db_bytes and usage.used_bytes >= c.max_db_bytes)
+                    or (c.min_free_bytes and usage.available_bytes < c.min_free_bytes))
+
+    def _exported_before(self, con, hour: dt.datetime) -> bool:
+        """Lake on: the raw hour may go only once the lake holds it (part B's ``exports`` table)."""
+        if not self.config.lake_enabled:
+            return True
+        if not _table_exists(con, "exports"):
+            return False
+        return bool(con.execute("SELECT count(*) FROM exports WHERE tbl = 'samples' AND hour = ?",
+                                [hour]).fetchone()[0])
+
+    def under_target(self, usage: Usage) -> bool:
+        """Under the bounds by the hysteresis margin: where a guard episode stops deleting."""
+        c, h = self.config, self.config.guard_hysteresis
+        return bool((not c.max_db_bytes or usage.used_bytes <= c.max_db_bytes * (1 - h))
+                    and (not c.min_free_bytes or usage.available_bytes >= c.min_free_bytes * (1 + h)))
+
+    def _checkpointed_usage(self, con) -> Usage:
+        """Usage after a checkpoint: the WAL's rows go into compressed blocks and deleted rows free theirs."""
+        try:
+            con.execute("CHECKPOINT")
+        except Exception as exc:  # noqa: BLE001 - a reader holds a transaction; decide on what is measured
+            log.info("disk guard: checkpoint deferred: %s", exc)
+        return measure(con, self.db_path)
+
+    def _event(self, con, kind: str, message: str, value: float, attrs: dict) -> None:
+        con.execute("INSERT INTO events (ts, node_id, gpu, kind, message, value, attrs) "
+                    "VALUES (?, 'collector', NULL, ?, ?, ?, ?)", [utc_now(), kind, message, value, json.dumps(attrs)])
+
+    def guard_step(self, con) -> int:
+        """One disk-guard step: delete the oldest raw hour when the measure asks for it; returns rows deleted.
+
+        An episode starts when a bound is crossed and deletes one hour per step, measuring after a
+        checkpoint before each, until the usage is under the bounds by ``guard_hysteresis``: no hour goes
+        once the measure says enough has. The newest hour held is never deleted: it is what is arriving now.
+        A deletion that frees no space ends the episode (an event says so) and the guard waits
+        ``interval_s`` before deleting again, so an unreliable measure cannot empty the database.
+        """
+        if time.monotonic() < self._guard_hold_until:
+            return 0
+        before = measure(con, self.db_path)
+        if not self._guard_active and not self.over_limit(before):
+            return 0
+        before = self._checkpointed_usage(con)
+        if self.under_target(before) or (not self._guard_active and not self.over_limit(before)):
+            self._guard_active = False
+            return 0
+        self._guard_active = True
+        oldest = con.execute("SELECT date_trunc('hour', min(ts)) FROM samples").fetchone()[0]
+        jold = con.execute("SELECT date_trunc('hour', min(ts)) FROM job_samples").fetchone()[0]
+        newest = con.execute("SELECT date_trunc('hour', greatest((SELECT max(ts) FROM samples), "
+                             "(SELECT max(ts) FROM job_samples)))").fetchone()[0]
+        hours = [h for h in (oldest, jold) if h is not None]
+        if not hours or min(hours) >= newest or not self._exported_before(con, min(hours)):
+            self.counters.guard_starved += 1
+            self._guard_active = False
+            return 0
+        hour = min(hours)
+        end = hour + HOUR
+        self.counters.guard_runs += 1
+
+        def change(c):
+            out = {}
+            for tbl in RAW_TABLES:
+                out[tbl] = int(c.execute(f"DELETE FROM {tbl} WHERE ts < ?", [end]).fetchone()[0])
+            return out
+
+        deleted = self._raw_change(con, change)       # checkpoints: the freed blocks show in the measure
+        after = measure(con, self.db_path)
+        freed = after.available_bytes - before.available_bytes
+        for tbl, n in deleted.items():
+            self._log(con, tbl, "disk_guard", None, end, n, before.used_bytes, after.used_bytes,
+                      before.available_bytes, after.available_bytes)
+            self.counters.guard_deleted[tbl] = self.counters.guard_deleted.get(tbl, 0) + n
+        attrs = {"before": end.isoformat(), "rows": deleted, "used_bytes_before": before.used_bytes,
+                 "used_bytes_after": after.used_bytes, "available_bytes_before": before.available_bytes,
+                 "available_bytes_after": after.available_bytes}
+        self._event(con, "disk_guard", f"disk guard deleted raw rows before {end.isoformat()} "
+                    f"({sum(deleted.values())} rows, {freed} bytes made available)", sum(deleted.values()), attrs)
+        log.warning("disk guard: the database used %d bytes (%d available); deleted raw rows before %s: %s; "
+                    "%d bytes made available", before.used_bytes, before.available_bytes, end.isoformat(), deleted,
+                    freed)
+        if freed <= 0 and after.used_bytes >= before.used_bytes:
+            self.counters.guard_freed_nothing += 1
+            self._guard_active = False
+            self._guard_hold_until = time.monotonic() + self.config.interval_s
+            self._event(con, "disk_guard_no_space_freed",
+                        f"disk guard: deleting raw rows before {end.isoformat()} freed no space; no further "
+                        f"deletion for {self.config.interval_s:.0f} s", 0.0, attrs)
+            log.error("disk guard: deleting raw rows before %s freed no space; waiting %.0f s before deleting "
+                      "again", end.isoformat(), self.config.interval_s)
+        return sum(deleted.values())
+
+    # -- compaction
+
+    @property
+    def span(self) -> dt.timedelta:
+        return dt.timedelta(seconds=self.config.compact_span_s)
+
+    def closed_spans(self, con) -> list[dt.datetime]:
+        """Starts of the closed compaction spans (``compact_span``, aligned to midnight) of samples not yet
+        compacted, oldest first."""
+        limit = self.now() - dt.timedelta(seconds=self.config.compact_grace_s)
+        width = f"INTERVAL {int(self.config.compact_span_s)} SECOND"
+        rows = con.execute(
+            f"SELECT DISTINCT time_bucket({width}, ts, TIMESTAMP '2000-01-01') AS h FROM samples "
+            f"WHERE ts < time_bucket({width}, ?::TIMESTAMP, TIMESTAMP '2000-01-01') "
+            f"AND time_bucket({width}, ts, TIMESTAMP '2000-01-01') NOT IN "
+            "(SELECT hour FROM compacted_hours WHERE tbl = 'samples') ORDER BY h", [limit]).fetchall()
+        return [r[0] for r in rows if r[0] + self.span <= limit]
+
+    def compact_chunk(self, con, hour: dt.datetime, node: str, metrics: list[str], rows) -> int:
+        """Replace one chunk (``node``'s ``metrics`` in the span from ``hour``) by ``rows``, the same rows sorted
+        by series then time, read beforehand outside the writer; one short transaction.
+
+        Only appends happen meanwhile, so an unchanged count means unchanged rows; a late batch for the span
+        makes the count differ, and the chunk is then read again here, on the writer.
+        """
+        end = hour + self.span
+        where = "ts >= ? AND ts < ? AND node_id = ? AND metric IN (SELECT unnest(?))"
+        params = [hour, end, node, metrics]
+
+        def change(c):
+            nonlocal rows
+            if rows is None or c.execute(f"SELECT count(*) FROM samples WHERE {where}",
+                                         params).fetchone()[0] != rows.num_rows:
+                rows = c.execute(f"SELECT * FROM samples WHERE {where} ORDER BY metric, gpu, labels, ts",
+                                 params).to_arrow_table()
+            c.execute(f"DELETE FROM samples WHERE {where}", params)
+            c.register("_compact_rows", rows)
+            try:
+                c.execute("INSERT INTO samples SELECT * FROM _compact_rows")
+            finally:
+                c.unregister("_compact_rows")
+            return rows.num_rows
+
+        t0 = time.monotonic()
+        n = self._raw_change(con, change)
+        self.counters.compact_hold_max_s = max(self.counters.compact_hold_max_s, time.monotonic() - t0)
+        self.counters.compacted_rows += n
+        return n
+
+    def mark_compacted(self, con, hour: dt.datetime, rows: int) -> None:
+        con.execute("INSERT OR REPLACE INTO compacted_hours VALUES ('samples', ?, ?, ?)", [hour, rows, utc_now()])
+        self._log(con, "samples", "compaction", hour, hour + self.span, rows)
+        self.counters.compacted_hours += 1
+
+
+def _chunks(groups: list[tuple[str, str, int]], max_rows: int) -> list[tuple[str, list[str], int]]:
+    """(node, metrics, rows): consecutive whole metrics of one node, at most ``max_rows`` rows unless a
+    single metric holds more (a series run is never split, so each stays one sorted run)."""
+    out: list[tuple[str, list[str], int]] = []
+    for node, metric, n in groups:
+        if out and out[-1][0] == node and out[-1][2] + n <= max_rows:
+            out[-1][1].append(metric)
+            out[-1] = (node, out[-1][1], out[-1][2] + n)
+        else:
+            out.append((node, [metric], n))
+    return out
+
+
+def compact_span(call: Callable[[Callable[[Any], Any]], Any], m: Maintenance, hour: dt.datetime,
+                 stop: threading.Event | None = None) -> int:
+    """Compact one closed span through ``call``: one writer call per chunk of whole (node, metric) groups
+    (``compact_chunk_rows``), each chunk read and sorted beforehand on a reading connection, and a pause
+    after each chunk so compaction takes at most ``compact_duty`` of the time (ingest goes between)."""
+    end = hour + m.span
+    reader = call(lambda c: c.cursor())
+    try:
+        groups = reader.execute("SELECT node_id, metric, count(*) FROM samples WHERE ts >= ? AND ts < ? "
+                                "GROUP BY ALL ORDER BY 1, 2", [hour, end]).fetchall()
+        total = 0
+        duty = m.config.compact_duty
+        for node, metrics, _ in _chunks(groups, m.config.compact_chunk_rows):
+            if stop is not None and stop.is_set():
+                return total       # not marked: the next pass does the span again, which only re-sorts
+            t0 = time.monotonic()
+            rows = reader.execute("SELECT * FROM samples WHERE ts >= ? AND ts < ? AND node_id = ? AND metric IN "
+                                  "(SELECT unnest(?)) ORDER BY metric, gpu, labels, ts",
+                                  [hour, end, node, metrics]).to_arrow_table()
+            total += call(lambda c, n=node, ms=metrics, r=rows: m.compact_chunk(c, hour, n, ms, r))
+            del rows
+            if duty < 1.0:
+                pause = (time.monotonic() - t0) * (1.0 - duty) / duty
+                if stop is not None:
+                    stop.wait(pause)
+                else:
+                    time.sleep(pause)
+    finally:
+        reader.close()
+    call(lambda c: m.mark_compacted(c, hour, total))
+    return total
+
+
+def run_retention(call: Callable[[Callable[[Any], Any]], Any], m: Maintenance,
+                  stop: threading.Event | None = None) -> dict[str, int]:
+    """Every table down to its retention, one slice per writer call; returns rows deleted per table."""
+    out: dict[str, int] = {}
+    for tbl, bound, oldest in call(m.retention_slices):
+        while oldest is not None and oldest < bound and not (stop and stop.is_set()):
+            n, end = call(lambda c, t=tbl, b=bound, o=oldest: m.delete_slice(c, t, b, o))
+            out[tbl] = out.get(tbl, 0) + n
+            col, _, cond = TABLES[tbl]
+            where = f"WHERE {cond}" if cond else ""
+            oldest = call(lambda c, t=tbl, col=col, w=where: c.execute(f"SELECT min({col}) FROM {t} {w}")
+                          .fetchone()[0])
+            if oldest is not None and oldest < end:    # rows at the slice end itself are kept: move past
+                break
+    return out
+
+
+def run_guard(call: Callable[[Callable[[Any], Any]], Any], m: Maintenance, max_steps: int = 1000) -> int:
+    """Disk-guard steps until under the bounds or nothing more may go; returns rows deleted."""
+    total = 0
+    for _ in range(max_steps):
+        n = call(m.guard_step)
+        if not n:
+            break
+        total += n
+    return total
+
+
+class MaintenanceThread:
+    """Runs the disk guard every ``guard_interval_s`` and retention + compaction every ``interval_s``."""
+
+    def __init__(self, m: Maintenance, call: Callable[[Callable[[Any], Any]], Any]):
+        self.m = m
+        self._call = call
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="gpuagent-maintenance", daemon=True)
+
+    def start(self) -> "MaintenanceThread":
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        next_full = time.monotonic() + min(self.m.config.interval_s, 10.0)
+        while not self._stop.wait(self.m.config.guard_interval_s):
+            try:
+                run_guard(self._call, self.m)
+                if time.monotonic() >= next_full:
+                    next_full = time.monotonic() + self.m.config.interval_s
+                    run_retention(self._call, self.m, self._stop)
+                    if self.m.config.compaction:
+                        for hour in self._call(self.m.closed_spans):
+                            if self._stop.is_set():
+                                break
+                            compact_span(self._call, self.m, hour, self._stop)
+                self.m.counters.last_error = None
+            except Exception as exc:  # noqa: BLE001 - keep ingesting; try again next interval
+                self.m.counters.last_error = str(exc)
+                log.error("storage maintenance failed: %s", exc)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
