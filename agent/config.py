@@ -95,7 +95,7 @@ class JobsConfig:
     rules: JobRules = field(default_factory=JobRules)
     scan_interval_s: float = 5.0        # /proc scan for rule-matched processes
     end_grace_s: float = 3.0            # a job unseen this long has ended
-    orphan_grace_s: float = 10.0        # a rule-matched process naming no job waits this long
+    orphan_grace_s: float = 30.0        # a rule-matched process naming no job waits this long
     step_listener: bool = True
     step_socket: str = ""               # "" = $GPUAGENT_JOBS_SOCKET or /run/gpuagent/jobs.sock
     step_window_s: float | None = None  # None = the batch interval

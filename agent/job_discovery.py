@@ -122,7 +122,7 @@ class JobDiscovery:
     name = "jobs"
 
     def __init__(self, gpu_sampler: Any = None, rules: JobRules | None = None, proc_root: str = "/proc",
-                 scan_interval_s: float = 5.0, end_grace_s: float = 3.0, orphan_grace_s: float = 10.0) -> None:
+                 scan_interval_s: float = 5.0, end_grace_s: float = 3.0, orphan_grace_s: float = 30.0) -> None:
         self.gpu = gpu_sampler
         self.rules = rules or JobRules()
         self._cmd_res = [re.compile(p) for p in self.rules.cmdline_regex]
