@@ -24,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from conftest import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -316,3 +318,15 @@ def assert_exact(fig: dict) -> None:
         + fig["cut_at_kill"] == fig["batches_cut"], fig
     if "lost_samples" in fig:
         assert fig["lost_samples"] == 0, fig
+
+
+@pytest.fixture(name="procs")
+def started_procs():
+    """Agents and collectors a fault test started, killed or stopped even when the test fails."""
+    started: list = []
+    yield started
+    for p in reversed(started):
+        try:
+            p.kill() if isinstance(p, Agent) else p.stop()
+        except Exception:  # noqa: BLE001 - cleanup goes on for the others
+            pass

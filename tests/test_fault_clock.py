@@ -9,22 +9,12 @@ import time
 import pytest
 
 from conftest import wait_for
-from fault_helpers import TICK_METRIC, Agent, Collector, account, can_unshare
+from fault_helpers import TICK_METRIC, Agent, Collector, account, can_unshare, started_procs  # noqa: F401 - the procs fixture
 
 HOUR = 3600 * 10**9
 
 pytestmark = pytest.mark.skipif(bool(can_unshare()), reason=can_unshare() or "ok")
 
-
-@pytest.fixture
-def procs():
-    started: list = []
-    yield started
-    for p in reversed(started):
-        try:
-            p.kill() if isinstance(p, Agent) else p.stop()
-        except Exception:  # noqa: BLE001 - cleanup goes on for the others
-            pass
 
 
 def test_agent_clock_stepped_back_and_forward_an_hour(tmp_path, procs):

@@ -11,7 +11,7 @@ import subprocess
 import pytest
 
 from conftest import wait_for
-from fault_helpers import Agent, Collector, account, can_unshare
+from fault_helpers import Agent, Collector, account, can_unshare, started_procs  # noqa: F401 - the procs fixture
 
 pytestmark = pytest.mark.skipif(bool(can_unshare()), reason=can_unshare() or "ok")
 
@@ -28,16 +28,6 @@ def small_fs(tmp_path):
     yield mnt
     subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=30)
 
-
-@pytest.fixture
-def procs():
-    started: list = []
-    yield started
-    for p in reversed(started):
-        try:
-            p.kill() if isinstance(p, Agent) else p.stop()
-        except Exception:  # noqa: BLE001 - cleanup goes on for the others
-            pass
 
 
 def _fill(path) -> int:

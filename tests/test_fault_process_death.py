@@ -9,23 +9,12 @@ import time
 import pytest
 
 from conftest import wait_for
-from fault_helpers import Agent, Collector, account, can_unshare
+from fault_helpers import Agent, Collector, account, can_unshare, started_procs  # noqa: F401 - the procs fixture
 
 ROUNDS = 20
 
 pytestmark = pytest.mark.skipif(bool(can_unshare()), reason=can_unshare() or "ok")
 
-
-@pytest.fixture
-def procs():
-    """Everything started here is stopped even when the test fails."""
-    started: list = []
-    yield started
-    for p in reversed(started):
-        try:
-            p.kill() if isinstance(p, Agent) else p.stop()
-        except Exception:  # noqa: BLE001 - cleanup goes on for the others
-            pass
 
 
 @pytest.mark.slow
