@@ -12,6 +12,7 @@ import random
 import duckdb
 import pytest
 
+from analysis_helpers import migrated_db  # noqa: F401 - the con fixture
 from gpuagent.collector.analysis import analyzer as A
 from gpuagent.collector.store import schema
 from gpuagent.sim import synthetic_rows as S
@@ -19,13 +20,6 @@ from gpuagent.sim import synthetic_rows as S
 NOW = dt.datetime(2026, 1, 1, 12, 0)
 RUNS = 8
 
-
-@pytest.fixture
-def con(tmp_path):
-    c = duckdb.connect(str(tmp_path / "collector.duckdb"))
-    schema.migrate(c)
-    yield c
-    c.close()
 
 
 def mesh(con, swinging=("p-n1", "p-n5"), steady_slow=("p-n2", "p-n6"), lossy=True):

@@ -8,6 +8,7 @@ import random
 import duckdb
 import pytest
 
+from analysis_helpers import migrated_db  # noqa: F401 - the con fixture
 from gpuagent.collector.analysis import analyzer as A
 from gpuagent.collector.store import schema
 from gpuagent.sim import synthetic_rows as S
@@ -15,13 +16,6 @@ from gpuagent.sim import synthetic_rows as S
 NOW = dt.datetime(2026, 1, 1, 12, 0)
 H2D, D2H = 53.6, 52.0
 
-
-@pytest.fixture
-def con(tmp_path):
-    c = duckdb.connect(str(tmp_path / "collector.duckdb"))
-    schema.migrate(c)
-    yield c
-    c.close()
 
 
 def run(con, now=NOW):
