@@ -46,6 +46,16 @@ DCGM_GPU = [
      "The rate of data transmitted over NVLink, not including protocol headers (in bytes per second)."),
     ("DCGM_FI_PROF_NVLINK_RX_BYTES", "nvlink_rx_bytes_per_s", 1.0, "gauge",
      "The rate of data received over NVLink, not including protocol headers (in bytes per second)."),
+    # DCGM's profiling ratios (0-1), from NVML GPM where the GPU has it (Hopper+); absent otherwise, never
+    # filled from the utilization counters. Under MIG the per-instance values stay in gpuagent's own data.
+    ("DCGM_FI_PROF_SM_ACTIVE", "sm_active_percent", 0.01, "gauge",
+     "Share of SMs with at least one warp resident over the last tick, 0-1 (NVML GPM SM_UTIL)."),
+    ("DCGM_FI_PROF_SM_OCCUPANCY", "sm_occupancy_percent", 0.01, "gauge",
+     "Resident warps against the SMs' maximum over the last tick, 0-1 (NVML GPM SM_OCCUPANCY)."),
+    ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "tensor_active_percent", 0.01, "gauge",
+     "Share of cycles any tensor pipe was busy over the last tick, 0-1 (NVML GPM ANY_TENSOR_UTIL)."),
+    ("DCGM_FI_PROF_DRAM_ACTIVE", "dram_active_percent", 0.01, "gauge",
+     "Device memory bandwidth used against its peak over the last tick, 0-1 (NVML GPM DRAM_BW_UTIL)."),
 ]
 
 # gpuagent_host_* gauges: (name, HostStatus field, scale, help). Shares are ratios (0-1), as Prometheus

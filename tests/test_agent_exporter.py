@@ -106,6 +106,13 @@ def test_dcgm_names_carry_nvml_values_in_dcgm_units(tmp_path):
     assert _per_gpu(m, "DCGM_FI_DEV_XID_ERRORS") == xids
     # NVLink rates (the sampler's, over real time) only for GPUs that have links
     assert set(_per_gpu(m, "DCGM_FI_PROF_NVLINK_TX_BYTES")) == {i for i, g in f.items() if g["nvlink_links"]}
+    # PROF activity ratios: GPM's percentages / 100, only where GPM answered (not GPU 5, a MIG GPU whose
+    # values are per GPU instance), never filled in from the utilization counters
+    for name, key in (("DCGM_FI_PROF_SM_ACTIVE", "sm_active"), ("DCGM_FI_PROF_SM_OCCUPANCY", "sm_occupancy"),
+                      ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "tensor_active"), ("DCGM_FI_PROF_DRAM_ACTIVE", "dram_active")):
+        want = {i: g["gpm"][key] / 100 for i, g in f.items() if "gpm" in g}
+        assert 5 not in want and len(want) == 7
+        assert _per_gpu(m, name) == pytest.approx(want, rel=1e-12), name
     labels = {lab["gpu"]: lab for lab, _ in m["DCGM_FI_DEV_FB_USED"]}
     assert labels["0"]["UUID"] == f[0]["uuid"] and labels["0"]["pci_bus_id"] == f[0]["pci_bus_id"]
     assert labels["0"]["device"] == "nvidia0" and labels["0"]["modelName"] == f[0]["name"]
