@@ -49,7 +49,8 @@ def can_unshare() -> str:
 class Collector:
     """The collector on a fixed loopback port and DuckDB file; can be SIGKILLed and restarted in place."""
 
-    def __init__(self, workdir: Path, db: Path | None = None, port: int | None = None, extra_env=None):
+    def __init__(self, workdir: Path, db: Path | None = None, port: int | None = None, extra_env=None,
+                 extra_args: tuple[str, ...] = ()):
         self.dir = workdir
         self.db = db or workdir / "collector.duckdb"
         self.port = port or free_port()
@@ -57,12 +58,13 @@ class Collector:
         self.query_address = self.address      # where the test reaches it (differs inside a namespace)
         self.log = workdir / "collector.log"
         self.env = {**os.environ, **(extra_env or {})}
+        self.extra_args = tuple(extra_args)
         self.proc: subprocess.Popen | None = None
         self.starts = 0
 
     def spawn(self) -> subprocess.Popen:
         cmd = [sys.executable, "-m", "gpuagent.collector.cli", "serve", "--db", str(self.db),
-               "--listen", self.address, "--no-analyze"]
+               "--listen", self.address, "--no-analyze", *self.extra_args]
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=ROOT,
                                          start_new_session=True)
