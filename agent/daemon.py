@@ -252,9 +252,18 @@ class Agent:
                 self.extras.append(x)
 
     # ---------------------------------------------------------------- status
+    def _fingerprint_dict(self, fp) -> dict:
+        """The fingerprint as JSON, converted once per fingerprint message (it is fixed at start-up, and
+        converting it every tick cost more than the rest of the snapshot)."""
+        from google.protobuf.json_format import MessageToDict
+        cached = getattr(self, "_fp_cache", None)
+        if cached is None or cached[0] is not fp:
+            cached = self._fp_cache = (fp, MessageToDict(fp, preserving_proto_field_name=True,
+                                                         always_print_fields_with_no_presence=True))
+        return cached[1]
+
     def status_snapshot(self, state: str = "running") -> StatusSnapshot:
         """What this tick saw, for the status file (and anything else that reports it)."""
-        from google.protobuf.json_format import MessageToDict
         b = self.batcher
         now = time.time_ns()
         node = self.node_info
@@ -316,8 +325,7 @@ class Agent:
             node=NodeStatus(hostname=node.hostname, machine_id=node.machine_id, node_id=self.sender.state.node_id,
                             labels=dict(node.labels), cpu_model=node.cpu_model, kernel=node.kernel,
                             driver_version=node.driver_version, gpu_count=len(node.gpus)),
-            fingerprint=MessageToDict(node.fingerprint, preserving_proto_field_name=True,
-                                      always_print_fields_with_no_presence=True),
+            fingerprint=self._fingerprint_dict(node.fingerprint),
             host=host,
             gpus=[gpus[i] for i in sorted(gpus)],
             jobs=jobs,

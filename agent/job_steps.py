@@ -169,7 +169,7 @@ class JobStepReceiver:
             os.chmod(path, self.socket_mode)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
-            sock.settimeout(0.25)
+            sock.settimeout(1.0)    # how soon stop() is noticed; datagrams wake it at once
         except OSError as e:
             sock.close()
             raise JobSocketError(f"cannot listen on the jobs socket {path}: {e.strerror}") from None

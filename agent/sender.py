@@ -60,6 +60,18 @@ def with_node_id(payload: bytes, node_id: str) -> bytes:
     return payload + length_delimited(1, raw)   # field 1 = Batch.node_id; the last value wins
 
 
+# grpc's sync API wakes every thread that waits on a call 10 times a second (grpc._common.MAXIMUM_WAIT_TIMEOUT)
+# so that a main thread blocked in gRPC still runs signal handlers. The agent's main thread never waits on
+# gRPC; only the sender's threads do, and their wake-ups were about a fifth of the idle agent's CPU.
+_GRPC_WAIT_SLICE_S = 1.0
+
+
+def _slow_grpc_wait_polling() -> None:
+    import grpc._common as grpc_common
+    if getattr(grpc_common, "MAXIMUM_WAIT_TIMEOUT", None) is not None:
+        grpc_common.MAXIMUM_WAIT_TIMEOUT = max(grpc_common.MAXIMUM_WAIT_TIMEOUT, _GRPC_WAIT_SLICE_S)
+
+
 class Sender(threading.Thread):
     def __init__(self, cfg: CollectorConfig, spool: Spool, node_info: Callable[[], pb.NodeInfo],
                  token: str = "", on_registered: Callable[[pb.RegisterResponse], None] | None = None,
@@ -120,6 +132,7 @@ class Sender(threading.Thread):
 
     # ---------------------------------------------------------------- main loop
     def run(self) -> None:
+        _slow_grpc_wait_polling()
         backoff = Backoff(self.cfg.backoff_initial_s, self.cfg.backoff_max_s, self._rng)
         while not self.stopping:
             self._registered = False
@@ -237,7 +250,7 @@ class Sender(threading.Thread):
             if full:
                 self._halt.wait(0.05)
                 continue
-            seq = self.spool.wait_after(sent_upto, timeout=0.25)
+            seq = self.spool.wait_after(sent_upto, timeout=1.0)    # put() and stop() wake it at once
             if seq is None:
                 continue
             payload = self.spool.read(seq)
