@@ -7,7 +7,9 @@ fabric address first and answers with the port; an accepting connector waits for
 held from the accept until the run ends or the pair is cancelled, and the offer's deadline bounds the
 wait, so a silent collector or peer cannot hold the node. Both ends hand their result (probe
 ``net_pair``, params with ``node_a``, ``node_b`` and ``pair_id``) to ``sink.probe_result`` for the next
-batch, and tell the collector when their part of the run is over (after the lock is released).
+batch, and tell the collector when their part of the run is over (after the lock is released). Each end
+also puts its own NIC's line rate in the result's env (``nic``, ``nic_speed_mbits``; agent/netif.py), read
+at each run since a link can renegotiate; the collector takes the lower of the two ends as the link's.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any, Callable
 
 import grpc
 
+from gpuagent.agent import netif
 from gpuagent.agent.status import FabricRun, FabricStatus
 from gpuagent.common.errors import first_line
 from gpuagent.probes import net_pair
@@ -50,7 +53,8 @@ class FabricClient:
     def __init__(self, channel: grpc.Channel, node_id: Callable[[], str], address: str, sink: Any, *,
                  busy: Callable[[], str] = lambda: "", lock: ProbeLock | None = None,
                  metadata: tuple[tuple[str, str], ...] = (), retry_s: float = 2.0,
-                 on_ran: Callable[[float], None] | None = None, port_range: tuple[int, int] = (0, 0)) -> None:
+                 on_ran: Callable[[float], None] | None = None, port_range: tuple[int, int] = (0, 0),
+                 interface: str = "", sys_class_net: str = netif.SYS_CLASS_NET) -> None:
         self._channel = channel
         self._owns_channel = False     # start_fabric_client hands over a channel of its own
         self._stub = pb_grpc.CollectorStub(channel)
@@ -63,6 +67,8 @@ class FabricClient:
         self._retry_s = retry_s
         self._on_ran = on_ran
         self._port_range = port_range     # this node's own range; (0, 0): the offer's
+        self.interface = interface        # the NIC fabric traffic uses ("" unknown): its line rate is reported
+        self._sys_class_net = sys_class_net
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._call = None
@@ -209,6 +215,11 @@ class FabricClient:
         result.params.update({"node_a": offer.node_a, "node_b": offer.node_b, "pair_id": offer.pair_id,
                               "link_params": link_params})
         result.env.setdefault("scheduler", "fabric")
+        if self.interface:
+            result.env["nic"] = self.interface
+            speed = netif.link_speed_mbits(self.interface, self._sys_class_net)
+            if speed is not None:
+                result.env["nic_speed_mbits"] = speed
         self._count(f"result:{result.status}")
         me_a = offer.role != "listen"
         m = result.metrics
@@ -302,10 +313,14 @@ def start_fabric_client(agent: Any) -> "FabricClient | None":
         sched.charge(seconds)
 
     sender = agent.sender
-    client = FabricClient(sender.open_channel(), lambda: sender.state.node_id, agent.node_info.fabric_address,
+    address = agent.node_info.fabric_address
+    iface = cfg.fabric.interface or netif.interface_for_address(address)
+    client = FabricClient(sender.open_channel(), lambda: sender.state.node_id, address,
                           agent.batcher, busy=busy, lock=ProbeLock(sched.lock_path), metadata=sender.metadata(),
-                          on_ran=ran, port_range=(cfg.fabric.port_lo, cfg.fabric.port_hi))
+                          on_ran=ran, port_range=(cfg.fabric.port_lo, cfg.fabric.port_hi), interface=iface)
     client._owns_channel = True
-    log.info("fabric probes on: peers reach this node at %s%s", client.address,
-             f", ports {cfg.fabric.port_lo}-{cfg.fabric.port_hi}" if cfg.fabric.port_lo else "")
+    speed = netif.link_speed_mbits(iface) if iface else None
+    log.info("fabric probes on: peers reach this node at %s%s; NIC %s, line rate %s", client.address,
+             f", ports {cfg.fabric.port_lo}-{cfg.fabric.port_hi}" if cfg.fabric.port_lo else "",
+             iface or "not found", f"{speed} Mbit/s" if speed else "unknown")
     return client.start()

@@ -119,15 +119,20 @@ def fill_gpu_fleet_samples(con, *, nodes: int, gpus: int, start: dt.datetime, se
 
 def add_link_runs(con, node_a: str, node_b: str, gbits: Sequence[float], times: Sequence[dt.datetime], *,
                   rtt_p50_us: float = 50.0, params_key: str = "synthetic=1", status: str = "ok",
-                  reason: str | None = None, both_ends: bool = True) -> None:
+                  reason: str | None = None, both_ends: bool = True,
+                  nic_speed_mbits: tuple[int | None, int | None] = (None, None)) -> None:
     """SYNTHETIC net_pair runs of one link (link_results rows): run i at ``times[i]`` moves ``gbits[i]``
-    each way; each end reports it, as agents do (``both_ends``), or the collector alone (a skip)."""
+    each way; each end reports it, as agents do (``both_ends``), or the collector alone (a skip).
+    ``nic_speed_mbits``: the line rate each end (a, b) reports for its own NIC (None: unknown)."""
     rows = []
+    speed = {node_a: nic_speed_mbits[0], node_b: nic_speed_mbits[1]}
     for i, (g, t) in enumerate(zip(gbits, times)):
         pid = f"synthetic-{node_a}-{node_b}-{i}-{t.isoformat()}"
         metrics = [g, g, rtt_p50_us, rtt_p50_us * 2] if status == "ok" else [None] * 4
         ends = (node_a, node_b) if both_ends and status != "skipped" else ("collector",)
         for who in ends:
             rows.append([pid, node_a, node_b, "net_pair", params_key, *metrics, t,
-                         t + dt.timedelta(seconds=3), status, reason, who])
-    con.executemany("INSERT INTO link_results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+                         t + dt.timedelta(seconds=3), status, reason, who, speed.get(who)])
+    con.executemany("INSERT INTO link_results (pair_id, node_a, node_b, probe, params_key, send_gbits_per_s, "
+                    "recv_gbits_per_s, rtt_p50_us, rtt_p99_us, started_at, ended_at, status, reason, reported_by, "
+                    "nic_speed_mbits) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)

@@ -29,8 +29,9 @@ def nd_flags(con, state="open"):
 
 
 def mesh(con, n, rate, *, slow_nodes=(), slow_links=(), slow_rate=None, pool="p", runs=3, seed=0, start=NOW,
-         add_nodes=True):
-    """n nodes, every pair measured ``runs`` times at ~rate Gbit/s; slow nodes' and links' runs at slow_rate."""
+         add_nodes=True, nic_speed_mbits=(None, None)):
+    """n nodes, every pair measured ``runs`` times at ~rate Gbit/s; slow nodes' and links' runs at slow_rate.
+    ``nic_speed_mbits``: the line rate the lower and the higher node of each pair report for their NICs."""
     rng = random.Random(seed)
     nodes = [f"{pool}-n{i}" for i in range(n)]
     if add_nodes:
@@ -40,7 +41,8 @@ def mesh(con, n, rate, *, slow_nodes=(), slow_links=(), slow_rate=None, pool="p"
     for a, b in itertools.combinations(nodes, 2):
         slow = a in slow_nodes or b in slow_nodes or {a, b} in [set(x) for x in slow_links]
         base = slow_rate if slow else rate
-        S.add_link_runs(con, a, b, [base * rng.uniform(0.93, 1.07) for _ in times], times)
+        S.add_link_runs(con, a, b, [base * rng.uniform(0.93, 1.07) for _ in times], times,
+                        nic_speed_mbits=nic_speed_mbits)
     return nodes
 
 
@@ -108,3 +110,53 @@ def test_skipped_and_failed_runs_are_counted_not_measured(con):
     ev = json.loads(got[0]["evidence"])
     assert ev["failed_runs"] == 1 and ev["skipped_runs"] == 1 and ev["links"] == 3
     assert len(nodes) == 4
+
+
+def test_small_pools_fall_back_to_the_cited_ceiling_of_their_line_rate(con):
+    # Two-node pools (below min_fleet_nodes) with nothing declared: the reference row of the link's line rate,
+    # the lower of the two ends' known NIC rates, is the baseline; an unknown rate has none.
+    mesh(con, 2, 30.0, pool="slow100", nic_speed_mbits=(100000, 100000))
+    mesh(con, 2, 91.0, pool="fine100", nic_speed_mbits=(100000, 100000))
+    mesh(con, 2, 20.0, pool="mixed", nic_speed_mbits=(100000, 25000))      # 25 GbE ceiling: fine
+    mesh(con, 2, 30.0, pool="onesided", nic_speed_mbits=(None, 100000))    # one end knows: 100 GbE
+    mesh(con, 2, 5.0, pool="unknown")                                      # no rate: no baseline
+    run(con)
+    got = nd_flags(con)
+    assert [(f["node_id"], f["component"], f["baseline_source"]) for f in got] == [
+        ("onesided-n0", "link", "reference_table"), ("slow100-n0", "link", "reference_table")]
+    for f in got:
+        ev = json.loads(f["evidence"])
+        assert f["baseline"] == pytest.approx(100 * 1448 / 1538, abs=0.005) and 27 < f["value"] < 33
+        assert ev["link_mbits"] == 100000 and ev["reference"]["basis"] == "theoretical"
+        assert ev["reference"]["source"].startswith("100 GbE at MTU 1500: 100 Gbit/s x 1448/1538")
+        assert f["severity"] == "warning" and "of the theoretical reference" in f["sentence"]
+        assert "for a 100 GbE link" in f["sentence"]
+    assert "slow100-n0" in got[1]["sentence"] and "slow100-n1" in got[1]["sentence"]
+
+
+def test_theoretical_rows_are_judged_with_the_wider_threshold(con):
+    # 65 Gbit/s on 100 GbE is 69 % of the ceiling: slow for fabric_slow_fraction 0.8, but a theoretical row
+    # allows theoretical_threshold_percent below it (40 % -> 0.6), unless that is the narrower one.
+    mesh(con, 2, 65.0, pool="tiny", nic_speed_mbits=(100000, 100000))
+    run(con, config=A.AnalyzerConfig.from_mapping({"analyzer": {"fabric_slow_fraction": 0.8}}))
+    assert nd_flags(con) == []
+    run(con, config=A.AnalyzerConfig.from_mapping(
+        {"analyzer": {"fabric_slow_fraction": 0.8, "theoretical_threshold_percent": 10}}))
+    (f,) = nd_flags(con)
+    assert f["baseline_source"] == "reference_table" and json.loads(f["evidence"])["slow_fraction"] == 0.8
+
+
+def test_shipped_line_rate_rows_follow_their_cited_formula_and_bad_rows_are_one_sentence(tmp_path):
+    rows = [r for r in A.load_reference() if r["component"] == "net_pair_gbits"]
+    assert sorted(r["link_mbits"] for r in rows) == [10000, 25000, 40000, 50000, 100000, 200000, 400000]
+    for r in rows:
+        assert r["value"] == round(r["link_mbits"] / 1000 * 1448 / 1538, 2) and r["basis"] == "theoretical"
+        assert f"{r['link_mbits'] // 1000} GbE at MTU 1500" in r["source"]
+    bad = tmp_path / "ref.toml"
+    bad.write_text('[[row]]\ncomponent = "net_pair_gbits"\nlink_mbits = "100G"\nvalue = 94.15\n'
+                   'unit = "gbits_per_s"\nbasis = "theoretical"\nsource = "x"\n')
+    with pytest.raises(A.AnalyzerError, match=r"row 1: link_mbits must be a line rate in whole Mbit/s"):
+        A.load_reference(bad)
+    bad.write_text(bad.read_text().replace('"net_pair_gbits"', '"net_pair"'))
+    with pytest.raises(A.AnalyzerError, match=r"row 1: unknown component 'net_pair' \(one of "):
+        A.load_reference(bad)

@@ -26,6 +26,8 @@ from gpuagent.sim import synthetic_rows as S
 NOW = dt.datetime(2026, 1, 1, 12, 0)
 NODES = [f"p-n{i}" for i in range(6)] + [f"q-n{i}" for i in range(4)]
 SLOW_NODE, SLOW_LINK = "p-n2", ("p-n0", "p-n4")
+LINK_COLS = ("pair_id, node_a, node_b, probe, params_key, send_gbits_per_s, recv_gbits_per_s, rtt_p50_us, "
+             "rtt_p99_us, started_at, ended_at, status, reason, reported_by")
 
 
 @pytest.fixture(scope="module")
@@ -44,13 +46,14 @@ def db(tmp_path_factory):
             S.add_link_runs(con, a, b, [base * rng.uniform(0.95, 1.05) for _ in times], times)
     # The last round, as the coordinator records it: pair ids {tag}-r{round}-{n}, one pair skipped.
     t = NOW - dt.timedelta(minutes=1)
-    con.execute("INSERT INTO link_results VALUES ('abc-r7-1', 'p-n1', 'p-n3', 'net_pair', 'synthetic=1', 9.1, 9.2, "
-                "40, 80, ?, ?, 'ok', NULL, 'p-n1')", [t, t + dt.timedelta(seconds=3)])
-    con.execute("INSERT INTO link_results VALUES ('abc-r7-2', 'q-n0', 'q-n1', 'net_pair', 'synthetic=1', NULL, NULL, "
-                "NULL, NULL, ?, ?, 'skipped', 'node q-n1 is busy: a job holds the GPUs', 'collector')",
-                [t, t + dt.timedelta(seconds=1)])
-    con.execute("INSERT INTO link_results VALUES ('abc-r6-9', 'p-n0', 'p-n5', 'net_pair', 'synthetic=1', 9.0, 9.0, "
-                "40, 80, ?, ?, 'ok', NULL, 'p-n0')", [t - dt.timedelta(seconds=30), t - dt.timedelta(seconds=27)])
+    con.execute(f"INSERT INTO link_results ({LINK_COLS}) VALUES ('abc-r7-1', 'p-n1', 'p-n3', 'net_pair', "
+                "'synthetic=1', 9.1, 9.2, 40, 80, ?, ?, 'ok', NULL, 'p-n1')", [t, t + dt.timedelta(seconds=3)])
+    con.execute(f"INSERT INTO link_results ({LINK_COLS}) VALUES ('abc-r7-2', 'q-n0', 'q-n1', 'net_pair', "
+                "'synthetic=1', NULL, NULL, NULL, NULL, ?, ?, 'skipped', 'node q-n1 is busy: a job holds the GPUs', "
+                "'collector')", [t, t + dt.timedelta(seconds=1)])
+    con.execute(f"INSERT INTO link_results ({LINK_COLS}) VALUES ('abc-r6-9', 'p-n0', 'p-n5', 'net_pair', "
+                "'synthetic=1', 9.0, 9.0, 40, 80, ?, ?, 'ok', NULL, 'p-n0')",
+                [t - dt.timedelta(seconds=30), t - dt.timedelta(seconds=27)])
     A.run_in_transaction(con, lambda c: A.Analyzer().run_pass(c, NOW))
     con.close()
     return path

@@ -12,6 +12,7 @@ import grpc
 import pytest
 
 from collector_helpers import node_info
+from sysfs_helpers import add_nic
 from gpuagent.agent.fabric import FabricClient
 from gpuagent.collector.fabric.coordinator import Coordinator, FabricConfig
 from gpuagent.collector.ingest.server import start_collector
@@ -49,7 +50,7 @@ def fabric_fleet(tmp_path):
     col = start_collector(tmp_path / "c.duckdb", analyze=False, fabric=cfg, fabric_rounds=False)
     channels, clients = [], {}
 
-    def add(i, busy=lambda: ""):
+    def add(i, busy=lambda: "", **client_kw):
         ch = grpc.insecure_channel(col.address)
         channels.append(ch)
         stub = pb_grpc.CollectorStub(ch)
@@ -58,7 +59,7 @@ def fabric_fleet(tmp_path):
         node_id = stub.Register(pb.RegisterRequest(node=info)).node_id
         sink = Results()
         client = FabricClient(ch, lambda: node_id, "127.0.0.1", sink, busy=busy,
-                              lock=ProbeLock(str(tmp_path / f"lock{i}")), retry_s=0.2).start()
+                              lock=ProbeLock(str(tmp_path / f"lock{i}")), retry_s=0.2, **client_kw).start()
         clients[node_id] = (client, sink)
         return node_id
 
@@ -213,6 +214,25 @@ def test_link_results_hold_both_ends_and_the_collectors_skips(fabric_fleet):
                          "FROM link_matrix_latest")
     assert matrix == [[6, 6]]
     assert len(outcomes) == 6
+
+
+def test_each_end_reports_its_nics_line_rate_into_link_results(fabric_fleet, tmp_path):
+    # Each in-process agent reads its own fake sysfs tree (tests/sysfs_helpers.py); the runs are real.
+    col, add, clients = fabric_fleet
+    fast = add(0, interface="eth0", sys_class_net=str(add_nic(tmp_path / "sys0", "eth0", "100000")))
+    slow = add(1, interface="eth0", sys_class_net=str(add_nic(tmp_path / "sys1", "eth0", "25000")))
+    unknown = add(2, interface="veth0", sys_class_net=str(add_nic(tmp_path / "sys2", "veth0", "10000",
+                                                                  virtual=True)))
+    assert _wait(lambda: len(col.fabric.ready_nodes()) == 3)
+    col.fabric_sweep(timeout=120)
+    assert _wait(lambda: sum(len(s.rows) for _, s in clients.values()) == 6)
+    for n in (fast, slow, unknown):
+        assert {(r["env"]["nic"], r["env"].get("nic_speed_mbits")) for r in clients[n][1].rows} == {
+            {fast: ("eth0", 100000), slow: ("eth0", 25000), unknown: ("veth0", None)}[n]}
+        _send_results(col, n, clients[n][1], seq=1)
+    rows = _query(col, "SELECT reported_by, nic_speed_mbits, count(*) FROM link_results WHERE status = 'ok' "
+                       "GROUP BY ALL ORDER BY ALL")
+    assert sorted(map(tuple, rows)) == sorted([(fast, 100000, 2), (slow, 25000, 2), (unknown, None, 2)])
 
 
 def test_agent_fabric_table_and_collector_fabric_table(tmp_path):

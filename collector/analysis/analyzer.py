@@ -122,6 +122,10 @@ COMPONENTS: tuple[Component, ...] = (
               "job progress under CPU steal", "fraction", ""),
 )
 
+# What a declared value or a reference row may be for: the virtualization_overhead components, and a fabric
+# link's rate (network_degraded, Gbit/s of the slower direction).
+BASELINE_COMPONENTS = frozenset({c.component for c in COMPONENTS if c.kind == _VO} | {"net_pair_gbits"})
+
 
 # ----------------------------------------------------------------------------------------------- config
 
@@ -246,7 +250,7 @@ class AnalyzerConfig:
                 raise AnalyzerError(f"[analyzer] threshold {key} must be a number, got {value!r}")
             thresholds[key] = float(value)
         declared = []
-        components = {c.component for c in COMPONENTS if c.kind == _VO} | {"net_pair_gbits"}   # network_degraded
+        components = BASELINE_COMPONENTS
         for i, row in enumerate((doc.get("baselines") or {}).get("declared") or []):
             if not isinstance(row, Mapping):
                 raise AnalyzerError(f"[[baselines.declared]] #{i + 1} must be a table")
@@ -303,6 +307,13 @@ def load_reference(path: str | Path | None = None) -> list[dict[str, Any]]:
                 raise AnalyzerError(f"{where} row {i + 1} lacks {key!r} (every row cites its source and basis)")
         if row["basis"] not in ("theoretical", "measured", "definition"):
             raise AnalyzerError(f"{where} row {i + 1}: basis must be theoretical, measured or definition")
+        if row["component"] not in BASELINE_COMPONENTS:
+            raise AnalyzerError(f"{where} row {i + 1}: unknown component {row['component']!r} "
+                                f"(one of {', '.join(sorted(BASELINE_COMPONENTS))})")
+        speed = row.get("link_mbits")
+        if speed is not None and (isinstance(speed, bool) or not isinstance(speed, int) or speed <= 0):
+            raise AnalyzerError(f"{where} row {i + 1}: link_mbits must be a line rate in whole Mbit/s "
+                                f"(100 GbE = 100000), got {speed!r}")
         out.append(row)
     return out
 
@@ -468,11 +479,11 @@ class Analyzer:
         con.executemany("INSERT INTO _components VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", rows)
         con.execute("""CREATE OR REPLACE TEMP TABLE _ref_baselines (component VARCHAR, gpu_model_like VARCHAR,
             pcie_gen INTEGER, pcie_width INTEGER, params_like VARCHAR, value DOUBLE, unit VARCHAR, basis VARCHAR,
-            source VARCHAR)""")
+            source VARCHAR, link_mbits INTEGER)""")
         if self.reference:
-            con.executemany("INSERT INTO _ref_baselines VALUES (?,?,?,?,?,?,?,?,?)", [
+            con.executemany("INSERT INTO _ref_baselines VALUES (?,?,?,?,?,?,?,?,?,?)", [
                 [r["component"], r.get("gpu_model_like"), r.get("pcie_gen"), r.get("pcie_width"),
-                 r.get("params_like"), float(r["value"]), r["unit"], r["basis"], r["source"]]
+                 r.get("params_like"), float(r["value"]), r["unit"], r["basis"], r["source"], r.get("link_mbits")]
                 for r in self.reference])
         con.execute("""CREATE OR REPLACE TEMP TABLE _declared_baselines (component VARCHAR, gpu_model_like VARCHAR,
             params_like VARCHAR, value DOUBLE, note VARCHAR)""")

@@ -54,8 +54,8 @@ STEPS: tuple[Step, ...] = (
     Step("utilization_gap", "50_utilization_gap.sql", CONDITIONS,
          temp_tables=("_ug_minutes", "_ug_wait", "_ug", "_ug_dw", "_ug_scored", "_ug_cond")),
     Step("network_degraded", "60_network_degraded.sql", CONDITIONS,
-         temp_tables=("_nd_runs", "_nd_links", "_nd_ends", "_nd_pool", "_nd_slow", "_nd_peers", "_nd_node",
-                      "_nd_bad_nodes", "_nd_counts")),
+         temp_tables=("_nd_runs", "_nd_links", "_nd_ends", "_nd_pool", "_nd_ref", "_nd_slow", "_nd_peers",
+                      "_nd_node", "_nd_bad_nodes", "_nd_counts")),
     # after network_degraded: reads its _nd_runs
     Step("link_variance", "61_link_variance.sql", CONDITIONS,
          temp_tables=("_lv_links", "_lv_pool", "_lv_net", "_lv")),

@@ -288,8 +288,9 @@ def record_outcome(writer, o: Outcome) -> None:
            o.status, o.reason]
 
     def insert(con):
-        con.execute("INSERT INTO link_results VALUES (?, ?, ?, ?, ?, NULL, NULL, NULL, NULL, "
-                    "make_timestamp(?), make_timestamp(?), ?, ?, 'collector')", row)
+        con.execute("INSERT INTO link_results (pair_id, node_a, node_b, probe, params_key, started_at, ended_at, "
+                    "status, reason, reported_by) VALUES (?, ?, ?, ?, ?, make_timestamp(?), make_timestamp(?), "
+                    "?, ?, 'collector')", row)
 
     fut = writer.call(insert)
     fut.add_done_callback(lambda f: f.exception() and log.error(

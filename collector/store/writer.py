@@ -131,10 +131,14 @@ def link_results_sql(results_view: str, metrics_view: str | None) -> str:
                    + ", ".join(f"max(value) FILTER (WHERE metric = '{n}') AS {n}" for n in LINK_METRICS)
                    + f" FROM {metrics_view} GROUP BY ALL")
     return f"""
-INSERT INTO link_results
+INSERT INTO link_results (pair_id, node_a, node_b, probe, params_key, {", ".join(LINK_METRICS)}, started_at,
+                          ended_at, status, reason, reported_by, nic_speed_mbits)
 SELECT json_extract_string(r.params, '$.pair_id'), json_extract_string(r.params, '$.node_a'),
        json_extract_string(r.params, '$.node_b'), r.probe, json_extract_string(r.params, '$.link_params'),
-       {", ".join("m." + n for n in LINK_METRICS)}, r.started_at, r.ended_at, r.status, r.reason, r.node_id
+       {", ".join("m." + n for n in LINK_METRICS)}, r.started_at, r.ended_at, r.status, r.reason, r.node_id,
+       -- anything but a positive whole number of Mbit/s is an unknown rate
+       CASE WHEN try_cast(json_extract_string(r.env, '$.nic_speed_mbits') AS INTEGER) > 0
+            THEN try_cast(json_extract_string(r.env, '$.nic_speed_mbits') AS INTEGER) END
 FROM {results_view} r
 LEFT JOIN ({metrics}) m ON m.node_id = r.node_id AND m.probe = r.probe AND m.started_at = r.started_at
      AND m.params_key IS NOT DISTINCT FROM r.params_key
