@@ -1,9 +1,10 @@
 """The agent's end of fabric probes: takes pair assignments from the collector and runs net_pair.
 
 A thread holds the ``Assignments`` stream (collector/fabric/coordinator.py). On an ``offer`` the agent
-answers at once: busy (``busy()`` gives the reason: a job holds the GPUs, the probe budget is spent) or
-the probe lock is taken, else accepted. An accepting listener binds in the offered port range on its
-fabric address first and answers with the port; an accepting connector waits for ``go``. The lock is
+answers at once: busy (``busy()`` gives the reason: a job holds the GPUs; or the run would not fit the
+probe budget, ``FabricBudget``) or the probe lock is taken, else accepted. An accepting listener binds in
+the offered port range on its fabric address first and answers with the port; an accepting connector
+waits for ``go``. The lock is
 held from the accept until the run ends or the pair is cancelled, and the offer's deadline bounds the
 wait, so a silent collector or peer cannot hold the node. Both ends hand their result (probe
 ``net_pair``, params with ``node_a``, ``node_b`` and ``pair_id``) to ``sink.probe_result`` for the next
@@ -53,7 +54,7 @@ class FabricClient:
     def __init__(self, channel: grpc.Channel, node_id: Callable[[], str], address: str, sink: Any, *,
                  busy: Callable[[], str] = lambda: "", lock: ProbeLock | None = None,
                  metadata: tuple[tuple[str, str], ...] = (), retry_s: float = 2.0,
-                 on_ran: Callable[[float], None] | None = None, port_range: tuple[int, int] = (0, 0),
+                 budget: "FabricBudget | None" = None, port_range: tuple[int, int] = (0, 0),
                  interface: str = "", sys_class_net: str = netif.SYS_CLASS_NET) -> None:
         self._channel = channel
         self._owns_channel = False     # start_fabric_client hands over a channel of its own
@@ -65,7 +66,7 @@ class FabricClient:
         self.lock = lock
         self._md = metadata
         self._retry_s = retry_s
-        self._on_ran = on_ran
+        self.budget = budget
         self._port_range = port_range     # this node's own range; (0, 0): the offer's
         self.interface = interface        # the NIC fabric traffic uses ("" unknown): its line rate is reported
         self._sys_class_net = sys_class_net
@@ -159,7 +160,7 @@ class FabricClient:
         self._answer(node_id=node_id, pair_id=msg.pair_id, accepted=False, reason=reason)
 
     def _offer(self, node_id: str, msg: pb.Assignment) -> None:
-        reason = self.busy()
+        reason = self.busy() or (self.budget.problem(msg.params) if self.budget is not None else "")
         if reason:
             return self._refuse(node_id, msg, reason)
         settings = _settings(msg.params)
@@ -229,8 +230,8 @@ class FabricClient:
                         recv_gbits_per_s=m.get("recv_gbits_per_s"), rtt_p50_us=m.get("rtt_p50_us"))
         with self._mu:
             self._recent.append(run)
-        if self._on_ran:
-            self._on_ran(time.monotonic() - started)
+        if self.budget is not None:
+            self.budget.charge(time.monotonic() - started)
         for rec in result.sink_records():
             try:
                 self.sink.probe_result(rec)
@@ -285,6 +286,23 @@ def _estimate_s(offer_params) -> float:
         return 3.0
 
 
+class FabricBudget:
+    """The fabric's share of the node's probe budget: the probe scheduler's window, which the scheduled
+    probes check too. An offer that would not fit is refused with the scheduler's ``budget: ...`` reason;
+    every run is charged to the window."""
+
+    def __init__(self, sched: Any) -> None:
+        self.sched = sched
+        self.last_s = 0.0
+
+    def problem(self, offer_params) -> str:
+        return self.sched.budget_problem(self.last_s or _estimate_s({}))
+
+    def charge(self, seconds: float) -> None:
+        self.last_s = seconds
+        self.sched.charge(seconds)
+
+
 def start_fabric_client(agent: Any) -> "FabricClient | None":
     """The daemon's EXTRA_FACTORIES hook (None unless ``[fabric] enabled``).
 
@@ -300,24 +318,18 @@ def start_fabric_client(agent: Any) -> "FabricClient | None":
     if sched is None:      # probes are off: a scheduler that never starts still keeps the budget
         sched = ProbeScheduler(agent.batcher, cfg.probes, state_dir=str(cfg.state_dir))
     busy_gpus = _busy_gpus_from(agent.samplers)
-    last = {"s": 0.0}
 
     def busy() -> str:
         held = busy_gpus()
-        if held:
-            return f"gpus busy: a job holds GPU {', '.join(map(str, held))}"
-        return sched.budget_problem(last["s"] or _estimate_s({}))
-
-    def ran(seconds: float) -> None:
-        last["s"] = seconds
-        sched.charge(seconds)
+        return f"gpus busy: a job holds GPU {', '.join(map(str, held))}" if held else ""
 
     sender = agent.sender
     address = agent.node_info.fabric_address
     iface = cfg.fabric.interface or netif.interface_for_address(address)
     client = FabricClient(sender.open_channel(), lambda: sender.state.node_id, address,
                           agent.batcher, busy=busy, lock=ProbeLock(sched.lock_path), metadata=sender.metadata(),
-                          on_ran=ran, port_range=(cfg.fabric.port_lo, cfg.fabric.port_hi), interface=iface)
+                          budget=FabricBudget(sched), port_range=(cfg.fabric.port_lo, cfg.fabric.port_hi),
+                          interface=iface)
     client._owns_channel = True
     speed = netif.link_speed_mbits(iface) if iface else None
     log.info("fabric probes on: peers reach this node at %s%s; NIC %s, line rate %s", client.address,
