@@ -1,15 +1,17 @@
 """The agent's end of fabric probes: takes pair assignments from the collector and runs net_pair.
 
 A thread holds the ``Assignments`` stream (collector/fabric/coordinator.py). On an ``offer`` the agent
-answers at once: busy (``busy()`` gives the reason: a job holds the GPUs, the probe budget is spent) or
-the probe lock is taken, else accepted. An accepting listener binds in the offered port range on its
-fabric address first and answers with the port; an accepting connector waits for ``go``. The lock is
-held from the accept until the run ends or the pair is cancelled, and the offer's deadline bounds the
-wait, so a silent collector or peer cannot hold the node. Both ends hand their result (probe
-``net_pair``, params with ``node_a``, ``node_b`` and ``pair_id``) to ``sink.probe_result`` for the next
-batch, and tell the collector when their part of the run is over (after the lock is released). Each end
-also puts its own NIC's line rate in the result's env (``nic``, ``nic_speed_mbits``; agent/netif.py), read
-at each run since a link can renegotiate; the collector takes the lower of the two ends as the link's.
+answers at once: busy (``busy()`` gives the reason: a job holds the GPUs), the probe lock is taken, or the
+run would not fit the probe budget (``FabricBudget``, checked with the lock held), else accepted. An
+accepting listener binds in the offered port range on its fabric address first and answers with the port;
+an accepting connector waits for ``go``. The lock is held from the accept until the run ends or the pair
+is cancelled, and the offer's deadline bounds the wait, so a silent collector or peer cannot hold the
+node. Both ends hand their result (probe ``net_pair``, params with ``node_a``, ``node_b`` and
+``pair_id``) to ``sink.probe_result`` for the next batch, charge its recorded duration to the budget
+before releasing the lock, and tell the collector when their part of the run is over. A pair cancelled
+before its peer connected leaves no result and no charge. Each end also puts its own NIC's line rate in
+the result's env (``nic``, ``nic_speed_mbits``; agent/netif.py), read at each run since a link can
+renegotiate; the collector takes the lower of the two ends as the link's.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ class FabricClient:
     def __init__(self, channel: grpc.Channel, node_id: Callable[[], str], address: str, sink: Any, *,
                  busy: Callable[[], str] = lambda: "", lock: ProbeLock | None = None,
                  metadata: tuple[tuple[str, str], ...] = (), retry_s: float = 2.0,
-                 on_ran: Callable[[float], None] | None = None, port_range: tuple[int, int] = (0, 0),
+                 budget: "FabricBudget | None" = None, port_range: tuple[int, int] = (0, 0),
                  interface: str = "", sys_class_net: str = netif.SYS_CLASS_NET) -> None:
         self._channel = channel
         self._owns_channel = False     # start_fabric_client hands over a channel of its own
@@ -65,7 +67,7 @@ class FabricClient:
         self.lock = lock
         self._md = metadata
         self._retry_s = retry_s
-        self._on_ran = on_ran
+        self.budget = budget
         self._port_range = port_range     # this node's own range; (0, 0): the offer's
         self.interface = interface        # the NIC fabric traffic uses ("" unknown): its line rate is reported
         self._sys_class_net = sys_class_net
@@ -167,6 +169,11 @@ class FabricClient:
             return self._refuse(node_id, msg, settings)
         if self.lock is not None and (self.lock.held or not self.lock.acquire(0.0, what=f"net_pair {msg.pair_id}")):
             return self._refuse(node_id, msg, f"lock: another probe run holds {self.lock.path}")
+        # Checked while holding the lock: a run that held it before has been charged by now.
+        reason = self.budget.problem(msg.params) if self.budget is not None else ""
+        if reason:
+            self._release()
+            return self._refuse(node_id, msg, reason)
         listener = None
         port = 0
         if msg.role == "listen":
@@ -209,7 +216,7 @@ class FabricClient:
             listener.close()
         self._release()
 
-    def _finish(self, offer: pb.Assignment, result: ProbeResult, started: float) -> None:
+    def _finish(self, offer: pb.Assignment, result: ProbeResult) -> None:
         # link_params: the run's settings as the collector set them, the same text at both ends.
         link_params = ",".join(f"{k}={offer.params[k]}" for k in sorted(offer.params))
         result.params.update({"node_a": offer.node_a, "node_b": offer.node_b, "pair_id": offer.pair_id,
@@ -229,31 +236,38 @@ class FabricClient:
                         recv_gbits_per_s=m.get("recv_gbits_per_s"), rtt_p50_us=m.get("rtt_p50_us"))
         with self._mu:
             self._recent.append(run)
-        if self._on_ran:
-            self._on_ran(time.monotonic() - started)
         for rec in result.sink_records():
             try:
                 self.sink.probe_result(rec)
             except Exception:  # noqa: BLE001 - a sink problem must not kill the fabric thread
                 log.exception("fabric: the sink refused the net_pair result")
 
+    def _charge(self, result: ProbeResult) -> None:
+        """Charge the run's recorded duration (its result's started..ended, what link_results shows) to the
+        probe budget; called before the lock is released, so the next holder sees it."""
+        if self.budget is not None:
+            self.budget.charge(result)
+
     def _serve(self, node_id: str, offer: pb.Assignment, listener: net_pair.NetPairListener) -> None:
-        t0 = time.monotonic()
+        result = None
         try:
             result = listener.serve()
         finally:
             with self._mu:
                 owned = self._pending.pop(offer.pair_id, None) is not None
+            # A pair cancelled before its peer connected never ran: no row, no charge.
+            ran = result is not None and (owned or bool(listener.peer))
+            if ran:
+                self._charge(result)
             if owned:
                 self._release()
-        if owned or result.status != "skipped":
-            self._finish(offer, result, t0)
+        if ran:
+            self._finish(offer, result)
         if owned:
             self._answer(node_id=node_id, pair_id=offer.pair_id, finished=True, status=result.status,
                          reason=result.reason)
 
     def _connect(self, node_id: str, go: pb.Assignment) -> None:
-        t0 = time.monotonic()
         with self._mu:
             entry = self._pending.get(go.pair_id)
             if entry is not None:
@@ -262,27 +276,59 @@ class FabricClient:
             return
         settings = _settings(go.params)
         timeout = max(1.0, (go.deadline_ns - time.time_ns()) / 1e9)
+        result = None
         try:
             result = net_pair.connect(go.peer_address, go.port, go.secret, settings,
                                       connect_timeout_s=min(10.0, timeout), io_timeout_s=min(10.0, timeout))
         finally:
             with self._mu:
                 owned = self._pending.pop(go.pair_id, None) is not None
+            if result is not None:
+                self._charge(result)
             if owned:
                 self._release()
-        self._finish(go, result, t0)
+        self._finish(go, result)
         self._answer(node_id=node_id, pair_id=go.pair_id, finished=True, status=result.status,
                      reason=result.reason)
 
 
 # ---------------------------------------------------------------- wiring into the daemon
 
-def _estimate_s(offer_params) -> float:
-    """A run's expected wall time from its settings (warmup, duration, latency pings), before a first run."""
-    try:
-        return float(offer_params.get("warmup_s", 0.3)) + float(offer_params.get("duration_s", 2.0)) + 1.0
-    except ValueError:
-        return 3.0
+OVERHEAD_S = 1.0    # latency pings, connection set-up and the report, on top of the timed transfer phases
+
+
+def estimate_s(params) -> float:
+    """A run's wall time from its settings, before one is measured: net_pair times each direction for
+    warmup_s + duration_s, plus OVERHEAD_S (the defaults, 4.6 s of transfer, took 4.7 s on loopback).
+    Unparsable settings give the defaults' figure; such an offer is refused anyway."""
+    s = _settings(params)
+    if isinstance(s, str):
+        s = net_pair.PairSettings()
+    return 2 * (s.warmup_s + s.duration_s) + OVERHEAD_S
+
+
+class FabricBudget:
+    """The fabric's share of the node's probe budget: the probe scheduler's window, which the scheduled
+    probes check too. An offer is refused with the scheduler's ``budget: ...`` reason unless a run fits,
+    judged by the larger of the settings' estimate and the last completed run (a slow network makes runs
+    longer than their settings say); every run is charged its recorded duration."""
+
+    def __init__(self, sched: Any) -> None:
+        self.sched = sched
+        self.last_s = 0.0
+
+    def estimate_s(self, params) -> float:
+        return max(estimate_s(params), self.last_s)
+
+    def problem(self, offer_params) -> str:
+        return self.sched.budget_problem(self.estimate_s(offer_params))
+
+    def charge(self, result: ProbeResult) -> None:
+        """Charge every run; only a completed one informs the estimate (a listener that waited in vain
+        for its peer, or a run cut by a timeout, says nothing about how long a run takes)."""
+        self.sched.charge(result.duration_s)
+        if result.status == "ok":
+            self.last_s = result.duration_s
 
 
 def start_fabric_client(agent: Any) -> "FabricClient | None":
@@ -300,24 +346,18 @@ def start_fabric_client(agent: Any) -> "FabricClient | None":
     if sched is None:      # probes are off: a scheduler that never starts still keeps the budget
         sched = ProbeScheduler(agent.batcher, cfg.probes, state_dir=str(cfg.state_dir))
     busy_gpus = _busy_gpus_from(agent.samplers)
-    last = {"s": 0.0}
 
     def busy() -> str:
         held = busy_gpus()
-        if held:
-            return f"gpus busy: a job holds GPU {', '.join(map(str, held))}"
-        return sched.budget_problem(last["s"] or _estimate_s({}))
-
-    def ran(seconds: float) -> None:
-        last["s"] = seconds
-        sched.charge(seconds)
+        return f"gpus busy: a job holds GPU {', '.join(map(str, held))}" if held else ""
 
     sender = agent.sender
     address = agent.node_info.fabric_address
     iface = cfg.fabric.interface or netif.interface_for_address(address)
     client = FabricClient(sender.open_channel(), lambda: sender.state.node_id, address,
                           agent.batcher, busy=busy, lock=ProbeLock(sched.lock_path), metadata=sender.metadata(),
-                          on_ran=ran, port_range=(cfg.fabric.port_lo, cfg.fabric.port_hi), interface=iface)
+                          budget=FabricBudget(sched), port_range=(cfg.fabric.port_lo, cfg.fabric.port_hi),
+                          interface=iface)
     client._owns_channel = True
     speed = netif.link_speed_mbits(iface) if iface else None
     log.info("fabric probes on: peers reach this node at %s%s; NIC %s, line rate %s", client.address,

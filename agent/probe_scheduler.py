@@ -7,7 +7,9 @@
   is empty; the storage probe runs only when its target disk is quiet (busy % and IOPS under thresholds,
   from ``disk_activity`` — e.g. the host sampler's last values — or a short /proc/diskstats reading).
 * A time budget: probe wall time within a sliding window stays under ``budget_fraction`` of the window
-  (default 2 % of an hour = 72 s); a run that would exceed it is skipped with reason "budget".
+  (default 2 % of an hour = 72 s); a run that would exceed it is skipped with reason "budget". Fabric
+  pair runs (agent/fabric.py) are charged to the same window; every run is charged before it releases
+  the probe lock and checks the budget again once it holds it, so neither side misses the other's run.
 * Probes run in subprocesses (gpuagent.probes.runner) on this scheduler's own thread, so the sampling
   tick never waits for them; results, skipped ones too (with their reason), go to ``sink.probe_result``.
 This module imports no torch: the registry and runner are torch-free.
@@ -56,6 +58,7 @@ class ProbeScheduler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._window: collections.deque[tuple[float, float]] = collections.deque()  # (end monotonic, seconds)
+        self._window_mu = threading.Lock()     # the fabric thread charges and checks it too
         self._last_duration: dict[str, float] = {}
         self._due: dict[str, float] = {}
         self.counts: collections.Counter[str] = collections.Counter()  # "<probe>:<status>"
@@ -102,9 +105,16 @@ class ProbeScheduler:
     # ---------------------------------------------------------------- budget
     def budget_used_s(self) -> float:
         cutoff = time.monotonic() - self.config.budget_window_s
-        while self._window and self._window[0][0] < cutoff:
-            self._window.popleft()
-        return sum(s for _, s in self._window)
+        with self._window_mu:
+            while self._window and self._window[0][0] < cutoff:
+                self._window.popleft()
+            return sum(s for _, s in self._window)
+
+    def charges_s(self) -> list[float]:
+        """Each run counted in the window now (scheduled probes and fabric runs), oldest first."""
+        self.budget_used_s()
+        with self._window_mu:
+            return [s for _, s in self._window]
 
     def last_run_s(self, name: str) -> float | None:
         """How long the last run of ``name`` took (the estimate the budget check uses); None before one."""
@@ -125,7 +135,8 @@ class ProbeScheduler:
 
     def charge(self, seconds: float) -> None:
         """Count a run made outside this scheduler (a fabric pair run) against the same budget."""
-        self._window.append((time.monotonic(), seconds))
+        with self._window_mu:
+            self._window.append((time.monotonic(), seconds))
 
     # ---------------------------------------------------------------- gating
     def diskstats_activity(self, device: str) -> tuple[float, float] | None:
@@ -201,14 +212,19 @@ class ProbeScheduler:
             return skip(over)
         if not self._lock.acquire(self.config.lock_wait_s, what=name, cancel=self._stop):
             return skip(f"lock: another probe run holds {self._lock.path} ({self._lock.holder() or 'holder unknown'})")
+        # Again with the lock held: a run that held it while this one waited (a fabric pair) is charged now.
+        over = self.budget_problem(self._last_duration.get(name, 0.0))
+        if over:
+            self._lock.release()
+            return skip(over)
         t0 = time.monotonic()
         try:
             result = self._runner(name, params, sched.timeout_s, cancel=self._stop)
         finally:
-            self._lock.release()
             took = time.monotonic() - t0
-            self._window.append((time.monotonic(), took))
+            self.charge(took)     # before the release: the next holder sees it
             self._last_duration[name] = took
+            self._lock.release()
         result.env.setdefault("scheduler", "agent")
         if forced:
             result.env.setdefault("forced", 1)

@@ -283,6 +283,7 @@ class NetPairListener:
         self.accept_timeout_s, self.io_timeout_s = float(accept_timeout_s), float(io_timeout_s)
         self.port = 0
         self.refused = 0
+        self.peer = ""        # set once a peer presented the secret: a run has begun
         self.sock: socket.socket | None = None
         self.error: ProbeResult | None = None
         self.started_ns = time.time_ns()
@@ -366,7 +367,7 @@ class NetPairListener:
                 extra = f" ({self.refused} connection(s) refused)" if self.refused else ""
                 return self._result("skipped", f"no peer connected with the pair's secret within "
                                                f"{self.accept_timeout_s:g} s{extra}")
-            peer = ctrl.getpeername()[0]
+            peer = self.peer = ctrl.getpeername()[0]
             _set_nodelay(ctrl)
             return self._serve(ctrl, peer)
         except BaseException as exc:  # noqa: BLE001 - a probe reports, it does not raise
