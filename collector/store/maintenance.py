@@ -3,12 +3,11 @@
 Everything here runs as short calls on the writer thread (``Writer.call``), each its own transaction, so
 ingest waits at most one slice between two group commits and never stops.
 
-Raw rows are read by the analyzer's rollups through rowid watermarks, and DuckDB renumbers rowids when a
-checkpoint vacuums deleted rows. So every step that deletes or rewrites raw rows first brings the rollups
-up to date, then changes the rows, checkpoints, and moves the watermarks to the new end: no raw row is
-ever rolled up twice or missed. (Should a checkpoint be refused because a query is reading, the analyzer
-notices the later renumbering through ``rollup_watermarks`` (last_count, last_key) and rebuilds the minutes the raw
-table still holds.)
+Raw rows are read by the analyzer's incremental rollups, whose watermark is a count of rows already rolled up
+(collector/analysis/analyzer.py): it holds whatever rowids DuckDB gives the rows when a checkpoint drops or
+merges row groups, as long as only rolled-up rows are deleted or rewritten. So every step that deletes or
+rewrites raw rows first brings the rollups up to date, then changes the rows and re-sets the count in one
+transaction: no raw row is ever rolled up twice or missed, and no step needs a checkpoint for the rollups.
 
 "Bytes" for ``max_db_bytes`` are the bytes the database uses: the file's blocks minus its free blocks
 (``PRAGMA database_size``; DuckDB reuses free blocks but never shrinks the file) plus the write-ahead log.
@@ -251,7 +250,10 @@ class Maintenance:
 
     # -- raw-row changes keep the rollup watermarks exact
 
-    def _raw_change(self, con, change: Callable[[Any], Any]) -> Any:
+    def _raw_change(self, con, change: Callable[[Any], Any], checkpoint: bool = True) -> Any:
+        """Roll up, then ``change(con)`` and the watermark counts in one transaction; ``checkpoint`` folds the
+        change into the file at once (the retention and the guard want their space back; compaction leaves
+        it to DuckDB's automatic checkpoint)."""
         if self.rollup is not None:
             con.execute("BEGIN TRANSACTION")
             try:
@@ -263,20 +265,25 @@ class Maintenance:
         con.execute("BEGIN TRANSACTION")
         try:
             out = change(con)
+            if self.rollup is not None:
+                from gpuagent.collector.analysis.analyzer import mark_all_rolled_up  # noqa: PLC0415
+
+                for source in RAW_TABLES:
+                    mark_all_rolled_up(con, source)
             con.execute("COMMIT")
         except BaseException:
             con.execute("ROLLBACK")
             raise
+        if checkpoint:
+            self._checkpoint(con, "a raw-row change")
+        return out
+
+    @staticmethod
+    def _checkpoint(con, what: str) -> None:
         try:
             con.execute("CHECKPOINT")
-        except Exception as exc:  # noqa: BLE001 - a reader holds a transaction; the analyzer's check covers it
-            log.info("checkpoint after a raw-row change deferred: %s", exc)
-        if self.rollup is not None:
-            from gpuagent.collector.analysis.analyzer import set_watermark, watermark_of  # noqa: PLC0415
-
-            for source in RAW_TABLES:
-                set_watermark(con, source, *watermark_of(con, source))
-        return out
+        except Exception as exc:  # noqa: BLE001 - a reader holds a transaction; DuckDB checkpoints later
+            log.info("checkpoint after %s deferred: %s", what, exc)
 
     def _log(self, con, tbl, reason, ts_from, ts_to, rows, before=None, after=None, avail_before=None,
              avail_after=None) -> None:
@@ -468,7 +475,7 @@ class Maintenance:
             return rows.num_rows
 
         t0 = time.monotonic()
-        n = self._raw_change(con, change)
+        n = self._raw_change(con, change, checkpoint=False)
         self.counters.compact_hold_max_s = max(self.counters.compact_hold_max_s, time.monotonic() - t0)
         self.counters.compacted_rows += n
         return n
