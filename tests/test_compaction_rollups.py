@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import shutil
+from pathlib import Path
 
 import duckdb
 
@@ -109,3 +110,10 @@ def test_compacted_span_rolls_up_as_the_same_data_uncompacted_across_rowid_renum
     finally:
         a.close()
         b.close()
+
+
+def test_compaction_is_on_by_default_and_in_the_packaged_config():
+    root = Path(__file__).resolve().parents[1]
+    assert mt.MaintenanceConfig().compaction
+    assert mt.MaintenanceConfig.from_toml(root / "packaging" / "collector.toml") == mt.MaintenanceConfig()
+    assert not mt.MaintenanceConfig.from_mapping({"storage": {"compaction": False}}).compaction

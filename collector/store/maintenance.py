@@ -103,7 +103,7 @@ class MaintenanceConfig:
     # this fraction, so one crossing does not become a deletion every check.
     guard_hysteresis: float = 0.05
     slice_s: float = 3600.0                # one delete covers at most this much time
-    compaction: bool = False   # off by default until its cost to ingest is measured within target (docs/COLLECTOR.md)
+    compaction: bool = True
     compact_grace_s: float = 600.0         # a span is closed this long after its end (late batches)
     # Compaction rewrites whole spans of this many hours (dividing a day). DuckDB bit-packs timestamps in
     # groups of 2048 values, and a group that crosses from one series to the next stores full-width
