@@ -220,6 +220,7 @@ class Counters:
     compacted_rows: int = 0
     compacted_hours: int = 0
     compact_hold_max_s: float = 0.0     # the longest one compaction call held the writer
+    compact_snapshots_renewed: int = 0  # compaction snapshots renewed because the WAL grew (compact_span)
     guard_runs: int = 0
     guard_starved: int = 0       # guard checks over the bound with nothing it may delete
     guard_freed_nothing: int = 0  # guard deletions after which the measure showed no space freed
@@ -229,6 +230,7 @@ class Counters:
         return {"deleted": dict(self.deleted), "guard_deleted": dict(self.guard_deleted),
                 "compacted_rows": self.compacted_rows, "compacted_hours": self.compacted_hours,
                 "compact_hold_max_s": round(self.compact_hold_max_s, 3),
+                "compact_snapshots_renewed": self.compact_snapshots_renewed,
                 "guard_runs": self.guard_runs, "guard_starved": self.guard_starved,
                 "guard_freed_nothing": self.guard_freed_nothing,
                 "last_error": self.last_error}
@@ -236,6 +238,10 @@ class Counters:
 
 class Maintenance:
     """The steps, each a function of the writer's connection. ``rollup`` (the analyzer's) may be None."""
+
+    # The write-ahead log a compaction snapshot may leave unfolded before it is renewed (``compact_span``):
+    # sixteen times DuckDB's automatic checkpoint threshold.
+    snapshot_wal_bytes = 256 << 20
 
     def __init__(self, db_path: str, config: MaintenanceConfig,
                  rollup: Callable[[Any], Any] | None = None,
@@ -481,9 +487,13 @@ class Maintenance:
         return n
 
     def mark_compacted(self, con, hour: dt.datetime, rows: int) -> None:
+        """Record the span as compacted, then the span's one checkpoint (see ``compact_span``)."""
         con.execute("INSERT OR REPLACE INTO compacted_hours VALUES ('samples', ?, ?, ?)", [hour, rows, utc_now()])
         self._log(con, "samples", "compaction", hour, hour + self.span, rows)
         self.counters.compacted_hours += 1
+        t0 = time.monotonic()
+        self._checkpoint(con, "a compacted span")
+        self.counters.compact_hold_max_s = max(self.counters.compact_hold_max_s, time.monotonic() - t0)
 
 
 def _chunks(groups: list[tuple[str, str, int]], max_rows: int) -> list[tuple[str, list[str], int]]:
@@ -503,10 +513,21 @@ def compact_span(call: Callable[[Callable[[Any], Any]], Any], m: Maintenance, ho
                  stop: threading.Event | None = None) -> int:
     """Compact one closed span through ``call``: one writer call per chunk of whole (node, metric) groups
     (``compact_chunk_rows``), each chunk read and sorted beforehand on a reading connection, and a pause
-    after each chunk so compaction takes at most ``compact_duty`` of the time (ingest goes between)."""
+    after each chunk so compaction takes at most ``compact_duty`` of the time (ingest goes between).
+
+    The reading connection holds one transaction (snapshot) across the chunks. Each chunk deletes a share
+    of every row group of the span (they hold all nodes, in arrival order), and a checkpoint in between
+    would have DuckDB vacuum, that is rewrite, those row groups again and again, holding the writer for
+    seconds; DuckDB does not vacuum rows an open snapshot may still read. After the last chunk the
+    span's row groups hold deleted rows only and the span's one checkpoint drops them whole. While a
+    snapshot is open DuckDB also folds no write-ahead log written by a transaction that updated rows
+    (ingest updates nodes.last_seen), so once the log passes ``Maintenance.snapshot_wal_bytes`` the
+    snapshot is renewed between two chunks, and the next checkpoint vacuums what the chunks so far left."""
     end = hour + m.span
+    wal = m.db_path + ".wal"
     reader = call(lambda c: c.cursor())
     try:
+        reader.execute("BEGIN TRANSACTION")
         groups = reader.execute("SELECT node_id, metric, count(*) FROM samples WHERE ts >= ? AND ts < ? "
                                 "GROUP BY ALL ORDER BY 1, 2", [hour, end]).fetchall()
         total = 0
@@ -514,6 +535,10 @@ def compact_span(call: Callable[[Callable[[Any], Any]], Any], m: Maintenance, ho
         for node, metrics, _ in _chunks(groups, m.config.compact_chunk_rows):
             if stop is not None and stop.is_set():
                 return total       # not marked: the next pass does the span again, which only re-sorts
+            if (os.stat(wal).st_size if os.path.exists(wal) else 0) > m.snapshot_wal_bytes:
+                reader.execute("COMMIT")
+                reader.execute("BEGIN TRANSACTION")
+                m.counters.compact_snapshots_renewed += 1
             t0 = time.monotonic()
             rows = reader.execute("SELECT * FROM samples WHERE ts >= ? AND ts < ? AND node_id = ? AND metric IN "
                                   "(SELECT unnest(?)) ORDER BY metric, gpu, labels, ts",
@@ -527,7 +552,7 @@ def compact_span(call: Callable[[Callable[[Any], Any]], Any], m: Maintenance, ho
                 else:
                     time.sleep(pause)
     finally:
-        reader.close()
+        reader.close()     # ends the snapshot
     call(lambda c: m.mark_compacted(c, hour, total))
     return total
 
