@@ -18,7 +18,7 @@ rewritten chunk is in, and the run says whether compaction was still going when 
 
     python benchmarks/ingest.py --json                 # 100 streams, ~20 s
     python benchmarks/ingest.py --streams 20 --duration 5
-    python benchmarks/ingest.py --during-compaction --json     # 3 rounds of each, ~3 min
+    python benchmarks/ingest.py --during-compaction --streams 20 --duration 12 --json   # ~5 min on 2 cores
 """
 
 from __future__ import annotations
@@ -497,7 +497,7 @@ def main(argv=None) -> None:
     ap.add_argument("--during-compaction", action="store_true",
                     help="ingest alone against ingest while compaction rewrites a closed span (medians over --rounds)")
     ap.add_argument("--rounds", type=int, default=3, help="--during-compaction: runs of each kind")
-    ap.add_argument("--backfill-nodes", type=int, default=4,
+    ap.add_argument("--backfill-nodes", type=int, default=2,
                     help="--during-compaction: nodes in the backfilled span (2.16 M rows each)")
     ap.add_argument("--_worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--target", help=argparse.SUPPRESS)
