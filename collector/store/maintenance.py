@@ -258,8 +258,8 @@ class Maintenance:
 
     def _raw_change(self, con, change: Callable[[Any], Any], checkpoint: bool = True) -> Any:
         """Roll up, then ``change(con)`` and the watermark counts in one transaction; ``checkpoint`` folds the
-        change into the file at once (the retention and the guard want their space back; compaction leaves
-        it to DuckDB's automatic checkpoint)."""
+        change into the file at once (the retention and the guard want their space back; a compaction
+        chunk does not, its span checkpoints once at the end, see ``compact_span``)."""
         if self.rollup is not None:
             con.execute("BEGIN TRANSACTION")
             try:
