@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import re
 import threading
 import time
@@ -26,6 +27,8 @@ from typing import Any, Callable, Mapping
 
 from gpuagent.collector.analysis.steps import BASELINE, STEPS, Step, pass_steps, rollup_steps
 from gpuagent.common.timeutil import utc_now
+
+log = logging.getLogger("gpuagent.collector.analysis.analyzer")
 
 KINDS = ("virtualization_overhead", "noisy_neighbor_variance", "utilization_gap")
 
@@ -395,6 +398,17 @@ def _row_key(con, source: str, rowid: int) -> int | None:
     return None if row is None else int(row[0])
 
 
+# The rollup watermark is a row count, not a rowid. DuckDB renumbers rowids whenever a checkpoint drops or
+# merges row groups that hold deleted rows, but it never reorders the rows that stay, and it appends new rows
+# after all others. Raw rows are only ever deleted or rewritten once they are rolled up (store/maintenance.py
+# rolls up first and re-sets the count in the same transaction as the change), so the rolled-up rows are
+# always the first ``last_count`` rows in rowid order and the rows not yet rolled up are the last
+# count(*) - last_count: in whatever numbering the table has now, rowid in (max(rowid) - that, max(rowid)].
+# ``last_key`` (the hash of the last rolled-up row, NULL when maintenance set the count) and the tail's
+# row count check that nothing else deleted rows behind the analyzer's back; when either disagrees the
+# rollup rebuilds. ``last_rowid`` is max(rowid) at the last analyzer pass, kept for reading only.
+
+
 def watermark_of(con, source: str) -> tuple[int, int, int | None]:
     """(max rowid, row count, hash of the row at max rowid) of a rollup source, as a watermark."""
     hi, count = con.execute(f"SELECT max(rowid), count(*) FROM {source}").fetchone()
@@ -407,18 +421,32 @@ def set_watermark(con, source: str, hi: int, count: int, key: int | None) -> Non
                 "VALUES (?, ?, ?, ?, ?)", [source, hi, utc_now(), count, key])
 
 
-def renumbered_since(con, source: str, lo: int, last_count, last_key, hi: int, count: int) -> bool:
-    """Whether rowids moved since the watermark (lo, last_count, last_key) was set.
+def mark_all_rolled_up(con, source: str) -> None:
+    """Record every row ``source`` holds as rolled up, inside the transaction that changed them (maintenance:
+    the rows it deleted or rewrote were rolled up just before). Rowids of rows this transaction wrote are
+    not final until it commits, so only the count is set; the next pass sets the key again."""
+    con.execute(f"UPDATE rollup_watermarks SET last_count = (SELECT count(*) FROM {source}), last_key = NULL, "
+                "updated_at = ? WHERE source = ?", [utc_now(), source])
 
-    DuckDB renumbers rowids when a checkpoint vacuums deleted rows. Appends alone keep the row at ``lo``
-    and grow max(rowid) and count(*) together; after a renumbering the row at ``lo`` is another row (or
-    none), and when the watermark was taken with gaps, max(rowid) and count(*) drift apart.
-    """
-    if hi < lo:
-        return True
-    if last_count is not None and hi - lo != count - int(last_count):
-        return True
-    return last_key is not None and _row_key(con, source, lo) != int(last_key)
+
+def rolled_up_rowid(con, source: str, hi: int, count: int) -> int | None:
+    """The highest rowid, in the numbering ``con`` sees now, of the rows of ``source`` already rolled up
+    (-1: none); None when the watermark cannot tell (then the rollup rebuilds). ``hi`` and ``count`` are
+    ``source``'s max(rowid) and count(*) in the same snapshot. Rows above it number count - last_count; the
+    caller checks that (a hole among them means rows were deleted that were never rolled up)."""
+    wm = con.execute("SELECT last_count, last_key FROM rollup_watermarks WHERE source = ?", [source]).fetchone()
+    if wm is None:
+        return -1
+    last_count, last_key = wm
+    if last_count is None:
+        return None
+    fresh = count - int(last_count)
+    lo = hi - fresh
+    if fresh < 0 or lo < -1 or (last_count > 0 and lo < 0):
+        return None
+    if last_key is not None and last_count > 0 and _row_key(con, source, lo) != int(last_key):
+        return None
+    return lo
 
 
 class Analyzer:
@@ -442,24 +470,28 @@ class Analyzer:
         for step in rollup_steps():
             source = step.source
             hi, count, key = watermark_of(con, source)
-            wm = con.execute("SELECT last_rowid, last_count, last_key FROM rollup_watermarks WHERE source = ?",
-                             [source]).fetchone()
-            lo = -1 if wm is None else int(wm[0])
-            if wm is not None and lo >= 0 and renumbered_since(con, source, lo, wm[1], wm[2], hi, count):
-                # Rows were deleted and rowids renumbered behind the watermark: rebuild the minutes the raw
-                # table still holds; older rollup minutes (past raw retention) stay as they are.
-                con.execute(f"DELETE FROM {source}_1m WHERE minute >= "
-                            f"(SELECT date_trunc('minute', min(ts)) FROM {source})")
-                lo = -1
-            if hi > lo:
+            lo = rolled_up_rowid(con, source, hi, count)
+            bounds = None
+            if lo is not None:
                 bounds = con.execute(
                     f"SELECT date_trunc('minute', min(ts)), date_trunc('minute', max(ts)), count(*) "
                     f"FROM {source} WHERE rowid > $lo AND rowid <= $hi", {"lo": lo, "hi": hi}).fetchone()
-                if bounds[2]:
-                    params = {"lo": lo, "hi": hi, "dmin": bounds[0], "dmax": bounds[1]}
-                    for stmt in self.sql[step.name]:
-                        _run(con, stmt, params)
-                    total += int(bounds[2])
+            if lo is None or bounds[2] != hi - lo:
+                # Rows went that were never rolled up, or the watermark is from before this scheme: rebuild
+                # the minutes the raw table still holds; older rollup minutes (past raw retention) stay.
+                log.warning("rollup of %s: the watermark does not match the table; rebuilding the minutes "
+                            "its raw rows cover", source)
+                con.execute(f"DELETE FROM {source}_1m WHERE minute >= "
+                            f"(SELECT date_trunc('minute', min(ts)) FROM {source})")
+                lo = -1
+                bounds = con.execute(
+                    f"SELECT date_trunc('minute', min(ts)), date_trunc('minute', max(ts)), count(*) "
+                    f"FROM {source} WHERE rowid <= $hi", {"hi": hi}).fetchone()
+            if bounds[2]:
+                params = {"lo": lo, "hi": hi, "dmin": bounds[0], "dmax": bounds[1]}
+                for stmt in self.sql[step.name]:
+                    _run(con, stmt, params)
+                total += int(bounds[2])
             set_watermark(con, source, hi, count, key)
         return total
 

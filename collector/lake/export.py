@@ -154,6 +154,21 @@ def _hour_start(t: dt.datetime) -> dt.datetime:
     return t.replace(minute=0, second=0, microsecond=0)
 
 
+def _rolled_up_rowid(cur) -> int | None:
+    """The highest rowid of samples already rolled up into samples_1m, in ``cur``'s snapshot; None when no
+    rollup ran yet or its watermark does not match the table (the next pass rebuilds)."""
+    from gpuagent.collector.analysis.analyzer import rolled_up_rowid  # noqa: PLC0415
+
+    if not cur.execute("SELECT count(*) FROM rollup_watermarks WHERE source = 'samples'").fetchone()[0]:
+        return None
+    hi, count = cur.execute("SELECT max(rowid), count(*) FROM samples").fetchone()
+    hi = -1 if hi is None else int(hi)
+    lo = rolled_up_rowid(cur, "samples", hi, int(count))
+    if lo is None or cur.execute("SELECT count(*) FROM samples WHERE rowid > ?", [lo]).fetchone()[0] != hi - lo:
+        return None
+    return lo
+
+
 class Exporter:
     """Exports one collector database's closed hours to a lake under one shard name.
 
@@ -176,26 +191,30 @@ class Exporter:
         """(table, hour) pairs that are closed at ``now`` and not yet exported by this shard."""
         closed_before = _hour_start(now - dt.timedelta(seconds=self.grace_s))
         cur = self._cursor()
-        done = set() if again else {
-            (t, h) for t, h in cur.execute("SELECT tbl, hour FROM exports WHERE shard = ?", [self.shard]).fetchall()}
-        rolled = cur.execute("SELECT last_rowid FROM rollup_watermarks WHERE source = 'samples'").fetchone()
-        rolled = None if rolled is None else int(rolled[0])
-        out = []
-        for t in HOURLY:
-            if t.name == "samples_1m":
-                continue
-            rows = cur.execute(
-                f"SELECT date_trunc('hour', {t.time_col}) AS h, max(rowid) FROM {t.name} "
-                f"WHERE {t.time_col} < ? GROUP BY h ORDER BY h", [closed_before]).fetchall()
-            for h, max_rowid in rows:
-                if (t.name, h) not in done:
-                    out.append((t, h))
-                if t.name == "samples" and ("samples_1m", h) not in done:
-                    # The rollup of an hour is complete once every raw row of it is behind the watermark.
-                    if rolled is not None and int(max_rowid) <= rolled:
-                        out.append((HOURLY[1], h))
-                    else:
-                        self.totals.skipped_not_rolled_up += 1
+        cur.execute("BEGIN TRANSACTION")     # one snapshot: a checkpoint between two reads may renumber rowids
+        try:
+            done = set() if again else {
+                (t, h) for t, h in cur.execute("SELECT tbl, hour FROM exports WHERE shard = ?",
+                                               [self.shard]).fetchall()}
+            rolled = _rolled_up_rowid(cur)
+            out = []
+            for t in HOURLY:
+                if t.name == "samples_1m":
+                    continue
+                rows = cur.execute(
+                    f"SELECT date_trunc('hour', {t.time_col}) AS h, max(rowid) FROM {t.name} "
+                    f"WHERE {t.time_col} < ? GROUP BY h ORDER BY h", [closed_before]).fetchall()
+                for h, max_rowid in rows:
+                    if (t.name, h) not in done:
+                        out.append((t, h))
+                    if t.name == "samples" and ("samples_1m", h) not in done:
+                        # The rollup of an hour is complete once every raw row of it is rolled up.
+                        if rolled is not None and int(max_rowid) <= rolled:
+                            out.append((HOURLY[1], h))
+                        else:
+                            self.totals.skipped_not_rolled_up += 1
+        finally:
+            cur.execute("COMMIT")
         return out
 
     # -- one partition

@@ -3,12 +3,11 @@
 Everything here runs as short calls on the writer thread (``Writer.call``), each its own transaction, so
 ingest waits at most one slice between two group commits and never stops.
 
-Raw rows are read by the analyzer's rollups through rowid watermarks, and DuckDB renumbers rowids when a
-checkpoint vacuums deleted rows. So every step that deletes or rewrites raw rows first brings the rollups
-up to date, then changes the rows, checkpoints, and moves the watermarks to the new end: no raw row is
-ever rolled up twice or missed. (Should a checkpoint be refused because a query is reading, the analyzer
-notices the later renumbering through ``rollup_watermarks`` (last_count, last_key) and rebuilds the minutes the raw
-table still holds.)
+Raw rows are read by the analyzer's incremental rollups, whose watermark is a count of rows already rolled up
+(collector/analysis/analyzer.py): it holds whatever rowids DuckDB gives the rows when a checkpoint drops or
+merges row groups, as long as only rolled-up rows are deleted or rewritten. So every step that deletes or
+rewrites raw rows first brings the rollups up to date, then changes the rows and re-sets the count in one
+transaction: no raw row is ever rolled up twice or missed, and no step needs a checkpoint for the rollups.
 
 "Bytes" for ``max_db_bytes`` are the bytes the database uses: the file's blocks minus its free blocks
 (``PRAGMA database_size``; DuckDB reuses free blocks but never shrinks the file) plus the write-ahead log.
@@ -104,7 +103,7 @@ class MaintenanceConfig:
     # this fraction, so one crossing does not become a deletion every check.
     guard_hysteresis: float = 0.05
     slice_s: float = 3600.0                # one delete covers at most this much time
-    compaction: bool = False   # off by default until its cost to ingest is measured within target (docs/COLLECTOR.md)
+    compaction: bool = True
     compact_grace_s: float = 600.0         # a span is closed this long after its end (late batches)
     # Compaction rewrites whole spans of this many hours (dividing a day). DuckDB bit-packs timestamps in
     # groups of 2048 values, and a group that crosses from one series to the next stores full-width
@@ -221,6 +220,7 @@ class Counters:
     compacted_rows: int = 0
     compacted_hours: int = 0
     compact_hold_max_s: float = 0.0     # the longest one compaction call held the writer
+    compact_snapshots_renewed: int = 0  # compaction snapshots renewed because the WAL grew (compact_span)
     guard_runs: int = 0
     guard_starved: int = 0       # guard checks over the bound with nothing it may delete
     guard_freed_nothing: int = 0  # guard deletions after which the measure showed no space freed
@@ -230,6 +230,7 @@ class Counters:
         return {"deleted": dict(self.deleted), "guard_deleted": dict(self.guard_deleted),
                 "compacted_rows": self.compacted_rows, "compacted_hours": self.compacted_hours,
                 "compact_hold_max_s": round(self.compact_hold_max_s, 3),
+                "compact_snapshots_renewed": self.compact_snapshots_renewed,
                 "guard_runs": self.guard_runs, "guard_starved": self.guard_starved,
                 "guard_freed_nothing": self.guard_freed_nothing,
                 "last_error": self.last_error}
@@ -237,6 +238,10 @@ class Counters:
 
 class Maintenance:
     """The steps, each a function of the writer's connection. ``rollup`` (the analyzer's) may be None."""
+
+    # The write-ahead log a compaction snapshot may leave unfolded before it is renewed (``compact_span``):
+    # sixteen times DuckDB's automatic checkpoint threshold.
+    snapshot_wal_bytes = 256 << 20
 
     def __init__(self, db_path: str, config: MaintenanceConfig,
                  rollup: Callable[[Any], Any] | None = None,
@@ -251,7 +256,10 @@ class Maintenance:
 
     # -- raw-row changes keep the rollup watermarks exact
 
-    def _raw_change(self, con, change: Callable[[Any], Any]) -> Any:
+    def _raw_change(self, con, change: Callable[[Any], Any], checkpoint: bool = True) -> Any:
+        """Roll up, then ``change(con)`` and the watermark counts in one transaction; ``checkpoint`` folds the
+        change into the file at once (the retention and the guard want their space back; a compaction
+        chunk does not, its span checkpoints once at the end, see ``compact_span``)."""
         if self.rollup is not None:
             con.execute("BEGIN TRANSACTION")
             try:
@@ -263,20 +271,25 @@ class Maintenance:
         con.execute("BEGIN TRANSACTION")
         try:
             out = change(con)
+            if self.rollup is not None:
+                from gpuagent.collector.analysis.analyzer import mark_all_rolled_up  # noqa: PLC0415
+
+                for source in RAW_TABLES:
+                    mark_all_rolled_up(con, source)
             con.execute("COMMIT")
         except BaseException:
             con.execute("ROLLBACK")
             raise
+        if checkpoint:
+            self._checkpoint(con, "a raw-row change")
+        return out
+
+    @staticmethod
+    def _checkpoint(con, what: str) -> None:
         try:
             con.execute("CHECKPOINT")
-        except Exception as exc:  # noqa: BLE001 - a reader holds a transaction; the analyzer's check covers it
-            log.info("checkpoint after a raw-row change deferred: %s", exc)
-        if self.rollup is not None:
-            from gpuagent.collector.analysis.analyzer import set_watermark, watermark_of  # noqa: PLC0415
-
-            for source in RAW_TABLES:
-                set_watermark(con, source, *watermark_of(con, source))
-        return out
+        except Exception as exc:  # noqa: BLE001 - a reader holds a transaction; DuckDB checkpoints later
+            log.info("checkpoint after %s deferred: %s", what, exc)
 
     def _log(self, con, tbl, reason, ts_from, ts_to, rows, before=None, after=None, avail_before=None,
              avail_after=None) -> None:
@@ -468,15 +481,19 @@ class Maintenance:
             return rows.num_rows
 
         t0 = time.monotonic()
-        n = self._raw_change(con, change)
+        n = self._raw_change(con, change, checkpoint=False)
         self.counters.compact_hold_max_s = max(self.counters.compact_hold_max_s, time.monotonic() - t0)
         self.counters.compacted_rows += n
         return n
 
     def mark_compacted(self, con, hour: dt.datetime, rows: int) -> None:
+        """Record the span as compacted, then the span's one checkpoint (see ``compact_span``)."""
         con.execute("INSERT OR REPLACE INTO compacted_hours VALUES ('samples', ?, ?, ?)", [hour, rows, utc_now()])
         self._log(con, "samples", "compaction", hour, hour + self.span, rows)
         self.counters.compacted_hours += 1
+        t0 = time.monotonic()
+        self._checkpoint(con, "a compacted span")
+        self.counters.compact_hold_max_s = max(self.counters.compact_hold_max_s, time.monotonic() - t0)
 
 
 def _chunks(groups: list[tuple[str, str, int]], max_rows: int) -> list[tuple[str, list[str], int]]:
@@ -496,10 +513,21 @@ def compact_span(call: Callable[[Callable[[Any], Any]], Any], m: Maintenance, ho
                  stop: threading.Event | None = None) -> int:
     """Compact one closed span through ``call``: one writer call per chunk of whole (node, metric) groups
     (``compact_chunk_rows``), each chunk read and sorted beforehand on a reading connection, and a pause
-    after each chunk so compaction takes at most ``compact_duty`` of the time (ingest goes between)."""
+    after each chunk so compaction takes at most ``compact_duty`` of the time (ingest goes between).
+
+    The reading connection holds one transaction (snapshot) across the chunks. Each chunk deletes a share
+    of every row group of the span (they hold all nodes, in arrival order), and a checkpoint in between
+    would have DuckDB vacuum, that is rewrite, those row groups again and again, holding the writer for
+    seconds; DuckDB does not vacuum rows an open snapshot may still read. After the last chunk the
+    span's row groups hold deleted rows only and the span's one checkpoint drops them whole. While a
+    snapshot is open DuckDB also folds no write-ahead log written by a transaction that updated rows
+    (ingest updates nodes.last_seen), so once the log passes ``Maintenance.snapshot_wal_bytes`` the
+    snapshot is renewed between two chunks, and the next checkpoint vacuums what the chunks so far left."""
     end = hour + m.span
+    wal = m.db_path + ".wal"
     reader = call(lambda c: c.cursor())
     try:
+        reader.execute("BEGIN TRANSACTION")
         groups = reader.execute("SELECT node_id, metric, count(*) FROM samples WHERE ts >= ? AND ts < ? "
                                 "GROUP BY ALL ORDER BY 1, 2", [hour, end]).fetchall()
         total = 0
@@ -507,6 +535,10 @@ def compact_span(call: Callable[[Callable[[Any], Any]], Any], m: Maintenance, ho
         for node, metrics, _ in _chunks(groups, m.config.compact_chunk_rows):
             if stop is not None and stop.is_set():
                 return total       # not marked: the next pass does the span again, which only re-sorts
+            if (os.stat(wal).st_size if os.path.exists(wal) else 0) > m.snapshot_wal_bytes:
+                reader.execute("COMMIT")
+                reader.execute("BEGIN TRANSACTION")
+                m.counters.compact_snapshots_renewed += 1
             t0 = time.monotonic()
             rows = reader.execute("SELECT * FROM samples WHERE ts >= ? AND ts < ? AND node_id = ? AND metric IN "
                                   "(SELECT unnest(?)) ORDER BY metric, gpu, labels, ts",
@@ -520,7 +552,7 @@ def compact_span(call: Callable[[Callable[[Any], Any]], Any], m: Maintenance, ho
                 else:
                     time.sleep(pause)
     finally:
-        reader.close()
+        reader.close()     # ends the snapshot
     call(lambda c: m.mark_compacted(c, hour, total))
     return total
 
