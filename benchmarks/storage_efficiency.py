@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Storage efficiency on SYNTHETIC fleet data: bytes per sample in DuckDB before and after compaction, and in
-a real Prometheus TSDB built from the same samples; ingest throughput while compaction runs.
+a real Prometheus TSDB built from the same samples, and in the Parquet lake; ingest throughput while compaction
+runs.
 
 1. ``gpuagent-sim`` (fixed seed) backfills ``--nodes`` x ``--hours`` ending on a whole hour into a real
    collector (in-process, real gRPC on loopback, fresh DuckDB file); the file is checkpointed and copied.
@@ -11,7 +12,9 @@ a real Prometheus TSDB built from the same samples; ingest throughput while comp
    the sample's labels as labels; millisecond timestamps), converted with
    ``promtool tsdb create-blocks-from openmetrics``; the size of every file of the block directory over
    the samples.
-4. Ingest during compaction: on the copy from step 1, a second simulated fleet (``--live-nodes``, the hour
+4. Parquet: the lake exporter (collector/lake/export.py, what ``gpuagent-collector lake export`` runs) writes
+   every closed hour of the compacted file to a local lake; the ``samples`` partitions' files over the samples.
+5. Ingest during compaction: on the copy from step 1, a second simulated fleet (``--live-nodes``, the hour
    after the backfill, so none of it is compacted) streams while compaction rewrites the closed hours; its
    acknowledged samples over the wall time of the overlap, against the same fleet streamed without
    compaction and against a raw Arrow insert of the same rows into a fresh DuckDB file (no gRPC).
@@ -150,6 +153,20 @@ def prometheus_bytes(om: Path, blocks: Path, promtool: str) -> tuple[int, float]
     return sum(p.stat().st_size for p in blocks.rglob("*") if p.is_file()), time.perf_counter() - t0
 
 
+def lake_samples_bytes(db_path: str, lake_dir: Path, now: dt.datetime) -> tuple[int, int, float]:
+    """(bytes, rows, seconds) of the ``samples`` partitions the lake exporter writes for ``db_path``: every
+    closed hour exported by collector/lake/export.py (ZSTD, sorted), files counted whole."""
+    import pyarrow.parquet as pq
+
+    from gpuagent.collector.lake.export import export_db
+
+    t0 = time.perf_counter()
+    export_db(db_path, str(lake_dir), "s0", now=now)
+    secs = time.perf_counter() - t0
+    files = [p for p in (lake_dir / "samples").rglob("*.parquet") if p.is_file()]
+    return (sum(p.stat().st_size for p in files), sum(pq.ParquetFile(p).metadata.num_rows for p in files), secs)
+
+
 def arrow_insert_rate(rows) -> float:
     """Rows/s of one raw Arrow insert of ``rows`` into a fresh DuckDB file with the collector's schema."""
     import duckdb
@@ -235,6 +252,17 @@ def run(args) -> dict:
         out["target_after_le_prometheus"] = (out["samples_table_bytes_per_sample_after"]
                                              <= out["prometheus_bytes_per_sample"])
 
+        # The Parquet lake: the real exporter (gpuagent-collector lake export) on the same file.
+        lake_bytes, lake_rows, lake_s = lake_samples_bytes(db, work / "lake", now)
+        assert lake_rows == n, (lake_rows, n)
+        out.update({"parquet_lake_samples_bytes": lake_bytes,
+                    "parquet_lake_bytes_per_sample": round(lake_bytes / n, 3),
+                    "parquet_lake_export_s": round(lake_s, 1),
+                    "parquet_vs_prometheus": round(lake_bytes / prom, 3),
+                    "target_parquet_le_0_6_prometheus": lake_bytes <= 0.6 * prom})
+
+        if args.no_live:
+            return out
         # Ingest while compaction runs, on the uncompacted copy.
         db_b = str(work / "b.duckdb")
         h = start_collector(db_b, analyze=False)
@@ -293,6 +321,8 @@ def main(argv=None) -> None:
     p.add_argument("--workdir", default=None, help="where the temporary files go (default: the system temp)")
     p.add_argument("--keep", action="store_true", help="keep the databases and TSDB blocks")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--no-live", action="store_true",
+                   help="skip part 5 (ingest during compaction; benchmarks/ingest.py --during-compaction measures it too)")
     args = p.parse_args(argv)
     if args.nodes < 1 or args.hours <= 0 or args.live_nodes < 1:
         p.error("--nodes and --live-nodes must be at least 1 and --hours positive")
