@@ -4,10 +4,10 @@ the collector's room check before each commit (collector/store/writer.py, ``Spac
 
 A SYNTHETIC fleet (``gpuagent-sim``, fixed seeds) backfills ``--hours``, each in ``--slices`` parts, one
 part at a time into a real collector (in-process, real gRPC on loopback, a fresh DuckDB file). After each
-part the writer thread checkpoints, and the bytes that checkpoint wrote are read from the process's ``wchar`` (/proc/self/io;
-every file write of the process in that time, so an upper bound). Reported per hour: the Arrow bytes
-committed since the previous checkpoint (``SpaceCheck.pending``), the WAL's size, and the checkpoint's
-writes; and the largest ratios and excesses over the run.
+part the writer thread checkpoints, and the bytes that checkpoint wrote are read from the process's
+``wchar`` (/proc/self/io; every file write of the process in that time, so an upper bound). Reported per
+part: the Arrow bytes committed since the previous checkpoint (``SpaceCheck.pending``), the WAL's size,
+and the checkpoint's writes; and the largest ratios and excesses over the run.
 
     python benchmarks/checkpoint_space.py --gpus 8 --batch-s 600 --hours 6 --json   # large commits
     python benchmarks/checkpoint_space.py --gpus 4 --batch-s 60 --hours 3 --json    # small commits

@@ -42,7 +42,10 @@ def test_writer_refuses_a_batch_before_the_volume_lacks_room_to_checkpoint(tmpfs
     filler.write_bytes(b"\0" * (16 << 20))        # space that "someone else" gives back later
     con = open_database(db)
     writer = Writer(con, space=SpaceCheck(db))
-    count = lambda: writer.call(lambda c: c.execute("SELECT count(*) FROM samples").fetchone()[0]).result()  # noqa: E731
+
+    def count() -> int:
+        return writer.call(lambda c: c.execute("SELECT count(*) FROM samples").fetchone()[0]).result()
+
     try:
         n, stored, refused = 100_000, 0, None
         for seq in range(1, 200):
