@@ -195,10 +195,6 @@ def small_volume(tmp_path):
         subprocess.run(["losetup", "-d", dev], check=False)
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "known open defect (#13): on a 96 MiB volume the guard does not always keep ahead of ingest; in some runs "
-    "a commit hits ENOSPC and DuckDB invalidates the database (FATAL), in others the final measure is under "
-    "the floor while the WAL is large. The assertions state the wanted behaviour."))
 def test_disk_guard_on_a_small_filesystem_deletes_oldest_first_and_ingest_never_fails(small_volume):
     db = str(small_volume / "c.duckdb")
     handle = start_collector(db, analyze=False)

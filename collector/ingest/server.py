@@ -28,7 +28,7 @@ from gpuagent.collector.ingest.rpc import SERVICE, add_collector_servicer
 from gpuagent.collector.ingest.servicer import CollectorServicer
 from gpuagent.collector.ingest.validate import Limits
 from gpuagent.collector.store.db import DatabaseError, open_database
-from gpuagent.collector.store.writer import Writer
+from gpuagent.collector.store.writer import SpaceCheck, Writer
 from gpuagent.common.errors import first_line
 
 log = logging.getLogger("gpuagent.collector")
@@ -313,7 +313,7 @@ def start_collector(db_path: str | Path, listen: str = "127.0.0.1:0", token: str
         with cursor_lock:
             return reader_root.cursor()
 
-    writer = Writer(con)
+    writer = Writer(con, space=None if db_path == ":memory:" else SpaceCheck(db_path))
     servicer = CollectorServicer(writer, cursor_factory, limits, options, analyzer_config)
     policy.refusals = servicer.refusals
     handle = CollectorHandle(db_path, con, writer, servicer, options, policy, tls_files)

@@ -291,6 +291,18 @@ class Maintenance:
         except Exception as exc:  # noqa: BLE001 - a reader holds a transaction; DuckDB checkpoints later
             log.info("checkpoint after %s deferred: %s", what, exc)
 
+    def _roll_up(self, con) -> None:
+        """Bring the rollups up to date in a transaction of their own."""
+        if self.rollup is None:
+            return
+        con.execute("BEGIN TRANSACTION")
+        try:
+            self.rollup(con)
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+
     def _log(self, con, tbl, reason, ts_from, ts_to, rows, before=None, after=None, avail_before=None,
              avail_after=None) -> None:
         con.execute("INSERT INTO retention_log VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -387,6 +399,9 @@ class Maintenance:
         before = measure(con, self.db_path)
         if not self._guard_active and not self.over_limit(before):
             return 0
+        # The rollup writes its new minutes before the measure, so that what a deletion frees is measured
+        # alone (the first rollup after hours of ingest can take more blocks than one raw hour frees).
+        self._roll_up(con)
         before = self._checkpointed_usage(con)
         if self.under_target(before) or (not self._guard_active and not self.over_limit(before)):
             self._guard_active = False

@@ -7,13 +7,19 @@ rows through Arrow in bulk (statements from store/tables.py), records every (nod
 ``ingest_log`` and commits. Only then does it call each batch's callback with the Ack. A (node_id, seq)
 already in ``ingest_log`` is acked with ``duplicate=True`` and nothing of it is stored, so at-least-once
 delivery stores exactly once.
+
+Before each commit the writer checks that the volume keeps room to checkpoint (``SpaceCheck``): DuckDB
+answers a full disk during a commit's WAL write with a clean error, but during a checkpoint it invalidates
+the database. A batch without that room is refused (the agent keeps it and resends), never half-stored.
 """
 
 from __future__ import annotations
 
 import bisect
 import logging
+import os
 import queue
+import shutil
 import threading
 import time
 from concurrent.futures import Future
@@ -33,6 +39,104 @@ log = logging.getLogger("gpuagent.collector.store.writer")
 
 class StorageError(RuntimeError):
     """The database could not store a batch (disk full, I/O error, ...)."""
+
+
+class NoSpace(StorageError):
+    """The volume lacks room for a commit plus a checkpoint after it; nothing was written."""
+
+
+# The fixed part of what a checkpoint may write, with a margin: the last, partly filled row group of every
+# table appended to is rewritten whole, with the tables' indexes and metadata (measured: up to 5 MiB).
+SPACE_RESERVE_BYTES = 16 << 20
+
+
+def _size(b: int) -> str:
+    return f"{b / 2**20:.1f} MiB" if b >= 2**20 else f"{b / 2**10:.0f} KiB"
+
+
+class SpaceCheck:
+    """Keeps the room a checkpoint needs on the database's volume, refusing a commit that would take it.
+
+    DuckDB checkpoints by itself when a commit takes the WAL past ``wal_autocheckpoint``, and the disk
+    guard checkpoints too. A checkpoint writes new blocks (into the file's free blocks, or growing the
+    file) before it frees any, and if the volume fills meanwhile DuckDB invalidates the database; a
+    commit that finds the volume full only fails. A commit of ``n`` bytes (its rows' Arrow size) writes
+    them to the WAL or, when large, straight into new blocks; a checkpoint writes every row committed
+    since the previous one again, compressed, and rewrites some blocks besides.
+
+    Measured with benchmarks/checkpoint_space.py (SYNTHETIC fleet, DuckDB 1.5): a commit's WAL took up
+    to 1.6 ``n``; a checkpoint wrote up to 0.8 times the Arrow bytes pending after an hour of a fleet,
+    and up to 5 MiB plus 2.5 times them after a few minutes. The estimates, ``2 n`` for the commit and
+    3 times the pending bytes plus ``reserve`` for the checkpoint, keep a margin of about two.
+
+    When the room left is under twice what the next commit and its checkpoint need, the pending rows are
+    checkpointed now, while that fits, so that later checkpoints stay small; a commit that still does not
+    fit is refused (the agent keeps the batch and resends it).
+    """
+
+    def __init__(self, db_path: str, reserve: int = SPACE_RESERVE_BYTES):
+        self.db_path = db_path
+        self.wal_path = db_path + ".wal"
+        self.folder = os.path.dirname(os.path.abspath(db_path))
+        self.reserve = reserve
+        self.pending = 0              # Arrow bytes committed since the last checkpoint seen
+        self._wal_after = 0           # the WAL's size after the last commit
+        self.checkpoints = 0          # checkpoints run early because space was getting short
+
+    def _volume_and_wal(self) -> tuple[int, int]:
+        try:
+            wal = os.stat(self.wal_path).st_size
+        except FileNotFoundError:
+            wal = 0
+        return shutil.disk_usage(self.folder).free, wal
+
+    @staticmethod
+    def _free_blocks(con) -> int:
+        row = con.execute("SELECT free_blocks * block_size FROM pragma_database_size() "
+                          "WHERE database_name = current_database()").fetchone()
+        return int(row[0]) if row else 0
+
+    def _checkpoint_bytes(self, pending: int) -> int:
+        return 3 * pending + self.reserve
+
+    def need(self, n: int) -> int:
+        """Bytes a commit of ``n`` Arrow bytes and a checkpoint after it may write."""
+        return 2 * n + self._checkpoint_bytes(self.pending + n)
+
+    def shortfall(self, con, n: int) -> str | None:
+        """None when a commit of about ``n`` bytes fits; else one sentence on what is short."""
+        volume, wal = self._volume_and_wal()
+        if wal < self._wal_after:         # a checkpoint ran since the last commit (the guard's, say)
+            self.pending = 0
+        self._wal_after = wal
+        if volume >= 2 * self.need(n):    # the usual case: no query needed
+            return None
+        blocks = self._free_blocks(con)
+        if volume + blocks >= 2 * self.need(n):
+            return None
+        # Early, but only when that shrinks the estimate by a quarter of ``reserve`` or more.
+        if 3 * self.pending >= self.reserve // 4 and volume + blocks >= self._checkpoint_bytes(self.pending):
+            try:
+                con.execute("CHECKPOINT")
+                self.checkpoints += 1
+                self.pending = 0
+            except duckdb.FatalException:
+                raise
+            except duckdb.Error as exc:   # a reader holds a transaction; decide on what is measured
+                log.info("early checkpoint for space deferred: %s", first_line(exc))
+            volume, self._wal_after = self._volume_and_wal()
+            blocks = self._free_blocks(con)
+        if volume >= 2 * n and volume + blocks >= self.need(n):
+            return None
+        return (f"the database's volume has {_size(volume)} free and the database {_size(blocks)} of free "
+                f"blocks, less than the {_size(self.need(n))} that storing {_size(n)} and the checkpoint after it "
+                f"may write")
+
+    def committed(self, n: int) -> None:
+        """After a commit of ``n`` bytes: a WAL that shrank means DuckDB checkpointed (this commit too)."""
+        _, wal = self._volume_and_wal()
+        self.pending = 0 if wal < self._wal_after else self.pending + n
+        self._wal_after = wal
 
 
 @dataclass
@@ -150,8 +254,10 @@ class Writer:
     """Owns the writing connection and the thread that uses it. Thread-safe ``submit``/``call``."""
 
     def __init__(self, con: duckdb.DuckDBPyConnection, *, group_max_samples: int = 2_000_000,
-                 group_max_batches: int = 2000, node_touch_interval_s: float = 5.0):
+                 group_max_batches: int = 2000, node_touch_interval_s: float = 5.0,
+                 space: SpaceCheck | None = None):
         self._con = con
+        self.space = space            # None: no room check (a database in memory)
         self._q: queue.Queue = queue.Queue()
         self._group_max_samples = group_max_samples
         self._group_max_batches = group_max_batches
@@ -163,7 +269,7 @@ class Writer:
         # node_id -> (machine_id, hostname), for the stream claims (identity.py); updated at Register.
         self.node_identity: dict[str, tuple[str, str]] = {r[0]: (r[1], r[2]) for r in rows}
         self.stats = {"groups": 0, "batches": 0, "duplicates": 0, "samples": 0, "failed_batches": 0,
-                      "commit_s": 0.0}
+                      "refused_no_space": 0, "commit_s": 0.0}
         self.fatal: str | None = None     # set when the database cannot be written any more
         self.commit_observer: Callable[[float], None] | None = None   # seconds per commit (the /metrics histogram)
         self._last_error_log = -1e9
@@ -265,7 +371,14 @@ class Writer:
                               "can recover it from its write-ahead log")
             io_error = isinstance(exc, (duckdb.IOException, duckdb.TransactionException, duckdb.FatalException,
                                         OSError))
-            if len(group) > 1 and not io_error:
+            if isinstance(exc, NoSpace) and len(group) > 1:
+                # Smaller commits may fit where the whole group does not.
+                for it in group:
+                    self._store_group([it])
+                return
+            if isinstance(exc, NoSpace):
+                self.stats["refused_no_space"] += 1
+            elif len(group) > 1 and not io_error:
                 # A data problem validation did not catch: store one by one so that one batch fails alone.
                 log.warning("group commit of %d batches failed (%s); retrying one by one", len(group), first)
                 for it in group:
@@ -277,9 +390,10 @@ class Writer:
                 self._last_error_log = now
                 log.error("could not store %d batch(es); they are refused and the agents keep them: %s",
                           len(group), first)
+            kind = NoSpace if isinstance(exc, NoSpace) else StorageError
             for it in group:
-                err = StorageError(f"the collector could not store batch seq {it.prepared.seq} of node "
-                                   f"{it.prepared.node_id}: {first}")
+                err = kind(f"the collector could not store batch seq {it.prepared.seq} of node "
+                           f"{it.prepared.node_id}: {first}")
                 try:
                     it.callback(None, err)
                 except Exception:  # noqa: BLE001
@@ -303,6 +417,12 @@ class Writer:
 
     def _commit(self, items: list[_BatchItem]) -> None:
         con = self._con
+        if self.space is not None:
+            size = sum(t.nbytes for it in items for t in (getattr(it.prepared, d.name) for d in tables.BATCH_TABLES)
+                       if t is not None)
+            short = self.space.shortfall(con, size)
+            if short is not None:
+                raise NoSpace(f"{short}; refused before the disk fills")
         now = utc_now()
         con.execute("BEGIN TRANSACTION")
         registered = []
@@ -331,6 +451,8 @@ class Writer:
             con.execute("COMMIT")
             for node in stale:
                 self._touched[node] = mono
+            if self.space is not None:
+                self.space.committed(size)
         except BaseException:
             try:
                 con.execute("ROLLBACK")
