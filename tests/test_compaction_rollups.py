@@ -137,3 +137,29 @@ def test_compaction_is_on_by_default_and_in_the_packaged_config():
     assert mt.MaintenanceConfig().compaction
     assert mt.MaintenanceConfig.from_toml(root / "packaging" / "collector.toml") == mt.MaintenanceConfig()
     assert not mt.MaintenanceConfig.from_mapping({"storage": {"compaction": False}}).compaction
+
+
+def test_compaction_yields_to_the_disk_guard_when_space_is_short(tmp_path):
+    # A volume can never have 2^62 bytes free: the cheap look says the guard may be needed, so the span is
+    # left as it is and not marked, and the thread's next turn runs the guard first.
+    path = str(tmp_path / "c.duckdb")
+    con = duckdb.connect(path)
+    try:
+        schema.migrate(con)
+        _arrival_order_span(con)
+        before = _raw(con)
+        short = mt.Maintenance(path, mt.MaintenanceConfig(compact_span_s=3600.0, min_free_bytes=1 << 62,
+                                                          compaction=True), None,
+                               now=lambda: SPAN + dt.timedelta(hours=2))
+        assert mt.space_short(short)
+        assert mt.compact_span(lambda fn: fn(con), short, SPAN) == 0
+        assert short.closed_spans(con) == [SPAN] and short.counters.compacted_rows == 0
+        assert _raw(con).equals(before)
+        room = mt.Maintenance(path, mt.MaintenanceConfig(compact_span_s=3600.0, min_free_bytes=1,
+                                                         compaction=True), None,
+                              now=lambda: SPAN + dt.timedelta(hours=2))
+        assert not mt.space_short(room)
+        assert mt.compact_span(lambda fn: fn(con), room, SPAN) == NODES * PER_NODE
+        assert room.closed_spans(con) == []
+    finally:
+        con.close()

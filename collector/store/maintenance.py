@@ -524,6 +524,21 @@ def _chunks(groups: list[tuple[str, str, int]], max_rows: int) -> list[tuple[str
     return out
 
 
+def space_short(m: Maintenance) -> bool:
+    """A cheap look, without a checkpoint, at whether the disk guard may be needed: the volume's free space
+    under ``min_free_bytes`` or the file plus its WAL at ``max_db_bytes``. Compaction yields to the guard
+    on it; the guard itself decides on its exact, checkpointed measure."""
+    c = m.config
+    wal = m.db_path + ".wal"
+    try:
+        vfs = os.statvfs(os.path.dirname(os.path.abspath(m.db_path)))
+        size = os.path.getsize(m.db_path) + (os.path.getsize(wal) if os.path.exists(wal) else 0)
+    except OSError:
+        return False
+    return bool((c.min_free_bytes and vfs.f_bavail * vfs.f_frsize < c.min_free_bytes)
+                or (c.max_db_bytes and size >= c.max_db_bytes))
+
+
 def compact_span(call: Callable[[Callable[[Any], Any]], Any], m: Maintenance, hour: dt.datetime,
                  stop: threading.Event | None = None) -> int:
     """Compact one closed span through ``call``: one writer call per chunk of whole (node, metric) groups
@@ -548,8 +563,10 @@ def compact_span(call: Callable[[Callable[[Any], Any]], Any], m: Maintenance, ho
         total = 0
         duty = m.config.compact_duty
         for node, metrics, _ in _chunks(groups, m.config.compact_chunk_rows):
-            if stop is not None and stop.is_set():
-                return total       # not marked: the next pass does the span again, which only re-sorts
+            if (stop is not None and stop.is_set()) or space_short(m):
+                # Not marked: the next pass does the span again, which only re-sorts. When space is short the
+                # guard runs first (same thread): a span of a large fleet can take minutes to compact.
+                return total
             if (os.stat(wal).st_size if os.path.exists(wal) else 0) > m.snapshot_wal_bytes:
                 reader.execute("COMMIT")
                 reader.execute("BEGIN TRANSACTION")
