@@ -3,8 +3,8 @@ everything else under ``gpuagent_*``. Names, units and sources: docs/EXPORTER.md
 
 A scrape renders the latest tick's :class:`StatusSnapshot` and nothing else: the daemon swaps in a new
 (never mutated) snapshot after each tick with one reference assignment, so a scrape never calls NVML,
-never takes a lock the tick loop holds, and never delays a tick. prometheus_client's HTTP server runs
-in its own daemon thread.
+never takes a lock the tick loop holds, and never delays a tick. prometheus_client formats it once per
+tick; one daemon thread serves the scrapes in turn.
 """
 
 from __future__ import annotations
@@ -12,7 +12,12 @@ from __future__ import annotations
 import logging
 from typing import Iterator
 
-from prometheus_client import CollectorRegistry, start_http_server
+import socket
+import threading
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.process_collector import ProcessCollector
 
@@ -106,6 +111,10 @@ class SnapshotCollector:
     def __init__(self) -> None:
         self._snap: StatusSnapshot | None = None
 
+    @property
+    def snapshot(self) -> StatusSnapshot | None:
+        return self._snap
+
     def update(self, snap: StatusSnapshot) -> None:
         self._snap = snap      # one reference store: atomic, and the snapshot is not mutated afterwards
 
@@ -162,6 +171,15 @@ def _gpu_families(snap: StatusSnapshot) -> Iterator[Metric]:
         if g.power_limit_watts is not None:
             lim.add_metric([str(g.index), g.uuid or ""], g.power_limit_watts)
     yield lim
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """No access log line per scrape; a client that stalls mid-request is dropped after 10 s."""
+
+    timeout = 10.0
+
+    def log_message(self, format, *args):  # noqa: A002 - the stdlib's signature
+        pass
 
 
 class _Untyped(Metric):
@@ -292,10 +310,37 @@ class Exporter:
         self.registry.register(self.collector)
         ProcessCollector(namespace="gpuagent", registry=self.registry)
         self._server = None
+        self._render_lock = threading.Lock()
+        self._rendered: dict[str, tuple[tuple[int, str], bytes]] = {}
+
+    def render(self, accept: str) -> tuple[bytes, str]:
+        """The exposition of the latest tick in the format ``accept`` asks for (text or OpenMetrics), formatted
+        by prometheus_client once per tick and format: further scrapes of the same tick get the same bytes,
+        so scraping often costs the tick loop no more than scraping once per tick."""
+        encoder, content_type = choose_encoder(accept)
+        key = (id(self.collector.snapshot), content_type)
+        with self._render_lock:
+            cached = self._rendered.get(content_type)
+            if cached is None or cached[0] != key:
+                cached = self._rendered[content_type] = (key, encoder(self.registry))
+        return cached[1], content_type
+
+    def _app(self, environ, start_response):
+        if environ["REQUEST_METHOD"] != "GET":
+            start_response("405 Method Not Allowed", [("Allow", "GET")])
+            return [b"use GET /metrics\n"]
+        body, content_type = self.render(environ.get("HTTP_ACCEPT", ""))
+        start_response("200 OK", [("Content-Type", content_type), ("Content-Length", str(len(body)))])
+        return [body]
 
     def start(self) -> "Exporter":
         """Listen; OSError (e.g. the port is taken) goes to the caller."""
-        self._server, _thread = start_http_server(self.port, addr=self.host, registry=self.registry)
+        family = socket.getaddrinfo(self.host or None, self.port, type=socket.SOCK_STREAM)[0][0]
+        # One thread serves scrapes in turn: each is a cached copy of the tick, and handler threads competing
+        # for the GIL were what delayed the tick loop when /metrics was hammered.
+        server_class = type("ExporterServer", (WSGIServer,), {"address_family": family})
+        self._server = make_server(self.host, self.port, self._app, server_class, handler_class=_QuietHandler)
+        threading.Thread(target=self._server.serve_forever, name="gpuagent-exporter", daemon=True).start()
         self.port = self._server.server_address[1]
         log.info("serving Prometheus metrics on http://%s:%d/metrics", self.host, self.port)
         return self

@@ -213,6 +213,36 @@ def test_scrapes_do_not_disturb_the_tick_loop(tmp_path):
     assert ticks >= 0.9 * elapsed / interval - 1, (ticks, elapsed)
 
 
+def test_a_tick_is_formatted_once_and_served_as_text_or_openmetrics(tmp_path):
+    import dataclasses
+
+    from gpuagent.agent.exporter import Exporter
+    cfg = load_config(None, env={}, state_dir=str(tmp_path / "state"), collector="127.0.0.1:9")
+    samplers = [HostSampler()]
+    agent = Agent(cfg, samplers=samplers, node_info=build_node_info(cfg, samplers))
+    exp = Exporter("127.0.0.1:0").start()
+    try:
+        agent.tick()
+        snap = agent.status_snapshot()
+        exp.update(snap)
+        first = _scrape(exp.port)
+        t_end = time.process_time() + 0.05
+        while time.process_time() < t_end:     # burn CPU: a fresh rendering would show it in process_cpu
+            pass
+        assert _scrape(exp.port) == first       # the same tick: the same bytes
+        exp.update(dataclasses.replace(snap, counters=dataclasses.replace(snap.counters, ticks=snap.counters.ticks + 1)))
+        second = _scrape(exp.port)
+        assert second != first and _one(_samples(second), "gpuagent_agent_ticks_total") == snap.counters.ticks + 1
+        req = urllib.request.Request(f"http://127.0.0.1:{exp.port}/metrics",
+                                     headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+        with urllib.request.urlopen(req, timeout=5) as r:
+            body, ctype = r.read().decode(), r.headers["Content-Type"]
+        assert ctype.startswith("application/openmetrics-text") and body.endswith("# EOF\n")
+    finally:
+        exp.stop()
+        agent.shutdown()
+
+
 # ------------------------------------------------------------------ configuration
 
 def test_exporter_listen_config(tmp_path):
