@@ -260,14 +260,7 @@ class Maintenance:
         """Roll up, then ``change(con)`` and the watermark counts in one transaction; ``checkpoint`` folds the
         change into the file at once (the retention and the guard want their space back; a compaction
         chunk does not, its span checkpoints once at the end, see ``compact_span``)."""
-        if self.rollup is not None:
-            con.execute("BEGIN TRANSACTION")
-            try:
-                self.rollup(con)
-                con.execute("COMMIT")
-            except BaseException:
-                con.execute("ROLLBACK")
-                raise
+        self._roll_up(con)
         con.execute("BEGIN TRANSACTION")
         try:
             out = change(con)
