@@ -81,7 +81,8 @@ def test_compacted_span_rolls_up_as_the_same_data_uncompacted_across_rowid_renum
         def before_chunk() -> None:
             """A checkpoint, as DuckDB's automatic one may take one here; then the rows appended since the
             last chunk are rolled up (every other time; else the chunk's own rollup reads them)."""
-            hi_before = a.execute("SELECT max(rowid) FROM samples").fetchone()[0]
+            # since the last chunk ended: a renewed snapshot checkpoints before the next chunk is read
+            hi_before = state.get("hi_before") or a.execute("SELECT max(rowid) FROM samples").fetchone()[0]
             try:
                 a.execute("CHECKPOINT")
             except duckdb.TransactionException:

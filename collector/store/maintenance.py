@@ -242,6 +242,10 @@ class Maintenance:
     # The write-ahead log a compaction snapshot may leave unfolded before it is renewed (``compact_span``):
     # sixteen times DuckDB's automatic checkpoint threshold.
     snapshot_wal_bytes = 256 << 20
+    # ... or once this many rows were rewritten under it: until a checkpoint, the rewritten rows stay in
+    # DuckDB's memory, and a 100-node 6-hour span (89 M rows) under one snapshot ran out of the default
+    # 512 MB memory_limit (benchmarks/storage_efficiency.py).
+    snapshot_rows = 4_000_000
 
     def __init__(self, db_path: str, config: MaintenanceConfig,
                  rollup: Callable[[Any], Any] | None = None,
@@ -544,7 +548,8 @@ def compact_span(call: Callable[[Callable[[Any], Any]], Any], m: Maintenance, ho
     seconds; DuckDB does not vacuum rows an open snapshot may still read. After the last chunk the
     span's row groups hold deleted rows only and the span's one checkpoint drops them whole. While a
     snapshot is open DuckDB also folds no write-ahead log written by a transaction that updated rows
-    (ingest updates nodes.last_seen), so once the log passes ``Maintenance.snapshot_wal_bytes`` the
+    (ingest updates nodes.last_seen), and the rewritten rows stay in memory, so once the log passes
+    ``Maintenance.snapshot_wal_bytes`` or ``snapshot_rows`` rows were rewritten under it, the
     snapshot is renewed between two chunks, and the next checkpoint vacuums what the chunks so far left."""
     end = hour + m.span
     wal = m.db_path + ".wal"
@@ -553,16 +558,21 @@ def compact_span(call: Callable[[Callable[[Any], Any]], Any], m: Maintenance, ho
         reader.execute("BEGIN TRANSACTION")
         groups = reader.execute("SELECT node_id, metric, count(*) FROM samples WHERE ts >= ? AND ts < ? "
                                 "GROUP BY ALL ORDER BY 1, 2", [hour, end]).fetchall()
-        total = 0
+        total = rows_at_renewal = 0
         duty = m.config.compact_duty
         for node, metrics, _ in _chunks(groups, m.config.compact_chunk_rows):
             if (stop is not None and stop.is_set()) or space_short(m):
                 # Not marked: the next pass does the span again, which only re-sorts. When space is short the
                 # guard runs first (same thread): a span of a large fleet can take minutes to compact.
                 return total
-            if (os.stat(wal).st_size if os.path.exists(wal) else 0) > m.snapshot_wal_bytes:
+            if ((os.stat(wal).st_size if os.path.exists(wal) else 0) > m.snapshot_wal_bytes
+                    or total - rows_at_renewal > m.snapshot_rows):
                 reader.execute("COMMIT")
+                # Fold what this snapshot held back into the file now (it vacuums the span's row groups
+                # once), rather than at some later group commit.
+                call(lambda c: m._checkpoint(c, "a compaction snapshot"))
                 reader.execute("BEGIN TRANSACTION")
+                rows_at_renewal = total
                 m.counters.compact_snapshots_renewed += 1
             t0 = time.monotonic()
             rows = reader.execute("SELECT * FROM samples WHERE ts >= ? AND ts < ? AND node_id = ? AND metric IN "
