@@ -100,7 +100,7 @@ def test_compaction_keeps_every_row_takes_fewer_bytes_and_ingest_continues(tmp_p
         in_first = call(lambda c: c.execute("SELECT count(*) FROM samples WHERE ts < ?", [second]).fetchone()[0])
         assert mt.compact_span(call, m, first) == in_first
         assert _rows(call).equals(rows_before)
-        call(lambda c: c.execute("CHECKPOINT"))
+        call(lambda c: c.execute("FORCE CHECKPOINT"))
         bytes_after = call(lambda c: mt.table_bytes(c, "samples"))
         print(f"samples blocks: {bytes_before} bytes before, {bytes_after} after compacting half the rows")
         assert bytes_after < 0.9 * bytes_before
