@@ -10,15 +10,14 @@ tick; one daemon thread serves the scrapes in turn.
 from __future__ import annotations
 
 import logging
-from typing import Iterator
-
 import socket
 import threading
+from typing import Iterator
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import choose_encoder
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.process_collector import ProcessCollector
 
 from gpuagent.agent.status import StatusSnapshot
@@ -311,18 +310,19 @@ class Exporter:
         ProcessCollector(namespace="gpuagent", registry=self.registry)
         self._server = None
         self._render_lock = threading.Lock()
-        self._rendered: dict[str, tuple[tuple[int, str], bytes]] = {}
+        self._rendered: dict[str, tuple[StatusSnapshot | None, bytes]] = {}
 
     def render(self, accept: str) -> tuple[bytes, str]:
         """The exposition of the latest tick in the format ``accept`` asks for (text or OpenMetrics), formatted
         by prometheus_client once per tick and format: further scrapes of the same tick get the same bytes,
         so scraping often costs the tick loop no more than scraping once per tick."""
         encoder, content_type = choose_encoder(accept)
-        key = (id(self.collector.snapshot), content_type)
+        snap = self.collector.snapshot
         with self._render_lock:
             cached = self._rendered.get(content_type)
-            if cached is None or cached[0] != key:
-                cached = self._rendered[content_type] = (key, encoder(self.registry))
+            # the snapshot itself, not its id(): a freed snapshot's id can come back for a later one
+            if cached is None or cached[0] is not snap:
+                cached = self._rendered[content_type] = (snap, encoder(self.registry))
         return cached[1], content_type
 
     def _app(self, environ, start_response):
