@@ -291,8 +291,7 @@ class StatusSnapshot:
 
     def to_json(self) -> dict[str, Any]:
         """The status file's JSON object (``version`` first; unseen values left out)."""
-        out = _dump(self)
-        return {"version": out.pop("version"), **out}
+        return _dump(self)
 
     @classmethod
     def from_json(cls, data: Any, path: str | os.PathLike = STATUS_FILE) -> "StatusSnapshot":
@@ -337,7 +336,7 @@ def status_json_bytes(snapshot: "StatusSnapshot") -> bytes:
 
 def _dump(value: Any) -> Any:
     if is_dataclass(value):
-        return {f.name: _dump(v) for f in fields(value) if (v := getattr(value, f.name)) is not None}
+        return {k: _dump(v) for k, v in _dataclass_as_dict(value).items()}
     if isinstance(value, dict):
         return {k: _dump(v) for k, v in value.items()}
     if isinstance(value, list):
