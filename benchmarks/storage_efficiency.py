@@ -330,11 +330,12 @@ def main(argv=None) -> None:
     if args.json:
         print(json.dumps(result, indent=2))
     else:
+        live = (f"; ingest during compaction {result['ingest_samples_per_s_during_compaction']:,}/s vs raw Arrow "
+                f"insert {result['raw_arrow_insert_rows_per_s']:,}/s" if "raw_arrow_insert_rows_per_s" in result else "")
         print(f"{result['samples']:,} SYNTHETIC samples: DuckDB {result['duckdb_bytes_per_sample_before']} -> "
               f"{result['duckdb_bytes_per_sample_after']} bytes/sample after compaction; Prometheus TSDB "
-              f"{result['prometheus_bytes_per_sample']}; ingest during compaction "
-              f"{result['ingest_samples_per_s_during_compaction']:,}/s vs raw Arrow insert "
-              f"{result['raw_arrow_insert_rows_per_s']:,}/s")
+              f"{result['prometheus_bytes_per_sample']}; Parquet lake {result['parquet_lake_bytes_per_sample']}"
+              f"{live}")
     sys.exit(0)
 
 
