@@ -6,7 +6,7 @@ after the same warm-up (iperf3 --omit). Both figures are the receiver's: net_pai
 bytes at the receiving end, and iperf3's ``end.sum_received`` is the server's count. Directions:
   send = connecting node -> listening node (iperf3 client -> server),
   recv = listening node -> connecting node (iperf3 -R).
-net_pair runs one thread per stream, so the verdict's reference is iperf3 with the same concurrency
+net_pair runs one process per stream, so the verdict's reference is iperf3 with the same concurrency
 model: one client/server process pair per stream, side by side, summed (Debian's iperf3 3.12 runs all
 -P streams in one thread; 3.16+ uses a thread per stream). A single-process ``-P streams`` iperf3 is
 printed beside it: where the CPU, not the path, is the limit, it reads lower.
@@ -211,7 +211,9 @@ def _compare_collective(fleet, args) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=9,
+                    help="interleaved rounds (unshaped runs on a shared 2-core VM spread by +-10 %%; nine keep "
+                         "the median steady)")
     ap.add_argument("--duration", type=float, default=3.0, help="measured seconds per direction")
     ap.add_argument("--warmup", type=float, default=0.5, help="seconds left out first (iperf3 --omit)")
     ap.add_argument("--streams", type=int, default=4)

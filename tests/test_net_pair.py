@@ -1,5 +1,6 @@
-"""net_pair over loopback: real sockets and threads, both ends in one process or one in a subprocess.
-The secret gate, deadlines and broken peers each end in a result with one sentence, never a hang."""
+"""net_pair over loopback: real sockets, real stream processes, both ends in one process or one in a
+subprocess. The secret gate, deadlines and broken peers each end in a result with one sentence, never a
+hang, and no stream process outlives its run."""
 
 from __future__ import annotations
 
@@ -15,6 +16,22 @@ import time
 from gpuagent.probes import net_pair as NP
 
 QUICK = NP.PairSettings(streams=2, duration_s=0.3, warmup_s=0.1, rtt_count=100)
+
+
+def _stream_processes() -> dict[int, int]:
+    """Live (not zombie) net_pair stream processes on this machine: pid -> parent pid."""
+    out = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read()
+            with open(f"/proc/{pid}/stat") as f:
+                state, ppid = f.read().rsplit(")", 1)[1].split()[:2]
+        except (OSError, ValueError):
+            continue
+        if b"net_pair_stream.py" in cmd and state != "Z":
+            out[int(pid)] = int(ppid)
+    return out
 
 
 def _serve_in_thread(listener: NP.NetPairListener) -> tuple[threading.Thread, list]:
@@ -125,11 +142,18 @@ def test_a_peer_killed_mid_run_fails_the_other_end_within_its_timeouts():
                              "--duration", "30", "--rtt-count", "10"], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(1.5)          # well inside its 30 s send phase
+    ours = {pid for pid, ppid in _stream_processes().items() if ppid in (peer.pid, os.getpid())}
+    assert len(ours) == 8, "the send phase runs 4 senders in the peer and 4 receivers here"
     peer.send_signal(signal.SIGKILL)
     peer.wait()
     t.join(15)
     assert not t.is_alive(), "the listener hung after its peer died"
     assert out[0].status == "failed" and "stream broke" in out[0].reason
+    # The dead peer's senders notice their parent is gone; the listener's receivers ended with the run.
+    deadline = time.monotonic() + 5
+    while ours & set(_stream_processes()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not ours & set(_stream_processes())
 
 
 def test_cli_needs_a_secret_and_prints_json():
