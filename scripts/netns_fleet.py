@@ -21,9 +21,11 @@ and, when the owner is SIGKILLed, by a reaper (a setsid'd child) that waits for 
 ``reap`` removes what any dead owner left behind. State lives in /run/gpuagent-netns/<prefix>.json.
 
 CLI (root): up N [--owner PID] | down | list | reap | throttle-node NAME RATE | throttle-pair A B RATE |
-unthrottle NAME | exec NAME -- CMD...   (RATE as tc writes it: 200mbit, 1gbit, 500kbit).
+unthrottle NAME | exec NAME -- CMD... | demo [--agents 4]   (RATE as tc writes it: 200mbit, 1gbit, 500kbit).
 Without --owner, ``up`` holds the fleet in the foreground until Ctrl-C; with ``--owner $$`` it returns
-and the fleet lives as long as that process.
+and the fleet lives as long as that process. ``demo`` builds agents+1 nodes and runs a gpuagent collector
+(fabric rounds on) in the last and an agent in each other one (``FabricProcesses``, which the e2e tests
+use too), prints each finished round, and removes it all at Ctrl-C; run it with the project's Python.
 """
 
 from __future__ import annotations
@@ -412,6 +414,171 @@ class Fleet:
                           for n in self.nodes.values()]}
 
 
+# ---------------------------------------------------------------- a collector and agents on a fleet
+
+FABRIC_PORT = 7443
+
+
+def fabric_collector_toml(*, analyze_every: str = "1h", interval_s: float = 0.0) -> str:
+    """A collector config that plans pair rounds on its own, with short runs (2 streams, 1 s each way), so a
+    4-node sweep takes seconds; ``analyze_every`` is the analyzer's pass interval ("30s", "1h")."""
+    return f"""
+[analyzer]
+interval = "{analyze_every}"
+fabric_runs = 1
+[fabric]
+enabled = true
+interval_s = {interval_s:g}
+scope_key = "pool"
+answer_timeout_s = 3
+run_timeout_s = 8
+port_lo = 42000
+port_hi = 42100
+[fabric.params]
+streams = 2
+duration_s = 1.0
+warmup_s = 0.2
+rtt_count = 50
+"""
+
+
+FABRIC_AGENT_TOML = """
+[probes]
+enabled = false
+budget_fraction = 0.5
+[fabric]
+enabled = true
+interface = "eth0"
+"""
+
+
+class FabricProcesses:
+    """A gpuagent collector in one node and an agent in each of the others: real processes, started with
+    ``python -m gpuagent...`` (the e2e tests pass ``agent_cmd`` for an agent with a fake NVML), their
+    logs, database and state under ``workdir``. Everything runs inside the namespaces, so taking the fleet
+    down kills whatever is left. Used by tests/test_fabric_e2e.py and the ``demo`` command."""
+
+    def __init__(self, fleet: Fleet, workdir: Path, agents: Sequence[str], collector: str, *, token: str,
+                 collector_toml: str, agent_toml: str = FABRIC_AGENT_TOML, agent_cmd: Sequence[str] | None = None,
+                 agent_env: Any = None, label: str = "pool=fab", python: str = sys.executable,
+                 cwd: str | None = None) -> None:
+        self.fleet, self.workdir = fleet, Path(workdir)
+        self.agent_names, self.collector_name = list(agents), collector
+        self.token, self.collector_toml, self.agent_toml = token, collector_toml, agent_toml
+        self.agent_cmd = list(agent_cmd) if agent_cmd else [python, "-m", "gpuagent.agent.cli"]
+        self.agent_env = agent_env or (lambda name: {})
+        self.label, self.python, self.cwd = label, python, cwd
+        self.addr = f"{fleet.node(collector).ip}:{FABRIC_PORT}"
+        self.col_log = self.workdir / "collector.log"
+        self.collector: subprocess.Popen | None = None
+        self.agents: dict[str, subprocess.Popen] = {}
+
+    def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        (self.workdir / "collector.toml").write_text(self.collector_toml)
+        (self.workdir / "agent.toml").write_text(self.agent_toml)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "GPUAGENT_COLLECTOR_TOKEN": self.token}
+        self.collector = self.fleet.popen(self.collector_name, [
+            self.python, "-m", "gpuagent.collector.cli", "serve", "--listen", self.addr, "--insecure",
+            "--db", str(self.workdir / "collector.duckdb"), "--config", str(self.workdir / "collector.toml")],
+            stdout=open(self.col_log, "ab"), stderr=subprocess.STDOUT, env=env, cwd=self.cwd)
+        for name in self.agent_names:
+            state = self.workdir / name
+            env = {k: v for k, v in os.environ.items() if not k.startswith("GPUAGENT_")}
+            env.update(GPUAGENT_JOBS_SOCKET=str(state / "jobs.sock"), MALLOC_ARENA_MAX="2", GPUAGENT_TOKEN=self.token,
+                       **self.agent_env(name))
+            self.agents[name] = self.fleet.popen(name, [
+                *self.agent_cmd, "run", "--config", str(self.workdir / "agent.toml"), "--collector", self.addr,
+                "--state-dir", str(state), "--interval", "1", "--batch-interval", "1", "--label", self.label],
+                stdout=open(self.workdir / f"{name}.log", "ab"), stderr=subprocess.STDOUT, env=env, cwd=self.cwd)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM to the agents and the collector, SIGKILL to whatever is still there after ``timeout_s``."""
+        procs = [p for p in [*self.agents.values(), self.collector] if p is not None]
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+    def cli(self, *args: str, timeout_s: float = 60.0) -> subprocess.CompletedProcess:
+        """``gpuagent-collector ARGS`` run in the collector's node, with the token."""
+        return self.fleet.exec(self.collector_name, [self.python, "-m", "gpuagent.collector.cli", *args],
+                               cwd=self.cwd, timeout=timeout_s,
+                               env={**os.environ, "GPUAGENT_COLLECTOR_TOKEN": self.token})
+
+    def rounds_done(self) -> list[str]:
+        """The collector's "fabric round N done: ..." log lines so far."""
+        try:
+            text = self.col_log.read_text(errors="replace")
+        except OSError:
+            return []
+        return [line[line.index("fabric round"):] for line in text.splitlines() if "fabric round" in line
+                and " done: " in line]
+
+
+def _demo(args: argparse.Namespace) -> int:
+    """A collector and ``--agents`` agents on a fresh fleet, until Ctrl-C (or ``--for`` seconds)."""
+    import importlib.util
+    import secrets
+    import tempfile
+    if importlib.util.find_spec("gpuagent") is None:
+        raise FleetError(f"{sys.executable} cannot import gpuagent: run this with the project's Python "
+                         "(.venv/bin/python scripts/netns_fleet.py demo, after make install)")
+    if not 2 <= args.agents <= MAX_NODES - 1:
+        raise FleetError(f"a demo has 2 to {MAX_NODES - 1} agents, not {args.agents}")
+    workdir = Path(args.dir or tempfile.mkdtemp(prefix="gpuagent-fabric-demo-"))
+    token = secrets.token_hex(16)
+    stop = {"sig": 0}
+
+    def on_signal(signum: int, frame: object) -> None:  # noqa: ARG001
+        stop["sig"] = signum
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    fleet = Fleet.up(args.agents + 1)
+    names = [f"n{i}" for i in range(args.agents)]
+    collector = f"n{args.agents}"
+    procs = FabricProcesses(fleet, workdir, names, collector, token=token,
+                            collector_toml=fabric_collector_toml(analyze_every=args.analyze_every,
+                                                                 interval_s=args.interval_s))
+    try:
+        procs.start()
+        token_file = workdir / "token"
+        token_file.write_text(token + "\n")
+        token_file.chmod(0o600)
+        me = f"{sys.executable} {os.path.abspath(__file__)}"
+        print(f"fabric demo: collector in {collector} ({procs.addr}), agents in {names[0]}..{names[-1]} "
+              f"(label {procs.label}); logs and the database in {workdir}\n"
+              f"In another root shell:\n"
+              f"  {me} throttle-node n1 100mbit          # one slow node: network_degraded/node\n"
+              f"  {me} unthrottle n1; {me} throttle-pair n0 n2 100mbit   # one slow pair: /link\n"
+              f"  {me} exec {collector} -- env GPUAGENT_COLLECTOR_TOKEN=$(cat {token_file}) \\\n"
+              f"      {sys.executable} -m gpuagent.collector.cli fabric --target {procs.addr}\n"
+              f"The analyzer runs every {args.analyze_every}; a link counts once it has a run. "
+              f"Ctrl-C stops everything and removes the namespaces.", flush=True)
+        shown, deadline = 0, (time.monotonic() + args.for_s) if args.for_s else None
+        while not stop["sig"] and (deadline is None or time.monotonic() < deadline):
+            for name, p in [("collector", procs.collector), *procs.agents.items()]:
+                if p is not None and p.poll() is not None:
+                    log = procs.col_log if name == "collector" else workdir / f"{name}.log"
+                    raise FleetError(f"the {name} process exited with status {p.returncode}; see {log}")
+            done = procs.rounds_done()
+            for line in done[shown:]:
+                print(line, flush=True)
+            shown = len(done)
+            time.sleep(0.5)
+    finally:
+        procs.stop()
+        fleet.down()
+        print(f"fabric demo stopped; namespaces removed; files kept in {workdir}", flush=True)
+    return 0
+
+
 # ---------------------------------------------------------------- CLI
 
 def _hold(fleet: Fleet) -> int:
@@ -458,6 +625,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("name")
     p.add_argument("argv", nargs=argparse.REMAINDER)
     p.add_argument("--owner", type=int)
+    p = sub.add_parser("demo", help="a collector and agents with fabric probes on a fresh fleet, until Ctrl-C")
+    p.add_argument("--agents", type=int, default=4, help="agent nodes (the collector gets one more)")
+    p.add_argument("--dir", help="where logs, state and the database go (default: a new temporary folder)")
+    p.add_argument("--interval-s", type=float, default=10.0, help="seconds between pair rounds")
+    p.add_argument("--analyze-every", default="30s", help="the analyzer's interval (flags open after a pass)")
+    p.add_argument("--for", dest="for_s", type=float, default=0.0, help="stop after this many seconds (0: Ctrl-C)")
     w = sub.add_parser("_watch")   # the reaper (internal)
     w.add_argument("owner", type=int)
     w.add_argument("owner_start", type=int)
@@ -472,6 +645,8 @@ def main(argv: list[str] | None = None) -> int:
             fleet = Fleet.up(args.n, owner=args.owner)
             print(json.dumps(fleet.describe()), flush=True)
             return 0 if args.owner is not None else _hold(fleet)
+        if args.cmd == "demo":
+            return _demo(args)
         if args.cmd == "list":
             print(json.dumps(fleets()))
             return 0

@@ -26,121 +26,71 @@ pytestmark = pytest.mark.slow
 
 AGENTS = ("n0", "n1", "n2", "n3")
 COLLECTOR = "n4"
-PORT = 7443
 BASE_RATE, SLOW_RATE = "400mbit", "100mbit"
 TOKEN = "fabric-e2e-" + os.urandom(8).hex()
 
-COLLECTOR_TOML = """
-[analyzer]
-interval = "1h"
-fabric_runs = 1
-[fabric]
-enabled = true
-interval_s = 0
-scope_key = "pool"
-answer_timeout_s = 3
-run_timeout_s = 8
-port_lo = 42000
-port_hi = 42100
-[fabric.params]
-streams = 2
-duration_s = 1.0
-warmup_s = 0.2
-rtt_count = 50
-"""
+def _bed_class():
+    nf = load_netns_fleet()
 
-AGENT_TOML = """
-[probes]
-enabled = false
-budget_fraction = 0.5
-[fabric]
-enabled = true
-interface = "eth0"
-"""
+    class Bed(nf.FabricProcesses):
+        """The script's collector + agents (agents with the fake NVML), plus what the tests read back."""
 
+        def __init__(self, fleet, tmp: Path):
+            super().__init__(fleet, tmp, AGENTS, COLLECTOR, token=TOKEN,
+                             collector_toml=nf.fabric_collector_toml(analyze_every="1h", interval_s=0),
+                             agent_cmd=[sys.executable, str(ROOT / "tests" / "fabric_agent.py")],
+                             agent_env=lambda name: {"GPUAGENT_TEST_JOB_FILE": str(tmp / f"{name}.job")},
+                             cwd=str(ROOT))
+            self.tmp = tmp
+            self.ids: dict[str, str] = {}      # fleet node name -> collector node id
 
-class Bed:
-    def __init__(self, fleet, tmp: Path):
-        self.fleet, self.tmp = fleet, tmp
-        self.addr = f"{fleet.node(COLLECTOR).ip}:{PORT}"
-        self.col_log = tmp / "collector.log"
-        self.agents: dict[str, subprocess.Popen] = {}
-        self.ids: dict[str, str] = {}      # fleet node name -> collector node id
+        def run_cli(self, *args: str) -> str:
+            out = self.cli(*args)
+            assert out.returncode == 0, out.stderr[-500:]
+            return out.stdout
 
-    def start(self):
-        (self.tmp / "collector.toml").write_text(COLLECTOR_TOML)
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "GPUAGENT_COLLECTOR_TOKEN": TOKEN}
-        self.collector = self.fleet.popen(COLLECTOR, [
-            sys.executable, "-m", "gpuagent.collector.cli", "serve", "--listen", self.addr, "--insecure",
-            "--db", str(self.tmp / "c.duckdb"), "--config", str(self.tmp / "collector.toml")],
-            stdout=open(self.col_log, "ab"), stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-        (self.tmp / "agent.toml").write_text(AGENT_TOML)
-        for name in AGENTS:
-            state = self.tmp / name
-            env = {k: v for k, v in os.environ.items() if not k.startswith("GPUAGENT_")}
-            env.update(GPUAGENT_JOBS_SOCKET=str(state / "jobs.sock"), GPUAGENT_TEST_JOB_FILE=str(self.tmp / f"{name}.job"),
-                       MALLOC_ARENA_MAX="2", GPUAGENT_TOKEN=TOKEN)
-            self.agents[name] = self.fleet.popen(name, [
-                sys.executable, str(ROOT / "tests" / "fabric_agent.py"), "run", "--config", str(self.tmp / "agent.toml"),
-                "--collector", self.addr, "--state-dir", str(state), "--interval", "1", "--batch-interval", "1",
-                "--label", "pool=fab"], stdout=open(self.tmp / f"{name}.log", "ab"), stderr=subprocess.STDOUT,
-                env=env, cwd=ROOT)
+        def sql(self, query: str) -> list[dict]:
+            return json.loads(self.run_cli("sql", "--target", self.addr, "--format", "json", query))
 
-    def stop(self):
-        for p in [*self.agents.values(), getattr(self, "collector", None)]:
-            if p is not None and p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in [*self.agents.values(), getattr(self, "collector", None)]:
-            if p is not None:
-                try:
-                    p.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
+        def flags(self) -> list[dict]:
+            return [f for f in json.loads(self.run_cli("analyze", "--target", self.addr, "--format", "json"))
+                    ["open_flags"] if f["kind"] == "network_degraded"]
 
-    def cli(self, *args: str) -> str:
-        out = self.fleet.exec(COLLECTOR, [sys.executable, "-m", "gpuagent.collector.cli", *args], cwd=ROOT,
-                              timeout=60, env={**os.environ, "GPUAGENT_COLLECTOR_TOKEN": TOKEN})
-        assert out.returncode == 0, out.stderr[-500:]
-        return out.stdout
+        def rounds(self) -> list[tuple[int, list[tuple[str, str, str]]]]:
+            """The collector's finished rounds, from its log: (round, [(node_a, node_b, status)])."""
+            out = []
+            for line in self.rounds_done():
+                m = re.match(r"fabric round (\d+) done: (.*)", line)
+                if m:
+                    out.append((int(m.group(1)), [tuple(re.split(r"[>=]", x)) for x in m.group(2).split()]))
+            return out
 
-    def sql(self, query: str) -> list[dict]:
-        return json.loads(self.cli("sql", "--target", self.addr, "--format", "json", query))
+        def wait_rounds(self, after: int, n: int, timeout: float = 90.0) -> list:
+            """Wait until ``n`` rounds numbered ``after`` or later are done; those rounds."""
+            end = time.monotonic() + timeout
+            while time.monotonic() < end:
+                got = [r for r in self.rounds() if r[0] >= after]
+                if len(got) >= n:
+                    return got[:n]
+                for name, p in self.agents.items():
+                    assert p.poll() is None or name == "n3", \
+                        f"agent {name} exited: {(self.tmp / f'{name}.log').read_text()[-1500:]}"
+                assert self.collector.poll() is None, self.col_log.read_text()[-2000:]
+                time.sleep(0.3)
+            raise AssertionError(f"{n} rounds from {after} not done in {timeout} s: {self.rounds()[-3:]}")
 
-    def flags(self) -> list[dict]:
-        return [f for f in json.loads(self.cli("analyze", "--target", self.addr, "--format", "json"))["open_flags"]
-                if f["kind"] == "network_degraded"]
+        def next_round(self) -> int:
+            rounds = self.rounds()
+            return (rounds[-1][0] + 1) if rounds else 0
 
-    def rounds(self) -> list[tuple[int, list[tuple[str, str, str]]]]:
-        """The collector's finished rounds, from its log: (round, [(node_a, node_b, status)])."""
-        out = []
-        for m in re.finditer(r"fabric round (\d+) done: (.*)", self.col_log.read_text(errors="replace")):
-            out.append((int(m.group(1)), [tuple(re.split(r"[>=]", x)) for x in m.group(2).split()]))
-        return out
+        def sweep_after_now(self, extra_rounds: int = 0) -> list:
+            """A full sweep (3 rounds for 4 nodes) that starts after now; waits for the batches to land too."""
+            start = self.next_round() + 1     # the round in flight may have started before the change
+            got = self.wait_rounds(start, 3 + extra_rounds)
+            time.sleep(3.0)                   # batch interval 1 s: the agents' rows reach the collector
+            return got
 
-    def wait_rounds(self, after: int, n: int, timeout: float = 90.0) -> list:
-        """Wait until ``n`` rounds numbered ``after`` or later are done; those rounds."""
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            got = [r for r in self.rounds() if r[0] >= after]
-            if len(got) >= n:
-                return got[:n]
-            for name, p in self.agents.items():
-                assert p.poll() is None or name == "n3", f"agent {name} exited: {(self.tmp / f'{name}.log').read_text()[-1500:]}"
-            assert self.collector.poll() is None, self.col_log.read_text()[-2000:]
-            time.sleep(0.3)
-        raise AssertionError(f"{n} rounds from {after} not done in {timeout} s: {self.rounds()[-3:]}")
-
-    def next_round(self) -> int:
-        rounds = self.rounds()
-        return (rounds[-1][0] + 1) if rounds else 0
-
-    def sweep_after_now(self, extra_rounds: int = 0) -> list:
-        """A full sweep (3 rounds for 4 nodes) that starts after now; waits for the batches to land too."""
-        start = self.next_round() + 1     # the round in flight may have started before the change
-        got = self.wait_rounds(start, 3 + extra_rounds)
-        time.sleep(3.0)                   # batch interval 1 s: the agents' rows reach the collector
-        return got
+    return Bed
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +100,7 @@ def bed(tmp_path_factory):
     if why:
         pytest.skip(why)
     fleet = nf.Fleet.up(len(AGENTS) + 1)
-    tb = Bed(fleet, tmp_path_factory.mktemp("fabric"))
+    tb = _bed_class()(fleet, tmp_path_factory.mktemp("fabric"))
     try:
         tb.start()
         end = time.monotonic() + 60

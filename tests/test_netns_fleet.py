@@ -9,6 +9,8 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from conftest import wait_for
 from fabric_helpers import ROOT, load_netns_fleet, netns_fleet, run_net_pair  # noqa: F401
 
@@ -126,3 +128,31 @@ def test_cli_up_holds_until_sigterm_then_cleans_up(netns_fleet):
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=15) == 0
     assert _leftovers(desc["prefix"]) == []
+
+
+@pytest.mark.timeout(300)
+def test_demo_runs_collector_and_agents_prints_rounds_and_cleans_up_at_sigterm(netns_fleet, tmp_path):
+    del netns_fleet   # only for its skip; the demo owns its fleet
+    bad = subprocess.run([sys.executable, SCRIPT, "demo", "--agents", "1"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and bad.stderr.strip() == "netns_fleet: a demo has 2 to 249 agents, not 1"
+    proc = subprocess.Popen([sys.executable, SCRIPT, "demo", "--agents", "2", "--interval-s", "1", "--dir",
+                             str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    try:
+        lines.append(proc.stdout.readline())
+        assert lines[0].startswith("fabric demo: collector in n2"), lines
+        prefix = f"gpa{proc.pid}-"
+        namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+        assert sorted(n for n in namespaces if n.startswith(prefix)) == [f"{prefix}n{i}" for i in range(3)]
+        while not any(line.startswith("fabric round") for line in lines):   # one pair, planned every second
+            line = proc.stdout.readline()
+            assert line, f"the demo ended early: {''.join(lines)[-1500:]}"
+            lines.append(line)
+        assert f"{prefix}n0>{prefix}n1=ok" in lines[-1] or f"{prefix}n1>{prefix}n0=ok" in lines[-1], lines[-1]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        rest, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, rest
+    assert rest.strip().endswith(f"fabric demo stopped; namespaces removed; files kept in {tmp_path}")
+    assert _leftovers(prefix) == []
+    assert (tmp_path / "collector.duckdb").exists() and (tmp_path / "token").stat().st_mode & 0o077 == 0
