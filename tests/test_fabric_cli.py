@@ -138,3 +138,12 @@ def test_bad_input_is_one_sentence(tmp_path):
     con.close()
     res = CliRunner().invoke(main, ["fabric", "--db", str(empty)])
     assert res.exit_code != 0 and "no nodes and no fabric results" in res.output
+
+
+def test_matrix_labels_keep_what_tells_nodes_apart():
+    from gpuagent.collector.views.fabric import grid_labels
+    assert grid_labels(["gpu-017.cluster.local", "gpu-018.cluster.local"]) == (["017", "018"], "")
+    assert grid_labels(["gpa1-n0", "gpa1-n1", "gpa1-n2"]) == (["n0", "n1", "n2"], "")
+    assert grid_labels(["p-n1", "p-n2", "q-n1"]) == (["p-n1", "p-n2", "q-n1"], "")
+    long = ["a-" + "x" * 20 + ".dc", "b-" + "y" * 20 + ".dc"]
+    assert grid_labels(long) == (["#1", "#2"], f"#1 {long[0]}; #2 {long[1]}")

@@ -13,6 +13,7 @@ A link's rate is the slower of its two directions (Gbit/s), as in 60_network_deg
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -189,6 +190,30 @@ def _f(v, digits=2) -> str:
     return "-" if v is None else f"{v:.{digits}f}"
 
 
+_SEPARATORS = "-._:"
+GRID_LABEL_MAX = 12
+
+
+def grid_labels(nodes: list[str]) -> tuple[list[str], str]:
+    """Matrix labels that tell the nodes apart: their names without the part all of them share at the front
+    and back, cut at a separator (gpu-017.cluster.local and gpu-018.cluster.local: "017", "018"); the node's
+    position (#1, #2, ...) with a legend line when that still leaves a label too long or two alike. The
+    matrix used to show each name's last 10 characters, which for real host names is their domain."""
+    if len(nodes) < 2:
+        labels = list(nodes)
+    else:
+        pre = os.path.commonprefix(nodes)
+        pre = pre[:max(pre.rfind(c) for c in _SEPARATORS) + 1]
+        suf = os.path.commonprefix([n[::-1] for n in nodes])[::-1]
+        cut = [suf.find(c) for c in _SEPARATORS if c in suf]
+        suf = suf[min(cut):] if cut else ""
+        labels = [n[len(pre):len(n) - len(suf)] or n for n in nodes]
+    if all(0 < len(x) <= GRID_LABEL_MAX for x in labels) and len(set(labels)) == len(labels):
+        return labels, ""
+    keys = [f"#{i + 1}" for i in range(len(nodes))]
+    return keys, "; ".join(f"{k} {n}" for k, n in zip(keys, nodes))
+
+
 def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
     widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
     out = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip(), "  ".join("-" * w for w in widths)]
@@ -232,7 +257,9 @@ def render_text(v: FabricView, top: int = 10, max_rounds: int = 10, matrix_max: 
         rate = {(ln["a"], ln["b"]): ln["gbits"] for ln in v.links}
         slow = {(ln["a"], ln["b"]) for ln in v.links if ln["slow"]}
         out.append("link matrix: Gbit/s of the slower direction (median of the recent runs; * slow)")
-        short = [n[-10:] for n in nodes]
+        short, legend = grid_labels(nodes)
+        if legend:
+            out.append("  " + legend)
         rows = []
         for i, a in enumerate(nodes):
             row = [short[i]]
