@@ -141,9 +141,13 @@ def test_a_peer_killed_mid_run_fails_the_other_end_within_its_timeouts():
     peer = subprocess.Popen([sys.executable, "-m", "gpuagent.probes.net_pair", "connect", "127.0.0.1", str(lst.port),
                              "--duration", "30", "--rtt-count", "10"], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(1.5)          # well inside its 30 s send phase
-    ours = {pid for pid, ppid in _stream_processes().items() if ppid in (peer.pid, os.getpid())}
-    assert len(ours) == 8, "the send phase runs 4 senders in the peer and 4 receivers here"
+    # Its 30 s send phase runs 4 senders in the peer and 4 receivers here: wait until all 8 are up.
+    deadline, ours = time.monotonic() + 20, set()
+    while len(ours) < 8 and time.monotonic() < deadline:
+        time.sleep(0.2)
+        ours = {pid for pid, ppid in _stream_processes().items() if ppid in (peer.pid, os.getpid())}
+    assert len(ours) == 8, f"{len(ours)} stream processes, not 8, in the send phase"
+    time.sleep(0.5)          # data flowing
     peer.send_signal(signal.SIGKILL)
     peer.wait()
     t.join(15)
