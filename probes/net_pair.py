@@ -205,11 +205,12 @@ class _Streams:
         self.measured = False     # receivers: end-of-file before the window closed means the peer went away
         self.procs: list[subprocess.Popen] = []
         self._stderr: dict[int, str] = {}
-        self._shared_fd = _shared_fd(8 * (len(socks) + 1))
-        self.shared = mmap.mmap(self._shared_fd, 0)
-        go_r, self._go_w = os.pipe()
+        self._shared_fd, self.shared, self._go_w, go_r = -1, None, -1, -1
         role = "send" if sending else "recv"
-        try:
+        try:      # anything that fails here leaves nothing behind: _release takes a half-built object
+            self._shared_fd = _shared_fd(8 * (len(socks) + 1))
+            self.shared = mmap.mmap(self._shared_fd, 0)
+            go_r, self._go_w = os.pipe()
             for i, sock in enumerate(socks):
                 _kernel_timeouts(sock)
                 argv = [sys.executable, "-I", "-S", STREAM_WORKER, role, str(sock.fileno()), str(self._shared_fd),
@@ -217,11 +218,14 @@ class _Streams:
                 self.procs.append(subprocess.Popen(argv, pass_fds=(sock.fileno(), self._shared_fd, go_r),
                                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                                    stderr=subprocess.PIPE))
+            for sock in socks:     # each stream process owns its socket now: one that dies closes it at once
+                sock.close()
         except OSError as exc:
             self._release()
             raise PairError(f"cannot start a data stream process: {exc.strerror or exc}") from None
         finally:
-            os.close(go_r)
+            if go_r >= 0:
+                os.close(go_r)
 
     def start(self) -> None:
         """Senders begin (receivers read from the moment they exist)."""
@@ -284,6 +288,14 @@ class _Streams:
         if errors and self.sending:
             raise PairError(f"a sending stream broke: {errors[0]}")
 
+    def abort(self) -> None:
+        """On an error: kill the stream processes and close everything now, so the peer's end breaks at
+        once instead of the caller waiting out the I/O timeout. Never raises."""
+        try:
+            self._release()
+        except Exception:  # noqa: BLE001 - already on an error path; the first error is the one reported
+            pass
+
     def _release(self) -> None:
         for p in self.procs:
             if p.poll() is None:
@@ -294,8 +306,12 @@ class _Streams:
         for s in self.socks:
             s.close()
         self._close_go()
-        self.shared.close()
-        os.close(self._shared_fd)
+        if self.shared is not None:
+            self.shared.close()
+            self.shared = None
+        if self._shared_fd >= 0:
+            os.close(self._shared_fd)
+            self._shared_fd = -1
 
 
 def _shared_fd(size: int) -> int:
@@ -467,23 +483,27 @@ class NetPairListener:
             elif op == "send":      # the peer sends, this end receives and measures
                 streams = self._accept_streams(KIND_SEND, settings.streams)
                 rx = _Streams(streams, chunk, sending=False)
-                rx.start()
-                t_go = time.monotonic()
-                _send_msg(ctrl, {"op": "go"})
                 try:
+                    rx.start()
+                    t_go = time.monotonic()
+                    _send_msg(ctrl, {"op": "go"})
                     rate, nbytes = rx.measure(t_go, settings.warmup_s, settings.duration_s)
                     _send_msg(ctrl, {"op": "measured", "gbits_per_s": rate, "bytes": nbytes})
-                finally:
-                    rx.finish(self.io_timeout_s)
+                except BaseException:
+                    rx.abort()
+                    raise
+                rx.finish(self.io_timeout_s)
             elif op == "recv":      # this end sends until the peer has measured
                 streams = self._accept_streams(KIND_RECV, settings.streams)
                 tx = _Streams(streams, chunk, sending=True)
-                _expect(ctrl, "go")
-                tx.start()
                 try:
+                    _expect(ctrl, "go")
+                    tx.start()
                     _expect(ctrl, "stop")
-                finally:
-                    tx.finish(self.io_timeout_s)
+                except BaseException:
+                    tx.abort()
+                    raise
+                tx.finish(self.io_timeout_s)
             elif op == "done":
                 metrics = msg.get("metrics")
                 if not isinstance(metrics, dict):
@@ -632,8 +652,10 @@ def _run_send(ctrl: socket.socket, host: str, port: int, secret: bytes, s: PairS
         ctrl.settimeout(s.warmup_s + s.duration_s + io_timeout_s)
         measured = _expect(ctrl, "measured")
         ctrl.settimeout(io_timeout_s)
-    finally:
-        tx.finish(io_timeout_s)
+    except BaseException:
+        tx.abort()
+        raise
+    tx.finish(io_timeout_s)
     rate = measured.get("gbits_per_s")
     if not isinstance(rate, (int, float)):
         raise PairError("the listener's measurement has no rate")
@@ -645,14 +667,16 @@ def _run_recv(ctrl: socket.socket, host: str, port: int, secret: bytes, s: PairS
     _send_msg(ctrl, {"op": "recv"})
     rx = _Streams(_open_streams(host, port, KIND_RECV, secret, s.streams, io_timeout_s), s.chunk_kib * 1024,
                   sending=False)
-    rx.start()
     try:
+        rx.start()
         t_go = time.monotonic()
         _send_msg(ctrl, {"op": "go"})
         rate, _ = rx.measure(t_go, s.warmup_s, s.duration_s)
         _send_msg(ctrl, {"op": "stop"})
-    finally:
-        rx.finish(io_timeout_s)
+    except BaseException:
+        rx.abort()
+        raise
+    rx.finish(io_timeout_s)
     return rate
 
 

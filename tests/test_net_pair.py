@@ -169,3 +169,51 @@ def test_cli_needs_a_secret_and_prints_json():
                           "--accept-timeout", "0.2", "--secret", "x"], capture_output=True, text=True, timeout=30)
     first, last = (json.loads(line) for line in out.stdout.strip().splitlines())
     assert first["listening"]["port"] > 0 and last["status"] == "skipped" and last["probe"] == "net_pair"
+
+
+def test_a_peer_that_gives_up_before_go_leaves_no_stream_processes_here():
+    """The listener's senders wait for 'go'; a peer that leaves first must not strand them."""
+    settings = NP.PairSettings(streams=2, duration_s=0.3, warmup_s=0.1, rtt_count=10)
+    lst = NP.NetPairListener("s3cret", "127.0.0.1", io_timeout_s=2.0, accept_timeout_s=5)
+    t, out = _serve_in_thread(lst)
+    ctrl = NP._dial("127.0.0.1", lst.port, NP.KIND_CONTROL, b"s3cret", time.monotonic() + 5, 2.0, True)
+    NP._send_msg(ctrl, {"op": "settings", **NP.asdict(settings)})
+    NP._expect(ctrl, "ready")
+    NP._send_msg(ctrl, {"op": "recv"})
+    socks = NP._open_streams("127.0.0.1", lst.port, NP.KIND_RECV, b"s3cret", 2, 2.0)
+    deadline = time.monotonic() + 10
+    while len([p for p, pp in _stream_processes().items() if pp == os.getpid()]) < 2:
+        assert time.monotonic() < deadline, "the listener never started its 2 senders"
+        time.sleep(0.05)
+    ctrl.close()          # gone before 'go'
+    for s in socks:
+        s.close()
+    t.join(10)
+    assert out[0].status == "failed" and out[0].reason == "the peer closed the connection"
+    assert not [p for p, pp in _stream_processes().items() if pp == os.getpid()]
+
+
+def test_a_dead_stream_process_fails_both_ends_at_once_with_its_reason():
+    settings = NP.PairSettings(streams=2, duration_s=8, warmup_s=0.1, rtt_count=10, chunk_kib=64)
+    lst = NP.NetPairListener("s3cret", "127.0.0.1", io_timeout_s=5.0, accept_timeout_s=5)
+    t, out = _serve_in_thread(lst)
+    res: list = []
+    c = threading.Thread(target=lambda: res.append(NP.connect("127.0.0.1", lst.port, "s3cret", settings,
+                                                              io_timeout_s=5.0)), daemon=True)
+    c.start()
+    deadline, senders = time.monotonic() + 15, []
+    while len(senders) < 2:
+        assert time.monotonic() < deadline, "the connecting end never started its 2 senders"
+        time.sleep(0.1)
+        senders = [p for p, pp in _stream_processes().items()
+                   if pp == os.getpid() and b" send " in open(f"/proc/{p}/cmdline", "rb").read().replace(b"\0", b" ")]
+    time.sleep(0.5)
+    os.kill(senders[0], signal.SIGKILL)     # as the OOM killer would
+    t0 = time.monotonic()
+    t.join(15)
+    c.join(15)
+    assert time.monotonic() - t0 < 4.0, "an end waited out its I/O timeout instead of failing at once"
+    assert out[0].status == "failed"
+    assert out[0].reason == "a receiving stream broke: the peer closed a data stream before the end"
+    assert res[0].status == "failed"
+    assert not [p for p, pp in _stream_processes().items() if pp == os.getpid()]
