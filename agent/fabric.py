@@ -12,12 +12,21 @@ before releasing the lock, and tell the collector when their part of the run is 
 before its peer connected leaves no result and no charge. Each end also puts its own NIC's line rate in
 the result's env (``nic``, ``nic_speed_mbits``; agent/netif.py), read at each run since a link can
 renegotiate; the collector takes the lower of the two ends as the link's.
+
+A group offer (probe ``collective``) is gated the same way, and also refused when torch is not installed
+here or the group's settings do not parse. Rank 0 answers with a free port in its range, which the torch
+rendezvous (TCPStore) then binds; on ``go`` every member runs the collective probe as a subprocess
+(probes/runner.py) with ``nnodes``, ``node_rank``, ``master_addr`` and ``master_port`` from the assignment
+and GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME set to the fabric interface; a ``cancel`` kills it. The result
+carries ``group_id``, ``members`` and ``group_params`` in its params, which puts it in ``group_results``.
 """
 
 from __future__ import annotations
 
 import collections
+import importlib.util
 import logging
+import os
 import threading
 import time
 from typing import Any, Callable
@@ -27,8 +36,9 @@ import grpc
 from gpuagent.agent import netif
 from gpuagent.agent.status import FabricRun, FabricStatus
 from gpuagent.common.errors import first_line
-from gpuagent.probes import net_pair
+from gpuagent.probes import net_pair, registry
 from gpuagent.probes.lock import ProbeLock
+from gpuagent.probes.runner import run_probe
 from gpuagent.probes.result import ProbeResult
 from gpuagent.proto import pb, pb_grpc
 
@@ -75,6 +85,7 @@ class FabricClient:
         self._thread: threading.Thread | None = None
         self._call = None
         self._pending: dict[str, tuple[pb.Assignment, Any]] = {}   # pair id -> (offer, listener or None)
+        self._groups: dict[str, tuple[pb.Assignment, threading.Event]] = {}   # group id -> (offer, cancel)
         self._mu = threading.Lock()
         self.counts: dict[str, int] = {}
         self._recent: collections.deque[FabricRun] = collections.deque(maxlen=RECENT_RUNS)
@@ -96,8 +107,11 @@ class FabricClient:
             self._channel.close()
         with self._mu:
             pending = list(self._pending)
+            groups = list(self._groups)
         for pid in pending:
             self._drop(pid)
+        for gid in groups:
+            self._drop_group(gid)
         if self._thread:
             self._thread.join(timeout)
 
@@ -143,6 +157,10 @@ class FabricClient:
             return False
 
     def _handle(self, node_id: str, msg: pb.Assignment) -> None:
+        if msg.probe == "collective":
+            return self._handle_group(node_id, msg)
+        if msg.kind == "offer" and msg.probe not in ("", "net_pair"):
+            return self._refuse(node_id, msg, f"this agent does not run fabric probe {msg.probe!r}")
         if msg.kind == "offer":
             self._offer(node_id, msg)
         elif msg.kind == "go":
@@ -234,13 +252,17 @@ class FabricClient:
                         role="connect" if me_a else "listen", status=result.status, reason=result.reason or "",
                         ended_ns=time.time_ns(), send_gbits_per_s=m.get("send_gbits_per_s"),
                         recv_gbits_per_s=m.get("recv_gbits_per_s"), rtt_p50_us=m.get("rtt_p50_us"))
+        self._keep(run, result)
+
+    def _keep(self, run: FabricRun, result: ProbeResult) -> None:
+        """Remember the run for `gpuagent status` and hand its result to the sink (the next batch)."""
         with self._mu:
             self._recent.append(run)
         for rec in result.sink_records():
             try:
                 self.sink.probe_result(rec)
             except Exception:  # noqa: BLE001 - a sink problem must not kill the fabric thread
-                log.exception("fabric: the sink refused the net_pair result")
+                log.exception("fabric: the sink refused the %s result", result.probe)
 
     def _charge(self, result: ProbeResult) -> None:
         """Charge the run's recorded duration (its result's started..ended, what link_results shows) to the
@@ -291,6 +313,127 @@ class FabricClient:
         self._answer(node_id=node_id, pair_id=go.pair_id, finished=True, status=result.status,
                      reason=result.reason)
 
+    # -- collective groups
+    def _handle_group(self, node_id: str, msg: pb.Assignment) -> None:
+        if msg.kind == "offer":
+            self._group_offer(node_id, msg)
+        elif msg.kind == "go":
+            with self._mu:
+                entry = self._groups.get(msg.pair_id)
+            if entry is not None and entry[0].kind == "offer":
+                with self._mu:
+                    self._groups[msg.pair_id] = (msg, entry[1])
+                threading.Thread(target=self._group_run, args=(node_id, msg, entry[1]), daemon=True,
+                                 name="gpuagent-fabric-group").start()
+        elif msg.kind == "cancel":
+            self._count("cancelled")
+            self._drop_group(msg.pair_id)
+
+    def _group_params(self, msg: pb.Assignment) -> dict[str, Any] | str:
+        """The collective probe's parameters for this member, or the sentence saying what is wrong."""
+        members = list(msg.members)
+        if len(members) < 2 or msg.node_rank >= len(members):
+            return f"the group offer is malformed: rank {msg.node_rank} of {len(members)} members"
+        params = {**msg.params, "nnodes": str(len(members)), "node_rank": str(msg.node_rank)}
+        try:
+            return registry.parse_params("collective", params)
+        except registry.ParamError as exc:
+            return f"the group's collective settings do not parse: {first_line(exc)}"
+
+    def _group_offer(self, node_id: str, msg: pb.Assignment) -> None:
+        reason = self.busy()
+        if reason:
+            return self._refuse(node_id, msg, reason)
+        if importlib.util.find_spec("torch") is None:
+            return self._refuse(node_id, msg, "torch is not installed on this node, so it cannot run the "
+                                "collective probe (pip install 'gpuagent[probes]')")
+        params = self._group_params(msg)
+        if isinstance(params, str):
+            return self._refuse(node_id, msg, params)
+        if list(msg.members)[msg.node_rank] != node_id:
+            return self._refuse(node_id, msg, f"the group offer puts node {msg.members[msg.node_rank]} at "
+                                f"rank {msg.node_rank}, not this node")
+        if self.lock is not None and (self.lock.held or not self.lock.acquire(0.0, what=f"collective {msg.pair_id}")):
+            return self._refuse(node_id, msg, f"lock: another probe run holds {self.lock.path}")
+        reason = self.budget.problem(msg.params, "collective") if self.budget is not None else ""
+        if reason:
+            self._release()
+            return self._refuse(node_id, msg, reason)
+        port = 0
+        if msg.node_rank == 0:
+            # Find a free port in the range for the rendezvous; the probe's TCPStore binds it on go.
+            ports = self._port_range if self._port_range[0] else (msg.port_lo, msg.port_hi)
+            sock, why = net_pair.listen_in_range(self.address or "0.0.0.0", ports)
+            if sock is None:
+                self._release()
+                return self._refuse(node_id, msg, why)
+            port = sock.getsockname()[1]
+            sock.close()
+        cancel = threading.Event()
+        with self._mu:
+            self._groups[msg.pair_id] = (msg, cancel)
+        if not self._answer(node_id=node_id, pair_id=msg.pair_id, accepted=True, port=port):
+            self._drop_group(msg.pair_id)
+            return
+        self._count("accepted")
+        # The go must come before the offer's deadline plus the collector's answer wait; else give up.
+        timer = threading.Timer(max(1.0, (msg.deadline_ns - time.time_ns()) / 1e9 + 10.0),
+                                self._drop_group, args=(msg.pair_id, True))
+        timer.daemon = True
+        timer.start()
+
+    def _drop_group(self, group_id: str, only_if_waiting: bool = False) -> None:
+        """Forget a group: a waiting one releases the lock here; a running one is stopped (its run thread
+        releases the lock when the probe subprocess is gone)."""
+        with self._mu:
+            entry = self._groups.get(group_id)
+            if entry is None or (only_if_waiting and entry[0].kind != "offer"):
+                return
+            running = entry[0].kind == "go"
+            if not running:
+                self._groups.pop(group_id)
+        entry[1].set()
+        if not running:
+            self._release()
+
+    def _group_run(self, node_id: str, go: pb.Assignment, cancel: threading.Event) -> None:
+        params = self._group_params(go)
+        result = None
+        try:
+            if isinstance(params, str):
+                result = ProbeResult("collective", "failed", params, {})
+            else:
+                params.update(master_addr=go.peer_address, master_port=go.port)
+                timeout = max(1.0, (go.deadline_ns - time.time_ns()) / 1e9)
+                params["init_timeout_s"] = min(float(params["init_timeout_s"]), timeout)
+                env = dict(os.environ)
+                if self.interface:
+                    env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = self.interface
+                result = run_probe("collective", params, timeout, cancel=cancel, env=env)
+        finally:
+            with self._mu:
+                self._groups.pop(go.pair_id, None)
+            if result is not None:
+                self._charge(result)
+            self._release()
+        cancelled = cancel.is_set()
+        if not cancelled:
+            self._finish_group(go, result)
+        self._answer(node_id=node_id, pair_id=go.pair_id, finished=True,
+                     status=result.status, reason=result.reason)
+
+    def _finish_group(self, go: pb.Assignment, result: ProbeResult) -> None:
+        result.params.update({"group_id": go.pair_id, "members": ",".join(go.members), "node_rank": go.node_rank,
+                              "group_params": ",".join(f"{k}={go.params[k]}" for k in sorted(go.params))})
+        result.env.setdefault("scheduler", "fabric")
+        if self.interface:
+            result.env["nic"] = self.interface
+        self._count(f"result:{result.status}")
+        run = FabricRun(pair_id=go.pair_id, peer=",".join(m for i, m in enumerate(go.members) if i != go.node_rank),
+                        role=f"rank {go.node_rank}", status=result.status, reason=result.reason or "",
+                        ended_ns=time.time_ns(), busbw_gbytes_per_s=result.metrics.get("busbw_gbps"))
+        self._keep(run, result)
+
 
 # ---------------------------------------------------------------- wiring into the daemon
 
@@ -307,28 +450,35 @@ def estimate_s(params) -> float:
     return 2 * (s.warmup_s + s.duration_s) + OVERHEAD_S
 
 
+# A collective group run before one has been measured: the probe's CPU defaults (64 KiB-16 MiB, 2 gloo
+# ranks per node) took 8.8 s between two processes on a 2-core KVM guest, most of it starting torch; GPU
+# sweeps to 1 GiB take longer, and the last completed run takes over from this figure.
+COLLECTIVE_FIRST_ESTIMATE_S = 15.0
+
+
 class FabricBudget:
     """The fabric's share of the node's probe budget: the probe scheduler's window, which the scheduled
     probes check too. An offer is refused with the scheduler's ``budget: ...`` reason unless a run fits,
-    judged by the larger of the settings' estimate and the last completed run (a slow network makes runs
-    longer than their settings say); every run is charged its recorded duration."""
+    judged by the larger of the settings' estimate and the last completed run of that probe (a slow
+    network makes runs longer than their settings say); every run is charged its recorded duration."""
 
     def __init__(self, sched: Any) -> None:
         self.sched = sched
-        self.last_s = 0.0
+        self.last_s: dict[str, float] = {}     # probe -> its last completed run's duration
 
-    def estimate_s(self, params) -> float:
-        return max(estimate_s(params), self.last_s)
+    def estimate_s(self, params, probe: str = "net_pair") -> float:
+        first = COLLECTIVE_FIRST_ESTIMATE_S if probe == "collective" else estimate_s(params)
+        return max(first, self.last_s.get(probe, 0.0))
 
-    def problem(self, offer_params) -> str:
-        return self.sched.budget_problem(self.estimate_s(offer_params))
+    def problem(self, offer_params, probe: str = "net_pair") -> str:
+        return self.sched.budget_problem(self.estimate_s(offer_params, probe))
 
     def charge(self, result: ProbeResult) -> None:
         """Charge every run; only a completed one informs the estimate (a listener that waited in vain
         for its peer, or a run cut by a timeout, says nothing about how long a run takes)."""
         self.sched.charge(result.duration_s)
         if result.status == "ok":
-            self.last_s = result.duration_s
+            self.last_s[result.probe] = result.duration_s
 
 
 def start_fabric_client(agent: Any) -> "FabricClient | None":

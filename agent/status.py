@@ -239,16 +239,17 @@ class TickCounters:
 
 @dataclass
 class FabricRun:
-    """One net_pair run this node took part in, as its end measured it."""
-    pair_id: str
-    peer: str                           # the other end's node id
-    role: str                           # connect (node_a: sends first) | listen
+    """One fabric run this node took part in, as its end measured it: a net_pair, or a collective group."""
+    pair_id: str                        # the pair's id, or the group's
+    peer: str                           # the other end's node id (a group: the other members, comma-separated)
+    role: str                           # connect (node_a: sends first) | listen | "rank N" in a group
     status: str
     reason: str
     ended_ns: int
     send_gbits_per_s: float | None = None
     recv_gbits_per_s: float | None = None
     rtt_p50_us: float | None = None
+    busbw_gbytes_per_s: float | None = None     # a collective group's all-reduce bus bandwidth
 
 
 @dataclass
@@ -593,8 +594,10 @@ def _render_fabric(fab: FabricStatus, now_ns: int) -> list[str]:
         out.append("          no runs yet")
         return out
     rows = [[r.peer[:20], r.role, r.status, _ago(r.ended_ns, now_ns), _fmt(r.send_gbits_per_s, ".2f"),
-             _fmt(r.recv_gbits_per_s, ".2f"), _fmt(r.rtt_p50_us, ".0f", " us"), r.reason[:60]] for r in fab.recent]
-    out.append(_table(["peer", "role", "status", "when", "send Gbit/s", "recv Gbit/s", "rtt p50", "reason"], rows))
+             _fmt(r.recv_gbits_per_s, ".2f"), _fmt(r.rtt_p50_us, ".0f", " us"), _fmt(r.busbw_gbytes_per_s, ".3f"),
+             r.reason[:60]] for r in fab.recent]
+    out.append(_table(["peer", "role", "status", "when", "send Gbit/s", "recv Gbit/s", "rtt p50", "busbw GB/s",
+                       "reason"], rows))
     return out
 
 

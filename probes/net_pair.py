@@ -349,6 +349,32 @@ def _set_nodelay(sock: socket.socket) -> None:
 
 # ---------------------------------------------------------------- listening end
 
+def listen_in_range(bind: str, port_range: tuple[int, int]) -> tuple[socket.socket | None, str]:
+    """A listening socket on ``bind`` at a port picked at random in ``port_range`` ((0, 0): any free port),
+    or (None, the sentence saying why not)."""
+    lo, hi = port_range
+    if not (0 <= lo <= hi <= 65535) or (lo == 0) != (hi == 0):
+        return None, f"port range {lo}-{hi} is not a range of ports (use 0-0 for any free port)"
+    ports = [0] if lo == 0 else random.sample(range(lo, hi + 1), hi - lo + 1)
+    last: OSError | None = None
+    for port in ports:
+        sock = None
+        try:
+            sock = socket.socket(socket.AF_INET6 if ":" in bind else socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((bind, port))
+            sock.listen(64)
+        except OSError as exc:
+            if sock is not None:
+                sock.close()
+            if exc.errno != errno.EADDRINUSE:
+                return None, f"cannot listen on {bind}:{port}: {exc.strerror or exc}"
+            last = exc
+            continue
+        return sock, ""
+    return None, f"no free port in {lo}-{hi} on {bind} ({last.strerror if last else 'none tried'})"
+
+
 class NetPairListener:
     """The listening end. Binding happens here, so ``port`` can be handed to the peer before ``serve``.
 
@@ -374,31 +400,14 @@ class NetPairListener:
             self.error = self._result("failed", why)
 
     def _open(self) -> str:
-        lo, hi = self.port_range
         if not self.secret or len(self.secret) > MAX_SECRET:
             return f"the pair secret must be 1 to {MAX_SECRET} bytes"
-        if not (0 <= lo <= hi <= 65535) or (lo == 0) != (hi == 0):
-            return f"port range {lo}-{hi} is not a range of ports (use 0-0 for any free port)"
-        ports = [0] if lo == 0 else random.sample(range(lo, hi + 1), hi - lo + 1)
-        last: OSError | None = None
-        for port in ports:
-            sock = None
-            try:
-                sock = socket.socket(socket.AF_INET6 if ":" in self.bind else socket.AF_INET, socket.SOCK_STREAM)
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                sock.bind((self.bind, port))
-                sock.listen(64)
-            except OSError as exc:
-                if sock is not None:
-                    sock.close()
-                if exc.errno != errno.EADDRINUSE:
-                    return f"cannot listen on {self.bind}:{port}: {exc.strerror or exc}"
-                last = exc
-                continue
-            self.sock, self.port = sock, sock.getsockname()[1]
-            self.params["port"] = self.port
-            return ""
-        return f"no free port in {lo}-{hi} on {self.bind} ({last.strerror if last else 'none tried'})"
+        sock, why = listen_in_range(self.bind, self.port_range)
+        if sock is None:
+            return why
+        self.sock, self.port = sock, sock.getsockname()[1]
+        self.params["port"] = self.port
+        return ""
 
     def _result(self, status: str, reason: str, metrics: dict[str, float] | None = None,
                 env: dict[str, Any] | None = None) -> ProbeResult:

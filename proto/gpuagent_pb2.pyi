@@ -376,7 +376,7 @@ class AssignmentsRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ...) -> None: ...
 
 class Assignment(_message.Message):
-    __slots__ = ("kind", "pair_id", "role", "peer_node_id", "peer_address", "port_lo", "port_hi", "port", "secret", "probe", "params", "deadline_ns", "reason", "node_a", "node_b")
+    __slots__ = ("kind", "pair_id", "role", "peer_node_id", "peer_address", "port_lo", "port_hi", "port", "secret", "probe", "params", "deadline_ns", "reason", "node_a", "node_b", "members", "node_rank")
     class ParamsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -399,6 +399,8 @@ class Assignment(_message.Message):
     REASON_FIELD_NUMBER: _ClassVar[int]
     NODE_A_FIELD_NUMBER: _ClassVar[int]
     NODE_B_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    NODE_RANK_FIELD_NUMBER: _ClassVar[int]
     kind: str
     pair_id: str
     role: str
@@ -414,7 +416,9 @@ class Assignment(_message.Message):
     reason: str
     node_a: str
     node_b: str
-    def __init__(self, kind: _Optional[str] = ..., pair_id: _Optional[str] = ..., role: _Optional[str] = ..., peer_node_id: _Optional[str] = ..., peer_address: _Optional[str] = ..., port_lo: _Optional[int] = ..., port_hi: _Optional[int] = ..., port: _Optional[int] = ..., secret: _Optional[str] = ..., probe: _Optional[str] = ..., params: _Optional[_Mapping[str, str]] = ..., deadline_ns: _Optional[int] = ..., reason: _Optional[str] = ..., node_a: _Optional[str] = ..., node_b: _Optional[str] = ...) -> None: ...
+    members: _containers.RepeatedScalarFieldContainer[str]
+    node_rank: int
+    def __init__(self, kind: _Optional[str] = ..., pair_id: _Optional[str] = ..., role: _Optional[str] = ..., peer_node_id: _Optional[str] = ..., peer_address: _Optional[str] = ..., port_lo: _Optional[int] = ..., port_hi: _Optional[int] = ..., port: _Optional[int] = ..., secret: _Optional[str] = ..., probe: _Optional[str] = ..., params: _Optional[_Mapping[str, str]] = ..., deadline_ns: _Optional[int] = ..., reason: _Optional[str] = ..., node_a: _Optional[str] = ..., node_b: _Optional[str] = ..., members: _Optional[_Iterable[str]] = ..., node_rank: _Optional[int] = ...) -> None: ...
 
 class AssignmentAnswer(_message.Message):
     __slots__ = ("node_id", "pair_id", "accepted", "reason", "port", "finished", "status")

@@ -8,8 +8,15 @@ end turns the pair into a ``skipped`` outcome with the reason, the other end get
 stays in the plan for a later sweep. A pair that went ahead ends when both ends report ``finished`` or
 at its deadline, whichever is first, so neither side nor the round can hang.
 
-The measurements themselves travel in the agents' batches (probe ``net_pair``, params ``node_a``/``node_b``);
-the coordinator keeps only outcomes, and hands each one to ``record`` when given.
+With ``group_size`` >= 2, each sweep is followed by one round of collective groups (planner.plan_groups:
+disjoint rings of that many nodes within a scope). Every member gets an ``offer`` with the group in rank
+order; rank 0 answers with the port it will host the torch.distributed rendezvous on, and once all have
+accepted every member gets ``go`` with rank 0's address and that port and runs the ``collective`` probe
+with ``nnodes`` = the group's size. One busy or silent member skips the whole group, as with a pair.
+
+The measurements themselves travel in the agents' batches (probe ``net_pair``, params ``node_a``/``node_b``;
+probe ``collective``, params ``group_id``/``members``); the coordinator keeps only outcomes, and hands each
+one to ``record`` when given.
 """
 
 from __future__ import annotations
@@ -28,6 +35,11 @@ from gpuagent.proto import pb
 log = logging.getLogger("gpuagent.collector.fabric")
 
 DEFAULT_PARAMS = {"streams": "4", "duration_s": "2.0", "warmup_s": "0.3", "rtt_count": "200"}
+# The collective probe's settings for group rounds (its own defaults otherwise: all GPUs with NCCL, two
+# gloo ranks on a CPU node); the agents check them, since the collector does not import the probes.
+DEFAULT_COLLECTIVE_PARAMS = {"backend": "auto"}
+# Set by the coordinator for each member; a [fabric.collective_params] table may not set them.
+GROUP_KEYS = ("nnodes", "node_rank", "master_addr", "master_port")
 
 
 @dataclass
@@ -43,6 +55,9 @@ class FabricConfig:
     run_timeout_s: float = 30.0        # from go to the end of the run
     params: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_PARAMS))
     seed: int = 0
+    group_size: int = 0                # >= 2: a round of collective groups of this size after each sweep
+    group_run_timeout_s: float = 300.0   # from go to the end of a group's collective run
+    collective_params: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_COLLECTIVE_PARAMS))
 
     @classmethod
     def from_mapping(cls, table) -> "FabricConfig":
@@ -60,6 +75,11 @@ class FabricConfig:
                 if not isinstance(value, dict):
                     raise ValueError("[fabric.params] must be a table of net_pair settings")
                 kw[key] = {**DEFAULT_PARAMS, **{str(k): str(v) for k, v in value.items()}}
+            elif key == "collective_params":
+                if not isinstance(value, dict):
+                    raise ValueError("[fabric.collective_params] must be a table of collective probe settings")
+                kw[key] = {**DEFAULT_COLLECTIVE_PARAMS,
+                           **{str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in value.items()}}
             elif key == "enabled":
                 if not isinstance(value, bool):
                     raise ValueError(f"fabric.enabled must be true or false, not {value!r}")
@@ -83,6 +103,14 @@ class FabricConfig:
             return "fabric interval_s must not be negative, answer_timeout_s and run_timeout_s must be positive"
         if self.max_pairs_per_round < 0:
             return f"fabric max_pairs_per_round must not be negative, got {self.max_pairs_per_round}"
+        if self.group_size < 0 or self.group_size == 1:
+            return f"fabric group_size must be 0 (no group rounds) or at least 2, got {self.group_size}"
+        if not self.group_run_timeout_s > 0:
+            return "fabric group_run_timeout_s must be positive"
+        reserved = sorted(set(self.collective_params) & set(GROUP_KEYS))
+        if reserved:
+            return (f"fabric.collective_params may not set {reserved[0]}: the coordinator sets "
+                    f"{', '.join(GROUP_KEYS)} for each member of a group")
         lo, hi = self.port_lo, self.port_hi
         if not (0 <= lo <= hi <= 65535) or (lo == 0) != (hi == 0):
             return f"fabric port range must be 1 <= lo <= hi <= 65535 (or both 0), got {lo}-{hi}"
@@ -101,11 +129,24 @@ class Outcome:
     ended_ns: int
     round_no: int
     params: dict[str, str] = field(default_factory=dict)   # the probe settings the pair was offered
+    probe: str = "net_pair"
+    members: list[str] = field(default_factory=list)        # probe "collective": the group in rank order
 
 
 class _Pair:
     def __init__(self, pair_id: str, a: str, b: str):
         self.pair_id, self.a, self.b = pair_id, a, b
+        self.answers: dict[str, pb.AssignmentAnswer] = {}
+        self.answered = asyncio.Event()
+        self.finished = asyncio.Event()
+        self.finishes: dict[str, pb.AssignmentAnswer] = {}
+
+
+class _Group:
+    """One collective group in flight: answers and finish reports by member."""
+
+    def __init__(self, group_id: str, members: list[str]):
+        self.pair_id, self.members = group_id, members
         self.answers: dict[str, pb.AssignmentAnswer] = {}
         self.answered = asyncio.Event()
         self.finished = asyncio.Event()
@@ -122,11 +163,14 @@ class Coordinator:
         self.nodes: dict[str, tuple[str, dict[str, str]]] = {}   # node id -> (fabric address, labels)
         self._streams: dict[str, asyncio.Queue] = {}
         self._pairs: dict[str, _Pair] = {}
+        self._groups: dict[str, _Group] = {}
         self._ids = itertools.count(1)
         self._run_tag = f"{time.time_ns():x}"
         self.outcomes: list[Outcome] = []
         self.rounds_done = 0
+        self.group_rounds_done = 0
         self.last_plan: planner.PairPlan | None = None
+        self.last_groups: planner.GroupRound | None = None
         self._task: asyncio.Task | None = None
 
     # -- what the servicer calls
@@ -151,6 +195,9 @@ class Coordinator:
 
     def answer(self, ans: pb.AssignmentAnswer) -> bool:
         """An agent's answer or finish report; False when the pair is not (or no longer) running."""
+        group = self._groups.get(ans.pair_id)
+        if group is not None:
+            return self._group_answer(group, ans)
         pair = self._pairs.get(ans.pair_id)
         if pair is None or ans.node_id not in (pair.a, pair.b):
             return False
@@ -198,6 +245,8 @@ class Coordinator:
             try:
                 if len(self.ready_nodes()) >= 2:
                     await self.sweep()
+                if self.config.group_size >= 2 and len(self.ready_nodes()) >= 2:
+                    await self.group_round()
             except planner.PlanError as exc:
                 log.error("fabric: cannot plan: %s", exc)
             await asyncio.sleep(max(1.0, self.config.interval_s))
@@ -219,14 +268,16 @@ class Coordinator:
 
     def _done(self, pair: _Pair, status: str, reason: str, started: int, round_no: int) -> Outcome:
         self._pairs.pop(pair.pair_id, None)
-        o = Outcome(pair.pair_id, pair.a, pair.b, status, reason, started, time.time_ns(), round_no,
-                    dict(self.config.params))
+        return self._keep(Outcome(pair.pair_id, pair.a, pair.b, status, reason, started, time.time_ns(), round_no,
+                                  dict(self.config.params)))
+
+    def _keep(self, o: Outcome) -> Outcome:
         self.outcomes.append(o)
         if self._record:
             try:
                 self._record(o)
-            except Exception as exc:  # noqa: BLE001 - a failed record must not stop the sweep
-                log.error("fabric: recording the outcome of %s failed: %s", pair.pair_id, exc)
+            except Exception as exc:  # noqa: BLE001 - a failed record must not stop the round
+                log.error("fabric: recording the outcome of %s failed: %s", o.pair_id, exc)
         return o
 
     async def _run_pair(self, a: str, b: str, round_no: int) -> Outcome:
@@ -277,21 +328,122 @@ class Coordinator:
         fin = pair.finishes[a]
         return self._done(pair, fin.status or "ok", fin.reason, started, round_no)
 
+    # -- collective groups
+    async def group_round(self) -> list[Outcome]:
+        """One round of collective groups over the nodes ready now: disjoint rings of ``group_size`` within
+        each scope (a remainder of one node sits out), all run side by side."""
+        c = self.config
+        rnd = planner.plan_groups(self.ready_nodes(), c.group_size, c.scope_key, 1,
+                                  seed=f"{c.seed}/g{self.group_rounds_done}")[0]
+        self.last_groups = rnd
+        round_no = self.group_rounds_done
+        log.info("fabric group round %d started: %s", round_no, " ".join(",".join(g) for g in rnd.groups))
+        outcomes = await asyncio.gather(*(self._run_group(g, round_no) for g in rnd.groups))
+        self.group_rounds_done += 1
+        log.info("fabric group round %d done: %s", round_no,
+                 " ".join(f"{','.join(o.members)}={o.status}" for o in outcomes))
+        return list(outcomes)
+
+    def _group_answer(self, group: _Group, ans: pb.AssignmentAnswer) -> bool:
+        if ans.node_id not in group.members:
+            return False
+        if ans.finished:
+            group.finishes[ans.node_id] = ans
+            if len(group.finishes) == len(group.members):
+                group.finished.set()
+            return True
+        group.answers[ans.node_id] = ans
+        if len(group.answers) == len(group.members) or not ans.accepted:
+            group.answered.set()
+        return True
+
+    def _group_done(self, group: _Group, status: str, reason: str, started: int, round_no: int) -> Outcome:
+        self._groups.pop(group.pair_id, None)
+        m = group.members
+        return self._keep(Outcome(group.pair_id, m[0], m[-1], status, reason, started, time.time_ns(), round_no,
+                                  dict(self.config.collective_params), "collective", list(m)))
+
+    def _cancel_group(self, group: _Group, reason: str) -> None:
+        for n in group.members:
+            self._send(n, pb.Assignment(kind="cancel", pair_id=group.pair_id, probe="collective", reason=reason,
+                                        members=group.members))
+
+    async def _run_group(self, members: list[str], round_no: int) -> Outcome:
+        """Offer the group to every member; when all accepted, send go with rank 0's rendezvous address and
+        port; wait for every member's finish report or the deadline."""
+        c = self.config
+        group = _Group(f"{self._run_tag}-g{round_no}-{next(self._ids)}", list(members))
+        self._groups[group.pair_id] = group
+        started = time.time_ns()
+        answer_deadline = started + int(c.answer_timeout_s * 1e9)
+        master = members[0]
+        silent = [n for rank, n in enumerate(members)
+                  if not self._send(n, pb.Assignment(
+                      kind="offer", pair_id=group.pair_id, role="listen" if rank == 0 else "connect",
+                      probe="collective", params=c.collective_params, members=members, node_rank=rank,
+                      port_lo=c.port_lo, port_hi=c.port_hi, deadline_ns=answer_deadline))]
+        if not silent:
+            try:
+                await asyncio.wait_for(group.answered.wait(), c.answer_timeout_s)
+            except asyncio.TimeoutError:
+                silent = [n for n in members if n not in group.answers]
+        busy = [(n, group.answers[n].reason or "busy") for n in members
+                if n in group.answers and not group.answers[n].accepted]
+        if silent or busy:
+            why = "; ".join([f"node {n} did not answer within {c.answer_timeout_s:g} s" for n in silent]
+                            + [f"node {n} is busy: {r}" for n, r in busy])
+            self._cancel_group(group, why)
+            return self._group_done(group, "skipped", why, started, round_no)
+        port = group.answers[master].port
+        addr = self.nodes.get(master, ("", {}))[0]
+        run_deadline = time.time_ns() + int(c.group_run_timeout_s * 1e9)
+        gone = [n for rank, n in enumerate(members)
+                if not self._send(n, pb.Assignment(
+                    kind="go", pair_id=group.pair_id, role="listen" if rank == 0 else "connect",
+                    peer_node_id=master, peer_address=addr, port=port, probe="collective",
+                    params=c.collective_params, members=members, node_rank=rank, deadline_ns=run_deadline))]
+        if gone:
+            why = f"node {gone[0]} went away before the run started"
+            self._cancel_group(group, why)
+            return self._group_done(group, "skipped", why, started, round_no)
+        try:
+            await asyncio.wait_for(group.finished.wait(), c.group_run_timeout_s)
+        except asyncio.TimeoutError:
+            late = [n for n in members if n not in group.finishes]
+            self._cancel_group(group, f"the run passed its {c.group_run_timeout_s:g} s deadline")
+            return self._group_done(group, "timeout", f"node {late[0]} did not report the end of the run "
+                                    f"within {c.group_run_timeout_s:g} s", started, round_no)
+        # Rank 0's status speaks for the group; a failed member's reason is added when rank 0's is ok.
+        fin = group.finishes[master]
+        bad = [(n, f) for n, f in group.finishes.items() if f.status != "ok"]
+        if fin.status == "ok" and bad:
+            n, f = bad[0]
+            return self._group_done(group, f.status, f"node {n}: {f.reason}", started, round_no)
+        return self._group_done(group, fin.status or "ok", fin.reason, started, round_no)
+
 
 def record_outcome(writer, o: Outcome) -> None:
-    """Store a pair the collector could not run (skipped) or saw no end of (timeout) as a link row; the
-    agents store the runs themselves."""
+    """Store a pair or group the collector could not run (skipped) or saw no end of (timeout) as a link or
+    group row; the agents store the runs themselves."""
     if o.status not in ("skipped", "timeout"):
         return
-    link_params = ",".join(f"{k}={v}" for k, v in sorted(o.params.items()))
-    row = [o.pair_id, o.node_a, o.node_b, "net_pair", link_params, o.started_ns // 1000, o.ended_ns // 1000,
-           o.status, o.reason]
+    params_key = ",".join(f"{k}={v}" for k, v in sorted(o.params.items()))
+    if o.probe == "collective":
+        sql = ("INSERT INTO group_results (group_id, members, group_size, probe, params_key, started_at, ended_at, "
+               "status, reason, reported_by) VALUES (?, ?, ?, ?, ?, make_timestamp(?), make_timestamp(?), ?, ?, "
+               "'collector')")
+        row = [o.pair_id, ",".join(o.members), len(o.members), o.probe, params_key, o.started_ns // 1000,
+               o.ended_ns // 1000, o.status, o.reason]
+    else:
+        sql = ("INSERT INTO link_results (pair_id, node_a, node_b, probe, params_key, started_at, ended_at, "
+               "status, reason, reported_by) VALUES (?, ?, ?, ?, ?, make_timestamp(?), make_timestamp(?), "
+               "?, ?, 'collector')")
+        row = [o.pair_id, o.node_a, o.node_b, o.probe, params_key, o.started_ns // 1000, o.ended_ns // 1000,
+               o.status, o.reason]
 
     def insert(con):
-        con.execute("INSERT INTO link_results (pair_id, node_a, node_b, probe, params_key, started_at, ended_at, "
-                    "status, reason, reported_by) VALUES (?, ?, ?, ?, ?, make_timestamp(?), make_timestamp(?), "
-                    "?, ?, 'collector')", row)
+        con.execute(sql, row)
 
     fut = writer.call(insert)
     fut.add_done_callback(lambda f: f.exception() and log.error(
-        "fabric: storing the skipped pair %s failed: %s", o.pair_id, f.exception()))
+        "fabric: storing the %s outcome of %s failed: %s", o.status, o.pair_id, f.exception()))

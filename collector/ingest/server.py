@@ -189,6 +189,10 @@ class CollectorHandle:
         """Run one full pair-wise sweep on the collector's loop now; its outcomes."""
         return asyncio.run_coroutine_threadsafe(self.fabric.sweep(), self._loop).result(timeout)
 
+    def fabric_group_round(self, timeout: float | None = None):
+        """Run one round of collective groups on the collector's loop now; its outcomes."""
+        return asyncio.run_coroutine_threadsafe(self.fabric.group_round(), self._loop).result(timeout)
+
     @property
     def writer(self) -> Writer:
         return self._writer

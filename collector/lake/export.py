@@ -56,6 +56,7 @@ HOURLY: tuple[HourlyTable, ...] = (
     HourlyTable("job_steps", "ts", "node_id, job_id, rank, ts"),
     HourlyTable("events", "ts", "node_id, kind, ts"),
     HourlyTable("link_results", "started_at", "node_a, node_b, probe, started_at"),
+    HourlyTable("group_results", "started_at", "members, probe, started_at"),
 )
 # Rewritten whole on every run: small, and their rows change (a node's last_seen, a flag closing).
 # UBIGINT columns become BIGINT: Spark reads no unsigned 64-bit Parquet type.

@@ -49,6 +49,7 @@ TABLES: dict[str, tuple[str, str, str]] = {
     "events": ("ts", "event_retention_s", ""),
     "flags": ("last_seen", "flag_retention_s", "state = 'closed'"),
     "link_results": ("started_at", "link_retention_s", ""),
+    "group_results": ("started_at", "link_retention_s", ""),
 }
 
 

@@ -29,7 +29,9 @@ JOIN probe_results r
  AND r.started_at = m.started_at
 WHERE r.status = 'ok' AND m.value BETWEEN -1.7976931348623157e308 AND 1.7976931348623157e308
   AND m.started_at > $probe_window_start AND m.started_at <= $now
-  AND r.started_at > $probe_window_start AND r.started_at <= $now;
+  AND r.started_at > $probe_window_start AND r.started_at <= $now
+  -- a fabric group's collective crosses nodes (group_results holds it): not this node's own figure
+  AND (m.probe <> 'collective' OR coalesce(m.params_key, '') NOT LIKE '%group_id=%');
 
 -- Host pressure per node over the probe window, from the 1-minute rollups: the evidence for noisy neighbors.
 CREATE OR REPLACE TEMP TABLE _pressure AS

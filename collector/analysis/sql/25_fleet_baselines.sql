@@ -20,6 +20,7 @@ WITH per_node AS (
     WHERE r.status = 'ok' AND m.value BETWEEN -1.7976931348623157e308 AND 1.7976931348623157e308
       AND m.started_at > $lookback_start AND m.started_at <= $now
       AND r.started_at > $lookback_start AND r.started_at <= $now
+      AND (m.probe <> 'collective' OR coalesce(m.params_key, '') NOT LIKE '%group_id=%')   -- fabric groups
     GROUP BY ALL
 )
 SELECT class_label, component, params_key, median(v) AS baseline, count(*) AS nodes, sum(runs) AS runs,

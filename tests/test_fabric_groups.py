@@ -1,0 +1,163 @@
+"""Collective groups scheduled by the fabric coordinator, over real gRPC on loopback: in-process agents (each
+its own FabricClient and probe lock, fabric address 127.0.0.1) run the real collective probe as subprocesses
+(torch.distributed with gloo, one rank per node) with the rendezvous the coordinator handed them."""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+import pytest
+
+from collector_helpers import node_info
+from test_fabric_coordinator import Results, _query, _send_results, _wait
+from gpuagent.agent.fabric import FabricClient
+from gpuagent.collector.fabric.coordinator import FabricConfig
+from gpuagent.collector.ingest.server import start_collector
+from gpuagent.probes.lock import ProbeLock
+from gpuagent.proto import pb, pb_grpc
+
+pytest.importorskip("torch")
+
+# One gloo rank per node, small messages: a run is mostly torch's start-up (about 8 s on 2 cores).
+SMALL = {"backend": "gloo", "nprocs": "1", "max_bytes": "1048576", "iters": "5", "warmup": "2",
+         "latency_iters": "20"}
+
+
+@pytest.fixture
+def group_fleet(tmp_path):
+    made = []
+
+    def make(n, busy=None, **cfg_kw):
+        cfg = FabricConfig(enabled=True, answer_timeout_s=3.0, port_lo=42200, port_hi=42299, scope_key=None,
+                           **{"group_size": n, "collective_params": dict(SMALL), **cfg_kw})
+        col = start_collector(tmp_path / "c.duckdb", analyze=False, fabric=cfg, fabric_rounds=False)
+        made.append(col)
+        nodes = []
+        for i in range(n):
+            ch = grpc.insecure_channel(col.address)
+            info = node_info(hostname=f"g{i}", machine_id=f"g-{i:04d}")
+            info.fabric_address = "127.0.0.1"
+            node_id = pb_grpc.CollectorStub(ch).Register(pb.RegisterRequest(node=info)).node_id
+            sink = Results()
+            client = FabricClient(ch, lambda nid=node_id: nid, "127.0.0.1", sink, retry_s=0.2,
+                                  busy=(busy or {}).get(i, lambda: ""),
+                                  lock=ProbeLock(str(tmp_path / f"lock{i}"))).start()
+            made.append((client, ch))
+            nodes.append((node_id, client, sink))
+        assert _wait(lambda: len(col.fabric.ready_nodes()) == n)
+        return col, nodes
+
+    try:
+        yield make
+    finally:
+        for item in reversed(made):
+            if isinstance(item, tuple):
+                item[0].stop()
+                item[1].close()
+            else:
+                item.stop()
+
+
+def test_a_group_round_runs_one_collective_across_every_member(group_fleet):
+    col, nodes = group_fleet(3)
+    t0 = time.monotonic()
+    [outcome] = col.fabric_group_round(timeout=180)
+    took = time.monotonic() - t0
+    ids = [n for n, _, _ in nodes]
+    assert outcome.status == "ok", outcome.reason
+    assert outcome.probe == "collective" and sorted(outcome.members) == sorted(ids)
+    assert col.fabric.last_groups.groups == [outcome.members] and col.fabric.group_rounds_done == 1
+    rows = {}
+    for node_id, client, sink in nodes:
+        assert _wait(lambda s=sink: len(s.rows) == 1)
+        [rec] = sink.rows
+        rows[node_id] = rec
+        assert rec["probe"] == "collective" and rec["status"] == "ok", rec["reason"]
+        p = rec["params"]
+        assert p["group_id"] == outcome.pair_id and p["members"] == ",".join(outcome.members)
+        assert p["nnodes"] == 3 and p["node_rank"] == outcome.members.index(node_id)
+        assert "nprocs=1" in p["group_params"] and "backend=gloo" in p["group_params"]
+        # The rendezvous is rank 0's address and the port it answered with, inside the configured range.
+        host, port = rec["env"]["master"].rsplit(":", 1)
+        assert host == "127.0.0.1" and 42200 <= int(port) <= 42299
+        assert rec["env"]["world_size"] == 3 and rec["env"]["backend"] == "gloo"
+        assert rec["env"]["scheduler"] == "fabric"
+        assert not client.lock.held
+        [run] = client.fabric_status().recent
+        assert run.role == f"rank {p['node_rank']}" and run.status == "ok"
+        assert run.busbw_gbytes_per_s == rec["metrics"]["busbw_gbps"] > 0
+        assert node_id not in run.peer.split(",") and len(run.peer.split(",")) == 2
+    # Every rank times the same all-reduces and the probe averages over ranks: one figure for the group.
+    assert len({r["metrics"]["busbw_gbps"] for r in rows.values()}) == 1
+    # busbw = algbw x 2(n-1)/n (nccl-tests), n = 3 ranks
+    any_rec = next(iter(rows.values()))
+    assert any_rec["metrics"]["busbw_gbps"] == pytest.approx(any_rec["metrics"]["algbw_gbps"] * 4 / 3)
+    assert took < 120
+
+    for seq, (node_id, _c, sink) in enumerate(nodes, 1):
+        _send_results(col, node_id, sink, seq=seq)
+    got = _query(col, "SELECT group_id, members, group_size, node_rank, reported_by, backend, world_size, "
+                      "busbw_gbytes_per_s, algbw_gbytes_per_s, small_msg_latency_us, largest_bytes, status, "
+                      "params_key FROM group_results ORDER BY node_rank")
+    assert [r[3] for r in got] == [0, 1, 2]
+    assert [r[4] for r in got] == outcome.members
+    for r in got:
+        assert r[:3] == [outcome.pair_id, ",".join(outcome.members), 3]
+        assert r[5:7] == ["gloo", 3] and r[7] == rows[r[4]]["metrics"]["busbw_gbps"] > 0
+        assert r[8] > 0 and r[9] > 0 and r[10] == 1048576 and r[11] == "ok"
+        assert r[12] == "backend=gloo,iters=5,latency_iters=20,max_bytes=1048576,nprocs=1,warmup=2"
+    latest = _query(col, "SELECT node_rank, reported_by FROM group_results_latest")
+    assert latest == [[0, outcome.members[0]]]
+    # The run also sits in probe_results as a collective with nnodes=3, which the analyzer leaves to
+    # group_results: it is not this node's own collective figure.
+    assert _query(col, "SELECT count(*) FROM probe_results WHERE probe = 'collective'") == [[3]]
+    # (the analyzer's filter in 20_node_class.sql and 25_fleet_baselines.sql, against the stored keys)
+    assert _query(col, "SELECT count(*) FROM probe_metrics WHERE probe = 'collective' "
+                       "AND params_key NOT LIKE '%group_id=%'") == [[0]]
+
+
+def test_a_busy_member_skips_the_whole_group_with_its_reason(group_fleet):
+    col, nodes = group_fleet(3, busy={1: lambda: "gpus busy: a job holds GPU 0"})
+    [outcome] = col.fabric_group_round(timeout=60)
+    busy_id = nodes[1][0]
+    assert outcome.status == "skipped"
+    assert outcome.reason == f"node {busy_id} is busy: gpus busy: a job holds GPU 0"
+    # The others had accepted and held their lock: the cancel released it, and nothing ran.
+    assert _wait(lambda: all(not c.lock.held for _, c, _ in nodes))
+    assert all(s.rows == [] for _, _, s in nodes)
+    assert nodes[1][1].counts.get("busy") == 1
+    assert _wait(lambda: _query(col, "SELECT status, reported_by, group_size, node_rank, reason "
+                                     "FROM group_results") == [["skipped", "collector", 3, None, outcome.reason]])
+
+
+def test_bad_group_settings_are_refused_in_one_sentence(group_fleet):
+    col, nodes = group_fleet(2, collective_params={**SMALL, "iters": "many"})
+    [outcome] = col.fabric_group_round(timeout=60)
+    assert outcome.status == "skipped"
+    assert "the group's collective settings do not parse: parameter iters of probe collective expects an " \
+           "integer, got 'many'" in outcome.reason
+    assert _wait(lambda: all(not c.lock.held for _, c, _ in nodes))
+
+
+def test_a_group_past_its_deadline_is_stopped_on_every_member(group_fleet):
+    # 3 s is less than torch takes to start here: the coordinator cancels, every member kills its probe.
+    col, nodes = group_fleet(2, group_run_timeout_s=3.0)
+    t0 = time.monotonic()
+    [outcome] = col.fabric_group_round(timeout=60)
+    assert outcome.status == "timeout" and "did not report the end of the run within 3 s" in outcome.reason
+    assert time.monotonic() - t0 < 15
+    assert _wait(lambda: all(not c.lock.held for _, c, _ in nodes), timeout=15)
+    assert all(s.rows == [] for _, _, s in nodes)     # a cancelled run is not a measurement
+    assert all(c.counts.get("cancelled") == 1 for _, c, _ in nodes)
+
+
+def test_group_config_problems_are_one_sentence():
+    with pytest.raises(ValueError, match="group_size must be 0 .no group rounds. or at least 2, got 1"):
+        FabricConfig.from_mapping({"enabled": True, "group_size": 1})
+    with pytest.raises(ValueError, match="may not set master_port: the coordinator sets"):
+        FabricConfig.from_mapping({"enabled": True, "group_size": 2, "collective_params": {"master_port": 1}})
+    with pytest.raises(ValueError, match=r"\[fabric.collective_params\] must be a table"):
+        FabricConfig.from_mapping({"collective_params": "gloo"})
+    cfg = FabricConfig.from_mapping({"group_size": 4, "collective_params": {"nprocs": 1, "backend": "gloo"}})
+    assert cfg.collective_params == {"backend": "gloo", "nprocs": "1"} and cfg.group_size == 4
