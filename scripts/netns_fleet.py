@@ -419,13 +419,29 @@ class Fleet:
 FABRIC_PORT = 7443
 
 
-def fabric_collector_toml(*, analyze_every: str = "1h", interval_s: float = 0.0) -> str:
+def fabric_collector_toml(*, analyze_every: str = "1h", interval_s: float = 0.0, group_size: int = 0) -> str:
     """A collector config that plans pair rounds on its own, with short runs (2 streams, 1 s each way), so a
-    4-node sweep takes seconds; ``analyze_every`` is the analyzer's pass interval ("30s", "1h")."""
+    4-node sweep takes seconds; ``analyze_every`` is the analyzer's pass interval ("30s", "1h"). With
+    ``group_size`` each sweep is followed by a round of collective groups of that size (gloo, one rank per
+    node, messages up to 1 MiB: a run is mostly torch's start-up)."""
+    groups = "" if not group_size else f"""group_size = {group_size}
+group_run_timeout_s = 120
+[fabric.collective_params]
+backend = "gloo"
+nprocs = 1
+max_bytes = 1048576
+iters = 5
+latency_iters = 20
+"""
     return f"""
 [analyzer]
 interval = "{analyze_every}"
 fabric_runs = 1
+[fabric.params]
+streams = 2
+duration_s = 1.0
+warmup_s = 0.2
+rtt_count = 50
 [fabric]
 enabled = true
 interval_s = {interval_s:g}
@@ -434,12 +450,7 @@ answer_timeout_s = 3
 run_timeout_s = 8
 port_lo = 42000
 port_hi = 42100
-[fabric.params]
-streams = 2
-duration_s = 1.0
-warmup_s = 0.2
-rtt_count = 50
-"""
+{groups}"""
 
 
 FABRIC_AGENT_TOML = """
