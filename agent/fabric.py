@@ -19,6 +19,10 @@ rendezvous (TCPStore) then binds; on ``go`` every member runs the collective pro
 (probes/runner.py) with ``nnodes``, ``node_rank``, ``master_addr`` and ``master_port`` from the assignment
 and GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME set to the fabric interface; a ``cancel`` kills it. The result
 carries ``group_id``, ``members`` and ``group_params`` in its params, which puts it in ``group_results``.
+An ``rdma_pair`` offer takes the same path as a group of two, [listener, connector]: refused with the
+probe's own reason when this node has no RDMA device or perftest; the listener answers with a port whose
+successor is free too (perftest's latency run uses it); its result carries ``node_a``/``node_b`` like a
+net_pair's, which puts it in ``link_results``.
 """
 
 from __future__ import annotations
@@ -36,13 +40,15 @@ import grpc
 from gpuagent.agent import netif
 from gpuagent.agent.status import FabricRun, FabricStatus
 from gpuagent.common.errors import first_line
-from gpuagent.probes import net_pair, registry
+from gpuagent.probes import net_pair, rdma_pair, registry
 from gpuagent.probes.lock import ProbeLock
 from gpuagent.probes.runner import run_probe
 from gpuagent.probes.result import ProbeResult
 from gpuagent.proto import pb, pb_grpc
 
 log = logging.getLogger("gpuagent.agent.fabric")
+
+GROUP_PROBES = ("collective", "rdma_pair")     # run through the group path: offer, go to all, a subprocess
 
 _SETTINGS = {"streams": int, "duration_s": float, "warmup_s": float, "rtt_count": int, "rtt_bytes": int,
              "chunk_kib": int}
@@ -157,7 +163,7 @@ class FabricClient:
             return False
 
     def _handle(self, node_id: str, msg: pb.Assignment) -> None:
-        if msg.probe == "collective":
+        if msg.probe in GROUP_PROBES:
             return self._handle_group(node_id, msg)
         if msg.kind == "offer" and msg.probe not in ("", "net_pair"):
             return self._refuse(node_id, msg, f"this agent does not run fabric probe {msg.probe!r}")
@@ -240,11 +246,7 @@ class FabricClient:
         result.params.update({"node_a": offer.node_a, "node_b": offer.node_b, "pair_id": offer.pair_id,
                               "link_params": link_params})
         result.env.setdefault("scheduler", "fabric")
-        if self.interface:
-            result.env["nic"] = self.interface
-            speed = netif.link_speed_mbits(self.interface, self._sys_class_net)
-            if speed is not None:
-                result.env["nic_speed_mbits"] = speed
+        self._nic_env(result)
         self._count(f"result:{result.status}")
         me_a = offer.role != "listen"
         m = result.metrics
@@ -253,6 +255,14 @@ class FabricClient:
                         ended_ns=time.time_ns(), send_gbits_per_s=m.get("send_gbits_per_s"),
                         recv_gbits_per_s=m.get("recv_gbits_per_s"), rtt_p50_us=m.get("rtt_p50_us"))
         self._keep(run, result)
+
+    def _nic_env(self, result: ProbeResult) -> None:
+        """The fabric NIC and its line rate, read now (a link can renegotiate), in the result's env."""
+        if self.interface:
+            result.env["nic"] = self.interface
+            speed = netif.link_speed_mbits(self.interface, self._sys_class_net)
+            if speed is not None:
+                result.env["nic_speed_mbits"] = speed
 
     def _keep(self, run: FabricRun, result: ProbeResult) -> None:
         """Remember the run for `gpuagent status` and hand its result to the sink (the next batch)."""
@@ -313,7 +323,7 @@ class FabricClient:
         self._answer(node_id=node_id, pair_id=go.pair_id, finished=True, status=result.status,
                      reason=result.reason)
 
-    # -- collective groups
+    # -- groups: collective rings and rdma pairs
     def _handle_group(self, node_id: str, msg: pb.Assignment) -> None:
         if msg.kind == "offer":
             self._group_offer(node_id, msg)
@@ -330,45 +340,69 @@ class FabricClient:
             self._drop_group(msg.pair_id)
 
     def _group_params(self, msg: pb.Assignment) -> dict[str, Any] | str:
-        """The collective probe's parameters for this member, or the sentence saying what is wrong."""
+        """The probe's parameters for this member, or the sentence saying what is wrong."""
         members = list(msg.members)
-        if len(members) < 2 or msg.node_rank >= len(members):
+        if len(members) < 2 or msg.node_rank >= len(members) or (msg.probe == "rdma_pair" and len(members) != 2):
             return f"the group offer is malformed: rank {msg.node_rank} of {len(members)} members"
-        params = {**msg.params, "nnodes": str(len(members)), "node_rank": str(msg.node_rank)}
+        if msg.probe == "collective":
+            params = {**msg.params, "nnodes": str(len(members)), "node_rank": str(msg.node_rank)}
+        else:
+            params = {**msg.params, "role": "listen" if msg.node_rank == 0 else "connect"}
         try:
-            return registry.parse_params("collective", params)
+            return registry.parse_params(msg.probe, params)
         except registry.ParamError as exc:
-            return f"the group's collective settings do not parse: {first_line(exc)}"
+            return f"the group's {msg.probe} settings do not parse: {first_line(exc)}"
+
+    def _rendezvous_port(self, msg: pb.Assignment) -> tuple[int, str]:
+        """Rank 0's port for the run (torch's TCPStore, or perftest's exchange on it and the next one):
+        free now in the range; the probe binds it on go."""
+        lo, hi = self._port_range if self._port_range[0] else (msg.port_lo, msg.port_hi)
+        need_next = msg.probe == "rdma_pair"
+        bind = self.address or "0.0.0.0"
+        for _ in range(16):
+            sock, why = net_pair.listen_in_range(bind, (lo, hi - 1) if need_next and lo else (lo, hi))
+            if sock is None:
+                return 0, why
+            port = sock.getsockname()[1]
+            nxt = None
+            if need_next:
+                nxt, _why = net_pair.listen_in_range(bind, (port + 1, port + 1))
+            sock.close()
+            if nxt is not None:
+                nxt.close()
+            if not need_next or nxt is not None:
+                return port, ""
+        return 0, f"no two free consecutive ports in {lo}-{hi} on {bind}"
 
     def _group_offer(self, node_id: str, msg: pb.Assignment) -> None:
         reason = self.busy()
         if reason:
             return self._refuse(node_id, msg, reason)
-        if importlib.util.find_spec("torch") is None:
+        if msg.probe == "collective" and importlib.util.find_spec("torch") is None:
             return self._refuse(node_id, msg, "torch is not installed on this node, so it cannot run the "
                                 "collective probe (pip install 'gpuagent[probes]')")
+        if msg.probe == "rdma_pair":
+            reason = rdma_pair.unavailable_reason()
+            if reason:
+                return self._refuse(node_id, msg, reason)
         params = self._group_params(msg)
         if isinstance(params, str):
             return self._refuse(node_id, msg, params)
         if list(msg.members)[msg.node_rank] != node_id:
             return self._refuse(node_id, msg, f"the group offer puts node {msg.members[msg.node_rank]} at "
                                 f"rank {msg.node_rank}, not this node")
-        if self.lock is not None and (self.lock.held or not self.lock.acquire(0.0, what=f"collective {msg.pair_id}")):
+        if self.lock is not None and (self.lock.held or not self.lock.acquire(0.0, what=f"{msg.probe} {msg.pair_id}")):
             return self._refuse(node_id, msg, f"lock: another probe run holds {self.lock.path}")
-        reason = self.budget.problem(msg.params, "collective") if self.budget is not None else ""
+        reason = self.budget.problem(msg.params, msg.probe) if self.budget is not None else ""
         if reason:
             self._release()
             return self._refuse(node_id, msg, reason)
         port = 0
         if msg.node_rank == 0:
-            # Find a free port in the range for the rendezvous; the probe's TCPStore binds it on go.
-            ports = self._port_range if self._port_range[0] else (msg.port_lo, msg.port_hi)
-            sock, why = net_pair.listen_in_range(self.address or "0.0.0.0", ports)
-            if sock is None:
+            port, why = self._rendezvous_port(msg)
+            if not port:
                 self._release()
                 return self._refuse(node_id, msg, why)
-            port = sock.getsockname()[1]
-            sock.close()
         cancel = threading.Event()
         with self._mu:
             self._groups[msg.pair_id] = (msg, cancel)
@@ -401,15 +435,19 @@ class FabricClient:
         result = None
         try:
             if isinstance(params, str):
-                result = ProbeResult("collective", "failed", params, {})
+                result = ProbeResult(go.probe, "failed", params, {})
             else:
-                params.update(master_addr=go.peer_address, master_port=go.port)
                 timeout = max(1.0, (go.deadline_ns - time.time_ns()) / 1e9)
-                params["init_timeout_s"] = min(float(params["init_timeout_s"]), timeout)
                 env = dict(os.environ)
-                if self.interface:
-                    env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = self.interface
-                result = run_probe("collective", params, timeout, cancel=cancel, env=env)
+                if go.probe == "collective":
+                    params.update(master_addr=go.peer_address, master_port=go.port)
+                    params["init_timeout_s"] = min(float(params["init_timeout_s"]), timeout)
+                    if self.interface:
+                        env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = self.interface
+                else:
+                    params.update(tcp_port=go.port, peer=go.peer_address if go.node_rank else "")
+                    params["accept_timeout_s"] = min(float(params["accept_timeout_s"]), timeout)
+                result = run_probe(go.probe, params, timeout, cancel=cancel, env=env)
         finally:
             with self._mu:
                 self._groups.pop(go.pair_id, None)
@@ -423,12 +461,23 @@ class FabricClient:
                      status=result.status, reason=result.reason)
 
     def _finish_group(self, go: pb.Assignment, result: ProbeResult) -> None:
-        result.params.update({"group_id": go.pair_id, "members": ",".join(go.members), "node_rank": go.node_rank,
-                              "group_params": ",".join(f"{k}={go.params[k]}" for k in sorted(go.params))})
+        settings = ",".join(f"{k}={go.params[k]}" for k in sorted(go.params))
+        if go.probe == "rdma_pair":
+            listener, connector = go.members[0], go.members[1]
+            result.params.update({"node_a": connector, "node_b": listener, "pair_id": go.pair_id,
+                                  "link_params": settings})
+        else:
+            result.params.update({"group_id": go.pair_id, "members": ",".join(go.members),
+                                  "node_rank": go.node_rank, "group_params": settings})
         result.env.setdefault("scheduler", "fabric")
-        if self.interface:
-            result.env["nic"] = self.interface
+        self._nic_env(result)
         self._count(f"result:{result.status}")
+        if go.probe == "rdma_pair":
+            run = FabricRun(pair_id=go.pair_id, peer=go.members[1 - go.node_rank],
+                            role="listen" if go.node_rank == 0 else "connect", status=result.status,
+                            reason=result.reason or "", ended_ns=time.time_ns(),
+                            send_gbits_per_s=result.metrics.get("write_gbits_per_s"))
+            return self._keep(run, result)
         run = FabricRun(pair_id=go.pair_id, peer=",".join(m for i, m in enumerate(go.members) if i != go.node_rank),
                         role=f"rank {go.node_rank}", status=result.status, reason=result.reason or "",
                         ended_ns=time.time_ns(), busbw_gbytes_per_s=result.metrics.get("busbw_gbps"))
@@ -454,6 +503,9 @@ def estimate_s(params) -> float:
 # ranks per node) took 8.8 s between two processes on a 2-core KVM guest, most of it starting torch; GPU
 # sweeps to 1 GiB take longer, and the last completed run takes over from this figure.
 COLLECTIVE_FIRST_ESTIMATE_S = 15.0
+# rdma_pair beyond its bandwidth phase: two perftest start-ups and TCP exchanges, and the latency run. A
+# guess, not a measurement (no RDMA device here); the last completed run takes over.
+RDMA_OVERHEAD_S = 5.0
 
 
 class FabricBudget:
@@ -467,7 +519,15 @@ class FabricBudget:
         self.last_s: dict[str, float] = {}     # probe -> its last completed run's duration
 
     def estimate_s(self, params, probe: str = "net_pair") -> float:
-        first = COLLECTIVE_FIRST_ESTIMATE_S if probe == "collective" else estimate_s(params)
+        if probe == "collective":
+            first = COLLECTIVE_FIRST_ESTIMATE_S
+        elif probe == "rdma_pair":     # ib_write_bw for duration_s, then ib_write_lat, each with its exchange
+            try:
+                first = float(params.get("duration_s", 3.0)) + RDMA_OVERHEAD_S
+            except ValueError:
+                first = 3.0 + RDMA_OVERHEAD_S
+        else:
+            first = estimate_s(params)
         return max(first, self.last_s.get(probe, 0.0))
 
     def problem(self, offer_params, probe: str = "net_pair") -> str:

@@ -14,6 +14,7 @@ from test_fabric_coordinator import Results, _query, _send_results, _wait
 from gpuagent.agent.fabric import FabricClient
 from gpuagent.collector.fabric.coordinator import FabricConfig
 from gpuagent.collector.ingest.server import start_collector
+from gpuagent.probes import rdma_pair
 from gpuagent.probes.lock import ProbeLock
 from gpuagent.proto import pb, pb_grpc
 
@@ -152,6 +153,26 @@ def test_a_group_past_its_deadline_is_stopped_on_every_member(group_fleet):
     assert all(c.counts.get("cancelled") == 1 for _, c, _ in nodes)
 
 
+def test_rdma_pairs_without_a_device_are_skipped_with_the_probes_reason(group_fleet):
+    why = rdma_pair.unavailable_reason()
+    if not why:
+        pytest.skip("this machine has an RDMA device and perftest: the skip path cannot be seen here")
+    col, nodes = group_fleet(3, group_size=0, rdma_pairs=True, rdma_params={"duration_s": "2"})
+    outcomes = col.fabric_rdma_sweep(timeout=60)
+    ids = {n for n, _, _ in nodes}
+    assert len(outcomes) == 3 and {frozenset((o.node_a, o.node_b)) for o in outcomes} == {
+        frozenset((a, b)) for a in ids for b in ids if a < b}
+    for o in outcomes:
+        assert o.probe == "rdma_pair" and o.status == "skipped"
+        assert o.members == [o.node_b, o.node_a]          # the listener is rank 0
+        assert f"is busy: {why}" in o.reason
+    assert _wait(lambda: all(not c.lock.held for _, c, _ in nodes))
+    query = "SELECT probe, status, reported_by, params_key, reason FROM link_results"
+    assert _wait(lambda: len(_query(col, query)) == 3)
+    rows = _query(col, query)
+    assert all(r[:4] == ["rdma_pair", "skipped", "collector", "duration_s=2"] and why in r[4] for r in rows)
+
+
 def test_group_config_problems_are_one_sentence():
     with pytest.raises(ValueError, match="group_size must be 0 .no group rounds. or at least 2, got 1"):
         FabricConfig.from_mapping({"enabled": True, "group_size": 1})
@@ -159,5 +180,9 @@ def test_group_config_problems_are_one_sentence():
         FabricConfig.from_mapping({"enabled": True, "group_size": 2, "collective_params": {"master_port": 1}})
     with pytest.raises(ValueError, match=r"\[fabric.collective_params\] must be a table"):
         FabricConfig.from_mapping({"collective_params": "gloo"})
+    with pytest.raises(ValueError, match="fabric.rdma_params may not set tcp_port"):
+        FabricConfig.from_mapping({"rdma_pairs": True, "rdma_params": {"tcp_port": 5}})
+    with pytest.raises(ValueError, match="fabric.rdma_pairs must be true or false, not 'yes'"):
+        FabricConfig.from_mapping({"rdma_pairs": "yes"})
     cfg = FabricConfig.from_mapping({"group_size": 4, "collective_params": {"nprocs": 1, "backend": "gloo"}})
     assert cfg.collective_params == {"backend": "gloo", "nprocs": "1"} and cfg.group_size == 4

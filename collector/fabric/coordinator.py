@@ -14,6 +14,11 @@ order; rank 0 answers with the port it will host the torch.distributed rendezvou
 accepted every member gets ``go`` with rank 0's address and that port and runs the ``collective`` probe
 with ``nnodes`` = the group's size. One busy or silent member skips the whole group, as with a pair.
 
+With ``rdma_pairs``, each sweep is also followed by the same tournament of pairs running ``rdma_pair``
+(perftest's ib_write_bw / ib_write_lat) through the same offer/go path: the listening end is rank 0 and
+answers with a port for perftest's TCP exchange (which also uses the next port). A node without an RDMA
+device or perftest refuses with the reason, so such a pair is ``skipped`` with it.
+
 The measurements themselves travel in the agents' batches (probe ``net_pair``, params ``node_a``/``node_b``;
 probe ``collective``, params ``group_id``/``members``); the coordinator keeps only outcomes, and hands each
 one to ``record`` when given.
@@ -40,6 +45,8 @@ DEFAULT_PARAMS = {"streams": "4", "duration_s": "2.0", "warmup_s": "0.3", "rtt_c
 DEFAULT_COLLECTIVE_PARAMS = {"backend": "auto"}
 # Set by the coordinator for each member; a [fabric.collective_params] table may not set them.
 GROUP_KEYS = ("nnodes", "node_rank", "master_addr", "master_port")
+# The same for [fabric.rdma_params] (rdma_pair's settings).
+RDMA_KEYS = ("role", "peer", "tcp_port")
 
 
 @dataclass
@@ -58,6 +65,8 @@ class FabricConfig:
     group_size: int = 0                # >= 2: a round of collective groups of this size after each sweep
     group_run_timeout_s: float = 300.0   # from go to the end of a group's collective run
     collective_params: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_COLLECTIVE_PARAMS))
+    rdma_pairs: bool = False           # also sweep every pair with rdma_pair (perftest) after each net_pair sweep
+    rdma_params: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_mapping(cls, table) -> "FabricConfig":
@@ -75,14 +84,15 @@ class FabricConfig:
                 if not isinstance(value, dict):
                     raise ValueError("[fabric.params] must be a table of net_pair settings")
                 kw[key] = {**DEFAULT_PARAMS, **{str(k): str(v) for k, v in value.items()}}
-            elif key == "collective_params":
+            elif key in ("collective_params", "rdma_params"):
                 if not isinstance(value, dict):
-                    raise ValueError("[fabric.collective_params] must be a table of collective probe settings")
-                kw[key] = {**DEFAULT_COLLECTIVE_PARAMS,
+                    raise ValueError(f"[fabric.{key}] must be a table of {key.split('_')[0]} probe settings")
+                base = DEFAULT_COLLECTIVE_PARAMS if key == "collective_params" else {}
+                kw[key] = {**base,
                            **{str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in value.items()}}
-            elif key == "enabled":
+            elif key in ("enabled", "rdma_pairs"):
                 if not isinstance(value, bool):
-                    raise ValueError(f"fabric.enabled must be true or false, not {value!r}")
+                    raise ValueError(f"fabric.{key} must be true or false, not {value!r}")
                 kw[key] = value
             elif key == "scope_key":
                 if not isinstance(value, str):
@@ -107,10 +117,11 @@ class FabricConfig:
             return f"fabric group_size must be 0 (no group rounds) or at least 2, got {self.group_size}"
         if not self.group_run_timeout_s > 0:
             return "fabric group_run_timeout_s must be positive"
-        reserved = sorted(set(self.collective_params) & set(GROUP_KEYS))
-        if reserved:
-            return (f"fabric.collective_params may not set {reserved[0]}: the coordinator sets "
-                    f"{', '.join(GROUP_KEYS)} for each member of a group")
+        for table, keys in (("collective_params", GROUP_KEYS), ("rdma_params", RDMA_KEYS)):
+            reserved = sorted(set(getattr(self, table)) & set(keys))
+            if reserved:
+                return (f"fabric.{table} may not set {reserved[0]}: the coordinator sets "
+                        f"{', '.join(keys)} for each end")
         lo, hi = self.port_lo, self.port_hi
         if not (0 <= lo <= hi <= 65535) or (lo == 0) != (hi == 0):
             return f"fabric port range must be 1 <= lo <= hi <= 65535 (or both 0), got {lo}-{hi}"
@@ -130,7 +141,7 @@ class Outcome:
     round_no: int
     params: dict[str, str] = field(default_factory=dict)   # the probe settings the pair was offered
     probe: str = "net_pair"
-    members: list[str] = field(default_factory=list)        # probe "collective": the group in rank order
+    members: list[str] = field(default_factory=list)        # collective, rdma_pair: the group in rank order
 
 
 class _Pair:
@@ -143,10 +154,11 @@ class _Pair:
 
 
 class _Group:
-    """One collective group in flight: answers and finish reports by member."""
+    """One group in flight (a collective ring, or an rdma_pair as [listener, connector]): answers and finish
+    reports by member."""
 
-    def __init__(self, group_id: str, members: list[str]):
-        self.pair_id, self.members = group_id, members
+    def __init__(self, group_id: str, members: list[str], probe: str, params: dict[str, str]):
+        self.pair_id, self.members, self.probe, self.params = group_id, members, probe, params
         self.answers: dict[str, pb.AssignmentAnswer] = {}
         self.answered = asyncio.Event()
         self.finished = asyncio.Event()
@@ -169,6 +181,7 @@ class Coordinator:
         self.outcomes: list[Outcome] = []
         self.rounds_done = 0
         self.group_rounds_done = 0
+        self.rdma_rounds_done = 0
         self.last_plan: planner.PairPlan | None = None
         self.last_groups: planner.GroupRound | None = None
         self._task: asyncio.Task | None = None
@@ -245,6 +258,8 @@ class Coordinator:
             try:
                 if len(self.ready_nodes()) >= 2:
                     await self.sweep()
+                if self.config.rdma_pairs and len(self.ready_nodes()) >= 2:
+                    await self.rdma_sweep()
                 if self.config.group_size >= 2 and len(self.ready_nodes()) >= 2:
                     await self.group_round()
             except planner.PlanError as exc:
@@ -338,11 +353,29 @@ class Coordinator:
         self.last_groups = rnd
         round_no = self.group_rounds_done
         log.info("fabric group round %d started: %s", round_no, " ".join(",".join(g) for g in rnd.groups))
-        outcomes = await asyncio.gather(*(self._run_group(g, round_no) for g in rnd.groups))
+        outcomes = await asyncio.gather(*(self._run_group(g, round_no, "collective", c.collective_params)
+                                          for g in rnd.groups))
         self.group_rounds_done += 1
         log.info("fabric group round %d done: %s", round_no,
                  " ".join(f"{','.join(o.members)}={o.status}" for o in outcomes))
         return list(outcomes)
+
+    async def rdma_sweep(self) -> list[Outcome]:
+        """A full pair-wise sweep with rdma_pair: the net_pair tournament's rounds, each pair run as a group
+        of two with the listening end (node_b) at rank 0."""
+        c = self.config
+        plan = planner.plan_pairs(self.ready_nodes(), c.scope_key, c.max_pairs_per_round or None,
+                                  seed=f"{c.seed}/rdma{self.rdma_rounds_done}")
+        out: list[Outcome] = []
+        for pairs in plan.rounds:
+            round_no = self.rdma_rounds_done
+            outcomes = await asyncio.gather(*(self._run_group([b, a], round_no, "rdma_pair", c.rdma_params)
+                                              for a, b in pairs))
+            self.rdma_rounds_done += 1
+            log.info("fabric rdma round %d done: %s", round_no,
+                     " ".join(f"{o.node_a}>{o.node_b}={o.status}" for o in outcomes))
+            out.extend(outcomes)
+        return out
 
     def _group_answer(self, group: _Group, ans: pb.AssignmentAnswer) -> bool:
         if ans.node_id not in group.members:
@@ -360,19 +393,21 @@ class Coordinator:
     def _group_done(self, group: _Group, status: str, reason: str, started: int, round_no: int) -> Outcome:
         self._groups.pop(group.pair_id, None)
         m = group.members
-        return self._keep(Outcome(group.pair_id, m[0], m[-1], status, reason, started, time.time_ns(), round_no,
-                                  dict(self.config.collective_params), "collective", list(m)))
+        a, b = (m[1], m[0]) if group.probe == "rdma_pair" else (m[0], m[-1])    # rdma: [listener, connector]
+        return self._keep(Outcome(group.pair_id, a, b, status, reason, started, time.time_ns(), round_no,
+                                  dict(group.params), group.probe, list(m)))
 
     def _cancel_group(self, group: _Group, reason: str) -> None:
         for n in group.members:
-            self._send(n, pb.Assignment(kind="cancel", pair_id=group.pair_id, probe="collective", reason=reason,
+            self._send(n, pb.Assignment(kind="cancel", pair_id=group.pair_id, probe=group.probe, reason=reason,
                                         members=group.members))
 
-    async def _run_group(self, members: list[str], round_no: int) -> Outcome:
+    async def _run_group(self, members: list[str], round_no: int, probe: str, params: dict[str, str]) -> Outcome:
         """Offer the group to every member; when all accepted, send go with rank 0's rendezvous address and
         port; wait for every member's finish report or the deadline."""
         c = self.config
-        group = _Group(f"{self._run_tag}-g{round_no}-{next(self._ids)}", list(members))
+        tag = "g" if probe == "collective" else "d"
+        group = _Group(f"{self._run_tag}-{tag}{round_no}-{next(self._ids)}", list(members), probe, dict(params))
         self._groups[group.pair_id] = group
         started = time.time_ns()
         answer_deadline = started + int(c.answer_timeout_s * 1e9)
@@ -380,7 +415,7 @@ class Coordinator:
         silent = [n for rank, n in enumerate(members)
                   if not self._send(n, pb.Assignment(
                       kind="offer", pair_id=group.pair_id, role="listen" if rank == 0 else "connect",
-                      probe="collective", params=c.collective_params, members=members, node_rank=rank,
+                      probe=probe, params=params, members=members, node_rank=rank,
                       port_lo=c.port_lo, port_hi=c.port_hi, deadline_ns=answer_deadline))]
         if not silent:
             try:
@@ -400,8 +435,8 @@ class Coordinator:
         gone = [n for rank, n in enumerate(members)
                 if not self._send(n, pb.Assignment(
                     kind="go", pair_id=group.pair_id, role="listen" if rank == 0 else "connect",
-                    peer_node_id=master, peer_address=addr, port=port, probe="collective",
-                    params=c.collective_params, members=members, node_rank=rank, deadline_ns=run_deadline))]
+                    peer_node_id=master, peer_address=addr, port=port, probe=probe,
+                    params=params, members=members, node_rank=rank, deadline_ns=run_deadline))]
         if gone:
             why = f"node {gone[0]} went away before the run started"
             self._cancel_group(group, why)

@@ -193,6 +193,10 @@ class CollectorHandle:
         """Run one round of collective groups on the collector's loop now; its outcomes."""
         return asyncio.run_coroutine_threadsafe(self.fabric.group_round(), self._loop).result(timeout)
 
+    def fabric_rdma_sweep(self, timeout: float | None = None):
+        """Run one pair-wise rdma_pair sweep on the collector's loop now; its outcomes."""
+        return asyncio.run_coroutine_threadsafe(self.fabric.rdma_sweep(), self._loop).result(timeout)
+
     @property
     def writer(self) -> Writer:
         return self._writer
