@@ -4,6 +4,7 @@ its own FabricClient and probe lock, fabric address 127.0.0.1) run the real coll
 
 from __future__ import annotations
 
+import json
 import time
 
 import grpc
@@ -14,6 +15,7 @@ from test_fabric_coordinator import Results, _query, _send_results, _wait
 from gpuagent.agent.fabric import FabricClient
 from gpuagent.collector.fabric.coordinator import FabricConfig
 from gpuagent.collector.ingest.server import start_collector
+from gpuagent.collector.views.fabric import run_fabric
 from gpuagent.probes import rdma_pair
 from gpuagent.probes.lock import ProbeLock
 from gpuagent.proto import pb, pb_grpc
@@ -110,6 +112,14 @@ def test_a_group_round_runs_one_collective_across_every_member(group_fleet):
         assert r[12] == "backend=gloo,iters=5,latency_iters=20,max_bytes=1048576,nprocs=1,warmup=2"
     latest = _query(col, "SELECT node_rank, reported_by FROM group_results_latest")
     assert latest == [[0, outcome.members[0]]]
+    # `gpuagent-collector fabric` shows the group's newest run.
+    view = json.loads(run_fabric(None, col.address, fmt="json"))
+    assert [(g["members"], g["status"], g["world_size"]) for g in view["groups"]] == [
+        (",".join(outcome.members), "ok", 3)]
+    assert view["groups"][0]["busbw_gbytes_per_s"] == rows[outcome.members[0]]["metrics"]["busbw_gbps"]
+    text = run_fabric(None, col.address)
+    assert "collective groups (newest run of each, 1; busbw by the nccl-tests formula):" in text
+    assert ",".join(outcome.members) in text
     # The run also sits in probe_results as a collective with nnodes=3, which the analyzer leaves to
     # group_results: it is not this node's own collective figure.
     assert _query(col, "SELECT count(*) FROM probe_results WHERE probe = 'collective'") == [[3]]
@@ -171,6 +181,8 @@ def test_rdma_pairs_without_a_device_are_skipped_with_the_probes_reason(group_fl
     assert _wait(lambda: len(_query(col, query)) == 3)
     rows = _query(col, query)
     assert all(r[:4] == ["rdma_pair", "skipped", "collector", "duration_s=2"] and why in r[4] for r in rows)
+    text = run_fabric(None, col.address)
+    assert "rdma_pair links (newest run of each, 3):" in text and text.count("  skipped  ") == 3
 
 
 def test_group_config_problems_are_one_sentence():

@@ -83,6 +83,19 @@ WHERE kind = 'network_degraded' AND state = 'open'
 """
 
 
+# The newest run of each collective group (rank 0's row) and each rdma_pair link in the window.
+SQL_GROUPS = """
+SELECT members, group_size, status, backend, world_size, busbw_gbytes_per_s, algbw_gbytes_per_s,
+       small_msg_latency_us, largest_bytes, epoch(started_at) AS started, reason
+FROM group_results_latest WHERE started_at >= to_timestamp({start})::TIMESTAMP
+ORDER BY busbw_gbytes_per_s NULLS LAST, members"""
+SQL_RDMA = """
+SELECT node_a, node_b, status, write_gbits_per_s, lat_typical_us, epoch(started_at) AS started, reason
+FROM link_matrix_latest
+WHERE probe = 'rdma_pair' AND started_at >= to_timestamp({start})::TIMESTAMP
+ORDER BY write_gbits_per_s NULLS LAST, node_a, node_b"""
+
+
 def _median(xs: list[float]) -> float | None:
     xs = sorted(xs)
     if not xs:
@@ -102,6 +115,8 @@ class FabricView:
     slow_fraction: float
     synthetic: bool = False
     notes: list[str] = field(default_factory=list)
+    groups: list[dict[str, Any]] = field(default_factory=list)   # newest run per collective group, slowest first
+    rdma: list[dict[str, Any]] = field(default_factory=list)     # newest rdma_pair run per link, slowest first
 
 
 def build_view(src, window: str = "24h", config: FabricConfig | None = None, runs: int = 3,
@@ -183,7 +198,10 @@ def build_view(src, window: str = "24h", config: FabricConfig | None = None, run
             pass
     if not links:
         notes.append("no ok net_pair runs in the window")
-    return FabricView(seconds, plan, last_round, links, node_list, flags, slow_fraction, synthetic, notes)
+    groups = src.query(SQL_GROUPS.format(start=f"{start:.6f}")) if has_table(src, "group_results") else []
+    rdma = src.query(SQL_RDMA.format(start=f"{start:.6f}"))
+    return FabricView(seconds, plan, last_round, links, node_list, flags, slow_fraction, synthetic, notes,
+                      groups, rdma)
 
 
 def _f(v, digits=2) -> str:
@@ -293,6 +311,22 @@ def render_text(v: FabricView, top: int = 10, max_rounds: int = 10, matrix_max: 
             out.append(f"  {ln['a']} - {ln['b']}: {_f(ln['gbits'])} Gbit/s, {_f(100 * ln['share'], 0)} % of the "
                        f"pool median {_f(ln['pool_median_gbits'])}")
     out.append("")
+    if v.groups:
+        out.append(f"collective groups (newest run of each, {len(v.groups)}; busbw by the nccl-tests formula):")
+        out += ["  " + line for line in _table(
+            ["members", "status", "backend", "ranks", "busbw GB/s", "algbw GB/s", "small msg us", "reason"],
+            [[g["members"] if len(g["members"]) <= 60 else g["members"][:57] + "...", g["status"],
+              g["backend"] or "-", str(g["world_size"] or "-"), _f(g["busbw_gbytes_per_s"], 3),
+              _f(g["algbw_gbytes_per_s"], 3), _f(g["small_msg_latency_us"], 0), (g["reason"] or "")[:80]]
+             for g in v.groups[:top]])]
+        out.append("")
+    if v.rdma:
+        out.append(f"rdma_pair links (newest run of each, {len(v.rdma)}):")
+        out += ["  " + line for line in _table(
+            ["a>b", "status", "write Gbit/s", "lat us", "reason"],
+            [[f"{r['node_a']}>{r['node_b']}", r["status"], _f(r["write_gbits_per_s"]), _f(r["lat_typical_us"]),
+              (r["reason"] or "")[:100]] for r in v.rdma[:top]])]
+        out.append("")
     out.append(f"open network_degraded flags: {len(v.flags)}" + ("" if v.flags else " (the analyzer opens them)"))
     for f in sorted(v.flags, key=lambda f: (f["component"], f["node_id"]))[:top]:
         out.append(f"  [{f['severity']}] {f['component']} {f['node_id']}: {f['sentence']}")
