@@ -17,7 +17,7 @@ PERFORMANCE.md; n = ranks), GB = 10^9 B. small_msg_latency_us is the time per al
 ``latency_bytes``. Each rank binds its GPU (torch.cuda.set_device, and device_id to
 init_process_group) before the process group is created; only local rank 0 writes the results.
 Across nodes, run the same command on every node with master_addr, master_port, nnodes and node_rank
-set (README, "Collective across nodes").
+set (docs/PROBES.md, "Collective across nodes"), or let the fabric coordinator do it ([fabric] group_size).
 """
 
 from __future__ import annotations
