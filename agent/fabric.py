@@ -328,11 +328,12 @@ class FabricClient:
         if msg.kind == "offer":
             self._group_offer(node_id, msg)
         elif msg.kind == "go":
-            with self._mu:
+            with self._mu:      # one hold: the go-wait timer cannot drop the group in between
                 entry = self._groups.get(msg.pair_id)
-            if entry is not None and entry[0].kind == "offer":
-                with self._mu:
+                waiting = entry is not None and entry[0].kind == "offer"
+                if waiting:
                     self._groups[msg.pair_id] = (msg, entry[1])
+            if waiting:
                 threading.Thread(target=self._group_run, args=(node_id, msg, entry[1]), daemon=True,
                                  name="gpuagent-fabric-group").start()
         elif msg.kind == "cancel":
