@@ -21,7 +21,7 @@ and, when the owner is SIGKILLed, by a reaper (a setsid'd child) that waits for 
 ``reap`` removes what any dead owner left behind. State lives in /run/gpuagent-netns/<prefix>.json.
 
 CLI (root): up N [--owner PID] | down | list | reap | throttle-node NAME RATE | throttle-pair A B RATE |
-unthrottle NAME | exec NAME -- CMD... | demo [--agents 4]   (RATE as tc writes it: 200mbit, 1gbit, 500kbit).
+unthrottle NAME | exec NAME -- CMD... | demo [--agents 4] [--group-size K]   (RATE as tc writes it: 200mbit, 1gbit, 500kbit).
 Without --owner, ``up`` holds the fleet in the foreground until Ctrl-C; with ``--owner $$`` it returns
 and the fleet lives as long as that process. ``demo`` builds agents+1 nodes and runs a gpuagent collector
 (fabric rounds on) in the last and an agent in each other one (``FabricProcesses``, which the e2e tests
@@ -523,13 +523,13 @@ class FabricProcesses:
                                env={**os.environ, "GPUAGENT_COLLECTOR_TOKEN": self.token})
 
     def rounds_done(self) -> list[str]:
-        """The collector's "fabric round N done: ..." log lines so far."""
+        """The collector's "fabric round N done: ..." log lines so far, and its "fabric group round" and
+        "fabric rdma round" ones (collective groups, rdma pairs), from "fabric" on, in log order."""
         try:
             text = self.col_log.read_text(errors="replace")
         except OSError:
             return []
-        return [line[line.index("fabric round"):] for line in text.splitlines() if "fabric round" in line
-                and " done: " in line]
+        return [m.group(0) for m in re.finditer(r"fabric (?:group |rdma )?round \d+ done: .*", text)]
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -556,7 +556,8 @@ def _demo(args: argparse.Namespace) -> int:
     collector = f"n{args.agents}"
     procs = FabricProcesses(fleet, workdir, names, collector, token=token,
                             collector_toml=fabric_collector_toml(analyze_every=args.analyze_every,
-                                                                 interval_s=args.interval_s))
+                                                                 interval_s=args.interval_s,
+                                                                 group_size=args.group_size))
     try:
         procs.start()
         token_file = workdir / "token"
@@ -642,6 +643,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--interval-s", type=float, default=10.0, help="seconds between pair rounds")
     p.add_argument("--analyze-every", default="30s", help="the analyzer's interval (flags open after a pass)")
     p.add_argument("--for", dest="for_s", type=float, default=0.0, help="stop after this many seconds (0: Ctrl-C)")
+    p.add_argument("--group-size", type=int, default=0,
+                   help="after each sweep, a round of gloo collective rings of this many nodes (0: none; needs torch)")
     w = sub.add_parser("_watch")   # the reaper (internal)
     w.add_argument("owner", type=int)
     w.add_argument("owner_start", type=int)
