@@ -448,7 +448,11 @@ class FabricClient:
                 else:
                     params.update(tcp_port=go.port, peer=go.peer_address if go.node_rank else "")
                     params["accept_timeout_s"] = min(float(params["accept_timeout_s"]), timeout)
-                result = run_probe(go.probe, params, timeout, cancel=cancel, env=env)
+                try:
+                    result = run_probe(go.probe, params, timeout, cancel=cancel, env=env)
+                except registry.ParamError as exc:    # e.g. a port the go carried that the probe refuses
+                    result = ProbeResult(go.probe, "failed", f"the run's settings were refused: {first_line(exc)}",
+                                         params)
         finally:
             with self._mu:
                 self._groups.pop(go.pair_id, None)

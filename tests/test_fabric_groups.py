@@ -11,10 +11,12 @@ import grpc
 import pytest
 
 from collector_helpers import node_info
+from fabric_helpers import ROOT
 from test_fabric_coordinator import Results, _query, _send_results, _wait
 from gpuagent.agent.fabric import FabricClient
 from gpuagent.collector.fabric.coordinator import FabricConfig
 from gpuagent.collector.ingest.server import start_collector
+from gpuagent.collector.views.compare import NOT_FABRIC_GROUP
 from gpuagent.collector.views.fabric import run_fabric
 from gpuagent.probes import rdma_pair
 from gpuagent.probes.lock import ProbeLock
@@ -123,9 +125,12 @@ def test_a_group_round_runs_one_collective_across_every_member(group_fleet):
     # The run also sits in probe_results as a collective with nnodes=3, which the analyzer leaves to
     # group_results: it is not this node's own collective figure.
     assert _query(col, "SELECT count(*) FROM probe_results WHERE probe = 'collective'") == [[3]]
-    # (the analyzer's filter in 20_node_class.sql and 25_fleet_baselines.sql, against the stored keys)
-    assert _query(col, "SELECT count(*) FROM probe_metrics WHERE probe = 'collective' "
-                       "AND params_key NOT LIKE '%group_id=%'") == [[0]]
+    # (the filter of the analyzer's 20_node_class.sql and 25_fleet_baselines.sql and of the compare and report
+    # views, against the keys as stored)
+    assert _query(col, "SELECT count(*) FROM probe_metrics WHERE probe = 'collective'")[0][0] > 0
+    assert _query(col, f"SELECT count(*) FROM probe_metrics m WHERE {NOT_FABRIC_GROUP}") == [[0]]
+    assert NOT_FABRIC_GROUP in (ROOT / "collector/analysis/sql/20_node_class.sql").read_text()
+    assert NOT_FABRIC_GROUP in (ROOT / "collector/analysis/sql/25_fleet_baselines.sql").read_text()
 
 
 def test_a_busy_member_skips_the_whole_group_with_its_reason(group_fleet):

@@ -44,6 +44,9 @@ HEADLINE: tuple[tuple[str, str, str], ...] = (
     ("host", "clock_gettime_ns", "lower"),
     ("host", "cpu_steal_percent", "lower"),
 )
+# A fabric group's collective (group_results) crosses nodes: it is no node's own collective figure, so the
+# per-node and per-pool probe views leave it out, as the analyzer does (20_node_class.sql).
+NOT_FABRIC_GROUP = "(m.probe <> 'collective' OR coalesce(m.params_key, '') NOT LIKE '%group_id=%')"
 # Metrics already in percent of something (CPU time): compared in percentage points, not relative %.
 POINT_METRICS = frozenset({"cpu_steal_percent"})
 FLAG_KINDS = ("virtualization_overhead", "noisy_neighbor_variance", "utilization_gap")
@@ -245,7 +248,7 @@ SELECT coalesce(n.pool, '{no_pool}') AS pool, m.probe, m.metric,
 FROM probe_metrics m
 JOIN nodes n ON n.node_id = m.node_id
 WHERE m.started_at >= {start} AND m.started_at < {end}
-  AND m.probe || '.' || m.metric IN ({pairs})
+  AND m.probe || '.' || m.metric IN ({pairs}) AND {not_group}
   AND m.value BETWEEN -1.7976931348623157e308 AND 1.7976931348623157e308
 GROUP BY ALL
 """
@@ -433,7 +436,7 @@ def compare_pools(src, window_s: float = 86400.0, reference_pool: str | None = N
 
     pairs = ", ".join(_lit(f"{p}.{m}") for p, m, _ in HEADLINE)
     better = {(p, m): b for p, m, b in HEADLINE}
-    for r in src.query(_fmt(SQL_PROBES, window, pairs=pairs)):
+    for r in src.query(_fmt(SQL_PROBES, window, pairs=pairs, not_group=NOT_FABRIC_GROUP)):
         med = _num(r["median"])
         p10, p90 = _num(r["p10"]), _num(r["p90"])
         points = r["metric"] in POINT_METRICS

@@ -23,9 +23,9 @@ from html import escape
 from typing import Any
 
 from gpuagent.collector.views import svgplot
-from gpuagent.collector.views.compare import (FLAG_KINDS, HEADLINE, NO_POOL, CompareError, PoolComparison, Window,
-                                        _lit, compare_pools, fmt_value, has_table, open_source, parse_window,
-                                        pool_rows, probe_cell)
+from gpuagent.collector.views.compare import (FLAG_KINDS, HEADLINE, NO_POOL, NOT_FABRIC_GROUP, CompareError,
+                                        PoolComparison, Window, _lit, compare_pools, fmt_value, has_table,
+                                        open_source, parse_window, pool_rows, probe_cell)
 
 MAX_FLAGS = 500
 MAX_HEATMAP_ROWS = 60
@@ -86,6 +86,7 @@ def _distributions(src, w: Window) -> dict[tuple[str, str], list[tuple[str, list
             FROM probe_metrics m JOIN nodes n USING (node_id)
             WHERE m.started_at >= {w.start_sql} AND m.started_at < {w.end_sql}
               AND m.probe = {_lit(probe)} AND m.metric = {_lit(metric)} AND isfinite(m.value)
+              AND {NOT_FABRIC_GROUP}
             GROUP BY ALL ORDER BY pool, n.hostname""")
         groups: dict[str, list[tuple[str, float]]] = {}
         for r in rows:
@@ -136,14 +137,14 @@ def _noisy(src, w: Window, flags: list[dict[str, Any]]) -> tuple[str, list[tuple
             sql = f"""
                 WITH ref AS (
                     SELECT median(m.value) AS ref FROM probe_metrics m JOIN nodes n USING (node_id)
-                    WHERE m.probe = {_lit(probe)} AND m.metric = {_lit(metric)}
+                    WHERE m.probe = {_lit(probe)} AND m.metric = {_lit(metric)} AND {NOT_FABRIC_GROUP}
                       AND m.started_at >= {w.start_sql} AND m.started_at < {w.end_sql}
                       AND n.gpu_model IS NOT DISTINCT FROM
                           (SELECT gpu_model FROM nodes WHERE node_id = {_lit(node_id)}))
                 SELECT epoch(m.started_at) AS t, avg(m.value) / any_value(ref.ref) * 100 AS v
                 FROM probe_metrics m, ref
                 WHERE m.node_id = {_lit(node_id)} AND m.probe = {_lit(probe)} AND m.metric = {_lit(metric)}
-                  AND m.started_at >= {w.start_sql} AND m.started_at < {w.end_sql}{gpu_cond}
+                  AND {NOT_FABRIC_GROUP} AND m.started_at >= {w.start_sql} AND m.started_at < {w.end_sql}{gpu_cond}
                 GROUP BY 1 ORDER BY 1"""
         pts = [(float(r["t"]), float(r["v"])) for r in src.query(sql) if r["v"] is not None]
         label = f"{host} {comp}" + ("" if gpu is None else f" gpu{gpu}")
