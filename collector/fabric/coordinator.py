@@ -19,14 +19,15 @@ With ``rdma_pairs``, each sweep is also followed by the same tournament of pairs
 answers with a port for perftest's TCP exchange (which also uses the next port). A node without an RDMA
 device or perftest refuses with the reason, so such a pair is ``skipped`` with it.
 
-The measurements themselves travel in the agents' batches (probe ``net_pair``, params ``node_a``/``node_b``;
-probe ``collective``, params ``group_id``/``members``); the coordinator keeps only outcomes, and hands each
-one to ``record`` when given.
+The measurements themselves travel in the agents' batches (probes ``net_pair`` and ``rdma_pair``, params
+``node_a``/``node_b``; probe ``collective``, params ``group_id``/``members``); the coordinator keeps only
+outcomes, and hands each one to ``record`` when given.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import logging
 import secrets
@@ -47,6 +48,7 @@ DEFAULT_COLLECTIVE_PARAMS = {"backend": "auto"}
 GROUP_KEYS = ("nnodes", "node_rank", "master_addr", "master_port")
 # The same for [fabric.rdma_params] (rdma_pair's settings).
 RDMA_KEYS = ("role", "peer", "tcp_port")
+RECENT_OUTCOMES = 10_000
 
 
 @dataclass
@@ -130,7 +132,8 @@ class FabricConfig:
 
 @dataclass
 class Outcome:
-    """What became of one planned pair (node_a connects, node_b listens)."""
+    """What became of one planned pair (node_a connects, node_b listens) or group (node_a is rank 0, node_b
+    the last rank; ``members`` holds them all)."""
     pair_id: str
     node_a: str
     node_b: str
@@ -178,7 +181,9 @@ class Coordinator:
         self._groups: dict[str, _Group] = {}
         self._ids = itertools.count(1)
         self._run_tag = f"{time.time_ns():x}"
-        self.outcomes: list[Outcome] = []
+        # The newest outcomes, for a look from a debugger or a test; bounded, since a 1,000-node pool has
+        # half a million pairs per sweep and the collector runs for months (the rows are in the database).
+        self.outcomes: collections.deque[Outcome] = collections.deque(maxlen=RECENT_OUTCOMES)
         self.rounds_done = 0
         self.group_rounds_done = 0
         self.rdma_rounds_done = 0
