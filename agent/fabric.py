@@ -42,6 +42,7 @@ from gpuagent.agent.status import FabricRun, FabricStatus
 from gpuagent.common.errors import first_line
 from gpuagent.probes import net_pair, rdma_pair, registry
 from gpuagent.probes.lock import ProbeLock
+from gpuagent.probes import runner
 from gpuagent.probes.runner import run_probe
 from gpuagent.probes.result import ProbeResult
 from gpuagent.proto import pb, pb_grpc
@@ -160,6 +161,9 @@ class FabricClient:
             return self._stub.AnswerAssignment(pb.AssignmentAnswer(**kw), metadata=self._md, timeout=5.0).known
         except grpc.RpcError as exc:
             log.warning("fabric: answering the collector failed: %s", first_line(exc))
+            return False
+        except ValueError as exc:        # the channel was closed: the client is stopping
+            log.info("fabric: not answering the collector: %s", first_line(exc))
             return False
 
     def _handle(self, node_id: str, msg: pb.Assignment) -> None:
@@ -438,7 +442,10 @@ class FabricClient:
             if isinstance(params, str):
                 result = ProbeResult(go.probe, "failed", params, {})
             else:
-                timeout = max(1.0, (go.deadline_ns - time.time_ns()) / 1e9)
+                # End the probe a little before the collector's deadline, so its own timeout is what the
+                # group's outcome says, not a missing report.
+                left = (go.deadline_ns - time.time_ns()) / 1e9
+                timeout = max(1.0, left - min(10.0, 0.1 * left) - runner.TERM_GRACE_S)
                 env = dict(os.environ)
                 if go.probe == "collective":
                     params.update(master_addr=go.peer_address, master_port=go.port)

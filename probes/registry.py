@@ -20,6 +20,10 @@ RESOURCES = ("gpu", "disk", "cpu")
 
 # One module per probe, in listing order.
 PROBE_MODULES = ("host", "storage", "collective", "pcie", "gpu_compute")
+# Probes with two ends that only the fabric coordinator starts, on both nodes at once (agent/fabric.py):
+# get(), parse_params() and the runner know them; names() and specs(), which the scheduler, its config
+# and `gpuagent probe list` read, leave them out, since one node alone cannot run them.
+PAIR_PROBE_MODULES = ("rdma_pair",)
 
 
 class ParamError(ValueError):
@@ -53,7 +57,7 @@ class ProbeSpec:
 
 def _load() -> dict[str, tuple[ProbeSpec, str]]:
     out = {}
-    for mod_name in PROBE_MODULES:
+    for mod_name in PROBE_MODULES + PAIR_PROBE_MODULES:
         mod = importlib.import_module(f"gpuagent.probes.{mod_name}")
         spec = mod.SPEC
         out[spec.name] = (spec, mod.__name__)
@@ -71,11 +75,12 @@ def _registry() -> dict[str, tuple[ProbeSpec, str]]:
 
 
 def names() -> list[str]:
-    return list(_registry())
+    """The probes one node runs on its own (scheduled, listed), in listing order."""
+    return [name for name, (_s, mod) in _registry().items() if mod.rsplit(".", 1)[-1] in PROBE_MODULES]
 
 
 def specs() -> list[ProbeSpec]:
-    return [s for s, _ in _registry().values()]
+    return [get(name) for name in names()]
 
 
 def get(name: str) -> ProbeSpec:

@@ -5,6 +5,7 @@ its own FabricClient and probe lock, fabric address 127.0.0.1) run the real coll
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 
 import grpc
@@ -156,16 +157,42 @@ def test_bad_group_settings_are_refused_in_one_sentence(group_fleet):
     assert _wait(lambda: all(not c.lock.held for _, c, _ in nodes))
 
 
-def test_a_group_past_its_deadline_is_stopped_on_every_member(group_fleet):
-    # 3 s is less than torch takes to start here: the coordinator cancels, every member kills its probe.
+def _probe_processes() -> list[str]:
+    out = subprocess.run(["pgrep", "-af", "gpuagent.probes collective"], capture_output=True, text=True)
+    return [ln for ln in out.stdout.splitlines() if "pgrep" not in ln]
+
+
+def test_a_run_past_its_deadline_is_killed_before_the_collectors_deadline(group_fleet):
+    # A 3 s group deadline leaves each member 1 s (a margin for the kill), less than torch takes to start
+    # here: every member's probe is killed at its own timeout, which is what the outcome says.
     col, nodes = group_fleet(2, group_run_timeout_s=3.0)
     t0 = time.monotonic()
     [outcome] = col.fabric_group_round(timeout=60)
-    assert outcome.status == "timeout" and "did not report the end of the run within 3 s" in outcome.reason
+    assert outcome.status == "timeout" and outcome.reason.endswith("killed after its 1 s timeout"), outcome
     assert time.monotonic() - t0 < 15
     assert _wait(lambda: all(not c.lock.held for _, c, _ in nodes), timeout=15)
-    assert all(s.rows == [] for _, _, s in nodes)     # a cancelled run is not a measurement
-    assert all(c.counts.get("cancelled") == 1 for _, c, _ in nodes)
+    assert _wait(lambda: _probe_processes() == [], timeout=10), _probe_processes()
+    # What each member recorded is its probe's timeout, not a measurement (a cancelled member records nothing).
+    rows = [r for _, _, s in nodes for r in s.rows]
+    assert rows and all(r["status"] == "timeout" and not r["metrics"] for r in rows)
+
+
+def test_a_member_that_fails_ends_the_group_and_the_others_are_cancelled(group_fleet):
+    # One member accepts and then does nothing on go (a hung agent); the other's rendezvous gives up after
+    # init_timeout_s, and its failure ends the group long before the 120 s group deadline.
+    col, nodes = group_fleet(2, group_run_timeout_s=120.0, collective_params={**SMALL, "init_timeout_s": "3"})
+    hung_id, hung, _ = nodes[1]
+    hung._group_run = lambda node_id, go, cancel: None
+    t0 = time.monotonic()
+    [outcome] = col.fabric_group_round(timeout=150)
+    took = time.monotonic() - t0
+    ok_id, ok_client, ok_sink = nodes[0]
+    assert outcome.status == "failed" and outcome.reason.startswith(f"node {ok_id}: a rank failed"), outcome
+    assert took < 60
+    assert _wait(lambda: not ok_client.lock.held)
+    [rec] = ok_sink.rows
+    assert rec["status"] == "failed" and rec["params"]["group_id"] == outcome.pair_id
+    assert _wait(lambda: hung.counts.get("cancelled") == 1)    # the hung member was told
 
 
 def test_rdma_pairs_without_a_device_are_skipped_with_the_probes_reason(group_fleet):
@@ -188,6 +215,23 @@ def test_rdma_pairs_without_a_device_are_skipped_with_the_probes_reason(group_fl
     assert all(r[:4] == ["rdma_pair", "skipped", "collector", "duration_s=2"] and why in r[4] for r in rows)
     text = run_fabric(None, col.address)
     assert "rdma_pair links (newest run of each, 3):" in text and text.count("  skipped  ") == 3
+
+
+def test_an_rdma_pair_end_runs_through_the_probe_runner_as_the_agent_starts_it():
+    # What an accepted rdma pair runs at each end: the runner's subprocess with the offer's settings and the
+    # coordinator's port (registry.PAIR_PROBE_MODULES: runnable, but never scheduled on one node alone).
+    from gpuagent.probes import registry
+    from gpuagent.probes.runner import run_probe
+    assert "rdma_pair" not in registry.names() and "rdma_pair" not in {s.name for s in registry.specs()}
+    for role, peer in (("listen", ""), ("connect", "127.0.0.1")):
+        params = registry.parse_params("rdma_pair", {"duration_s": "2", "role": role})
+        params.update(tcp_port=42210, peer=peer)
+        res = run_probe("rdma_pair", params, 30)
+        why = rdma_pair.unavailable_reason()
+        if why:      # no RDMA here: the probe itself says so, with the same reason the agent refuses with
+            assert (res.status, res.reason, res.params["tcp_port"]) == ("skipped", why, 42210)
+        else:        # a node with RDMA: one end alone cannot finish, but the tool ran
+            assert res.status in ("failed", "timeout") and res.params["tcp_port"] == 42210
 
 
 def test_group_config_problems_are_one_sentence():

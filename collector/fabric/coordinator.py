@@ -164,7 +164,7 @@ class _Group:
         self.pair_id, self.members, self.probe, self.params = group_id, members, probe, params
         self.answers: dict[str, pb.AssignmentAnswer] = {}
         self.answered = asyncio.Event()
-        self.finished = asyncio.Event()
+        self.finished = asyncio.Event()     # every member reported the end of its run, or one failed
         self.finishes: dict[str, pb.AssignmentAnswer] = {}
 
 
@@ -386,8 +386,10 @@ class Coordinator:
         if ans.node_id not in group.members:
             return False
         if ans.finished:
+            # A member whose run ended badly ends the group: the others would only wait out their
+            # rendezvous or transfer timeouts for it.
             group.finishes[ans.node_id] = ans
-            if len(group.finishes) == len(group.members):
+            if len(group.finishes) == len(group.members) or ans.status != "ok":
                 group.finished.set()
             return True
         group.answers[ans.node_id] = ans
@@ -453,13 +455,14 @@ class Coordinator:
             self._cancel_group(group, f"the run passed its {c.group_run_timeout_s:g} s deadline")
             return self._group_done(group, "timeout", f"node {late[0]} did not report the end of the run "
                                     f"within {c.group_run_timeout_s:g} s", started, round_no)
-        # Rank 0's status speaks for the group; a failed member's reason is added when rank 0's is ok.
-        fin = group.finishes[master]
         bad = [(n, f) for n, f in group.finishes.items() if f.status != "ok"]
-        if fin.status == "ok" and bad:
+        if bad:
             n, f = bad[0]
+            running = [m for m in members if m not in group.finishes]
+            if running:
+                self._cancel_group(group, f"node {n} ended its part: {f.status}: {f.reason}")
             return self._group_done(group, f.status, f"node {n}: {f.reason}", started, round_no)
-        return self._group_done(group, fin.status or "ok", fin.reason, started, round_no)
+        return self._group_done(group, "ok", "", started, round_no)
 
 
 def record_outcome(writer, o: Outcome) -> None:

@@ -96,6 +96,12 @@ WHERE probe = 'rdma_pair' AND started_at >= to_timestamp({start})::TIMESTAMP
 ORDER BY write_gbits_per_s NULLS LAST, node_a, node_b"""
 
 
+def _has_column(src, table: str, column: str) -> bool:
+    rows = src.query("SELECT count(*) AS n FROM information_schema.columns WHERE table_schema = 'main' "
+                     f"AND table_name = {_lit(table)} AND column_name = {_lit(column)}")
+    return bool(rows and rows[0]["n"])
+
+
 def _median(xs: list[float]) -> float | None:
     xs = sorted(xs)
     if not xs:
@@ -199,7 +205,8 @@ def build_view(src, window: str = "24h", config: FabricConfig | None = None, run
     if not links:
         notes.append("no ok net_pair runs in the window")
     groups = src.query(SQL_GROUPS.format(start=f"{start:.6f}")) if has_table(src, "group_results") else []
-    rdma = src.query(SQL_RDMA.format(start=f"{start:.6f}"))
+    rdma = src.query(SQL_RDMA.format(start=f"{start:.6f}")) if _has_column(src, "link_results", "write_gbits_per_s") \
+        else []        # a database from before schema 14 has no rdma_pair columns (and no rdma rows)
     return FabricView(seconds, plan, last_round, links, node_list, flags, slow_fraction, synthetic, notes,
                       groups, rdma)
 
