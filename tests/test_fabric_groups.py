@@ -14,7 +14,9 @@ import pytest
 from collector_helpers import node_info
 from fabric_helpers import ROOT
 from test_fabric_coordinator import Results, _query, _send_results, _wait
-from gpuagent.agent.fabric import FabricClient
+from gpuagent.agent.config import ProbesConfig
+from gpuagent.agent.fabric import COLLECTIVE_FIRST_ESTIMATE_S, FabricBudget, FabricClient
+from gpuagent.agent.probe_scheduler import ProbeScheduler
 from gpuagent.collector.fabric.coordinator import FabricConfig
 from gpuagent.collector.ingest.server import start_collector
 from gpuagent.collector.views.compare import NOT_FABRIC_GROUP
@@ -34,7 +36,7 @@ SMALL = {"backend": "gloo", "nprocs": "1", "max_bytes": "1048576", "iters": "5",
 def group_fleet(tmp_path):
     made = []
 
-    def make(n, busy=None, **cfg_kw):
+    def make(n, busy=None, budgets=None, **cfg_kw):
         cfg = FabricConfig(enabled=True, answer_timeout_s=3.0, port_lo=42200, port_hi=42299, scope_key=None,
                            **{"group_size": n, "collective_params": dict(SMALL), **cfg_kw})
         col = start_collector(tmp_path / "c.duckdb", analyze=False, fabric=cfg, fabric_rounds=False)
@@ -46,8 +48,14 @@ def group_fleet(tmp_path):
             info.fabric_address = "127.0.0.1"
             node_id = pb_grpc.CollectorStub(ch).Register(pb.RegisterRequest(node=info)).node_id
             sink = Results()
+            budget = None
+            if budgets and i in budgets:     # the node's probe scheduler's budget, as the daemon wires it
+                sched = ProbeScheduler(Results(), ProbesConfig.from_mapping({
+                    "budget_window_s": 3600, "budget_fraction": budgets[i] / 3600,
+                    "lock_path": str(tmp_path / f"lock{i}")}))
+                budget = FabricBudget(sched)
             client = FabricClient(ch, lambda nid=node_id: nid, "127.0.0.1", sink, retry_s=0.2,
-                                  busy=(busy or {}).get(i, lambda: ""),
+                                  busy=(busy or {}).get(i, lambda: ""), budget=budget,
                                   lock=ProbeLock(str(tmp_path / f"lock{i}"))).start()
             made.append((client, ch))
             nodes.append((node_id, client, sink))
@@ -146,6 +154,31 @@ def test_a_busy_member_skips_the_whole_group_with_its_reason(group_fleet):
     assert nodes[1][1].counts.get("busy") == 1
     assert _wait(lambda: _query(col, "SELECT status, reported_by, group_size, node_rank, reason "
                                      "FROM group_results") == [["skipped", "collector", 3, None, outcome.reason]])
+
+
+def test_a_group_offer_over_a_nodes_probe_budget_is_refused_with_the_reason(group_fleet):
+    # Node 1 has 10 s of probe time an hour: less than a first group run's estimate, so it refuses.
+    col, nodes = group_fleet(2, budgets={0: 100.0, 1: 10.0})
+    [outcome] = col.fabric_group_round(timeout=60)
+    assert outcome.status == "skipped" and outcome.reason == (
+        f"node {nodes[1][0]} is busy: budget: 0.0 s of probe time in the last 3600 s, next run estimated "
+        f"{COLLECTIVE_FIRST_ESTIMATE_S:.1f} s, limit 10.0 s (0.277778 %)")
+    assert _wait(lambda: all(not c.lock.held for _, c, _ in nodes))
+    assert all(c.budget.sched.budget_used_s() == 0 for _, c, _ in nodes)     # nothing ran, nothing charged
+
+
+def test_a_group_run_is_charged_its_recorded_duration(group_fleet):
+    col, nodes = group_fleet(2, budgets={0: 100.0, 1: 100.0})
+    [outcome] = col.fabric_group_round(timeout=120)
+    assert outcome.status == "ok", outcome.reason
+    for _, client, sink in nodes:
+        assert _wait(lambda s=sink: len(s.rows) == 1)
+        rec = sink.rows[0]
+        recorded_s = (rec["ended_ns"] - rec["started_ns"]) / 1e9
+        assert client.budget.sched.budget_used_s() == pytest.approx(recorded_s, abs=1e-3)
+        # the next offer is judged by the larger of the first estimate and this run
+        assert client.budget.estimate_s({}, "collective") == max(COLLECTIVE_FIRST_ESTIMATE_S,
+                                                                 client.budget.last_s["collective"])
 
 
 def test_bad_group_settings_are_refused_in_one_sentence(group_fleet):
