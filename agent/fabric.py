@@ -40,6 +40,7 @@ import grpc
 from gpuagent.agent import netif
 from gpuagent.agent.status import FabricRun, FabricStatus
 from gpuagent.common.errors import first_line
+from gpuagent.common.parse import settings_key
 from gpuagent.probes import net_pair, rdma_pair, registry
 from gpuagent.probes.lock import ProbeLock
 from gpuagent.probes import runner
@@ -246,7 +247,7 @@ class FabricClient:
 
     def _finish(self, offer: pb.Assignment, result: ProbeResult) -> None:
         # link_params: the run's settings as the collector set them, the same text at both ends.
-        link_params = ",".join(f"{k}={offer.params[k]}" for k in sorted(offer.params))
+        link_params = settings_key(offer.params)
         result.params.update({"node_a": offer.node_a, "node_b": offer.node_b, "pair_id": offer.pair_id,
                               "link_params": link_params})
         result.env.setdefault("scheduler", "fabric")
@@ -473,7 +474,7 @@ class FabricClient:
                      status=result.status, reason=result.reason)
 
     def _finish_group(self, go: pb.Assignment, result: ProbeResult) -> None:
-        settings = ",".join(f"{k}={go.params[k]}" for k in sorted(go.params))
+        settings = settings_key(go.params)
         if go.probe == "rdma_pair":
             listener, connector = go.members[0], go.members[1]
             result.params.update({"node_a": connector, "node_b": listener, "pair_id": go.pair_id,

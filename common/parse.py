@@ -1,8 +1,9 @@
-"""Parsers for values a user types (config files, environment variables, CLI flags)."""
+"""Parsers for values a user types (config files, environment variables, CLI flags), and the one text form
+of a fabric run's settings that every side writes."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
 FALSE_WORDS = frozenset({"0", "false", "no", "off"})
@@ -23,3 +24,10 @@ def parse_bool(value: Any) -> bool | None:
     if s in FALSE_WORDS:
         return False
     return None
+
+
+def settings_key(params: Mapping[str, Any]) -> str:
+    """A fabric run's settings as canonical ``k=v,...`` text, keys sorted. Both ends of a run (agent/fabric.py),
+    the collector's own skipped rows (collector/fabric/coordinator.py) and the simulator write it to
+    link_results / group_results ``params_key``, where equal text means comparable runs: so one function."""
+    return ",".join(f"{k}={params[k]}" for k in sorted(params))

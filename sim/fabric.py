@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from gpuagent.collector.fabric import planner
+from gpuagent.common.parse import settings_key
 from gpuagent.proto import pb
 from gpuagent.sim.fleet import NodeSpec, ScenarioError
 
@@ -86,7 +87,7 @@ class FabricSim:
                    "rtt_p50_us": rtt * (1 + abs(rng.gauss(0, self.cv))),
                    "rtt_min_us": rtt * 0.8}
         metrics["rtt_p99_us"] = metrics["rtt_p50_us"] * 2.2
-        link_params = ",".join(f"{k}={LINK_PARAMS[k]}" for k in sorted(LINK_PARAMS))
+        link_params = settings_key(LINK_PARAMS)
         params = {**LINK_PARAMS, "node_a": node_ids[a.hostname], "node_b": node_ids[b.hostname],
                   "pair_id": pid, "link_params": link_params}
         dur = float(LINK_PARAMS["warmup_s"]) + 2 * float(LINK_PARAMS["duration_s"])

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from gpuagent.collector.fabric import planner
+from gpuagent.common.parse import settings_key
 from gpuagent.proto import pb
 
 log = logging.getLogger("gpuagent.collector.fabric")
@@ -470,7 +471,7 @@ def record_outcome(writer, o: Outcome) -> None:
     group row; the agents store the runs themselves."""
     if o.status not in ("skipped", "timeout"):
         return
-    params_key = ",".join(f"{k}={v}" for k, v in sorted(o.params.items()))
+    params_key = settings_key(o.params)
     if o.probe == "collective":
         sql = ("INSERT INTO group_results (group_id, members, group_size, probe, params_key, started_at, ended_at, "
                "status, reason, reported_by) VALUES (?, ?, ?, ?, ?, make_timestamp(?), make_timestamp(?), ?, ?, "
