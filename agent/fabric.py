@@ -41,10 +41,8 @@ from gpuagent.agent import netif
 from gpuagent.agent.status import FabricRun, FabricStatus
 from gpuagent.common.errors import first_line
 from gpuagent.common.parse import settings_key
-from gpuagent.probes import net_pair, rdma_pair, registry
+from gpuagent.probes import net_pair, rdma_pair, registry, runner
 from gpuagent.probes.lock import ProbeLock
-from gpuagent.probes import runner
-from gpuagent.probes.runner import run_probe
 from gpuagent.probes.result import ProbeResult
 from gpuagent.proto import pb, pb_grpc
 
@@ -224,11 +222,16 @@ class FabricClient:
             threading.Thread(target=self._serve, args=(node_id, msg, listener), daemon=True,
                              name="gpuagent-fabric-listen").start()
         else:
-            # The go must come before the offer's deadline plus the collector's answer wait; else give up.
-            timer = threading.Timer(max(1.0, (msg.deadline_ns - time.time_ns()) / 1e9 + 10.0),
-                                    self._drop, args=(msg.pair_id, True))
-            timer.daemon = True
-            timer.start()
+            self._give_up_without_go(msg, self._drop)
+
+    @staticmethod
+    def _give_up_without_go(offer: pb.Assignment, drop: Callable[[str, bool], None]) -> None:
+        """The go must come before the offer's deadline plus the collector's answer wait; else ``drop``
+        (with only_if_waiting) forgets the accepted offer and frees the lock."""
+        timer = threading.Timer(max(1.0, (offer.deadline_ns - time.time_ns()) / 1e9 + 10.0),
+                                drop, args=(offer.pair_id, True))
+        timer.daemon = True
+        timer.start()
 
     def _release(self) -> None:
         if self.lock is not None and self.lock.held:
@@ -416,11 +419,7 @@ class FabricClient:
             self._drop_group(msg.pair_id)
             return
         self._count("accepted")
-        # The go must come before the offer's deadline plus the collector's answer wait; else give up.
-        timer = threading.Timer(max(1.0, (msg.deadline_ns - time.time_ns()) / 1e9 + 10.0),
-                                self._drop_group, args=(msg.pair_id, True))
-        timer.daemon = True
-        timer.start()
+        self._give_up_without_go(msg, self._drop_group)
 
     def _drop_group(self, group_id: str, only_if_waiting: bool = False) -> None:
         """Forget a group: a waiting one releases the lock here; a running one is stopped (its run thread
@@ -457,7 +456,7 @@ class FabricClient:
                     params.update(tcp_port=go.port, peer=go.peer_address if go.node_rank else "")
                     params["accept_timeout_s"] = min(float(params["accept_timeout_s"]), timeout)
                 try:
-                    result = run_probe(go.probe, params, timeout, cancel=cancel, env=env)
+                    result = runner.run_probe(go.probe, params, timeout, cancel=cancel, env=env)
                 except registry.ParamError as exc:    # e.g. a port the go carried that the probe refuses
                     result = ProbeResult(go.probe, "failed", f"the run's settings were refused: {first_line(exc)}",
                                          params)
@@ -467,8 +466,7 @@ class FabricClient:
             if result is not None:
                 self._charge(result)
             self._release()
-        cancelled = cancel.is_set()
-        if not cancelled:
+        if not cancel.is_set():         # a cancelled run is not a measurement
             self._finish_group(go, result)
         self._answer(node_id=node_id, pair_id=go.pair_id, finished=True,
                      status=result.status, reason=result.reason)
@@ -535,10 +533,11 @@ class FabricBudget:
         if probe == "collective":
             first = COLLECTIVE_FIRST_ESTIMATE_S
         elif probe == "rdma_pair":     # ib_write_bw for duration_s, then ib_write_lat, each with its exchange
+            default_s = rdma_pair.SPEC.defaults["duration_s"]
             try:
-                first = float(params.get("duration_s", 3.0)) + RDMA_OVERHEAD_S
+                first = float(params.get("duration_s", default_s)) + RDMA_OVERHEAD_S
             except ValueError:
-                first = 3.0 + RDMA_OVERHEAD_S
+                first = default_s + RDMA_OVERHEAD_S
         else:
             first = estimate_s(params)
         return max(first, self.last_s.get(probe, 0.0))
