@@ -287,6 +287,12 @@ class Coordinator:
         q.put_nowait(msg)
         return True
 
+    def _refusals(self, ends, answers: dict[str, pb.AssignmentAnswer], silent: list[str]) -> str:
+        """Why a pair or group cannot start (its silent ends, then its busy ones, in one sentence), or ""."""
+        busy = [(n, answers[n].reason or "busy") for n in ends if n in answers and not answers[n].accepted]
+        return "; ".join([f"node {n} did not answer within {self.config.answer_timeout_s:g} s" for n in silent]
+                         + [f"node {n} is busy: {r}" for n, r in busy])
+
     def _done(self, pair: _Pair, status: str, reason: str, started: int, round_no: int) -> Outcome:
         self._pairs.pop(pair.pair_id, None)
         return self._keep(Outcome(pair.pair_id, pair.a, pair.b, status, reason, started, time.time_ns(), round_no,
@@ -319,11 +325,8 @@ class Coordinator:
                 await asyncio.wait_for(pair.answered.wait(), c.answer_timeout_s)
             except asyncio.TimeoutError:
                 silent = [n for n in (a, b) if n not in pair.answers]
-        busy = [(n, pair.answers[n].reason or "busy") for n in (a, b)
-                if n in pair.answers and not pair.answers[n].accepted]
-        if silent or busy:
-            why = "; ".join([f"node {n} did not answer within {c.answer_timeout_s:g} s" for n in silent]
-                            + [f"node {n} is busy: {r}" for n, r in busy])
+        why = self._refusals((a, b), pair.answers, silent)
+        if why:
             for n in (a, b):
                 self._send(n, pb.Assignment(kind="cancel", pair_id=pair.pair_id, reason=why, node_a=a, node_b=b))
             return self._done(pair, "skipped", why, started, round_no)
@@ -430,11 +433,8 @@ class Coordinator:
                 await asyncio.wait_for(group.answered.wait(), c.answer_timeout_s)
             except asyncio.TimeoutError:
                 silent = [n for n in members if n not in group.answers]
-        busy = [(n, group.answers[n].reason or "busy") for n in members
-                if n in group.answers and not group.answers[n].accepted]
-        if silent or busy:
-            why = "; ".join([f"node {n} did not answer within {c.answer_timeout_s:g} s" for n in silent]
-                            + [f"node {n} is busy: {r}" for n, r in busy])
+        why = self._refusals(members, group.answers, silent)
+        if why:
             self._cancel_group(group, why)
             return self._group_done(group, "skipped", why, started, round_no)
         port = group.answers[master].port
