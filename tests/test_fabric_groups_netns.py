@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from fabric_helpers import ROOT, load_netns_fleet
+from fabric_helpers import ROOT, load_netns_fleet, netns_fleet  # noqa: F401 - netns_fleet is a fixture
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.slow
@@ -22,12 +22,10 @@ COLLECTOR = "n4"
 
 
 @pytest.fixture
-def bed(tmp_path):
+def bed(netns_fleet, tmp_path):
+    """The fleet (torn down by netns_fleet, which skips where it cannot be built) with the processes on it."""
     nf = load_netns_fleet()
-    why = nf.unavailable_reason()
-    if why:
-        pytest.skip(why)
-    fleet = nf.Fleet.up(len(AGENTS) + 1)
+    fleet = netns_fleet(len(AGENTS) + 1)
     procs = nf.FabricProcesses(fleet, tmp_path, AGENTS, COLLECTOR, token="groups-" + os.urandom(8).hex(),
                                collector_toml=nf.fabric_collector_toml(interval_s=1, group_size=4),
                                agent_cmd=[sys.executable, str(ROOT / "tests" / "fabric_agent.py")], cwd=str(ROOT))
@@ -36,7 +34,6 @@ def bed(tmp_path):
         yield fleet, procs
     finally:
         procs.stop()
-        fleet.down()
 
 
 def _sql(procs, query):
