@@ -11,6 +11,7 @@ from pathlib import Path
 
 from agent_helpers import free_port, read_status, start_agent, stop, wait_running
 from conftest import wait_for
+from tools import need
 
 from gpuagent.common.sdnotify import Notifier
 
@@ -125,10 +126,7 @@ def test_status_virt_and_container_agree_with_system_tools(tmp_path):
     """`gpuagent status` names the hypervisor and the container runtime that systemd-detect-virt
     reports on this machine (a KVM guest running the suite in Docker here); virt-what lists both."""
     import json
-    import shutil
-    if shutil.which("systemd-detect-virt") is None:
-        import pytest
-        pytest.skip("systemd-detect-virt not installed")
+    need("systemd-detect-virt")
 
     def detect(flag):
         r = subprocess.run(["systemd-detect-virt", flag], capture_output=True, text=True, timeout=30)
@@ -147,12 +145,12 @@ def test_status_virt_and_container_agree_with_system_tools(tmp_path):
     assert (fp.get("container_runtime") or "none") == container
     virt_line = next(line for line in text.splitlines() if line.startswith("virt "))
     assert virt_line.split()[1] == vm and f"container: {container if container != 'none' else 'none'}" in virt_line
-    if shutil.which("virt-what"):
-        what = subprocess.run(["virt-what"], capture_output=True, text=True, timeout=30).stdout.split()
-        if vm != "none":
-            assert vm in what
-        if container != "none":
-            assert container in what
+    need("virt-what")
+    what = subprocess.run(["virt-what"], capture_output=True, text=True, timeout=30).stdout.split()
+    if vm != "none":
+        assert vm in what
+    if container != "none":
+        assert container in what
 
 
 def test_second_agent_on_the_same_state_dir_refuses_and_the_first_keeps_going(tmp_path):

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tools import need
+
 from agent_helpers import free_port, read_status, start_agent, stop, wait_running
 from conftest import wait_for
 
@@ -311,10 +313,8 @@ def test_state_dir_reset_renumbers_instead_of_losing_batches(tmp_path):
 def test_agent_over_tls_with_token(tmp_path):
     """collector.tls_ca + token: the agent verifies the collector's (self-signed) certificate and sends
     its bearer token; samples arrive."""
-    import shutil
     import subprocess
-    if shutil.which("openssl") is None:
-        pytest.fail("openssl is needed to make a test certificate")
+    need("openssl")
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
                     "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", str(tmp_path / "key.pem"),
                     "-out", str(tmp_path / "cert.pem")], check=True, capture_output=True, timeout=60)

@@ -15,6 +15,8 @@ import time
 import urllib.request
 
 import pytest
+
+from tools import need
 from agent_helpers import ROOT, agent_env, free_port, stop, wait_running
 from conftest import wait_for
 from fake_nvml import H100_8GPU, FakeNvmlBackend
@@ -167,9 +169,8 @@ def test_real_agent_metrics_match_status_and_pass_promtool(tmp_path):
     assert _one(m, "gpuagent_collector_connected") == 0    # nothing listens at the collector address
     assert _one(m, "gpuagent_agent_last_tick_timestamp_seconds") == pytest.approx(st["updated_ns"] / 1e9)
 
+    need("promtool")
     promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.skip("promtool (Debian package prometheus) is not installed")
     out = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
     problems = [line for line in (out.stdout + out.stderr).splitlines() if line.strip()]
     # Lints that dcgm-exporter's own names cause, which dashboards need as they are: camelCase labels

@@ -4,10 +4,11 @@ with tokens from a tokens file and client certificates made by openssl (tests/ce
 from __future__ import annotations
 
 import itertools
-import shutil
 
 import grpc
 import pytest
+
+from tools import needs
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import certs
@@ -16,7 +17,7 @@ from gpuagent.collector.ingest.auth import TokenError, TokenTable, token_digest
 from gpuagent.collector.ingest.server import CollectorError, start_collector
 from gpuagent.proto import pb, pb_grpc
 
-pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+pytestmark = needs("openssl")
 
 SHARED = "shared-secret"
 TOKENS = {"ingest_a": "tok-ingest-a", "ingest_pool": "tok-ingest-pool", "query": "tok-query", "admin": "tok-admin"}

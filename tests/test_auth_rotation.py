@@ -3,7 +3,6 @@ the old ones are refused, the new ones accepted, and a stream opened before keep
 
 from __future__ import annotations
 
-import os
 import queue
 import shutil
 import signal
@@ -12,14 +11,15 @@ import sys
 import time
 
 import grpc
-import pytest
+
+from tools import needs
 
 import certs
 from collector_helpers import node_info, sample_batch
 from gpuagent.collector.ingest.auth import token_digest
 from gpuagent.proto import pb, pb_grpc
 
-pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+pytestmark = needs("openssl")
 
 
 def tokens(token):

@@ -11,12 +11,14 @@ import sys
 import grpc
 import pytest
 
+from tools import needs
+
 import certs
 from conftest import clean_env, wait_for
 from gpuagent.collector.ingest.auth import token_digest
 from gpuagent.proto import pb, pb_grpc
 
-pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+pytestmark = needs("openssl")
 
 SERVE = [sys.executable, "-m", "gpuagent.collector.cli", "serve", "--listen", "127.0.0.1:0", "--no-analyze"]
 

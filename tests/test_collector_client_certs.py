@@ -4,17 +4,18 @@ as real CLI subprocesses with certificates made by openssl (tests/certs.py), lik
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 
 import pytest
 
+from tools import needs
+
 import certs
 from conftest import clean_env
 from gpuagent.collector.ingest.server import start_collector
 
-pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+pytestmark = needs("openssl")
 
 CLI = [sys.executable, "-m", "gpuagent.collector.cli"]
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import shutil
 import subprocess
 import threading
 import time
 
 import pytest
+
+from tools import need
 
 from gpuagent.collector.analysis.analyzer import Analyzer
 from gpuagent.collector.ingest.server import start_collector
@@ -176,8 +177,9 @@ def test_disk_guard_waits_for_the_lake_export_when_the_lake_is_on(tmp_path):
 @pytest.fixture
 def small_volume(tmp_path):
     """A 96 MiB ext4 filesystem on a loop device (root only), unmounted and detached afterwards."""
-    if os.geteuid() != 0 or not all(shutil.which(t) for t in ("losetup", "mkfs.ext4", "mount", "umount")):
-        pytest.skip("needs root with losetup, mkfs.ext4 and mount for a small loop-mounted filesystem")
+    need("losetup", "mkfs.ext4")
+    if os.geteuid() != 0:
+        pytest.skip("needs root for a small loop-mounted filesystem")
     image, mnt = tmp_path / "vol.img", tmp_path / "mnt"
     mnt.mkdir()
     with open(image, "wb") as fh:

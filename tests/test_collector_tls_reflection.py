@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 
 import grpc
 import pytest
+
+from tools import need
 
 from collector_helpers import node_info, sample_batch
 from gpuagent.collector.views import client
@@ -16,8 +17,7 @@ from gpuagent.proto import pb, pb_grpc
 
 @pytest.fixture(scope="module")
 def cert(tmp_path_factory):
-    if shutil.which("openssl") is None:
-        pytest.fail("openssl is needed to make a test certificate")
+    need("openssl")
     d = tmp_path_factory.mktemp("tls")
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
                     "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tools import needs
+
 from gpuagent.agent.fingerprint import VIRT_WHAT_MAP, cpuid, cpuid_hypervisor, fingerprint
 
 FP = Path(__file__).parent / "data" / "fp"
@@ -65,14 +67,14 @@ def _run(cmd):
     return p.stdout.strip()
 
 
-@pytest.mark.skipif(shutil.which("systemd-detect-virt") is None, reason="systemd-detect-virt not installed")
+@needs("systemd-detect-virt")
 def test_agrees_with_systemd_detect_virt():
     ev = fingerprint()
     assert ev.virt_type == _run(["systemd-detect-virt", "--vm"])
     assert (ev.container_runtime or "none") == _run(["systemd-detect-virt", "--container"])
 
 
-@pytest.mark.skipif(shutil.which("virt-what") is None, reason="virt-what not installed")
+@needs("virt-what")
 def test_agrees_with_virt_what():
     p = subprocess.run(["virt-what"], capture_output=True, text=True, timeout=30)
     if p.returncode != 0:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -24,6 +23,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from tools import needs
 
 pytest.importorskip("torch")
 
@@ -121,7 +122,7 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-@pytest.mark.skipif(not shutil.which("stress-ng"), reason="stress-ng is not installed (Debian package stress-ng)")
+@needs("stress-ng")
 def test_stress_ng_co_tenant_opens_co_tenant_and_is_named(tmp_path):
     flags, comms = _run_job(tmp_path, stress=True)
     print(json.dumps(flags, indent=1))

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tools import needs
+
 ROOT = Path(__file__).resolve().parents[1]
 UNITS = {"gpuagent.service": "gpuagent", "gpuagent-collector.service": "gpuagent-collector"}
 
-pytestmark = pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
+pytestmark = needs("systemd-analyze")
 
 
 def _unit_copy(tmp_path: Path, name: str, binary: str) -> Path:

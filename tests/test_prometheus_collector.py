@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from tools import needs
+
 from gpuagent import local_run
 from gpuagent.collector.analysis import analyzer as A
 from gpuagent.collector.ingest.server import CollectorError, start_collector
@@ -78,8 +80,7 @@ while True:
 """
 
 pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(shutil.which("prometheus") is None or shutil.which("promtool") is None,
-                                 reason="prometheus/promtool not installed (Debian package prometheus)")]
+              needs("prometheus", "promtool")]
 
 
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))   # loopback only, whatever *_proxy says

@@ -4,19 +4,18 @@
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
+
+from tools import needs
 
 ROOT = Path(__file__).resolve().parents[1]
 ALERTS = ROOT / "packaging" / "prometheus" / "alerts.yml"
 SCRAPE = ROOT / "packaging" / "prometheus" / "scrape.yml"
 ALERT_TESTS = ROOT / "tests" / "prometheus" / "alerts_test.yml"
 
-pytestmark = pytest.mark.skipif(shutil.which("promtool") is None,
-                                reason="promtool not installed (Debian package prometheus, see .ci/run)")
+pytestmark = needs("promtool")
 
 
 def promtool(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:

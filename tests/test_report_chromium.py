@@ -17,7 +17,8 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import duckdb
-import pytest
+
+from tools import needs
 from click.testing import CliRunner
 
 from gpuagent.collector.views.compare import HEADLINE
@@ -25,7 +26,7 @@ from gpuagent.collector.views.report import write_report
 from sim_helpers import FLEET_SPEC, fleet_db
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian package chromium is not installed")
+pytestmark = needs("chromium")
 
 COLLECTOR_JS = """<script>(function(){var errs=[];
 window.addEventListener('error',function(e){var t=e.target;
