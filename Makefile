@@ -21,8 +21,9 @@ $(STAMP): pyproject.toml
 run: install
 	$(PY) -m gpuagent.local_run
 
+# scripts/test.sh: most tests on TEST_WORKERS xdist workers, then the `alone` ones; SHUFFLE=1 for a random order.
 test: install
-	$(PY) -m pytest -q
+	PY=$(PY) scripts/test.sh
 
 bench: install
 	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b --json || exit 1; done

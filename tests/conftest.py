@@ -13,6 +13,8 @@ from typing import Iterator
 
 import pytest
 
+import tools
+
 
 def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05, what: str = "condition"):
     """Poll ``predicate`` until it returns a truthy value or the deadline passes (never bare sleeps)."""
@@ -24,6 +26,18 @@ def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05, what: str
             return last
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what} (last value: {last!r})")
+
+
+def worker_ports(slot: int, size: int = 100) -> tuple[int, int]:
+    """A port range (lo, hi) that no other test running at the same time uses: a block per pytest-xdist
+    worker (tests in one worker run one after another), ``slot`` picking one of its 10 sub-ranges. Below the
+    kernel's ephemeral range (32768-60999 here), so no connect() or bind(0) elsewhere lands in it."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    n = int(worker[2:]) if worker[2:].isdigit() else 0
+    if not 0 <= slot < 10 or not 0 < size <= 100 or n >= 12:
+        raise ValueError(f"worker_ports: slot {slot}, size {size}, worker {worker} out of range")
+    lo = 20000 + 1000 * n + 100 * slot
+    return lo, lo + size - 1
 
 
 @pytest.fixture
@@ -90,7 +104,20 @@ def _cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
+# The tests that need the machine to themselves (scripts/test.sh runs them after the parallel part, one at a
+# time): they judge CPU shares of processes, or contention from "other" processes, which the parallel part's
+# own workers would be. This is the one place the grouping is declared; a file name means all its tests.
+ALONE = {
+    "test_jobs_passive_contention.py",   # a stress-ng co-tenant must be the only outside contention
+    # no tick may be skipped while four threads hammer /metrics: a claim about this machine's spare CPU
+    "tests/test_agent_exporter.py::test_scrapes_do_not_disturb_the_tick_loop",
+}
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in ALONE or item.nodeid in ALONE:
+            item.add_marker(pytest.mark.alone)
     if any("gpu" in item.keywords for item in items) and not _cuda_available():
         skip = pytest.mark.skip(reason="needs CUDA (run scripts/gpu-check.sh on a GPU machine)")
         for item in items:
@@ -113,7 +140,30 @@ def _nvml_reason() -> str:
 
 
 def pytest_runtest_setup(item):
+    for mark in item.iter_markers("needs_tool"):
+        tools.need(*mark.args)
     if "nvml" in item.keywords:
         reason = _nvml_reason()
         if reason:
             pytest.skip(f"needs an NVIDIA driver: {reason}")
+
+
+# ---------------------------------------------------------------------------------------------- missing tools
+def pytest_terminal_summary(terminalreporter, exitstatus, config):  # noqa: ARG001
+    """One line per missing outside tool: which tests it skipped, and the one command that installs them all."""
+    by_tool: dict[str, list[str]] = {}
+    for rep in terminalreporter.stats.get("skipped", []):
+        longrepr = rep.longrepr
+        text = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+        text = text.removeprefix("Skipped: ")
+        if text.startswith(tools.REASON_PREFIX):
+            tool = text[len(tools.REASON_PREFIX):].split(" ", 1)[0]
+            by_tool.setdefault(tool, []).append(rep.nodeid)
+    if not by_tool:
+        return
+    terminalreporter.section("missing tools")
+    for tool, ids in sorted(by_tool.items()):
+        files = sorted({i.split("::", 1)[0] for i in ids})
+        terminalreporter.write_line(f"missing tool {tool} (Debian package {tools.TOOLS[tool]}): {len(ids)} tests "
+                                    f"skipped in {', '.join(files)}")
+    terminalreporter.write_line(f"install every tool the suite uses with: {tools.INSTALL_COMMAND}")
