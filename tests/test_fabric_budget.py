@@ -16,6 +16,7 @@ import grpc
 import pytest
 
 from collector_helpers import node_info
+from conftest import worker_ports
 from test_fabric_coordinator import Results, _query, _send_results, _wait
 from gpuagent.agent.config import ProbesConfig
 from gpuagent.agent.fabric import FabricBudget, FabricClient
@@ -26,6 +27,7 @@ from gpuagent.probes.lock import ProbeLock
 from gpuagent.probes.net_pair import NetPairListener
 from gpuagent.proto import pb, pb_grpc
 
+PORTS = worker_ports(3)   # this worker's own range for fabric listeners and rendezvous ports
 FAST = {"streams": "2", "duration_s": "0.3", "warmup_s": "0.1", "rtt_count": "50"}   # about 0.9 s a run
 FAST_HOST = {"repeats": 1, "syscall_iters": 10000, "clock_iters": 10000, "pipe_iters": 200, "fault_mib": 4,
              "memcpy_mib": 8}
@@ -43,7 +45,7 @@ def fleet(tmp_path):
 
     def start(params):
         cfg = FabricConfig(enabled=True, answer_timeout_s=2.0, run_timeout_s=30.0, params=dict(params),
-                           port_lo=42300, port_hi=42399)
+                           port_lo=PORTS[0], port_hi=PORTS[1])
         made["col"] = start_collector(tmp_path / "c.duckdb", analyze=False, fabric=cfg, fabric_rounds=False)
         return made["col"]
 

@@ -12,6 +12,7 @@ import grpc
 import pytest
 
 from collector_helpers import node_info
+from conftest import worker_ports
 from sysfs_helpers import add_nic
 from gpuagent.agent.fabric import FabricClient
 from gpuagent.collector.fabric.coordinator import Coordinator, FabricConfig
@@ -19,6 +20,7 @@ from gpuagent.collector.ingest.server import start_collector
 from gpuagent.probes.lock import ProbeLock
 from gpuagent.proto import pb, pb_grpc
 
+PORTS = worker_ports(1)   # this worker's own range for fabric listeners and rendezvous ports
 FAST = {"streams": "2", "duration_s": "0.3", "warmup_s": "0.1", "rtt_count": "50"}
 
 
@@ -46,7 +48,7 @@ def _wait(cond, timeout=10.0):
 @pytest.fixture
 def fabric_fleet(tmp_path):
     cfg = FabricConfig(enabled=True, answer_timeout_s=2.0, run_timeout_s=20.0, params=dict(FAST),
-                       port_lo=42100, port_hi=42199)
+                       port_lo=PORTS[0], port_hi=PORTS[1])
     col = start_collector(tmp_path / "c.duckdb", analyze=False, fabric=cfg, fabric_rounds=False)
     channels, clients = [], {}
 

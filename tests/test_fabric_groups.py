@@ -12,6 +12,7 @@ import grpc
 import pytest
 
 from collector_helpers import node_info
+from conftest import worker_ports
 from fabric_helpers import ROOT
 from test_fabric_coordinator import Results, _query, _send_results, _wait
 from gpuagent.agent.config import ProbesConfig
@@ -28,6 +29,7 @@ from gpuagent.proto import pb, pb_grpc
 pytest.importorskip("torch")
 
 # One gloo rank per node, small messages: a run is mostly torch's start-up (about 8 s on 2 cores).
+PORTS = worker_ports(2)   # this worker's own range for fabric listeners and rendezvous ports
 SMALL = {"backend": "gloo", "nprocs": "1", "max_bytes": "1048576", "iters": "5", "warmup": "2",
          "latency_iters": "20"}
 
@@ -37,7 +39,7 @@ def group_fleet(tmp_path):
     made = []
 
     def make(n, busy=None, budgets=None, **cfg_kw):
-        cfg = FabricConfig(enabled=True, answer_timeout_s=3.0, port_lo=42200, port_hi=42299, scope_key=None,
+        cfg = FabricConfig(enabled=True, answer_timeout_s=3.0, port_lo=PORTS[0], port_hi=PORTS[1], scope_key=None,
                            **{"group_size": n, "collective_params": dict(SMALL), **cfg_kw})
         col = start_collector(tmp_path / "c.duckdb", analyze=False, fabric=cfg, fabric_rounds=False)
         made.append(col)
@@ -94,7 +96,7 @@ def test_a_group_round_runs_one_collective_across_every_member(group_fleet):
         assert "nprocs=1" in p["group_params"] and "backend=gloo" in p["group_params"]
         # The rendezvous is rank 0's address and the port it answered with, inside the configured range.
         host, port = rec["env"]["master"].rsplit(":", 1)
-        assert host == "127.0.0.1" and 42200 <= int(port) <= 42299
+        assert host == "127.0.0.1" and PORTS[0] <= int(port) <= PORTS[1]
         assert rec["env"]["world_size"] == 3 and rec["env"]["backend"] == "gloo"
         assert rec["env"]["scheduler"] == "fabric"
         assert not client.lock.held
