@@ -72,15 +72,21 @@ def connected(a: Agent) -> bool:
 def finish(fault: str, bed: Bed, a: Agent) -> dict:
     """After the fault is gone: the backlog delivered, the agent stopped cleanly, exact accounting."""
     high = a.seq_high()
+    node = a.status()["node"]["node_id"]
     t0 = time.monotonic()
-    wait_for(lambda: a.acked() > high, timeout=120, what=f"{a.name}: batches cut after the fault acked")
-    wait_for(lambda: a.status().get("spool", {}).get("backlog_batches", 99) <= 2, timeout=120,
-             what=f"{a.name}: backlog delivered")
+    # The fault's backlog is delivered: every batch cut up to the end of the fault is stored, counted by seq
+    # (not "the spool is nearly empty": the agent keeps cutting a batch every 0.2 s, so how many are in
+    # flight at any instant depends on the machine's load, not on the property).
+    wait_for(lambda: bed.collector.sql(f"SELECT count(DISTINCT seq) FROM ingest_log WHERE node_id = '{node}' "
+                                       f"AND seq <= {high}")[0][0] == high,
+             timeout=120, what=f"{a.name}: the {high} batches cut up to the end of the fault stored")
     recover_s = time.monotonic() - t0
     final = a.stop()
     assert final["state"] == "stopped"
+    # Batches cut after the fault may still be spooled at the stop (a clean stop does not wait for acks);
+    # the exact accounting counts them.
     (fig,) = account(fault, [a], bed.collector, produced={a.name: final["counters"]["samples"]})
-    assert fig["samples_dropped"] == 0 and fig["batches_spooled"] <= 2, fig
+    assert fig["samples_dropped"] == 0 and fig["batches_dropped"] == 0, fig
     assert fig["samples_stored"] > 0
     print(f"NET-FAULT {fault}: backlog delivered {recover_s:.1f} s after the fault ended; "
           f"reconnects {final['collector']['reconnects']}, duplicate acks {final['collector']['duplicate_acks']}")

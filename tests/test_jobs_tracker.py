@@ -69,10 +69,12 @@ def test_no_agent_no_exception_bounded_cost(tmp_path):
     t = track(name="lonely", samples_per_step=4, socket_path=str(tmp_path / "nobody" / "jobs.sock"),
               flush_interval_s=0.0, retry_s=3600)
     n = 20000
-    start = time.perf_counter()
+    # CPU time of this thread: the work a step does, not time spent waiting for a core while other tests
+    # load the machine; a step that blocked (a connect retry, a wait) is caught by connect_attempts below.
+    start = time.thread_time()
     for _ in range(n):
         t.step()
-    elapsed = time.perf_counter() - start
+    elapsed = time.thread_time() - start
     with t.step_context():
         pass
     t.close()
@@ -81,7 +83,7 @@ def test_no_agent_no_exception_bounded_cost(tmp_path):
     assert t.dropped == n + 2
     # Every call flushed, yet only one connect was attempted within the retry interval.
     assert t.connect_attempts == 1
-    # Bounded: generous bound on a shared 2-core machine (the benchmark reports the real figure).
+    # Bounded: a generous CPU bound (benchmarks/job_hook.py reports the real figure, about 1-2 us).
     assert elapsed / n < 200e-6, f"{elapsed / n * 1e6:.1f} us per step without an agent"
 
 
