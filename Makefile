@@ -4,9 +4,16 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test bench proto clean
+.PHONY: install run test bench proto clean nvmlemu
 
-install: $(STAMP)
+install: $(STAMP) nvmlemu
+
+# The SYNTHETIC NVML emulator for tests (sim/nvmlemu/README.md): libnvidia-ml.so.1 built with the system cc
+# against NVIDIA's nvml.h (PyPI nvidia-nvml-dev, in the test extra); NVMLEMU_OUT=dir builds elsewhere.
+NVMLEMU_OUT ?= build/nvmlemu
+nvmlemu: $(NVMLEMU_OUT)/libnvidia-ml.so.1
+$(NVMLEMU_OUT)/libnvidia-ml.so.1: $(STAMP) $(wildcard sim/nvmlemu/*.c sim/nvmlemu/*.h sim/nvmlemu/*.sh)
+	@sh sim/nvmlemu/build.sh $(PY) $(NVMLEMU_OUT)
 
 # torch is installed first and pinned: an unpinned torch pulls a multi-GB CUDA build.
 $(STAMP): pyproject.toml
