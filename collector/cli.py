@@ -606,6 +606,18 @@ def _json_ready(v):
     return v
 
 
+def _as_of(text: str):
+    """--as-of TIME as an aware UTC datetime, or one sentence."""
+    import datetime as dt
+
+    try:
+        t = dt.datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not an ISO 8601 time such as 2026-12-01T15:00:00",
+                                 param_hint="--as-of") from None
+    return t.replace(tzinfo=dt.timezone.utc) if t.tzinfo is None else t.astimezone(dt.timezone.utc)
+
+
 @lake.command("baselines")
 @_engine_options
 @click.option("--lookback", default=None, help="Probe runs this far back from now (default: the config's "
@@ -614,8 +626,11 @@ def _json_ready(v):
               help="The shards' collector TOML config: its [analyzer] windows, min_runs and baseline_lookback.")
 @click.option("--db", "db_paths", multiple=True, type=click.Path(dir_okay=False),
               help="Also write the baselines into this stopped collector's database (repeatable).")
+@click.option("--as-of", "as_of", default=None, metavar="TIME",
+              help="Compute as of this UTC time (ISO 8601, e.g. 2026-12-01T15:00:00) instead of now: to repeat a "
+                   "run, or to compare engines over the same windows.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
-def lake_baselines(lake_path, engine, master, lookback, config_path, db_paths, fmt):
+def lake_baselines(lake_path, engine, master, lookback, config_path, db_paths, as_of, fmt):
     """What needs the whole fleet, published for every shard: bare-metal baselines per hardware class
     (fleet_baselines) and each class's median noise (the noisy-neighbor peers)."""
     import json
@@ -632,7 +647,7 @@ def lake_baselines(lake_path, engine, master, lookback, config_path, db_paths, f
     try:
         if lookback:
             config = replace(config, baseline_lookback_s=parse_duration(lookback))
-        now = utc_now()
+        now = _as_of(as_of) if as_of else utc_now()
         src = open_engine(engine, lake_path, master)
         try:
             rows = compute_baselines(src, now=now, lookback_s=config.baseline_lookback_s)

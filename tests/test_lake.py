@@ -175,3 +175,14 @@ def test_bad_lake_paths_are_one_sentence(tmp_path):
         open_lake(str(f))
     with pytest.raises(LakeError, match="shard name"):
         layout.check_shard("../etc")
+
+
+def test_lake_baselines_as_of_a_bad_time_is_one_sentence(tmp_path):
+    from click.testing import CliRunner
+
+    from gpuagent.collector.cli import main
+    r = CliRunner().invoke(main, ["lake", "baselines", "--lake", str(tmp_path), "--engine", "duckdb",
+                                  "--as-of", "yesterday"])
+    assert r.exit_code == 2
+    assert r.output.strip().splitlines()[-1] == ("Error: Invalid value for --as-of: 'yesterday' is not an ISO 8601 "
+                                                 "time such as 2026-12-01T15:00:00")

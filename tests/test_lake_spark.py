@@ -6,6 +6,7 @@ start costs ~20-30 s here. Needs pyspark and Java 17+ (the `lake` extra, install
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import shutil
 
@@ -70,9 +71,11 @@ def test_lake_sql_baselines_and_compare_on_spark_equal_duckdb(lake_dir, tmp_path
         assert [list(r) for r in got] == [list(r) for r in want], q   # same columns, same order
         assert_same(got, want, q)
 
-    # Baselines: the same rows (computed_at is each run's own clock); each run publishes the lake's file.
+    # Baselines: the same rows, computed as of one time (the windows end at it: two runs a minute apart on a
+    # loaded machine would judge different windows); each run publishes the lake's file.
+    as_of = ("--as-of", dt.datetime.now(dt.timezone.utc).replace(tzinfo=None).isoformat())
     def baselines(engine) -> dict[str, list[dict]]:
-        out = json.loads(cli("lake", "baselines", *lake, *engine, "--format", "json"))
+        out = json.loads(cli("lake", "baselines", *lake, *engine, *as_of, "--format", "json"))
         return {k: [{c: v for c, v in r.items() if c != "computed_at"} for r in rows] for k, rows in out.items()}
 
     both = baselines(DUCK)
