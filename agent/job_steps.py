@@ -80,6 +80,35 @@ def _median(sorted_values: list[float]) -> float:
     return sorted_values[mid] if n % 2 else (sorted_values[mid - 1] + sorted_values[mid]) / 2.0
 
 
+def _combine(job_id: str, ranks: dict[int, dict[str, Any]], ts_ns: int) -> dict[str, Any]:
+    """A job's live throughput from its ranks' newest windows: steps/s and the p50 are the highest over the
+    ranks (ranks of a synchronous job step together); samples, tokens and model FLOPs per second add up;
+    mfu is the FLOPs over the summed peaks of the ranks whose GPU peak is known."""
+    job: dict[str, Any] = {"job_id": job_id, "job_name": "", "ranks": sorted(ranks), "steps_per_s": 0.0,
+                           "samples_per_s": 0.0, "tokens_per_s": 0.0, "step_time_p50_s": 0.0,
+                           "data_wait_fraction": -1.0, "model_flops_per_s": None, "mfu": None, "ts_ns": ts_ns}
+    waits, done, peak = [], 0.0, 0.0
+    for r in sorted(ranks):
+        e = ranks[r]
+        agg = e["agg"]
+        job["job_name"] = job["job_name"] or e["job_name"]
+        job["samples_per_s"] += agg["samples_per_s"]
+        job["tokens_per_s"] += agg["tokens_per_s"]
+        job["steps_per_s"] = max(job["steps_per_s"], agg["steps_per_s"])
+        job["step_time_p50_s"] = max(job["step_time_p50_s"], agg["step_time_p50_s"])
+        if agg["data_wait_fraction"] >= 0:
+            waits.append(agg["data_wait_fraction"])
+        if "model_flops_per_s" in agg:
+            job["model_flops_per_s"] = (job["model_flops_per_s"] or 0.0) + agg["model_flops_per_s"]
+            if "peak_flops_per_s" in agg:
+                done += agg["model_flops_per_s"]
+                peak += agg["peak_flops_per_s"]
+    if peak > 0:
+        job["mfu"] = done / peak
+    job["data_wait_fraction"] = sum(waits) / len(waits) if waits else -1.0
+    return job
+
+
 def aggregate(records: list, prev_index: int, prev_t_end_ns: int) -> dict[str, float]:
     """Window statistics for one tracker's step records (the numbers that go into ``job_steps``).
 
@@ -141,6 +170,10 @@ class JobStepReceiver:
         self._lock = threading.Lock()
         self._streams: dict[tuple[int, int], _Stream] = {}
         self._live: dict[str, dict[str, Any]] = {}
+        # (job_id, rank) -> that rank's newest closed window: {ts_ns, job_name, agg}. A job's live figure
+        # combines its ranks' newest windows, so ranks whose windows close in different ticks (each
+        # tracker's bye closes its own) still add up instead of the last one replacing the others.
+        self._rank_live: dict[tuple[str, int], dict[str, Any]] = {}
         self._window_start = clock()
         self._sock: socket.socket | None = None
         self._thread: threading.Thread | None = None
@@ -315,41 +348,29 @@ class JobStepReceiver:
                     s.records = []
                 if s.closed or (not s.records and ts_ns - s.last_seen_ns > _FORGET_AFTER_WINDOWS * self.window_ns):
                     del self._streams[key]
-        live: dict[str, dict[str, Any]] = {}
+        closed: list[tuple[_Stream, dict[str, Any]]] = []
         for s, records, prev_index, prev_t_end in ready:
             agg = aggregate(records, prev_index, prev_t_end)
             agg.update(self._mfu(s, agg))
             sink.job_step(ts_ns=ts_ns, job_id=s.job_id, job_name=s.job_name, rank=s.rank, pid=s.pid, **agg)
-            job = live.setdefault(s.job_id, {"job_id": s.job_id, "job_name": s.job_name, "ranks": [],
-                                             "steps_per_s": 0.0, "samples_per_s": 0.0, "tokens_per_s": 0.0,
-                                             "step_time_p50_s": 0.0, "data_wait_fraction": -1.0,
-                                             "model_flops_per_s": None, "mfu": None,
-                                             "ts_ns": ts_ns, "_waits": [], "_mfu": [0.0, 0.0]})
-            job["ranks"].append(s.rank)
-            job["samples_per_s"] += agg["samples_per_s"]
-            job["tokens_per_s"] += agg["tokens_per_s"]
-            job["steps_per_s"] = max(job["steps_per_s"], agg["steps_per_s"])
-            job["step_time_p50_s"] = max(job["step_time_p50_s"], agg["step_time_p50_s"])
-            if agg["data_wait_fraction"] >= 0:
-                job["_waits"].append(agg["data_wait_fraction"])
-            if "model_flops_per_s" in agg:
-                job["model_flops_per_s"] = (job["model_flops_per_s"] or 0.0) + agg["model_flops_per_s"]
-                if "peak_flops_per_s" in agg:
-                    job["_mfu"][0] += agg["model_flops_per_s"]
-                    job["_mfu"][1] += agg["peak_flops_per_s"]
-        for job in live.values():
-            done, peak = job.pop("_mfu")
-            if peak > 0:
-                job["mfu"] = done / peak       # over the ranks whose GPU peak is known
-            waits = job.pop("_waits")
-            job["data_wait_fraction"] = sum(waits) / len(waits) if waits else -1.0
-            job["ranks"].sort()
+            closed.append((s, agg))
         with self._lock:
+            for s, agg in closed:
+                self._rank_live[(s.job_id, s.rank)] = {"ts_ns": ts_ns, "job_name": s.job_name, "agg": agg}
+            touched = {s.job_id for s, _ in closed}
+            for job_id in touched:
+                ranks = {r: e for (j, r), e in self._rank_live.items() if j == job_id}
+                newest = max(e["ts_ns"] for e in ranks.values())
+                for r, e in list(ranks.items()):
+                    if newest - e["ts_ns"] > self.window_ns:     # a rank that stopped a window ago or more
+                        del self._rank_live[(job_id, r)], ranks[r]
+                self._live[job_id] = _combine(job_id, ranks, newest)
             # Keep a job's last figures visible for a few windows after it stops stepping.
             for job_id, old in list(self._live.items()):
-                if job_id not in live and ts_ns - old["ts_ns"] > 3 * self.window_ns:
+                if job_id not in touched and ts_ns - old["ts_ns"] > 3 * self.window_ns:
                     del self._live[job_id]
-            self._live.update(live)
+                    for key in [k for k in self._rank_live if k[0] == job_id]:
+                        del self._rank_live[key]
         return len(ready)
 
     def _mfu(self, s: _Stream, agg: dict[str, float]) -> dict[str, float]:

@@ -125,6 +125,31 @@ def test_steps_arrive_with_identity_and_kernel_pid(receiver, sock_path, monkeypa
     assert live["job_id"] == "torchelastic:run-xyz" and live["ranks"] == [1]
 
 
+def test_ranks_whose_windows_close_in_different_ticks_add_up_in_live(receiver, sock_path, monkeypatch):
+    """Each tracker's bye closes its own window; two ranks of one job saying bye in different ticks must show
+    as one job of both ranks, not the later rank replacing the earlier (seen on a loaded machine)."""
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "run-two")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    trackers = []
+    for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("LOCAL_RANK", str(rank))
+        trackers.append(track(name="two", samples_per_step=8, socket_path=sock_path, flush_interval_s=10.0))
+    sink = ListSink()
+    for n, t in enumerate(trackers, start=1):
+        for _ in range(5):
+            t.step()
+        t.close()
+        wait_for(lambda: receiver.records >= 5 * n, timeout=10, what=f"rank {n - 1}'s steps received")
+        receiver.flush_window(time.time_ns(), sink, closed_only=True)    # one tick per bye
+    assert [r["rank"] for r in sink.job_steps] == [0, 1]
+    (live,) = receiver.live()
+    assert live["job_id"] == "torchelastic:run-two" and live["ranks"] == [0, 1]
+    rows = {r["rank"]: r for r in sink.job_steps}
+    assert live["samples_per_s"] == pytest.approx(rows[0]["samples_per_s"] + rows[1]["samples_per_s"])
+    assert live["steps_per_s"] == pytest.approx(max(rows[0]["steps_per_s"], rows[1]["steps_per_s"]))
+
+
 def test_socket_is_world_writable_and_sender_pid_comes_from_kernel(receiver, sock_path):
     assert stat.S_IMODE(os.stat(sock_path).st_mode) == 0o666
     # A datagram that claims pid 1 is attributed to its real sender (this process).
