@@ -14,6 +14,7 @@ from typing import Iterator
 import pytest
 
 import tools
+from nvml_emulator_fixture import nvml_emulator  # noqa: F401
 
 
 def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05, what: str = "condition"):
@@ -146,6 +147,29 @@ def pytest_runtest_setup(item):
         reason = _nvml_reason()
         if reason:
             pytest.skip(f"needs an NVIDIA driver: {reason}")
+
+
+# ---------------------------------------------------------------------------------------------- CPU per test
+# GPUAGENT_TEST_CPU_LOG=FILE appends one JSON line per test: its wall time and the CPU seconds of this worker
+# and of the children it reaped meanwhile (subprocesses, their subprocesses once reaped). Tests of one worker run
+# one at a time, so the difference is that test's own CPU: what to cut when the suite is CPU-bound.
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):  # noqa: ARG001
+    path = os.environ.get("GPUAGENT_TEST_CPU_LOG")
+    if not path:
+        yield
+        return
+    import json
+    import resource
+
+    def cpu() -> float:
+        a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
+    c0, t0 = cpu(), time.monotonic()
+    yield
+    with open(path, "a") as f:
+        f.write(json.dumps({"test": item.nodeid, "wall_s": round(time.monotonic() - t0, 2),
+                            "cpu_s": round(cpu() - c0, 2)}) + "\n")
 
 
 # ---------------------------------------------------------------------------------------------- missing tools
