@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml
 run: install
 	$(PY) -m gpuagent.local_run
 
-# scripts/test.sh: most tests on TEST_WORKERS xdist workers, then the `alone` ones; SHUFFLE=1 for a random order.
+# scripts/test.sh: most tests on TEST_WORKERS (4) xdist workers, then the `alone` ones; SHUFFLE=1 for a random order.
 test: install
 	PY=$(PY) scripts/test.sh
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # `make test`: the whole suite, in two parts.
-#   1. Every test not marked `alone`, on TEST_WORKERS pytest-xdist workers (default 6 on any machine). Most
-#      tests wait (on daemons starting, timers, faults that last a fixed time), so more workers than cores
+#   1. Every test not marked `alone`, on TEST_WORKERS pytest-xdist workers (default 4, twice the cores here).
+#      Many tests wait (on daemons starting, timers, faults that last a fixed time), so more workers than cores
 #      keeps the cores busy; each test owns its ports, namespaces, mounts and state dirs (docs/DEVELOPMENT.md).
+#      Tests sharing an expensive setup run on one worker (tests/conftest.py SHARED_SETUP, --dist loadgroup).
 #   2. The tests marked `alone`, one at a time, with the machine to themselves: they measure CPU shares or
 #      need a quiet machine. The list is ALONE in tests/conftest.py, the one place it is declared.
 # SHUFFLE=1 runs both parts in a random order (pytest-randomly; the seed is printed, and
@@ -11,7 +12,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
-WORKERS=${TEST_WORKERS:-6}
+WORKERS=${TEST_WORKERS:-4}
 # pytest caches its rewritten test modules, and Python the package's bytecode, only when allowed to write
 # them; without that every worker and every agent or collector subprocess compiles them again (minutes of CPU).
 unset PYTHONDONTWRITEBYTECODE
@@ -26,7 +27,7 @@ case "${SHUFFLE:-}" in
 esac
 
 start=$SECONDS
-"$PY" -m pytest -q -n "$WORKERS" -m "not alone" "${order[@]}" --junitxml="$OUT/parallel.xml" "$@"
+"$PY" -m pytest -q -n "$WORKERS" --dist loadgroup -m "not alone" "${order[@]}" --junitxml="$OUT/parallel.xml" "$@"
 rc1=$?
 mid=$SECONDS
 "$PY" -m pytest -q -m alone "${order[@]}" --junitxml="$OUT/alone.xml" "$@"

@@ -77,6 +77,7 @@ def _rows(call, where="TRUE", params=()):
                                     "ORDER BY ALL", list(params)).to_arrow_table())
 
 
+@pytest.mark.slow
 def test_compaction_keeps_every_row_takes_fewer_bytes_and_ingest_continues(tmp_path):
     db = str(tmp_path / "c.duckdb")
     handle = start_collector(db, analyze=False)   # no scheduled passes: the blocks measured are samples' own
@@ -197,6 +198,7 @@ def small_volume(tmp_path):
         subprocess.run(["losetup", "-d", dev], check=False)
 
 
+@pytest.mark.slow
 def test_disk_guard_on_a_small_filesystem_deletes_oldest_first_and_ingest_never_fails(small_volume):
     db = str(small_volume / "c.duckdb")
     handle = start_collector(db, analyze=False)

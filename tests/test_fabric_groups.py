@@ -75,6 +75,7 @@ def group_fleet(tmp_path):
                 item.stop()
 
 
+@pytest.mark.slow
 def test_a_group_round_runs_one_collective_across_every_member(group_fleet):
     col, nodes = group_fleet(3)
     t0 = time.monotonic()
@@ -169,6 +170,7 @@ def test_a_group_offer_over_a_nodes_probe_budget_is_refused_with_the_reason(grou
     assert all(c.budget.sched.budget_used_s() == 0 for _, c, _ in nodes)     # nothing ran, nothing charged
 
 
+@pytest.mark.slow
 def test_a_group_run_is_charged_its_recorded_duration(group_fleet):
     col, nodes = group_fleet(2, budgets={0: 100.0, 1: 100.0})
     [outcome] = col.fabric_group_round(timeout=120)
@@ -212,6 +214,7 @@ def test_a_run_past_its_deadline_is_killed_before_the_collectors_deadline(group_
     assert rows and all(r["status"] == "timeout" and not r["metrics"] for r in rows)
 
 
+@pytest.mark.slow
 def test_a_member_that_fails_ends_the_group_and_the_others_are_cancelled(group_fleet):
     # One member accepts and then does nothing on go (a hung agent); the other's rendezvous gives up after
     # init_timeout_s, and its failure ends the group long before the 120 s group deadline.

@@ -246,6 +246,7 @@ def test_runner_reports_a_probe_that_prints_nothing():
 
 # ---------------------------------------------------------------- collective (gloo)
 
+@pytest.mark.slow
 def test_collective_gloo_two_processes():
     r = run_probe("collective", {"backend": "gloo", "max_bytes": 1 << 20, "iters": 5, "latency_iters": 20})
     assert r.status == "ok", r.reason
@@ -258,6 +259,7 @@ def test_collective_gloo_two_processes():
     assert r.metrics["small_msg_latency_us"] > 0
 
 
+@pytest.mark.slow
 def test_collective_gloo_three_ranks_busbw_factor():
     r = run_probe("collective", {"backend": "gloo", "nprocs": 3, "min_bytes": 1 << 16, "max_bytes": 1 << 16,
                                  "iters": 3, "latency_iters": 5})
