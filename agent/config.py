@@ -58,10 +58,21 @@ class CollectorConfig:
 DEFAULT_EXPORTER_PORT = 9402   # dcgm-exporter uses 9400, node_exporter 9100
 
 
+# dcgm-exporter's naming generations (docs/EXPORTER.md): before 4.8.3 label Hostname; 4.8.3 renamed it
+# hostname; 4.9.0 renamed fields to DCGM 4.7's names and base units; 4.10.0 renamed the PCIe/NVLink rates.
+DCGM_NAME_GENERATIONS = ("pre-4.8.3", "4.8.3", "4.9", "4.10")
+# How jobs reach Prometheus: a separate info series per (GPU, job) to join on, or dcgm-exporter's hpc_job
+# label on every GPU series (one series per job on the GPU, as its HPC job mapping does).
+JOB_LABEL_MODES = ("info", "hpc_job")
+
+
 @dataclass(frozen=True)
 class ExporterConfig:
     """The ``[exporter]`` table: the Prometheus /metrics endpoint (gpuagent.agent.exporter)."""
     listen: str = ""                   # HOST:PORT, e.g. "0.0.0.0:9402"; "" = off
+    dcgm_names: str = "pre-4.8.3"      # one of DCGM_NAME_GENERATIONS
+    job_labels: str = "info"           # one of JOB_LABEL_MODES
+    xid_labels: bool = True            # err_code / err_msg on the XID series, as dcgm-exporter sets them
 
 
 # ------------------------------------------------------------------ [jobs]
@@ -376,6 +387,23 @@ def _as_bool(v: Any, key: str, src: str) -> bool:
     return out
 
 
+def _exporter_value(k: str, v: Any, name: str, src: str) -> Any:
+    if k == "xid_labels":
+        return _as_bool(v, name, src)
+    s = _as_str(v, name, src).strip()
+    choices = {"dcgm_names": DCGM_NAME_GENERATIONS, "job_labels": JOB_LABEL_MODES}.get(k)
+    if choices is not None:
+        if s not in choices:
+            raise ConfigError(f"{_where(src, name)} must be one of {', '.join(repr(c) for c in choices)}, not {v!r}.")
+        return s
+    if s:   # listen
+        m = _HOSTPORT.match(s)
+        if not m or not 0 < int(m.group(2)) < 65536:
+            raise ConfigError(f"{_where(src, name)} must be HOST:PORT (e.g. 0.0.0.0:"
+                              f"{DEFAULT_EXPORTER_PORT}) or empty for off, not {v!r}.")
+    return s
+
+
 def _parse_labels(text: str, key: str, src: str) -> dict[str, str]:
     """``pool=a100,region=eu-west`` (env form)."""
     out: dict[str, str] = {}
@@ -463,6 +491,9 @@ ENV_VARS = {
     "GPUAGENT_SPOOL_MAX_BYTES": ("agent", "spool_max_bytes"),
     "GPUAGENT_LOG_LEVEL": ("agent", "log_level"),
     "GPUAGENT_EXPORTER_LISTEN": ("exporter", "listen"),
+    "GPUAGENT_EXPORTER_DCGM_NAMES": ("exporter", "dcgm_names"),
+    "GPUAGENT_EXPORTER_JOB_LABELS": ("exporter", "job_labels"),
+    "GPUAGENT_EXPORTER_XID_LABELS": ("exporter", "xid_labels"),
 }
 
 
@@ -484,7 +515,8 @@ def read_toml(path: str | os.PathLike) -> dict[str, Any]:
     for table in _TOP_TABLES:
         if table in data and not isinstance(data[table], dict):
             raise ConfigError(f"config file {str(p)!r}: {table!r} must be a table ([{table}]).")
-    for table, allowed in (("agent", _AGENT_KEYS), ("collector", _COLLECTOR_KEYS), ("exporter", {"listen"})):
+    for table, allowed in (("agent", _AGENT_KEYS), ("collector", _COLLECTOR_KEYS),
+                           ("exporter", {f.name for f in fields(ExporterConfig)})):
         extra = set(data.get(table, {})) - allowed
         if extra:
             raise ConfigError(f"config file {str(p)!r}: unknown key {table}.{sorted(extra)[0]} "
@@ -538,13 +570,7 @@ def load_config(
     for (section, k), (v, src) in merged.items():
         name = f"{section}.{k}"
         if section == "exporter":
-            listen = _as_str(v, name, src).strip()
-            if listen:
-                m = _HOSTPORT.match(listen)
-                if not m or not 0 < int(m.group(2)) < 65536:
-                    raise ConfigError(f"{_where(src, name)} must be HOST:PORT (e.g. 0.0.0.0:"
-                                      f"{DEFAULT_EXPORTER_PORT}) or empty for off, not {v!r}.")
-            exporter_kw[k] = listen
+            exporter_kw[k] = _exporter_value(k, v, name, src)
         elif section == "collector":
             if k == "address":
                 coll_kw[k] = _as_address(v, name, src)

@@ -30,7 +30,7 @@ from gpuagent.agent.sender import Sender
 from gpuagent.agent.spool import Spool
 from gpuagent.agent.status import (GPU_METRICS, HOST_DEVICE_METRICS, HOST_METRICS, GpuStatus, HostStatus, JobStatus, JobThroughput,
                                    NodeStatus, ProbeStatus, RecentEvent, SpoolStatus, StatusSnapshot, TickCounters,
-                                   write_status)
+                                   gpu_instances_status, job_gpu_instance, write_status)
 from gpuagent.proto import pb
 
 log = logging.getLogger("gpuagent.daemon")
@@ -275,7 +275,8 @@ class Agent:
                 gpus.setdefault(gpu, GpuStatus(index=gpu)).last_xid = xid
             if getattr(s, "name", "") == "gpu":
                 for gpu, cur in list(getattr(s, "last", {}).items()):
-                    gpus.setdefault(gpu, GpuStatus(index=gpu)).activity_source = cur.get("activity_source")
+                    g = gpus.setdefault(gpu, GpuStatus(index=gpu))
+                    g.activity_source, g.instances = cur.get("activity_source"), gpu_instances_status(cur)
         for (metric, gpu, labels), (_ts, v) in b.latest_values().items():
             if gpu >= 0:
                 g = gpus.setdefault(gpu, GpuStatus(index=gpu))
@@ -299,7 +300,7 @@ class Agent:
         horizon = now - int(3 * self.cfg.interval_s * 1e9) - 2_000_000_000
         jobs: list[JobStatus] = []
         for j, step in b.recent_jobs(horizon, horizon - 60_000_000_000):
-            row = JobStatus(**{k: j.get(k) for k in _JOB_SAMPLE_KEYS})
+            row = JobStatus(**{k: j.get(k) for k in _JOB_SAMPLE_KEYS}, gpu_instance=job_gpu_instance(j))
             if step:
                 for k in _STEP_KEYS:
                     setattr(row, k, step.get(k))
@@ -498,7 +499,7 @@ def start_exporter(agent: Agent) -> Any:
         return None
     from gpuagent.agent.exporter import Exporter
     try:
-        exp = Exporter(listen).start()
+        exp = Exporter(listen, agent.cfg.exporter).start()
     except OSError as exc:
         msg = (f"the Prometheus exporter cannot listen on {listen}: {exc.strerror or exc}; /metrics is off "
                "(change [exporter] listen)")

@@ -1,66 +1,375 @@
-"""The agent's Prometheus ``/metrics`` (``[exporter] listen``): GPU metrics under dcgm-exporter's names,
-everything else under ``gpuagent_*``. Names, units and sources: docs/EXPORTER.md.
+"""The agent's Prometheus ``/metrics`` (``[exporter]``): GPU metrics under dcgm-exporter's names, types,
+units and labels (in the naming generation ``[exporter] dcgm_names`` picks), everything else under
+``gpuagent_*``. Names, units, sources and the PromQL job join: docs/EXPORTER.md.
 
 A scrape renders the latest tick's :class:`StatusSnapshot` and nothing else: the daemon swaps in a new
 (never mutated) snapshot after each tick with one reference assignment, so a scrape never calls NVML,
-never takes a lock the tick loop holds, and never delays a tick. prometheus_client formats it once per
-tick; one daemon thread serves the scrapes in turn.
+never takes a lock the tick loop holds, and never delays a tick. Each tick is formatted once per format;
+one daemon thread serves the scrapes in turn.
+
+Why the DCGM families have their own text writer: dcgm-exporter types TOTAL_ENERGY_CONSUMPTION and
+four other defaults ``counter`` without a ``_total`` suffix. prometheus_client names every counter family
+``<name>_total`` in its TYPE line, and OpenMetrics requires the suffix on a counter's samples, so neither
+can say "counter" for those names. The Prometheus text format (0.0.4) can, and it is what dcgm-exporter
+serves: scrapers that accept it (Prometheus does) get it; a client that accepts only OpenMetrics gets
+OpenMetrics with those counters typed ``unknown``.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import socket
 import threading
-from typing import Iterator
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.exposition import choose_encoder
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encoder, generate_latest
 from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.utils import floatToGoString
 
-from gpuagent.agent.status import StatusSnapshot
+from gpuagent.agent.config import ExporterConfig
+from gpuagent.agent.gpu_sampler import XID_DESCRIPTIONS
+from gpuagent.agent.status import GpuInstanceStatus, GpuStatus, StatusSnapshot
 
 log = logging.getLogger("gpuagent.exporter")
 
-DCGM_LABELS = ["gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "hpc_job"]
 MIB = 1024 * 1024
+GENERATION_410 = ("4.10",)
+NEW_NAMES = ("4.9", "4.10")          # generations with DCGM 4.7's field names and base units
 
-# (dcgm-exporter name, GpuStatus field, scale, kind, help). Kinds as in dcgm-exporter's
-# etc/default-counters.csv; units are dcgm-exporter's (MiB, W, mJ, MHz, %), not base units, so its
-# dashboards and alert rules read these unchanged.
-DCGM_GPU = [
-    ("DCGM_FI_DEV_GPU_UTIL", "util_percent", 1.0, "gauge", "GPU utilization (in %)."),
-    ("DCGM_FI_DEV_MEM_COPY_UTIL", "mem_util_percent", 1.0, "gauge", "Memory utilization (in %)."),
-    ("DCGM_FI_DEV_FB_USED", "memory_used_bytes", 1.0 / MIB, "gauge", "Framebuffer memory used (in MiB)."),
-    ("DCGM_FI_DEV_POWER_USAGE", "power_watts", 1.0, "gauge", "Power draw (in W)."),
-    ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "energy_consumed_mj", 1.0, "counter",
-     "Total energy consumption since boot (in mJ)."),
-    ("DCGM_FI_DEV_GPU_TEMP", "temperature_celsius", 1.0, "gauge", "GPU temperature (in C)."),
-    ("DCGM_FI_DEV_SM_CLOCK", "sm_clock_mhz", 1.0, "gauge", "SM clock frequency (in MHz)."),
-    ("DCGM_FI_DEV_MEM_CLOCK", "mem_clock_mhz", 1.0, "gauge", "Memory clock frequency (in MHz)."),
-    ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "pcie_replay_count", 1.0, "counter", "Total number of PCIe retries."),
-    ("DCGM_FI_DEV_XID_ERRORS", "last_xid", 1.0, "gauge", "Value of the last XID error encountered."),
-    ("DCGM_FI_PROF_PCIE_TX_BYTES", "pcie_tx_bytes_per_s", 1.0, "gauge",
-     "The rate of data transmitted over the PCIe bus (in bytes per second)."),
-    ("DCGM_FI_PROF_PCIE_RX_BYTES", "pcie_rx_bytes_per_s", 1.0, "gauge",
-     "The rate of data received over the PCIe bus (in bytes per second)."),
-    ("DCGM_FI_PROF_NVLINK_TX_BYTES", "nvlink_tx_bytes_per_s", 1.0, "gauge",
-     "The rate of data transmitted over NVLink, not including protocol headers (in bytes per second)."),
-    ("DCGM_FI_PROF_NVLINK_RX_BYTES", "nvlink_rx_bytes_per_s", 1.0, "gauge",
-     "The rate of data received over NVLink, not including protocol headers (in bytes per second)."),
-    # DCGM's profiling ratios (0-1), from NVML GPM where the GPU has it (Hopper+); absent otherwise, never
-    # filled from the utilization counters. Under MIG the per-instance values stay in gpuagent's own data.
-    ("DCGM_FI_PROF_SM_ACTIVE", "sm_active_percent", 0.01, "gauge",
-     "Share of SMs with at least one warp resident over the last tick, 0-1 (NVML GPM SM_UTIL)."),
-    ("DCGM_FI_PROF_SM_OCCUPANCY", "sm_occupancy_percent", 0.01, "gauge",
-     "Resident warps against the SMs' maximum over the last tick, 0-1 (NVML GPM SM_OCCUPANCY)."),
-    ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "tensor_active_percent", 0.01, "gauge",
-     "Share of cycles any tensor pipe was busy over the last tick, 0-1 (NVML GPM ANY_TENSOR_UTIL)."),
-    ("DCGM_FI_PROF_DRAM_ACTIVE", "dram_active_percent", 0.01, "gauge",
-     "Device memory bandwidth used against its peak over the last tick, 0-1 (NVML GPM DRAM_BW_UTIL)."),
+
+@dataclass(frozen=True)
+class DcgmMetric:
+    """One dcgm-exporter metric: its name before 4.9.0 (etc/default-counters.csv) and from 4.9.0 (the
+    DCGM 4.7 field name), its type as the CSV gives it, and how to read it from a GPU's status."""
+    old: str                                               # DCGM_FI_* before dcgm-exporter 4.9.0
+    new: str                                               # from 4.9.0
+    kind: str                                              # gauge | counter (the CSV's type)
+    value: Callable[[GpuStatus], float | None]             # in the pre-4.9 unit
+    new_scale: float                                       # pre-4.9 unit -> the 4.9 unit
+    help_old: str
+    help_new: str
+    per_instance: Callable[[GpuInstanceStatus], float | None] | None = None   # MIG: one series per GPU instance
+    default: bool = True                                   # an active row of etc/default-counters.csv
+    value_new: Callable[[GpuStatus], float | None] | None = None   # from 4.9.0, when not a rescale of value
+
+    def name(self, generation: str) -> str:
+        if generation in GENERATION_410 and self.old in RENAMED_410:
+            return RENAMED_410[self.old]
+        return self.new if generation in NEW_NAMES else self.old
+
+
+# dcgm-exporter 4.10.0 renamed the four PCIe/NVLink rates (release notes, 4.10.0).
+RENAMED_410 = {"DCGM_FI_PROF_PCIE_TX_BYTES": "DCGM_FI_PROF_PCIE_TX_BYTES_PER_SECOND",
+               "DCGM_FI_PROF_PCIE_RX_BYTES": "DCGM_FI_PROF_PCIE_RX_BYTES_PER_SECOND",
+               "DCGM_FI_PROF_NVLINK_TX_BYTES": "DCGM_FI_PROF_NVLINK_TX_BYTES_PER_SECOND",
+               "DCGM_FI_PROF_NVLINK_RX_BYTES": "DCGM_FI_PROF_NVLINK_RX_BYTES_PER_SECOND"}
+
+
+def _mib(v: float | None) -> float | None:
+    """Whole MiB, as DCGM stores FB fields (bytes / 2^20, integer division; DcgmCacheManager.cpp)."""
+    return None if v is None else float(int(v) // MIB)
+
+
+def _fb_used(g: GpuStatus) -> float | None:
+    """NVML's v2 "used" (reservation excluded), as DCGM reads it on R510+ drivers: total - free - reserved;
+    the v1 "used" where the v2 read is missing."""
+    if None not in (g.memory_total_bytes, g.memory_free_bytes, g.memory_reserved_bytes):
+        return max(0.0, g.memory_total_bytes - g.memory_free_bytes - g.memory_reserved_bytes)
+    return g.memory_used_bytes
+
+
+def _fb_free(g: GpuStatus) -> float | None:
+    if g.memory_free_bytes is not None:
+        return g.memory_free_bytes
+    if g.memory_total_bytes is not None and g.memory_used_bytes is not None:
+        return g.memory_total_bytes - g.memory_used_bytes
+    return None
+
+
+def _inst_used(x: GpuInstanceStatus) -> float | None:
+    if None not in (x.memory_total_bytes, x.memory_free_bytes, x.memory_reserved_bytes):
+        return max(0.0, x.memory_total_bytes - x.memory_free_bytes - x.memory_reserved_bytes)
+    return x.memory_used_bytes
+
+
+def _nvlink_bandwidth_total(g: GpuStatus) -> float | None:
+    """DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL as DCGM computes it: the NVML data-throughput counters
+    (NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX + _RX, KiB, all links) differenced over its sampling
+    interval and divided by 1000 (DcgmCacheManager.cpp ReadAndCacheNvLinkBandwidth): a rate despite
+    the CSV's "counter"."""
+    if g.nvlink_tx_bytes_per_s is None or g.nvlink_rx_bytes_per_s is None:
+        return None
+    return float(int((g.nvlink_tx_bytes_per_s + g.nvlink_rx_bytes_per_s) / 1024.0 / 1000.0))
+
+
+def _pct(field: str) -> Callable[[GpuStatus], float | None]:
+    return lambda g: getattr(g, field)
+
+
+def _ratio(field: str) -> Callable[[object], float | None]:
+    return lambda g: None if getattr(g, field) is None else getattr(g, field) / 100.0
+
+
+def _gr_util_of_instance(x: GpuInstanceStatus) -> float | None:
+    """GPU_UTIL of a MIG GPU instance: NVML has no utilization counter under MIG, so gpuagent reports
+    the instance's GPM graphics-engine activity (%), the measurement DCGM's GR_ENGINE_ACTIVE is."""
+    return x.gr_engine_active_percent
+
+
+# The 25 metrics of dcgm-exporter's etc/default-counters.csv (github.com/NVIDIA/dcgm-exporter, at
+# 4.5.3-4.8.2), in its order, then the profiling extras gpuagent has always exported. 4.9.0 names: the
+# DCGM 4.7 field names (DCGM's dcgm_fields.h deprecation aliases; go-dcgm's *_HERTZ/*_JOULES_TOTAL fields).
+DCGM_METRICS: list[DcgmMetric] = [
+    DcgmMetric("DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_SM_CLOCK_HERTZ", "gauge", _pct("sm_clock_mhz"), 1e6,
+               "SM clock frequency (in MHz).", "SM clock frequency (in Hz)."),
+    DcgmMetric("DCGM_FI_DEV_MEM_CLOCK", "DCGM_FI_DEV_MEMORY_CLOCK_HERTZ", "gauge", _pct("mem_clock_mhz"), 1e6,
+               "Memory clock frequency (in MHz).", "Memory clock frequency (in Hz)."),
+    DcgmMetric("DCGM_FI_DEV_MEMORY_TEMP", "DCGM_FI_DEV_MEMORY_TEMP_CELSIUS", "gauge",
+               _pct("memory_temperature_celsius"), 1.0, "Memory temperature (in C).", "Memory temperature (in C)."),
+    DcgmMetric("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_GPU_TEMP_CELSIUS", "gauge", _pct("temperature_celsius"), 1.0,
+               "GPU temperature (in C).", "GPU temperature (in C)."),
+    DcgmMetric("DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_BOARD_POWER_WATTS", "gauge", _pct("power_watts"), 1.0,
+               "Power draw (in W).", "Board power draw (in W)."),
+    DcgmMetric("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL", "counter",
+               _pct("energy_consumed_mj"), 1e-3, "Total energy consumption since boot (in mJ).",
+               "Total energy consumption since the driver was loaded (in J)."),
+    DcgmMetric("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "DCGM_FI_DEV_PCIE_REPLAY_TOTAL", "counter",
+               _pct("pcie_replay_count"), 1.0, "Total number of PCIe retries.", "Total number of PCIe retries."),
+    DcgmMetric("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_GPU_UTIL_RATIO", "gauge", _pct("util_percent"), 0.01,
+               "GPU utilization (in %).", "GPU utilization (ratio 0-1).", per_instance=_gr_util_of_instance),
+    DcgmMetric("DCGM_FI_DEV_MEM_COPY_UTIL", "DCGM_FI_DEV_MEMORY_UTIL_RATIO", "gauge", _pct("mem_util_percent"), 0.01,
+               "Memory utilization (in %).", "Memory utilization (ratio 0-1)."),
+    DcgmMetric("DCGM_FI_DEV_ENC_UTIL", "DCGM_FI_DEV_ENC_UTIL_RATIO", "gauge", _pct("encoder_util_percent"), 0.01,
+               "Encoder utilization (in %).", "Encoder utilization (ratio 0-1)."),
+    DcgmMetric("DCGM_FI_DEV_DEC_UTIL", "DCGM_FI_DEV_DEC_UTIL_RATIO", "gauge", _pct("decoder_util_percent"), 0.01,
+               "Decoder utilization (in %).", "Decoder utilization (ratio 0-1)."),
+    DcgmMetric("DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_XID_ERROR", "gauge", lambda g: float(g.last_xid or 0), 1.0,
+               "Value of the last XID error encountered.", "Value of the last XID error encountered."),
+    DcgmMetric("DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_FREE_BYTES", "gauge", lambda g: _fb_free(g), 1.0,
+               "Framebuffer memory free (in MiB).", "Framebuffer memory free (in bytes).",
+               per_instance=lambda x: x.memory_free_bytes),
+    DcgmMetric("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_USED_BYTES", "gauge", _fb_used, 1.0,
+               "Framebuffer memory used (in MiB).", "Framebuffer memory used (in bytes).", per_instance=_inst_used),
+    DcgmMetric("DCGM_FI_DEV_FB_RESERVED", "DCGM_FI_DEV_FB_RESERVED_BYTES", "gauge", _pct("memory_reserved_bytes"),
+               1.0, "Framebuffer memory reserved (in MiB).", "Framebuffer memory reserved (in bytes).",
+               per_instance=lambda x: x.memory_reserved_bytes),
+    DcgmMetric("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "DCGM_FI_DEV_NVLINK_THROUGHPUT_BYTES_PER_SECOND", "counter",
+               _nvlink_bandwidth_total, 1.0, "Total number of NVLink bandwidth counters for all lanes.",
+               "NVLink data throughput, transmit plus receive, all links (in bytes per second).",
+               value_new=lambda g: None if g.nvlink_tx_bytes_per_s is None or g.nvlink_rx_bytes_per_s is None
+               else g.nvlink_tx_bytes_per_s + g.nvlink_rx_bytes_per_s),
+    DcgmMetric("DCGM_FI_DEV_VGPU_LICENSE_STATUS", "DCGM_FI_DEV_VGPU_LICENSE_STATUS", "gauge",
+               _pct("vgpu_license_status"), 1.0, "vGPU License status", "vGPU License status"),
+    DcgmMetric("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_ROW_REMAP_UNCORRECTABLE_TOTAL", "counter",
+               _pct("remapped_rows_uncorrectable_total"), 1.0, "Number of remapped rows for uncorrectable errors",
+               "Number of rows remapped for uncorrectable errors."),
+    DcgmMetric("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_ROW_REMAP_CORRECTABLE_TOTAL", "counter",
+               _pct("remapped_rows_correctable_total"), 1.0, "Number of remapped rows for correctable errors",
+               "Number of rows remapped for correctable errors."),
+    DcgmMetric("DCGM_FI_DEV_ROW_REMAP_FAILURE", "DCGM_FI_DEV_ROW_REMAP_FAILED", "gauge", _pct("row_remap_failure"),
+               1.0, "Whether remapping of rows has failed", "1 when remapping of rows has failed."),
+    DcgmMetric("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO", "gauge",
+               _ratio("gr_engine_active_percent"), 1.0, "Ratio of time the graphics engine is active.",
+               "Ratio of time the graphics engine is active (0-1).", per_instance=_ratio("gr_engine_active_percent")),
+    DcgmMetric("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "DCGM_FI_PROF_TENSOR_UTIL_RATIO", "gauge",
+               _ratio("tensor_active_percent"), 1.0, "Ratio of cycles the tensor (HMMA) pipe is active.",
+               "Ratio of cycles any tensor pipe is active (0-1).", per_instance=_ratio("tensor_active_percent")),
+    DcgmMetric("DCGM_FI_PROF_DRAM_ACTIVE", "DCGM_FI_PROF_DRAM_UTIL_RATIO", "gauge", _ratio("dram_active_percent"),
+               1.0, "Ratio of cycles the device memory interface is active sending or receiving data.",
+               "Ratio of cycles the device memory interface is active (0-1).",
+               per_instance=_ratio("dram_active_percent")),
+    DcgmMetric("DCGM_FI_PROF_PCIE_TX_BYTES", "DCGM_FI_PROF_PCIE_TX_BYTES", "gauge", _pct("pcie_tx_bytes_per_s"), 1.0,
+               "The rate of data transmitted over the PCIe bus (in bytes per second).",
+               "The rate of data transmitted over the PCIe bus (in bytes per second)."),
+    DcgmMetric("DCGM_FI_PROF_PCIE_RX_BYTES", "DCGM_FI_PROF_PCIE_RX_BYTES", "gauge", _pct("pcie_rx_bytes_per_s"), 1.0,
+               "The rate of data received over the PCIe bus (in bytes per second).",
+               "The rate of data received over the PCIe bus (in bytes per second)."),
+    # Profiling fields outside the default CSV (dcp-metrics-included.csv), exported since issue 15.
+    DcgmMetric("DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_SM_UTIL_RATIO", "gauge", _ratio("sm_active_percent"), 1.0,
+               "The ratio of cycles an SM has at least 1 warp assigned.",
+               "Ratio of cycles an SM has at least one warp assigned (0-1).",
+               per_instance=_ratio("sm_active_percent"), default=False),
+    DcgmMetric("DCGM_FI_PROF_SM_OCCUPANCY", "DCGM_FI_PROF_SM_OCCUPANCY_RATIO", "gauge",
+               _ratio("sm_occupancy_percent"), 1.0, "The ratio of number of warps resident on an SM.",
+               "Ratio of warps resident on an SM to its maximum (0-1).",
+               per_instance=_ratio("sm_occupancy_percent"), default=False),
+    DcgmMetric("DCGM_FI_PROF_NVLINK_TX_BYTES", "DCGM_FI_PROF_NVLINK_TX_BYTES", "gauge",
+               _pct("nvlink_raw_tx_bytes_per_s"), 1.0,
+               "The rate of data transmitted over NVLink, including protocol headers (in bytes per second).",
+               "The rate of data transmitted over NVLink, including protocol headers (in bytes per second).",
+               default=False),
+    DcgmMetric("DCGM_FI_PROF_NVLINK_RX_BYTES", "DCGM_FI_PROF_NVLINK_RX_BYTES", "gauge",
+               _pct("nvlink_raw_rx_bytes_per_s"), 1.0,
+               "The rate of data received over NVLink, including protocol headers (in bytes per second).",
+               "The rate of data received over NVLink, including protocol headers (in bytes per second).",
+               default=False),
 ]
+# MiB fields: DCGM's whole MiB before 4.9.0, exact bytes from 4.9.0 (new_scale applies to bytes there).
+_MIB_FIELDS = {"DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_RESERVED"}
+XID = "DCGM_FI_DEV_XID_ERRORS"
+JOB_INFO = "gpuagent_gpu_job_info"
+# dcgm-exporter's err_msg for XID 0 and for an XID it has no text for (internal/pkg/collector).
+XID_NO_ERROR, XID_UNKNOWN = "No Error", "Unknown Error"
+
+
+def xid_message(xid: int) -> str:
+    """err_msg: dcgm-exporter's words for 0 and unknown XIDs; gpuagent's own short description (NVIDIA's
+    XID table, agent/gpu_sampler.py) for the others, so the text may differ from dcgm-exporter's."""
+    if xid == 0:
+        return XID_NO_ERROR
+    what = XID_DESCRIPTIONS.get(xid)
+    return what[:1].upper() + what[1:] if what else XID_UNKNOWN
+
+
+@dataclass
+class Family:
+    """One metric family as the text writer emits it."""
+    name: str
+    kind: str                       # gauge | counter | untyped
+    help: str
+    samples: list[tuple[list[tuple[str, str]], float]]
+
+
+class Naming:
+    """Label and metric names of one dcgm-exporter generation."""
+
+    def __init__(self, generation: str) -> None:
+        self.generation = generation
+        self.hostname = "Hostname" if generation == "pre-4.8.3" else "hostname"     # 4.8.3 renamed it
+        self.driver = "DCGM_FI_SYSTEM_DRIVER_VERSION" if generation in NEW_NAMES else "DCGM_FI_DRIVER_VERSION"
+        self.new = generation in NEW_NAMES
+
+
+def _gpu_labels(g: GpuStatus, naming: Naming, host: str, driver: str,
+                inst: GpuInstanceStatus | None = None) -> list[tuple[str, str]]:
+    """dcgm-exporter's labels, in its order (internal/pkg/rendermetrics): gpu, UUID, pci_bus_id, device,
+    modelName, GPU_I_PROFILE and GPU_I_ID for a MIG GPU instance, the hostname, the driver-version label."""
+    out = [("gpu", str(g.index)), ("UUID", g.uuid or ""), ("pci_bus_id", g.pci_bus_id or ""),
+           ("device", f"nvidia{g.index}"), ("modelName", g.name or "")]
+    if inst is not None:
+        out += [("GPU_I_PROFILE", inst.profile), ("GPU_I_ID", str(inst.gpu_instance_id))]
+    out.append((naming.hostname, host))
+    if driver:
+        out.append((naming.driver, driver))
+    return out
+
+
+def _gpu_jobs(snap: StatusSnapshot) -> dict[tuple[int, int | None], list[tuple[str, str]]]:
+    """(GPU, MIG GPU instance or None) -> [(job_id, job_name)], each job once, in job-id order."""
+    out: dict[tuple[int, int | None], dict[str, str]] = {}
+    for j in snap.jobs:
+        if j.gpu is not None and j.gpu >= 0:
+            out.setdefault((j.gpu, j.gpu_instance), {}).setdefault(j.job_id, j.job_name or "")
+    return {key: sorted(jobs.items()) for key, jobs in out.items()}
+
+
+def _jobs_for(jobs: dict[tuple[int, int | None], list[tuple[str, str]]], gpu: int,
+              inst: GpuInstanceStatus | None) -> list[str]:
+    """hpc_job values for one series: the jobs of its GPU instance, or of the whole GPU for a GPU-level
+    series (dcgm-exporter's mapping files are keyed <gpu> and <gpu>.<GPU instance> the same way)."""
+    if inst is not None:
+        return [job for job, _ in jobs.get((gpu, inst.gpu_instance_id), [])]
+    return sorted({job for (g, _gi), rows in jobs.items() if g == gpu for job, _ in rows})
+
+
+def dcgm_families(snap: StatusSnapshot, settings: ExporterConfig) -> list[Family]:
+    """The dcgm-exporter families of one tick, named for ``settings.dcgm_names``.
+
+    A GPU-level value is one series per GPU. Under MIG, the values DCGM keeps per GPU instance (the
+    framebuffer and the profiling ratios) are one series per GPU instance with GPU_I_PROFILE and
+    GPU_I_ID, and GPU_UTIL too (from GPM; see _gr_util_of_instance). With ``job_labels = "hpc_job"``
+    each series is repeated once per job on its GPU with ``hpc_job`` (dcgm-exporter's HPC job
+    mapping); otherwise no job label is set and gpuagent_gpu_job_info carries the jobs.
+    """
+    naming = Naming(settings.dcgm_names)
+    host, driver = snap.node.hostname, snap.node.driver_version
+    jobs = _gpu_jobs(snap) if settings.job_labels == "hpc_job" else {}
+    fams: list[Family] = []
+    for m in DCGM_METRICS:
+        samples: list[tuple[list[tuple[str, str]], float]] = []
+        for g in snap.gpus:
+            rows: list[tuple[list[tuple[str, str]], float | None, GpuInstanceStatus | None]] = []
+            if g.instances and m.per_instance is not None:
+                rows = [(_gpu_labels(g, naming, host, driver, x), m.per_instance(x), x) for x in g.instances]
+            else:
+                base = _gpu_labels(g, naming, host, driver)
+                if m.old == XID and settings.xid_labels:
+                    code = int(g.last_xid or 0)
+                    base += [("err_code", str(code)), ("err_msg", xid_message(code))]
+                rows = [(base, (m.value_new or m.value)(g) if naming.new else m.value(g), None)]
+            for labels, v, inst in rows:
+                if v is None or (isinstance(v, float) and math.isnan(v)):
+                    continue
+                v = _unit(m, v, naming)
+                per_job = _jobs_for(jobs, g.index, inst) if jobs else []
+                if per_job:
+                    samples += [(labels + [("hpc_job", job)], v) for job in per_job]
+                else:
+                    samples.append((labels, v))
+        if samples:
+            fams.append(Family(m.name(settings.dcgm_names), m.kind, m.help_new if naming.new else m.help_old,
+                               samples))
+    return fams
+
+
+def _unit(m: DcgmMetric, v: float, naming: Naming) -> float:
+    if naming.new and m.value_new is not None:
+        return float(v)
+    if m.old in _MIB_FIELDS:
+        return float(v) if naming.new else _mib(v)
+    return float(v) * m.new_scale if naming.new else float(v)
+
+
+def job_info_family(snap: StatusSnapshot, settings: ExporterConfig) -> Family:
+    """gpuagent_gpu_job_info: 1 per (GPU, job) the job discovery saw this tick, to join GPU series with
+    (docs/EXPORTER.md): a job starting or stopping changes these series only, never a GPU series."""
+    naming = Naming(settings.dcgm_names)
+    uuid = {g.index: g.uuid or "" for g in snap.gpus}
+    samples = []
+    for (gpu, gi), jobs in sorted(_gpu_jobs(snap).items(), key=lambda kv: (kv[0][0], -1 if kv[0][1] is None
+                                                                          else kv[0][1])):
+        for job_id, job_name in jobs:
+            labels = [("gpu", str(gpu)), ("UUID", uuid.get(gpu, ""))]
+            if gi is not None:
+                labels.append(("GPU_I_ID", str(gi)))
+            labels += [(naming.hostname, snap.node.hostname), ("job_id", job_id), ("job_name", job_name)]
+            samples.append((labels, 1.0))
+    return Family(JOB_INFO, "gauge", "1 for each job with a process on the GPU (GPU instance under MIG); "
+                  "join on instance and gpu.", samples)
+
+
+def render_text(families: Iterable[Family]) -> bytes:
+    """The Prometheus text format (0.0.4), with each family's own type, counters without _total."""
+    out: list[str] = []
+    for f in families:
+        out.append(f"# HELP {f.name} {_escape_help(f.help)}")
+        out.append(f"# TYPE {f.name} {f.kind}")
+        for labels, v in f.samples:
+            lab = ",".join(f'{k}="{_escape_label(val)}"' for k, val in labels)
+            out.append(f"{f.name}{{{lab}}} {floatToGoString(v)}" if lab else f"{f.name} {floatToGoString(v)}")
+    return ("\n".join(out) + "\n").encode() if out else b""
+
+
+def _escape_help(s: str) -> str:
+    return s.replace("\\", r"\\").replace("\n", r"\n")
+
+
+def _escape_label(s: str) -> str:
+    return s.replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"')
+
+
+def _as_client_metric(f: Family) -> Metric:
+    """A Family for prometheus_client's OpenMetrics encoder: counters without _total go out ``unknown``."""
+    m = Metric(f.name, f.help, f.kind if f.kind == "gauge" else "unknown")
+    for labels, v in f.samples:
+        m.add_sample(f.name, dict(labels), v)
+    return m
+
 
 # gpuagent_host_* gauges: (name, HostStatus field, scale, help). Shares are ratios (0-1), as Prometheus
 # prefers; the tick's shares, not node_exporter's cumulative CPU seconds (docs/EXPORTER.md says why).
@@ -105,10 +414,12 @@ NIC = [
 
 
 class SnapshotCollector:
-    """A prometheus_client collector over the latest tick's snapshot (``update`` swaps it in)."""
+    """A prometheus_client collector over the latest tick's snapshot (``update`` swaps it in): the
+    gpuagent_* families. The DCGM families are written by render_text (see the module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, settings: ExporterConfig | None = None) -> None:
         self._snap: StatusSnapshot | None = None
+        self.settings = settings or ExporterConfig()
 
     @property
     def snapshot(self) -> StatusSnapshot | None:
@@ -124,34 +435,42 @@ class SnapshotCollector:
         snap = self._snap
         if snap is None:
             return
-        yield from _gpu_families(snap)
+        yield from _gpu_families(snap, self.settings)
         yield from _host_families(snap)
         yield from _probe_families(snap)
         yield from _job_families(snap)
         yield from _agent_families(snap)
 
 
-def _gpu_families(snap: StatusSnapshot) -> Iterator[Metric]:
-    host = snap.node.hostname
-    jobs_on: dict[int, set[str]] = {}
-    for j in snap.jobs:
-        if j.gpu is not None and j.gpu >= 0:
-            jobs_on.setdefault(j.gpu, set()).add(j.job_id)
-    labels = {g.index: [str(g.index), g.uuid or "", g.pci_bus_id or "", f"nvidia{g.index}", g.name or "", host,
-                        ",".join(sorted(jobs_on.get(g.index, ())))] for g in snap.gpus}
-    for name, field, scale, kind, doc in DCGM_GPU:
-        fam = _Untyped(name, doc, DCGM_LABELS) if kind == "counter" else \
-            GaugeMetricFamily(name, doc, labels=DCGM_LABELS)
+class _DcgmForOpenMetrics:
+    """The DCGM families for prometheus_client's OpenMetrics encoder (clients that refuse text/plain)."""
+
+    def __init__(self, collector: SnapshotCollector) -> None:
+        self._collector = collector
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self._collector.snapshot
+        if snap is not None:
+            for f in dcgm_families(snap, self._collector.settings):
+                yield _as_client_metric(f)
+
+
+def _gpu_families(snap: StatusSnapshot, settings: ExporterConfig) -> Iterator[Metric]:
+    yield _as_client_metric(job_info_family(snap, settings))
+    for name, field, doc in (
+            ("gpuagent_gpu_nvlink_data_transmit_bytes_per_second", "nvlink_tx_bytes_per_s",
+             "NVLink payload transmitted per second, without protocol headers (all links)."),
+            ("gpuagent_gpu_nvlink_data_receive_bytes_per_second", "nvlink_rx_bytes_per_s",
+             "NVLink payload received per second, without protocol headers (all links).")):
+        fam = GaugeMetricFamily(name, doc, labels=["gpu", "UUID"])
         for g in snap.gpus:
             v = getattr(g, field)
             if v is not None:
-                fam.add_metric(labels[g.index], float(v) * scale)
+                fam.add_metric([str(g.index), g.uuid or ""], v)
         yield fam
-    free = GaugeMetricFamily("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", labels=DCGM_LABELS)
-    for g in snap.gpus:
-        if g.memory_total_bytes is not None and g.memory_used_bytes is not None:
-            free.add_metric(labels[g.index], (g.memory_total_bytes - g.memory_used_bytes) / MIB)
-    yield free
     ecc = CounterMetricFamily("gpuagent_gpu_ecc_errors", "Volatile ECC errors since the driver was loaded.",
                               labels=["gpu", "UUID", "type"])
     for g in snap.gpus:
@@ -181,17 +500,11 @@ class _QuietHandler(WSGIRequestHandler):
         pass
 
 
-class _Untyped(Metric):
-    """dcgm-exporter's counters (no _total in their names). prometheus_client's text format names every
-    counter family <name>_total, which would not match the samples, so these go out untyped under
-    the exact dcgm-exporter name: rate() and increase() work on them all the same."""
-
-    def __init__(self, name: str, doc: str, labels: list[str]) -> None:
-        super().__init__(name, doc, "unknown")
-        self._labels = labels
-
-    def add_metric(self, values: list[str], value: float) -> None:
-        self.add_sample(self.name, dict(zip(self._labels, values)), value)
+def wants_openmetrics(accept: str) -> bool:
+    """OpenMetrics only for a client that does not take the text format: Prometheus lists both and gets
+    text, the one format in which dcgm-exporter's counters keep their type (module docstring)."""
+    types = [part.split(";")[0].strip().lower() for part in (accept or "").split(",")]
+    return "application/openmetrics-text" in types and not {"text/plain", "text/*", "*/*"} & set(types)
 
 
 def _host_families(snap: StatusSnapshot) -> Iterator[Metric]:
@@ -298,31 +611,42 @@ def _agent_families(snap: StatusSnapshot) -> Iterator[Metric]:
 
 
 class Exporter:
-    """The /metrics endpoint: a private registry (no default collectors that would touch the tick's
+    """The /metrics endpoint: private registries (no default collectors that would touch the tick's
     state) with the snapshot collector and the process collector (the agent's own RSS and CPU)."""
 
-    def __init__(self, listen: str) -> None:
+    def __init__(self, listen: str, settings: ExporterConfig | None = None) -> None:
         host, _, port = listen.rpartition(":")
         self.host, self.port = host.strip("[]"), int(port)
-        self.collector = SnapshotCollector()
-        self.registry = CollectorRegistry(auto_describe=False)
+        self.settings = settings or ExporterConfig(listen=listen)
+        self.collector = SnapshotCollector(self.settings)
+        self.registry = CollectorRegistry(auto_describe=False)          # text: gpuagent_* after the DCGM text
         self.registry.register(self.collector)
         ProcessCollector(namespace="gpuagent", registry=self.registry)
+        self.om_registry = CollectorRegistry(auto_describe=False)       # OpenMetrics: everything
+        self.om_registry.register(_DcgmForOpenMetrics(self.collector))
+        self.om_registry.register(self.collector)
+        ProcessCollector(namespace="gpuagent", registry=self.om_registry)
         self._server = None
         self._render_lock = threading.Lock()
         self._rendered: dict[str, tuple[StatusSnapshot | None, bytes]] = {}
 
     def render(self, accept: str) -> tuple[bytes, str]:
-        """The exposition of the latest tick in the format ``accept`` asks for (text or OpenMetrics), formatted
-        by prometheus_client once per tick and format: further scrapes of the same tick get the same bytes,
-        so scraping often costs the tick loop no more than scraping once per tick."""
-        encoder, content_type = choose_encoder(accept)
+        """The exposition of the latest tick, text (0.0.4) unless the client takes only OpenMetrics,
+        formatted once per tick and format: further scrapes of the same tick get the same bytes, so
+        scraping often costs the tick loop no more than scraping once per tick."""
         snap = self.collector.snapshot
+        if wants_openmetrics(accept):
+            encoder, content_type = choose_encoder(accept)
+            make = lambda: encoder(self.om_registry)
+        else:
+            content_type = CONTENT_TYPE_PLAIN_0_0_4
+            make = lambda: (render_text(dcgm_families(snap, self.settings)) if snap is not None else b"") \
+                + generate_latest(self.registry)
         with self._render_lock:
             cached = self._rendered.get(content_type)
             # the snapshot itself, not its id(): a freed snapshot's id can come back for a later one
             if cached is None or cached[0] is not snap:
-                cached = self._rendered[content_type] = (snap, encoder(self.registry))
+                cached = self._rendered[content_type] = (snap, make())
         return cached[1], content_type
 
     def _app(self, environ, start_response):

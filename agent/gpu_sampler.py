@@ -11,6 +11,11 @@ is missing, the only activity figure is ``gpu_util_percent`` (time any kernel ra
 says so (``activity_source``). Under MIG the GPM values are per GPU instance (label ``gpu_instance``)
 for the instances that run compute processes.
 
+For the exporter's dcgm-exporter defaults (``_dcgm_values``, docs/EXPORTER.md): memory temperature, the
+video engines, row remapping, the vGPU license, NVLink bytes with protocol headers, and under MIG each GPU
+instance's id, profile name and framebuffer (from the one MIG device listing, ``_mig_devices``). The
+framebuffer's used/free/reserved come from the tick's one memory read (nvmlMemory_v2, v1 fallback).
+
 Events:
 - ``xid``: value = the XID number, from nvmlEventSetWait with a 0 ms timeout each tick (never blocks).
 - ``gpu_lost``: the GPU answered GPU_IS_LOST (fell off the bus); it is not queried again.
@@ -21,6 +26,7 @@ Events:
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any, Mapping
 
@@ -30,7 +36,22 @@ log = logging.getLogger("gpuagent.gpu_sampler")
 
 _NVLINK_RECHECK_S = 60.0  # link state rarely changes; re-count active links this often
 _STATIC_RECHECK_S = 60.0  # max clocks and max PCIe link: re-read this often
+_PCIE_RETRY_S = 60.0      # PCIe byte counters (fields 197/198) dropped out: ask for them again this often
+_MIG_RECHECK_S = 60.0     # MIG devices (GPU instances) of a MIG GPU: re-list this often
+_UINT_MAX = 0xFFFFFFFF
+_MIG_DEV = " (MIG device)"   # suffix of the seam's key for a call on a MIG device handle
+_MEMORY_V2 = 0x02000028   # nvml.h nvmlMemory_v2: NVML_STRUCT_VERSION(Memory, 2) (pynvml.nvmlMemory_v2)
+# Compute-process calls, newest first: pynvml's unversioned name calls _v3 and raises
+# NVMLLibraryMismatchError on drivers without it; _v2 is in every driver since R450.
+_PROC_CALLS = ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2",
+               "nvmlDeviceGetComputeRunningProcesses")
 _MAX_EVENTS_PER_TICK = 256
+# GPM metric (common/nvml.py GPM_METRICS, labelled gpu_instance under MIG) -> GpuInstanceStatus field
+_GPM_INSTANCE_FIELDS = {"gpu_gr_engine_active_percent": "gr_engine_active_percent",
+                        "gpu_sm_active_percent": "sm_active_percent",
+                        "gpu_sm_occupancy_percent": "sm_occupancy_percent",
+                        "gpu_tensor_active_percent": "tensor_active_percent",
+                        "gpu_dram_active_percent": "dram_active_percent"}
 
 # Common XIDs and their meaning, from NVIDIA's "XID Errors" table (docs.nvidia.com/deploy/xid-errors).
 XID_DESCRIPTIONS = {
@@ -65,8 +86,14 @@ class GpuSampler:
 
     name = "gpu"
 
-    def __init__(self, nvml: Nvml | None = None, pcie_fallback_every: int = 10, gpm: bool = True) -> None:
+    def __init__(self, nvml: Nvml | None = None, pcie_fallback_every: int = 10, gpm: bool = True,
+                 sys_root: str = "/sys", pcie_retry_s: float = _PCIE_RETRY_S) -> None:
         self.nvml = nvml if nvml is not None else Nvml()
+        self.sys_root = sys_root                    # sysfs root (tests give a tmp tree): NUMA nodes, PCI devices
+        self.pcie_retry_s = pcie_retry_s
+        self._pcie_retry_at: dict[int, float] = {}  # GPU -> tick time (s) to ask the PCIe byte counters again
+        self._mig_devs: dict[int, tuple[float, list[dict[str, Any]]]] = {}   # GPU -> (when, MIG devices)
+        self.memory_numa_node: dict[int, int] = {}  # GPU -> NUMA node of the GPU's own memory (GH200), if any
         self.gpm = Gpm(self.nvml) if gpm and self.nvml.available else None
         self._announced_off = False
         self._prev_reasons: dict[int, frozenset[str]] = {}
@@ -99,6 +126,10 @@ class GpuSampler:
             self._fi_nvl_rx = n.const("NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX", 139)
             self._nvl_max = n.const("NVML_NVLINK_MAX_LINKS", 18)
             self._feature_on = n.const("NVML_FEATURE_ENABLED", 1)
+            # Reads for the exporter's dcgm-exporter defaults (_dcgm_values); nvml.h field ids and versions.
+            self._fi_mem_temp = n.const("NVML_FI_DEV_MEMORY_TEMP", 82)
+            self._fi_nvl_raw_tx = n.const("NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_TX", 140)
+            self._fi_nvl_raw_rx = n.const("NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_RX", 141)
             self._setup_events()
 
     # ------------------------------------------------------------------ inventory
@@ -109,11 +140,9 @@ class GpuSampler:
         for i in range(n.device_count):
             h = n.handle(i)
             pci = n.query("nvmlDeviceGetPciInfo", h, gpu=i)
-            mem = n.query("nvmlDeviceGetMemoryInfo", h, gpu=i)
-            numa = n.query("nvmlDeviceGetNumaNodeId", h, gpu=i)
+            mem = self._memory_info(i, h)
             bus = _bus_id(pci)
-            if numa is None:
-                numa = _numa_from_sysfs(bus)
+            numa = self._cpu_numa_node(i, h, bus)
             out.append({
                 "index": i,
                 "uuid": n.text("nvmlDeviceGetUUID", i),
@@ -130,6 +159,42 @@ class GpuSampler:
             })
         return out
 
+    def _cpu_numa_node(self, i: int, h: Any, bus: str) -> int | None:
+        """The NUMA node of the CPUs next to the GPU (what the probes pin to): NVML's CPU affinity
+        (within the NODE scope, else the plain one) mapped through <sys_root>/devices/system/node, else
+        the PCI device's numa_node in sysfs. nvmlDeviceGetNumaNodeId is another thing: the node of the
+        GPU's own memory on coherent systems (GH200), NOT_SUPPORTED on x86; kept in memory_numa_node."""
+        n = self.nvml
+        gmem = n.query("nvmlDeviceGetNumaNodeId", h, gpu=i, report=False)
+        if gmem is not None and int(gmem) >= 0:
+            self.memory_numa_node[i] = int(gmem)
+        nodes = _sysfs_numa_cpus(self.sys_root)
+        if nodes:
+            words = max(16, (max(max(c) for c in nodes.values() if c) // 64) + 1)   # 64 CPUs per word
+            scope = n.const("NVML_AFFINITY_SCOPE_NODE", 0)
+            mask = n.query_first((("nvmlDeviceGetCpuAffinityWithinScope", (h, words, scope)),
+                                  ("nvmlDeviceGetCpuAffinity", (h, words))), gpu=i)
+            if mask is not None:
+                cpus = {w * 64 + b for w, word in enumerate(mask) for b in range(64) if int(word) >> b & 1}
+                best = max(nodes, key=lambda node: (len(nodes[node] & cpus), -node))
+                if nodes[best] & cpus:
+                    return best
+        return _numa_from_sysfs(bus, self.sys_root)
+
+    def _memory_info(self, i: int, h: Any, suffix: str = "") -> Any:
+        """nvmlMemory_v2 (``used`` without the driver's reservation, ``reserved`` apart), or v1 (where
+        ``used`` includes it, no ``reserved``) on drivers without nvmlDeviceGetMemoryInfo_v2. The one
+        memory read of a GPU (or, with ``suffix`` _MIG_DEV, of a MIG device handle) per tick. A driver
+        without _v2 is reported once per GPU: the reservation is then unknown."""
+        n = self.nvml
+        v2 = "nvmlDeviceGetMemoryInfo_v2" + suffix
+        if not n.is_unsupported(v2, i):
+            # pynvml: nvmlDeviceGetMemoryInfo(handle, version=nvmlMemory_v2) calls the _v2 symbol
+            mem = n.query("nvmlDeviceGetMemoryInfo", h, n.const("nvmlMemory_v2", _MEMORY_V2), gpu=i, key=v2)
+            if mem is not None or not n.is_unsupported(v2, i):
+                return mem
+        return n.query("nvmlDeviceGetMemoryInfo", h, gpu=i, key="nvmlDeviceGetMemoryInfo" + suffix)
+
     # ------------------------------------------------------------------ per-process usage
     def processes(self) -> list[dict[str, Any]]:
         """Processes on each GPU: {pid, gpu, gpu_memory_bytes, gpu_util_percent, gpu_instance_id}.
@@ -137,14 +202,18 @@ class GpuSampler:
         For job discovery. Utilization is the mean SM utilization of the process's samples from
         nvmlDeviceGetProcessUtilization newer than the previous call. NVML only keeps samples for
         processes that ran kernels, so a listed process without one was idle (0); -1 means unknown
-        (the call is not supported, e.g. under MIG).
+        (the call is not supported, e.g. under MIG). ``gpu_memory_bytes`` is -1 when NVML has no
+        figure (NVML_VALUE_NOT_AVAILABLE). Under MIG the processes come from each GPU instance's
+        MIG device handle, which needs no privileges (the parent handle answers NO_PERMISSION).
         """
         n = self.nvml
         fn = "nvmlDeviceGetProcessUtilization"
         out: list[dict[str, Any]] = []
         for i in range(n.device_count):
+            if i in n.lost:
+                continue
             h = n.handle(i)
-            procs = n.query("nvmlDeviceGetComputeRunningProcesses", h, gpu=i)
+            procs = self._compute_processes(i, h)
             if not procs:
                 continue
             last = self._proc_last_seen_us.get(i, 0)
@@ -157,17 +226,87 @@ class GpuSampler:
                     continue
                 util.setdefault(int(smp.pid), []).append(float(smp.smUtil))
                 self._proc_last_seen_us[i] = max(self._proc_last_seen_us.get(i, 0), ts)
-            for p in procs:
-                pid = int(p.pid)
-                used = getattr(p, "usedGpuMemory", None)
-                gi = getattr(p, "gpuInstanceId", 0xFFFFFFFF)
+            for pid, used, gi in procs:
                 vals = util.get(pid)
                 out.append({"pid": pid, "gpu": i,
-                            "gpu_memory_bytes": float(used) if used is not None else 0.0,
+                            "gpu_memory_bytes": float(used) if used is not None else -1.0,
                             "gpu_util_percent": (sum(vals) / len(vals)) if vals else (0.0 if known else -1.0),
                             # MIG: the GPU instance the process runs in (-1 when MIG is off)
-                            "gpu_instance_id": -1 if gi in (None, 0xFFFFFFFF) else int(gi)})
+                            "gpu_instance_id": gi})
         return out
+
+    def _compute_processes(self, i: int, h: Any) -> list[tuple[int, int | None, int]]:
+        """(pid, used bytes or None when NVML has no figure, GPU instance id or -1) of the compute
+        processes of GPU ``i``; under MIG read per GPU instance, from the parent only when the MIG
+        device handles give nothing (its NO_PERMISSION is not taken as permanent)."""
+        n = self.nvml
+        rows: dict[tuple[int, int], int | None] = {}
+        if self._static_values(i, h)["mig"]:
+            answered = False
+            for d in self._mig_devices(i, h):
+                procs = n.query_first(tuple((c, (d["handle"],)) for c in _PROC_CALLS), gpu=i, suffix=_MIG_DEV)
+                if procs is None:
+                    continue
+                answered = True
+                for p in procs:      # the instance's id when NVML does not fill it in; one row per (pid, id)
+                    pgi = getattr(p, "gpuInstanceId", None)
+                    gi = d["gpu_instance_id"] if pgi in (None, _UINT_MAX) else int(pgi)
+                    rows.setdefault((int(p.pid), gi), _used(p))
+            procs = None if answered else self._parent_processes_mig(i, h)
+        else:
+            procs = n.query_first(tuple((c, (h,)) for c in _PROC_CALLS), gpu=i)
+        for p in procs or ():
+            gi = getattr(p, "gpuInstanceId", _UINT_MAX)
+            rows.setdefault((int(p.pid), -1 if gi in (None, _UINT_MAX) else int(gi)), _used(p))
+        return [(pid, used, gi) for (pid, gi), used in rows.items()]
+
+    def _parent_processes_mig(self, i: int, h: Any) -> Any:
+        """The parent handle's process list on a MIG GPU (privileged agents only; NO_PERMISSION retried)."""
+        n = self.nvml
+        for c in _PROC_CALLS:
+            if n.is_unsupported(c, i):
+                continue
+            v = n.query(c, h, gpu=i, report=c == _PROC_CALLS[-1], permission_final=False)
+            if v is not None or not n.is_unsupported(c, i):
+                return v
+        return None
+
+    def _mig_devices(self, i: int, h: Any) -> list[dict[str, Any]]:
+        """The MIG devices of GPU ``i`` (the first of each GPU instance): {handle, gpu_instance_id,
+        profile}, from calls NVML answers without privileges: nvmlDeviceGetMaxMigDeviceCount,
+        nvmlDeviceGetMigDeviceHandleByIndex and, on the MIG device handle, nvmlDeviceGetGpuInstanceId
+        and its name ("NVIDIA H100 80GB HBM3 MIG 1g.10gb" -> profile "1g.10gb"). Re-listed every minute."""
+        now = time.monotonic()
+        got = self._mig_devs.get(i)
+        if got is not None and now - got[0] <= _MIG_RECHECK_S:
+            return got[1]
+        n = self.nvml
+        q = n.query
+        seen: dict[int, dict[str, Any]] = {}
+        count = q("nvmlDeviceGetMaxMigDeviceCount", h, gpu=i)
+        for idx in range(int(count or 0)):
+            mh = q("nvmlDeviceGetMigDeviceHandleByIndex", h, idx, gpu=i)   # NOT_FOUND (quiet): an empty slot
+            if mh is None:
+                continue
+            gi = q("nvmlDeviceGetGpuInstanceId", mh, gpu=i)
+            if gi is None or int(gi) in seen:
+                continue
+            name = q("nvmlDeviceGetName", mh, gpu=i, key="nvmlDeviceGetName" + _MIG_DEV)
+            name = name.decode(errors="replace") if isinstance(name, bytes) else str(name or "")
+            _, sep, prof = name.rpartition(" MIG ")
+            seen[int(gi)] = {"handle": mh, "gpu_instance_id": int(gi), "profile": prof.strip() if sep else ""}
+        devs = [seen[k] for k in sorted(seen)]
+        if devs:      # none listed (yet, or a transient error): ask again next time
+            self._mig_devs[i] = (now, devs)
+        return devs
+
+    def gpu_instances(self, i: int) -> list[dict[str, Any]]:
+        """The GPU instances of MIG GPU ``i``: [{gpu_instance_id, profile}] ([] when MIG is off)."""
+        n = self.nvml
+        if i >= n.device_count or i in n.lost or not self._static_values(i, n.handle(i))["mig"]:
+            return []
+        return [{"gpu_instance_id": d["gpu_instance_id"], "profile": d["profile"]}
+                for d in self._mig_devices(i, n.handle(i))]
 
     # ------------------------------------------------------------------ events
     def _setup_events(self) -> None:
@@ -198,6 +337,8 @@ class GpuSampler:
                     self._events_ready = False
                 return
             gpu = n.query("nvmlDeviceGetIndex", data.device)
+            if gpu is None:   # a lost GPU answers GPU_IS_LOST even here (XID 79): match the handle itself
+                gpu = next((k for k in range(n.device_count) if _same_handle(n.handle(k), data.device)), None)
             gpu = int(gpu) if gpu is not None else -1
             xid = int(data.eventData)
             what = XID_DESCRIPTIONS.get(xid, "")
@@ -239,21 +380,27 @@ class GpuSampler:
             sink.add(metric, v, gpu=i, labels=labels, ts_ns=ts)
             if labels is None:
                 cur[metric] = v
+            elif "gpu_instance" in labels:   # per-MIG-instance values, for the exporter's GPU_I_ID series
+                cur.setdefault("by_instance", {}).setdefault(str(labels["gpu_instance"]), {})[metric] = v
 
         util = q("nvmlDeviceGetUtilizationRates", h, gpu=i)
         if util is not None:
             put("gpu_util_percent", util.gpu)
             put("gpu_mem_util_percent", util.memory)
-        self._gpm_values(i, h, put, cur)
-        mem = q("nvmlDeviceGetMemoryInfo", h, gpu=i)
+        self._gpm_values(i, h, put, cur, ts)
+        mem = self._memory_info(i, h)     # v2: used without the driver's reservation (v1 on old drivers)
         if mem is not None:
             put("gpu_memory_used_bytes", mem.used)
             put("gpu_memory_total_bytes", mem.total)
+            put("gpu_memory_free_bytes", mem.free)
+            put("gpu_memory_reserved_bytes", getattr(mem, "reserved", None))    # v2 only
         pw = q("nvmlDeviceGetPowerUsage", h, gpu=i)
         put("gpu_power_watts", pw / 1000.0 if pw is not None else None)
         lim = q("nvmlDeviceGetEnforcedPowerLimit", h, gpu=i)
         put("gpu_power_limit_watts", lim / 1000.0 if lim is not None else None)
-        put("gpu_temperature_celsius", q("nvmlDeviceGetTemperature", h, self._temp_gpu, gpu=i))
+        # nvmlDeviceGetTemperatureV is the successor (the old name is gone in CUDA 14 drivers)
+        put("gpu_temperature_celsius", n.query_first((("nvmlDeviceGetTemperatureV", (h, self._temp_gpu)),
+                                                      ("nvmlDeviceGetTemperature", (h, self._temp_gpu))), gpu=i))
         # mJ since the driver was loaded (Volta and newer); a counter, as dcgm-exporter exports it
         put("gpu_energy_consumed_mj", q("nvmlDeviceGetTotalEnergyConsumption", h, gpu=i))
         static = self._static_values(i, h)
@@ -279,30 +426,33 @@ class GpuSampler:
         put("gpu_ecc_corrected_total", q("nvmlDeviceGetTotalEccErrors", h, self._ecc_corr, self._ecc_vol, gpu=i))
         put("gpu_ecc_uncorrected_total", q("nvmlDeviceGetTotalEccErrors", h, self._ecc_unc, self._ecc_vol, gpu=i))
         self._counters(i, h, ts, put)
+        self._dcgm_values(i, h, ts, put, cur)
         self.last[i] = cur
 
-    def _gpm_values(self, i: int, h: Any, put, cur: dict[str, Any]) -> None:
-        """GPM metrics of the GPU (of each busy GPU instance under MIG); ``cur['activity_source']``:
-        'gpm', 'gpm per GPU instance', or 'utilization counter' when only gpu_util_percent exists."""
+    def _gpm_values(self, i: int, h: Any, put, cur: dict[str, Any], ts: int) -> None:
+        """GPM metrics of the GPU (of each busy GPU instance under MIG, read through the instance's MIG
+        device handle); ``cur['activity_source']``: 'gpm', 'gpm per GPU instance' (only while an
+        instance's read gives values), or 'utilization counter' when only gpu_util_percent exists."""
         gpm = self.gpm
         cur["activity_source"] = "utilization counter"
         if gpm is None or not gpm.supported(i):
             return
+        now = ts / 1e9
         if self._static_values(i, h)["mig"]:
-            procs = self.nvml.query("nvmlDeviceGetComputeRunningProcesses", h, gpu=i) or ()
-            instances = sorted({int(p.gpuInstanceId) for p in procs
-                                if getattr(p, "gpuInstanceId", None) not in (None, 0xFFFFFFFF)})
-            for gi in instances:
-                for name, v in (gpm.read(i, gi) or {}).items():
+            busy = {gi for _, _, gi in self._compute_processes(i, h) if gi >= 0}
+            for d in self._mig_devices(i, h):
+                gi = d["gpu_instance_id"]
+                if gi not in busy:
+                    continue
+                for name, v in (gpm.read(i, gi, d["handle"], now_s=now) or {}).items():
                     put(name, v, {"gpu_instance": str(gi)})
-            cur["activity_source"] = "gpm per GPU instance"
+            if any(gpm.working.get((i, gi)) for gi in busy):
+                cur["activity_source"] = "gpm per GPU instance"
             return
-        vals = gpm.read(i)
-        if vals is None:
-            return      # first tick: GPM needs two samples
-        for name, v in vals.items():
+        for name, v in (gpm.read(i, now_s=now) or {}).items():
             put(name, v)
-        cur["activity_source"] = "gpm"
+        if gpm.working.get((i, None)):
+            cur["activity_source"] = "gpm"
 
     def _static_values(self, i: int, h: Any) -> dict[str, Any]:
         """Maxima that do not change while the driver is loaded: asked once a minute, sent every tick."""
@@ -320,14 +470,10 @@ class GpuSampler:
         return got
 
     def _throttle_mask(self, i: int, h: Any) -> Any:
-        """Clock-event reasons; drivers before R535 only have the older ThrottleReasons name."""
-        n = self.nvml
-        new_fn = "nvmlDeviceGetCurrentClocksEventReasons"
-        if not n.is_unsupported(new_fn, i):
-            v = n.query(new_fn, h, gpu=i, report=False)
-            if v is not None or not n.is_unsupported(new_fn, i):
-                return v
-        return n.query("nvmlDeviceGetCurrentClocksThrottleReasons", h, gpu=i)
+        """Clock-event reasons; drivers before R535 only have the older ThrottleReasons name (and
+        CUDA 14 drivers only the new one)."""
+        return self.nvml.query_first((("nvmlDeviceGetCurrentClocksEventReasons", (h,)),
+                                      ("nvmlDeviceGetCurrentClocksThrottleReasons", (h,))), gpu=i)
 
     def _throttle_event(self, i: int, names: frozenset[str], mask: int, ts: int, sink) -> None:
         relevant = names - {"gpu_idle"}
@@ -364,14 +510,19 @@ class GpuSampler:
         """PCIe and NVLink byte rates from cumulative counters, in one nvmlDeviceGetFieldValues call.
 
         Why counters: nvmlDeviceGetPcieThroughput samples for 20 ms per call (2 calls per GPU per
-        tick would block the tick for 40 ms x GPUs). Drivers without the PCIe byte counter fields
-        (NVML_FI_DEV_PCIE_COUNT_TX/RX_BYTES) fall back to it, once every ``pcie_fallback_every`` ticks.
+        tick would block the tick for 40 ms x GPUs). When the PCIe byte counter fields
+        (NVML_FI_DEV_PCIE_COUNT_TX/RX_BYTES) do not answer, it falls back to that snapshot, once every
+        ``pcie_fallback_every`` ticks, and asks for the counters again every ``pcie_retry_s`` seconds
+        (tick time), so they are used again once they answer.
         """
         n = self.nvml
+        t = ts / 1e9
         links = self._nvlink_links_active(i, h)
         if links is not None:
             put("gpu_nvlink_active_links", links)
         want_pcie = self._pcie_counters.get(i, True)
+        if not want_pcie and t >= self._pcie_retry_at.get(i, 0.0):
+            want_pcie = True      # time to see whether the counters answer again
         fields: list[tuple[int, int]] = []
         if want_pcie:
             fields += [(self._fi_pcie_tx, 0), (self._fi_pcie_rx, 0)]
@@ -381,16 +532,23 @@ class GpuSampler:
         got: dict[int, int] = {}
         if fields:
             vals = n.query("nvmlDeviceGetFieldValues", h, fields, gpu=i)
+            if vals is None and want_pcie and self._pcie_counters.get(i, True) \
+                    and not n.is_unsupported("nvmlDeviceGetFieldValues", i):
+                return    # the whole call failed for now (UNKNOWN, ...): no rates this tick, same mode next
             for v in vals or ():
                 if int(v.nvmlReturn) == 0:
                     got[int(v.fieldId)] = int(v.value.ullVal)
-        t = ts / 1e9
         if want_pcie and self._fi_pcie_tx in got and self._fi_pcie_rx in got:
+            if not self._pcie_counters.get(i, True):
+                self._pcie_counters[i] = True      # back: the snapshot stops
+                self._pcie_fallback_tick.pop(i, None)
             self._rate(("pcie", i), t, got[self._fi_pcie_tx], got[self._fi_pcie_rx], 1.0,
                        "gpu_pcie_tx_bytes_per_s", "gpu_pcie_rx_bytes_per_s", put)
         else:
-            if want_pcie:
+            if want_pcie:     # dropped out (or still out at a retry): the snapshot until the next retry
                 self._pcie_counters[i] = False
+                self._pcie_retry_at[i] = t + self.pcie_retry_s
+                self._counter_prev.pop(("pcie", i), None)   # no rate across the gap
             self._pcie_fallback(i, h, put)
         if self._fi_nvl_tx in got and self._fi_nvl_rx in got:
             self._rate(("nvlink", i), t, got[self._fi_nvl_tx], got[self._fi_nvl_rx], 1024.0,
@@ -417,6 +575,88 @@ class GpuSampler:
         put("gpu_pcie_tx_bytes_per_s", tx * 1024.0)
         put("gpu_pcie_rx_bytes_per_s", rx * 1024.0 if rx is not None else None)
 
+    # ------------------------------------------------------------------ dcgm-exporter's defaults
+    def _dcgm_values(self, i: int, h: Any, ts: int, put, cur: dict[str, Any]) -> None:
+        """The values behind dcgm-exporter's default metrics that the reads above do not cover
+        (docs/EXPORTER.md): memory temperature, video engines, row remapping, the vGPU license, NVLink
+        bytes with protocol headers, and the MIG GPU instances."""
+        n = self.nvml
+        q = n.query
+        if i in n.lost:
+            return
+        enc = q("nvmlDeviceGetEncoderUtilization", h, gpu=i)       # [percent, sampling period in us]
+        put("gpu_encoder_util_percent", enc[0] if enc else None)
+        dec = q("nvmlDeviceGetDecoderUtilization", h, gpu=i)
+        put("gpu_decoder_util_percent", dec[0] if dec else None)
+        rows = q("nvmlDeviceGetRemappedRows", h, gpu=i)     # (correctable, uncorrectable, pending, failure)
+        if rows is not None:
+            put("gpu_remapped_rows_correctable_total", rows[0])
+            put("gpu_remapped_rows_uncorrectable_total", rows[1])
+            put("gpu_remapped_rows_pending", rows[2])
+            put("gpu_row_remap_failure", rows[3])
+        put("gpu_vgpu_license_status", self._vgpu_license(i, h))
+        fields = [(self._fi_mem_temp, 0)]
+        if self._nvlink_links.get(i) is not None:
+            # Data + protocol overhead (nvml.h), summed over all links (scopeId UINT_MAX): DCGM's
+            # PROF_NVLINK_*_BYTES count header and payload.
+            fields += [(self._fi_nvl_raw_tx, 0xFFFFFFFF), (self._fi_nvl_raw_rx, 0xFFFFFFFF)]
+        got: dict[int, Any] = {}
+        for v in q("nvmlDeviceGetFieldValues", h, fields, gpu=i) or ():
+            if int(v.nvmlReturn) == 0:
+                got[int(v.fieldId)] = v.value
+        if self._fi_mem_temp in got:
+            temp = int(got[self._fi_mem_temp].uiVal)
+            put("gpu_memory_temperature_celsius", temp if temp <= 200 else None)   # DCGM drops > 200 too
+        if self._fi_nvl_raw_tx in got and self._fi_nvl_raw_rx in got:
+            self._rate(("nvlink_raw", i), ts / 1e9, int(got[self._fi_nvl_raw_tx].ullVal),
+                       int(got[self._fi_nvl_raw_rx].ullVal), 1024.0, "gpu_nvlink_raw_tx_bytes_per_s",
+                       "gpu_nvlink_raw_rx_bytes_per_s", put)
+        if self._static_values(i, h)["mig"]:
+            cur["mig_instances"] = self._mig_instances(i, h, put, cur.get("by_instance", {}))
+
+    def _vgpu_license(self, i: int, h: Any) -> int | None:
+        """DCGM's DCGM_FI_DEV_VGPU_LICENSE_STATUS: 1 when the vGPU feature's state is non-zero, 0 when the
+        GPU has no GRID licensing (DcgmCacheManager.cpp, DCGM_FI_DEV_VGPU_LICENSE_STATUS)."""
+        lic = self.nvml.query("nvmlDeviceGetGridLicensableFeatures_v4", h, gpu=i)
+        if lic is None:
+            return None
+        if not int(lic.isGridLicenseSupported):
+            return 0
+        vgpu = self.nvml.const("NVML_GRID_LICENSE_FEATURE_CODE_VGPU", 1)
+        for k in range(min(int(lic.licensableFeaturesCount), len(lic.gridLicensableFeatures))):
+            feat = lic.gridLicensableFeatures[k]
+            if int(feat.featureCode) == vgpu:
+                return 1 if int(feat.featureState) > 0 else 0
+        return None
+
+    def _mig_instances(self, i: int, h: Any, put, by_instance: Mapping[str, Mapping[str, float]]) -> list[dict[str, Any]]:
+        """The GPU instances of a MIG GPU, from the one MIG device listing (``_mig_devices``: instance id
+        and profile from the MIG device handle, no privileges needed): each instance's framebuffer
+        (nvmlMemory_v2 on the MIG device handle, v1 without it) and the GPM values read per instance
+        this tick (GpuInstanceStatus fields)."""
+        out = []
+        for d in self._mig_devices(i, h):
+            gi = d["gpu_instance_id"]
+            row: dict[str, Any] = {"gpu_instance_id": gi, "profile": d["profile"]}
+            mem = self._memory_info(i, d["handle"], _MIG_DEV)
+            if mem is not None:
+                labels = {"gpu_instance": str(gi), "profile": d["profile"]}
+                for key, v in (("memory_used_bytes", mem.used), ("memory_free_bytes", mem.free),
+                               ("memory_total_bytes", mem.total),
+                               ("memory_reserved_bytes", getattr(mem, "reserved", None))):   # v2 only
+                    if v is not None:
+                        row[key] = float(v)
+                        put(f"gpu_instance_{key}", v, labels)
+            for metric, field in _GPM_INSTANCE_FIELDS.items():
+                v = by_instance.get(str(gi), {}).get(metric)
+                if v is not None:
+                    row[field] = v
+            out.append(row)
+        if not out:
+            self.nvml.mark_unsupported("MIG GPU instances", i, "MIG is on but NVML listed no GPU instance (none "
+                                       "created, or nvmlDeviceGetMigDeviceHandleByIndex is not available)")
+        return out
+
     def close(self) -> None:
         if self.gpm is not None:
             self.gpm.close()
@@ -424,6 +664,21 @@ class GpuSampler:
             self.nvml.query("nvmlEventSetFree", self._event_set)
             self._event_set = None
         self.nvml.shutdown()
+
+
+def _used(p: Any) -> int | None:
+    """A process's usedGpuMemory; None for NVML_VALUE_NOT_AVAILABLE (pynvml already turns it into None)."""
+    used = getattr(p, "usedGpuMemory", None)
+    return None if used is None or int(used) == 0xFFFFFFFFFFFFFFFF else int(used)
+
+
+def _same_handle(a: Any, b: Any) -> bool:
+    """Whether two nvmlDevice_t (ctypes pointers, which compare by identity) point at the same device."""
+    import ctypes  # noqa: PLC0415  (only for this rare path)
+    try:
+        return ctypes.cast(a, ctypes.c_void_p).value == ctypes.cast(b, ctypes.c_void_p).value
+    except (TypeError, ctypes.ArgumentError):
+        return a is b
 
 
 def _int(v: Any) -> int:
@@ -435,6 +690,30 @@ def _bus_id(pci: Any) -> str:
         return ""
     b = getattr(pci, "busId", "")
     return b.decode() if isinstance(b, bytes) else str(b)
+
+
+def _sysfs_numa_cpus(sys_root: str) -> dict[int, set[int]]:
+    """NUMA node -> its CPUs, from <sys_root>/devices/system/node/node*/cpulist ({} when absent)."""
+    out: dict[int, set[int]] = {}
+    base = os.path.join(sys_root, "devices", "system", "node")
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return out
+    for name in names:
+        if not (name.startswith("node") and name[4:].isdigit()):
+            continue
+        try:
+            with open(os.path.join(base, name, "cpulist")) as f:
+                text = f.read().strip()
+            cpus: set[int] = set()
+            for part in filter(None, text.split(",")):
+                a, _, b = part.partition("-")
+                cpus.update(range(int(a), int(b or a) + 1))
+        except (OSError, ValueError):
+            continue
+        out[int(name[4:])] = cpus
+    return out
 
 
 def _numa_from_sysfs(bus_id: str, sys_root: str = "/sys") -> int | None:

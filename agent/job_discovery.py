@@ -371,12 +371,14 @@ class JobDiscovery:
             attrs = dict(ident["attrs"])
             if gpu >= 0 and gutil < 0:
                 attrs["gpu_util_known"] = "false"   # sent as 0; NVML had no per-process figure
+            if gpu >= 0 and gmem < 0:
+                attrs["gpu_memory_known"] = "false"   # sent as 0; NVML_VALUE_NOT_AVAILABLE for this process
             if gi >= 0:
                 attrs["mig_gpu_instance"] = str(gi)
             sink.job_sample(ts_ns=ts_ns, job_id=ident["job_id"], job_name=ident["job_name"],
                             source=ident["source"], pid=pid, rank=ident["rank"],
                             local_rank=ident["local_rank"], world_size=ident["world_size"], gpu=gpu,
-                            gpu_util_percent=max(0.0, gutil), gpu_memory_bytes=gmem, cpu_percent=cpu,
+                            gpu_util_percent=max(0.0, gutil), gpu_memory_bytes=max(0.0, gmem), cpu_percent=cpu,
                             rss_bytes=rss, read_bytes_per_s=rd, write_bytes_per_s=wr,
                             attrs=attrs)
             seen_jobs.setdefault(ident["job_id"], []).append((gpu, gutil))

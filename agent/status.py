@@ -43,6 +43,18 @@ GPU_METRICS = {"gpu_util_percent": "util_percent", "gpu_mem_util_percent": "mem_
                "gpu_ecc_corrected_total": "ecc_corrected_total", "gpu_ecc_uncorrected_total": "ecc_uncorrected_total",
                "gpu_sm_active_percent": "sm_active_percent", "gpu_sm_occupancy_percent": "sm_occupancy_percent",
                "gpu_tensor_active_percent": "tensor_active_percent", "gpu_dram_active_percent": "dram_active_percent"}
+# The values behind dcgm-exporter's other default metrics (GpuSampler._dcgm_values; docs/EXPORTER.md).
+GPU_METRICS.update({
+    "gpu_memory_temperature_celsius": "memory_temperature_celsius",
+    "gpu_encoder_util_percent": "encoder_util_percent", "gpu_decoder_util_percent": "decoder_util_percent",
+    "gpu_memory_reserved_bytes": "memory_reserved_bytes", "gpu_memory_free_bytes": "memory_free_bytes",
+    "gpu_remapped_rows_correctable_total": "remapped_rows_correctable_total",
+    "gpu_remapped_rows_uncorrectable_total": "remapped_rows_uncorrectable_total",
+    "gpu_remapped_rows_pending": "remapped_rows_pending", "gpu_row_remap_failure": "row_remap_failure",
+    "gpu_vgpu_license_status": "vgpu_license_status",
+    "gpu_nvlink_raw_tx_bytes_per_s": "nvlink_raw_tx_bytes_per_s",
+    "gpu_nvlink_raw_rx_bytes_per_s": "nvlink_raw_rx_bytes_per_s",
+    "gpu_gr_engine_active_percent": "gr_engine_active_percent"})
 # Host metrics (unlabelled batcher series) shown by status; HostStatus has one field each.
 HOST_METRICS = ("cpu_idle_percent", "cpu_steal_percent", "cpu_iowait_percent", "load1", "mem_used_bytes",
                 "mem_total_bytes", "mem_available_bytes", "cpu_user_percent", "cpu_system_percent", "load5",
@@ -104,6 +116,31 @@ class HostStatus:
 
 
 @dataclass
+class GpuInstanceStatus:
+    """One MIG GPU instance: NVML's instance id, DCGM's profile name, its framebuffer and its GPM values."""
+    gpu_instance_id: int
+    profile: str = ""                   # e.g. "3g.40gb" ("" when NVML gave no profile info)
+    memory_used_bytes: float | None = None
+    memory_free_bytes: float | None = None
+    memory_total_bytes: float | None = None
+    memory_reserved_bytes: float | None = None
+    gr_engine_active_percent: float | None = None   # GPM, only for instances that ran work this tick
+    sm_active_percent: float | None = None
+    sm_occupancy_percent: float | None = None
+    tensor_active_percent: float | None = None
+    dram_active_percent: float | None = None
+
+
+def gpu_instances_status(cur: Mapping[str, Any]) -> list[GpuInstanceStatus] | None:
+    """GpuSampler.last[gpu]'s ``mig_instances`` as status rows (None: not a MIG GPU)."""
+    rows = cur.get("mig_instances")
+    if not rows:
+        return None
+    names = {f.name for f in fields(GpuInstanceStatus)}
+    return [GpuInstanceStatus(**{k: v for k, v in r.items() if k in names}) for r in rows]
+
+
+@dataclass
 class GpuStatus:
     index: int
     name: str | None = None             # None: the GPU was sampled but is not in the start-up inventory
@@ -133,6 +170,21 @@ class GpuStatus:
     tensor_active_percent: float | None = None
     dram_active_percent: float | None = None
     activity_source: str | None = None        # "gpm", "gpm per GPU instance" or "utilization counter"
+    # for dcgm-exporter's default metrics (docs/EXPORTER.md)
+    memory_temperature_celsius: float | None = None
+    encoder_util_percent: float | None = None
+    decoder_util_percent: float | None = None
+    memory_reserved_bytes: float | None = None      # nvmlMemory_v2 .reserved
+    memory_free_bytes: float | None = None          # nvmlMemory_v2 .free
+    remapped_rows_correctable_total: float | None = None
+    remapped_rows_uncorrectable_total: float | None = None
+    remapped_rows_pending: float | None = None
+    row_remap_failure: float | None = None
+    vgpu_license_status: float | None = None        # 1 licensed, 0 not (DCGM's rule)
+    nvlink_raw_tx_bytes_per_s: float | None = None  # NVLink data + protocol headers, all links
+    nvlink_raw_rx_bytes_per_s: float | None = None
+    gr_engine_active_percent: float | None = None   # GPM GRAPHICS_UTIL
+    instances: list[GpuInstanceStatus] | None = None   # MIG GPU instances (None: MIG off)
 
 
 @dataclass
@@ -155,6 +207,13 @@ class JobStatus:
     ranks: list[int] | None = None
     model_flops_per_s: float | None = None    # declared model FLOPs x step (or token) rate
     mfu: float | None = None                  # model FLOPs utilization, a fraction of the GPU's dense BF16 peak
+    gpu_instance: int | None = None           # the MIG GPU instance the process runs in (None: MIG off)
+
+
+def job_gpu_instance(sample: Mapping[str, Any]) -> int | None:
+    """The MIG GPU instance of a job sample (job discovery's ``mig_gpu_instance`` attr), for the exporter."""
+    gi = (sample.get("attrs") or {}).get("mig_gpu_instance")
+    return int(gi) if gi not in (None, "") else None
 
 
 @dataclass

@@ -4,17 +4,23 @@ Every NVML call goes through :meth:`Nvml.query`, which returns ``None`` ("not av
 raising -- the pattern of nvitop's ``libnvml.nvmlQuery``. Why: a node without a GPU, without the
 library, or with a driver that lacks one call must still run with everything else. Each reason a
 metric is unavailable is logged ONCE and kept in :attr:`Nvml.unavailable` so `gpuagent status` can
-show it; a call that answered NotSupported / FunctionNotFound for a device is not retried.
+show it. Only an answer that cannot change while the driver is loaded makes a call permanent for a
+device (NotSupported, FunctionNotFound -- also pynvml's NVMLLibraryMismatchError, its FunctionNotFound
+for an unversioned name -- and NoPermission, except where the caller says a refusal may pass, as on the
+parent handle of a MIG GPU); every other error (Unknown, Timeout, NotReady, InsufficientResources, ...)
+is reported once and the call is made again on later ticks.
 
-The backend is injectable: ``Nvml(backend=fake)`` -- the single seam where tests put a fake
-(tests/fake_nvml.py). A backend is anything exposing pynvml's function names and constants, and
-raising exceptions with a ``.value`` NVML return code.
+The backend is injectable: ``Nvml(backend=...)``, anything exposing pynvml's function names and
+constants and raising exceptions with a ``.value`` NVML return code. The agent and the tests use the
+real pynvml (``backend=None``); tests answer it with the NVML emulator (sim/nvmlemu), a C library
+that pynvml loads as libnvidia-ml.so.1.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any, Callable
 
 log = logging.getLogger("gpuagent.nvml")
@@ -30,6 +36,7 @@ ERROR_TIMEOUT = 10
 ERROR_LIBRARY_NOT_FOUND = 12
 ERROR_FUNCTION_NOT_FOUND = 13
 ERROR_GPU_IS_LOST = 15
+ERROR_NOT_READY = 27
 
 # Errors that mean "this device will never answer this call": stop asking.
 _PERMANENT = {ERROR_NOT_SUPPORTED, ERROR_FUNCTION_NOT_FOUND, ERROR_NO_PERMISSION}
@@ -87,6 +94,16 @@ def sysfs_bus_id(bus_id: str) -> str:
     return f"{dom:04x}:{bus:02x}:{dev:02x}.{fn:x}"
 
 
+def _code(exc: BaseException) -> int | None:
+    """The NVML return code of an exception from the binding. pynvml raises NVMLLibraryMismatchError
+    (no ``.value``) when an unversioned wrapper (nvmlDeviceGetComputeRunningProcesses -> _v3) finds its
+    versioned symbol missing in the driver: that is FunctionNotFound."""
+    code = getattr(exc, "value", None)
+    if code is None and type(exc).__name__ == "NVMLLibraryMismatchError":
+        return ERROR_FUNCTION_NOT_FOUND
+    return code
+
+
 def _text(v: Any) -> str:
     return v.decode(errors="replace") if isinstance(v, bytes) else str(v)
 
@@ -131,14 +148,19 @@ class Nvml:
         self.available = True
 
     # ------------------------------------------------------------------ the choke point
-    def query(self, fn: str, *args: Any, gpu: int = -1, report: bool = True) -> Any:
+    def query(self, fn: str, *args: Any, gpu: int = -1, report: bool = True, key: str | None = None,
+              permission_final: bool = True) -> Any:
         """Call ``backend.fn(*args)``; return its value, or None when it is not available.
 
-        A permanent failure (NotSupported, FunctionNotFound, NoPermission) for ``(fn, gpu)`` is
-        reported once and the call is never made again for that GPU. ``report=False`` for a call
-        that has a fallback: its failure is remembered but not reported.
+        A permanent failure (NotSupported, FunctionNotFound, NoPermission) for ``(key or fn, gpu)`` is
+        reported once and the call is never made again for that GPU; any other error is retried on
+        the next call. ``report=False`` for a call that has a fallback: its failure is remembered but
+        not reported. ``key`` names the read when one function serves two (a second struct version, a
+        MIG device handle), so one's refusal does not switch the other off. ``permission_final=False``:
+        NoPermission is not permanent (the parent handle of a MIG GPU answers it to a process without
+        privileges, which a restart with them, or MIG off, changes).
         """
-        key = (fn, gpu)
+        key = (key or fn, gpu)
         if key in self._unsupported or gpu in self.lost or self.backend is None:
             return None
         func: Callable[..., Any] | None = getattr(self.backend, fn, None)
@@ -150,7 +172,7 @@ class Nvml:
         try:
             return func(*args)
         except Exception as exc:  # noqa: BLE001 -- the whole point: never raise past here
-            code = getattr(exc, "value", None)
+            code = _code(exc)
             if code in _QUIET:
                 return None
             if code == ERROR_GPU_IS_LOST and gpu >= 0:
@@ -158,11 +180,28 @@ class Nvml:
                 self.lost.add(gpu)
                 self._note(gpu, f"lost (NVML GPU_IS_LOST during {fn}); not queried again until restart")
                 return None
-            if code in _PERMANENT:
+            if code in _PERMANENT and (permission_final or code != ERROR_NO_PERMISSION):
                 self._unsupported.add(key)
             if report:
-                self._note(gpu, f"{fn}: {self._describe(exc)}")
+                self._note(gpu, f"{key[0]}: {self._describe(exc)}")
             return None
+
+    def query_first(self, calls: tuple[tuple[str, tuple[Any, ...]], ...], gpu: int = -1, suffix: str = "") -> Any:
+        """The first of ``calls`` ((function, args) pairs, newest NVML name first) this driver answers.
+
+        A call that is permanently unsupported (not in the driver, not in the binding) passes to the
+        next one; a transient error gives None for this time, and the same call is tried next time.
+        Only the last call's failure is reported (the older ones are the fallback). ``suffix`` is
+        added to each function's name in the seam's memo (see ``key`` in :meth:`query`)."""
+        last = len(calls) - 1
+        for k, (fn, args) in enumerate(calls):
+            key = fn + suffix
+            if self.is_unsupported(key, gpu):
+                continue
+            v = self.query(fn, *args, gpu=gpu, report=k == last, key=key)
+            if v is not None or not self.is_unsupported(key, gpu):
+                return v
+        return None
 
     def query_raw(self, fn: str, *args: Any) -> tuple[Any, int | None]:
         """Like query but also returns the NVML error code (for calls where 'Timeout' is the answer)."""
@@ -172,7 +211,8 @@ class Nvml:
         try:
             return func(*args), None
         except Exception as exc:  # noqa: BLE001
-            return None, getattr(exc, "value", -1)
+            code = _code(exc)
+            return None, -1 if code is None else code
 
     def is_unsupported(self, fn: str, gpu: int = -1) -> bool:
         return (fn, gpu) in self._unsupported
@@ -187,7 +227,7 @@ class Nvml:
 
     # ------------------------------------------------------------------ bookkeeping
     def _describe(self, exc: BaseException) -> str:
-        code = getattr(exc, "value", None)
+        code = _code(exc)
         text = str(exc) or type(exc).__name__
         return f"{text} (NVML error {code})" if code is not None else text
 
@@ -246,6 +286,7 @@ class Nvml:
 # the agent's unit. Percentages stay percentages; throughputs come in MiB/s and go out in bytes/s.
 _MIB = 1024.0 * 1024.0
 GPM_METRICS: tuple[tuple[str, int, float], ...] = (
+    ("gpu_gr_engine_active_percent", 1, 1.0),   # NVML_GPM_METRIC_GRAPHICS_UTIL: DCGM's PROF_GR_ENGINE_ACTIVE
     ("gpu_sm_active_percent", 2, 1.0),          # NVML_GPM_METRIC_SM_UTIL: share of SMs busy
     ("gpu_sm_occupancy_percent", 3, 1.0),       # NVML_GPM_METRIC_SM_OCCUPANCY: warps active vs the maximum
     ("gpu_tensor_active_percent", 5, 1.0),      # NVML_GPM_METRIC_ANY_TENSOR_UTIL
@@ -257,21 +298,27 @@ GPM_METRICS: tuple[tuple[str, int, float], ...] = (
 )
 
 
-class Gpm:
-    """GPM through the seam: two samples per (GPU, GPU instance), and each :meth:`read` takes a new
-    one and returns the metrics over the interval since the previous one (None on the first read).
+GPM_MIN_INTERVAL_S = 0.1   # nvml.h nvmlGpmMetricsGet: the samples' interval "should be greater than 100ms"
 
-    ``supported(i)`` asks nvmlGpmQueryDeviceSupport once per GPU; a GPU without GPM (before Hopper,
-    vGPU guests, old drivers or bindings) is reported once, and the caller falls back to the
-    utilization counters. Under MIG, device-level samples are not used: ``read(i, gi)`` samples one
-    GPU instance with nvmlGpmMigSampleGet.
+
+class Gpm:
+    """GPM through the seam: two samples per (GPU, GPU instance); each :meth:`read` returns the metrics
+    between the kept sample and a new one, taken only once :data:`GPM_MIN_INTERVAL_S` has passed
+    since the kept one (NVML answers NOT_READY for closer samples), so any tick interval works.
+
+    ``supported(i)`` asks nvmlGpmQueryDeviceSupport until it answers; a GPU without GPM (before
+    Hopper, vGPU guests, old drivers or bindings) is reported once, and the caller falls back to the
+    utilization counters. Under MIG, device-level samples are not used: ``read(i, gi, mig_handle)``
+    samples one GPU instance, through its MIG device handle when given (no privileges needed), else
+    with nvmlGpmMigSampleGet on the parent (which needs them).
     """
 
     def __init__(self, nvml: Nvml) -> None:
         self.nvml = nvml
         self._supported: dict[int, bool] = {}
-        # key -> [previous sample, current sample, have_previous, the metrics-get structure (reused)]
-        self._slots: dict[tuple[int, int | None], list[Any]] = {}
+        # key -> [kept sample, spare sample, time of the kept one (None: none kept), metrics-get structure]
+        self._slots: dict[tuple[int, int | None, bool], list[Any]] = {}
+        self.working: dict[tuple[int, int | None], bool] = {}   # (GPU, instance) -> last read gave values
         self._struct = nvml.const("c_nvmlGpmMetricsGet_t", None)
         self._version = nvml.const("NVML_GPM_METRICS_GET_VERSION", 1)
 
@@ -279,7 +326,10 @@ class Gpm:
         got = self._supported.get(i)
         if got is None:
             n = self.nvml
-            info = n.query("nvmlGpmQueryDeviceSupport", n.handle(i), gpu=i, report=False)
+            fn = "nvmlGpmQueryDeviceSupport"
+            info = n.query(fn, n.handle(i), gpu=i, report=False)
+            if info is None and not n.is_unsupported(fn, i) and i not in n.lost:
+                return False      # a transient error: ask again next tick
             got = bool(info is not None and int(getattr(info, "isSupportedDevice", 0)) and self._struct is not None)
             if not got:
                 n.mark_unsupported("nvmlGpmSampleGet", i, "GPM is not supported (needs Hopper or newer, a "
@@ -287,11 +337,19 @@ class Gpm:
             self._supported[i] = got
         return got
 
-    def read(self, i: int, gpu_instance: int | None = None) -> dict[str, float] | None:
-        """Metric name -> value since the previous read of this GPU (instance); None when there is no
-        previous sample yet or NVML refused."""
+    def read(self, i: int, gpu_instance: int | None = None, mig_handle: Any = None,
+             now_s: float | None = None) -> dict[str, float] | None:
+        """Metric name -> value over the interval since the kept sample of this GPU (instance); None
+        when there is no kept sample yet, it is younger than 100 ms (kept for a later tick), NVML
+        refused, or no metric had a value (a metric answering NOT_READY or NOT_SUPPORTED has none)."""
         n = self.nvml
-        key = (i, gpu_instance)
+        now = time.monotonic() if now_s is None else now_s
+        if gpu_instance is not None and mig_handle is not None \
+                and not n.is_unsupported("nvmlGpmSampleGet (MIG device)", i):
+            via_mig = True
+        else:
+            via_mig = False
+        key = (i, gpu_instance, via_mig)
         slot = self._slots.get(key)
         if slot is None:
             a = n.query("nvmlGpmSampleAlloc", gpu=i)
@@ -303,32 +361,55 @@ class Gpm:
             mg.numMetrics = len(GPM_METRICS)
             for k, (_, mid, _) in enumerate(GPM_METRICS):
                 mg.metrics[k].metricId = mid
-            slot = self._slots[key] = [a, b, False, mg]
-        prev, cur, have_prev, mg = slot
-        if gpu_instance is None:
-            got = n.query("nvmlGpmSampleGet", n.handle(i), cur, gpu=i)
+            slot = self._slots[key] = [a, b, None, mg]
+        kept, spare, kept_at, mg = slot
+        if kept_at is not None and 0 <= now - kept_at <= GPM_MIN_INTERVAL_S:
+            return None                   # too soon for NVML: keep the sample, report nothing this tick
+        wkey = (i, gpu_instance)
+        if via_mig:
+            got = n.query("nvmlGpmSampleGet", mig_handle, spare, gpu=i, key="nvmlGpmSampleGet (MIG device)",
+                          report=False)
+            if got is None and n.is_unsupported("nvmlGpmSampleGet (MIG device)", i):
+                self._drop(key)
+                return self.read(i, gpu_instance, None, now_s)       # this driver: only from the parent
+        elif gpu_instance is None:
+            got = n.query("nvmlGpmSampleGet", n.handle(i), spare, gpu=i)
         else:
-            got = n.query("nvmlGpmMigSampleGet", n.handle(i), gpu_instance, cur, gpu=i)
+            got = n.query("nvmlGpmMigSampleGet", n.handle(i), gpu_instance, spare, gpu=i, permission_final=False)
         if got is None:
-            slot[2] = False
+            slot[2] = None
+            self.working[wkey] = False
             return None
-        slot[0], slot[1], slot[2] = cur, prev, True       # the new sample is the next read's previous one
-        if not have_prev:
+        if kept_at is None or now < kept_at:
+            slot[0], slot[1], slot[2] = spare, kept, now
             return None
-        mg.sample1, mg.sample2 = prev, cur
+        mg.sample1, mg.sample2 = kept, spare
         res = n.query("nvmlGpmMetricsGet", mg, gpu=i)
         if res is None:
+            slot[0], slot[1], slot[2] = spare, kept, now
+            self.working[wkey] = False
             return None
         out = {}
+        not_ready = False
         metrics = res.metrics
         for k, (name, _, factor) in enumerate(GPM_METRICS):
             m = metrics[k]
             if m.nvmlReturn == 0:
                 out[name] = m.value * factor
-        return out
+            elif m.nvmlReturn == ERROR_NOT_READY:
+                not_ready = True
+        if not_ready and not out:
+            return None       # NVML found the interval too short: keep the older sample, try next tick
+        slot[0], slot[1], slot[2] = spare, kept, now      # the new sample is the next read's kept one
+        self.working[wkey] = bool(out)
+        return out or None
+
+    def _drop(self, key: tuple[int, int | None, bool]) -> None:
+        slot = self._slots.pop(key, None)
+        if slot is not None:
+            self.nvml.query("nvmlGpmSampleFree", slot[0])
+            self.nvml.query("nvmlGpmSampleFree", slot[1])
 
     def close(self) -> None:
-        for prev, cur, _, _ in self._slots.values():
-            self.nvml.query("nvmlGpmSampleFree", prev)
-            self.nvml.query("nvmlGpmSampleFree", cur)
-        self._slots.clear()
+        for key in list(self._slots):
+            self._drop(key)

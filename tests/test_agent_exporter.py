@@ -1,12 +1,11 @@
-"""The agent's Prometheus /metrics ([exporter] listen): dcgm-exporter names and units against the fake
-NVML's values (the one allowed fake; SYNTHETIC H100 values from tests/data), a real agent subprocess
-scraped over HTTP and checked by `promtool check metrics`, values equal to `gpuagent status --json` for
-the same tick, and ticks that stay regular while /metrics is hammered."""
+"""The agent's Prometheus /metrics ([exporter] listen): dcgm-exporter names and units against the NVML
+emulator's values (the real pynvml over gpuagent.sim.nvml_emulator; SYNTHETIC H100 node from tests/data),
+a real agent subprocess scraped over HTTP and checked by `promtool check metrics`, values equal to
+`gpuagent status --json` for the same tick, and ticks that stay regular while /metrics is hammered."""
 
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import subprocess
 import sys
@@ -19,8 +18,9 @@ import pytest
 from tools import need
 from agent_helpers import ROOT, agent_env, free_port, stop, wait_running
 from conftest import wait_for
-from fake_nvml import H100_8GPU, FakeNvmlBackend
-from prometheus_client.parser import text_string_to_metric_families
+from exporter_helpers import DCGM_NAME_LINTS, not_dcgm_lints, parse_exposition, per_gpu
+from exporter_helpers import ticks as run_ticks
+from nvml_emulator_fixture import H100_8GPU, nvml_emulator  # noqa: F401  (the fixture)
 
 from gpuagent.agent.config import ConfigError, load_config
 from gpuagent.agent.daemon import Agent, build_node_info
@@ -37,15 +37,10 @@ def _scrape(port: int) -> str:
 
 
 def _samples(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
-    out: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            out.setdefault(s.name, []).append((dict(s.labels), s.value))
-    return out
+    return parse_exposition(text)[0]
 
 
-def _per_gpu(samples, name: str) -> dict[int, float]:
-    return {int(lab["gpu"]): v for lab, v in samples.get(name, [])}
+_per_gpu = per_gpu     # the per-GPU series (a MIG GPU's per-instance ones: tests/test_exporter_dcgm_compat.py)
 
 
 def _one(samples, name: str) -> float:
@@ -53,47 +48,57 @@ def _one(samples, name: str) -> float:
     return only[1]
 
 
-def _start_fake_agent(tmp_path, port: int, interval: float = 1.0) -> tuple[subprocess.Popen, object]:
+def _start_agent(make_emulator, tmp_path, port: int, interval: float = 1.0) -> tuple[subprocess.Popen, object]:
+    """`gpuagent run` (real pynvml) over a fresh emulated 8 x H100 node on the real clock."""
+    emu = make_emulator(H100_8GPU, clock="real", privileged=True, activate=False)
     cfg = tmp_path / "agent.toml"
     cfg.write_text(f'[probes]\nenabled = false\n[exporter]\nlisten = "127.0.0.1:{port}"\n')
     state = tmp_path / "state"
     log = open(tmp_path / "agent.log", "ab")
-    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "fake_nvml_agent.py"), "run",
+    proc = subprocess.Popen([sys.executable, "-m", "gpuagent.agent.cli", "run",
                              "--collector", f"127.0.0.1:{free_port()}", "--state-dir", str(state),
                              "--interval", str(interval), "--batch-interval", "1"],
                             stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                            env=agent_env(tmp_path, GPUAGENT_CONFIG=str(cfg)))
+                            env=emu.env(agent_env(tmp_path, GPUAGENT_CONFIG=str(cfg))))
     return proc, state
 
 
-# ------------------------------------------------------------------ units against the fake's values
+# ------------------------------------------------------------------ units against the emulator's values
 
-def test_dcgm_names_carry_nvml_values_in_dcgm_units(tmp_path):
+def test_dcgm_names_carry_nvml_values_in_dcgm_units(nvml_emulator, tmp_path):
+    import pynvml
+    emu = nvml_emulator(H100_8GPU, privileged=True)
+    doc = json.loads(H100_8GPU.read_text())
     cfg = load_config(None, env={}, state_dir=str(tmp_path / "state"), collector="127.0.0.1:9")
-    backend = FakeNvmlBackend(H100_8GPU)
-    gpu = GpuSampler(nvml=Nvml(backend=backend))
+    gpu = GpuSampler(nvml=Nvml())
     samplers = [HostSampler(), gpu]
     agent = Agent(cfg, samplers=samplers, node_info=build_node_info(cfg, samplers))
     from gpuagent.agent.exporter import Exporter
     exp = Exporter("127.0.0.1:0").start()
     agent.exporter = exp
     try:
-        backend.inject_xid(1, 13)
-        for _ in range(3):
-            backend.advance(10.0)
-            agent.tick()
+        emu.inject_xid(1, 13)
+        run_ticks(agent, emu, 3)
         m = _samples(_scrape(exp.port))
-        energy_now = {i: backend.nvmlDeviceGetTotalEnergyConsumption(backend.handles[i]) for i in range(8)}
+        # the real binding, straight to the emulator (its frozen clock stood still since the last tick)
+        energy_now = {i: pynvml.nvmlDeviceGetTotalEnergyConsumption(pynvml.nvmlDeviceGetHandleByIndex(i))
+                      for i in range(8)}
     finally:
         exp.stop()
         agent.shutdown()
-    f = {g["index"]: g for g in backend.gpus}
+    f = {g["index"]: g for g in doc["gpus"]}
     unsupported_util = {i for i, g in f.items() if "nvmlDeviceGetUtilizationRates" in g["not_supported"]}
-    assert _per_gpu(m, "DCGM_FI_DEV_FB_USED") == {i: g["memory_used_bytes"] / MIB for i, g in f.items()}
+    # Whole MiB of NVML's nvmlMemory_v2 figures, as DCGM stores them: "used" without the driver's reservation
+    # (NVML's v1 "used" includes it); a MIG GPU's framebuffer is per GPU instance only.
+    mig = {i for i, g in f.items() if g["mig_mode"] and g["mig_mode"][0] == 1}
+    reserved = {i: min(g["memory_reserved_bytes"], g["memory_used_bytes"]) for i, g in f.items()}
+    assert _per_gpu(m, "DCGM_FI_DEV_FB_USED") == {
+        i: (g["memory_used_bytes"] - reserved[i]) // MIB for i, g in f.items() if i not in mig}
     assert _per_gpu(m, "DCGM_FI_DEV_FB_FREE") == {
-        i: (g["memory_total_bytes"] - g["memory_used_bytes"]) / MIB for i, g in f.items()}
+        i: (g["memory_total_bytes"] - g["memory_used_bytes"]) // MIB for i, g in f.items() if i not in mig}
+    assert _per_gpu(m, "DCGM_FI_DEV_FB_RESERVED") == {i: reserved[i] // MIB for i in f if i not in mig}
     assert _per_gpu(m, "DCGM_FI_DEV_POWER_USAGE") == {i: g["power_mw"] / 1000 for i, g in f.items()}
-    # mJ exactly as nvmlDeviceGetTotalEnergyConsumption answers (the fake's clock stood still since the tick)
+    # mJ exactly as nvmlDeviceGetTotalEnergyConsumption answers
     assert _per_gpu(m, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION") == energy_now
     assert _per_gpu(m, "DCGM_FI_DEV_GPU_TEMP") == {i: g["temperature_c"] for i, g in f.items()}
     assert _per_gpu(m, "DCGM_FI_DEV_SM_CLOCK") == {i: g["sm_clock_mhz"] for i, g in f.items()}
@@ -103,9 +108,9 @@ def test_dcgm_names_carry_nvml_values_in_dcgm_units(tmp_path):
     assert _per_gpu(m, "DCGM_FI_DEV_MEM_COPY_UTIL") == {
         i: g["util_mem_percent"] for i, g in f.items() if i not in unsupported_util}
     assert _per_gpu(m, "DCGM_FI_DEV_PCIE_REPLAY_COUNTER") == {i: g["pcie_replay_count"] for i, g in f.items()}
-    # the last XID per GPU: the fixture's recorded events, then the one injected here
-    xids = {e["gpu"]: e["xid"] for e in backend.doc["events"] if e.get("kind") == "xid"} | {1: 13}
-    assert _per_gpu(m, "DCGM_FI_DEV_XID_ERRORS") == xids
+    # the last XID per GPU: the fixture's recorded events, then the one injected here; 0 for the others
+    xids = {e["gpu"]: e["xid"] for e in doc["events"] if e.get("kind") == "xid"} | {1: 13}
+    assert _per_gpu(m, "DCGM_FI_DEV_XID_ERRORS") == {i: xids.get(i, 0) for i in f}
     # NVLink rates (the sampler's, over real time) only for GPUs that have links
     assert set(_per_gpu(m, "DCGM_FI_PROF_NVLINK_TX_BYTES")) == {i for i, g in f.items() if g["nvlink_links"]}
     # PROF activity ratios: GPM's percentages / 100, only where GPM answered (not GPU 5, a MIG GPU whose
@@ -118,7 +123,9 @@ def test_dcgm_names_carry_nvml_values_in_dcgm_units(tmp_path):
     labels = {lab["gpu"]: lab for lab, _ in m["DCGM_FI_DEV_FB_USED"]}
     assert labels["0"]["UUID"] == f[0]["uuid"] and labels["0"]["pci_bus_id"] == f[0]["pci_bus_id"]
     assert labels["0"]["device"] == "nvidia0" and labels["0"]["modelName"] == f[0]["name"]
-    assert set(labels["0"]) == {"gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "hpc_job"}
+    assert labels["0"]["DCGM_FI_DRIVER_VERSION"] == doc["driver_version"]
+    # no job label on GPU series by default (jobs: gpuagent_gpu_job_info)
+    assert set(labels["0"]) == {"gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION"}
 
 
 # ------------------------------------------------------------------ a real agent, scraped over HTTP
@@ -135,9 +142,9 @@ def _same_tick(port: int, state) -> tuple[dict, dict]:
     return wait_for(attempt, timeout=30, interval=0.01, what="a scrape and a status of the same tick")
 
 
-def test_real_agent_metrics_match_status_and_pass_promtool(tmp_path):
+def test_real_agent_metrics_match_status_and_pass_promtool(nvml_emulator, tmp_path):
     port = free_port()
-    proc, state = _start_fake_agent(tmp_path, port)
+    proc, state = _start_agent(nvml_emulator, tmp_path, port)
     try:
         wait_for(lambda: (read := wait_running(state, proc)) and read["counters"]["ticks"] >= 3, timeout=30,
                  what="3 ticks")
@@ -147,13 +154,16 @@ def test_real_agent_metrics_match_status_and_pass_promtool(tmp_path):
         assert stop(proc) == 0
     gpus = {g["index"]: g for g in st["gpus"]}
     assert len(gpus) == 8
-    checks = [("DCGM_FI_DEV_GPU_UTIL", "util_percent", 1), ("DCGM_FI_DEV_FB_USED", "memory_used_bytes", MIB),
+    checks = [("DCGM_FI_DEV_GPU_UTIL", "util_percent", 1), ("DCGM_FI_DEV_FB_RESERVED", "memory_reserved_bytes", MIB),
               ("DCGM_FI_DEV_POWER_USAGE", "power_watts", 1), ("DCGM_FI_DEV_GPU_TEMP", "temperature_celsius", 1),
               ("DCGM_FI_DEV_SM_CLOCK", "sm_clock_mhz", 1), ("DCGM_FI_DEV_MEM_CLOCK", "mem_clock_mhz", 1),
               ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "energy_consumed_mj", 1),
-              ("DCGM_FI_PROF_NVLINK_RX_BYTES", "nvlink_rx_bytes_per_s", 1)]
+              ("DCGM_FI_DEV_MEMORY_TEMP", "memory_temperature_celsius", 1),
+              ("DCGM_FI_PROF_NVLINK_RX_BYTES", "nvlink_raw_rx_bytes_per_s", 1)]
     for name, field, div in checks:
-        want = {i: g[field] / div for i, g in gpus.items() if field in g}
+        # whole MiB as DCGM stores them; the framebuffer of a MIG GPU is per GPU instance only
+        want = {i: (g[field] // div if div != 1 else g[field]) for i, g in gpus.items()
+                if field in g and not (div != 1 and g.get("instances"))}
         assert want, f"status has no {field}"
         assert _per_gpu(m, name) == pytest.approx(want, rel=1e-12), name
     h = st["host"]
@@ -173,19 +183,16 @@ def test_real_agent_metrics_match_status_and_pass_promtool(tmp_path):
     promtool = shutil.which("promtool")
     out = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
     problems = [line for line in (out.stdout + out.stderr).splitlines() if line.strip()]
-    # Lints that dcgm-exporter's own names cause, which dashboards need as they are: camelCase labels
-    # (UUID, modelName, Hostname) and the word "COUNTER" in DCGM_FI_DEV_PCIE_REPLAY_COUNTER.
-    dcgm_names = (r"DCGM_FI_\w+ label names should be written in 'snake_case' not 'camelCase'",
-                  r"DCGM_FI_DEV_PCIE_REPLAY_COUNTER metric name should not include type 'counter'")
-    other = [p for p in problems if not any(re.fullmatch(d, p) for d in dcgm_names)]
-    assert other == [], other
+    # Only the lints dcgm-exporter's own names cause (exporter_helpers.DCGM_NAME_LINTS)
+    assert not_dcgm_lints(problems) == [], problems
+    assert len(DCGM_NAME_LINTS) == 3
     assert not any(p.startswith("gpuagent_") for p in problems)
 
 
-def test_scrapes_do_not_disturb_the_tick_loop(tmp_path):
+def test_scrapes_do_not_disturb_the_tick_loop(nvml_emulator, tmp_path):
     port = free_port()
     interval = 0.25
-    proc, state = _start_fake_agent(tmp_path, port, interval=interval)
+    proc, state = _start_agent(nvml_emulator, tmp_path, port, interval=interval)
     try:
         wait_running(state, proc)
         before = _samples(_scrape(port))
@@ -259,13 +266,13 @@ def test_exporter_listen_config(tmp_path):
         load_config(str(p), env={})
 
 
-def test_a_taken_port_leaves_the_agent_running(tmp_path):
+def test_a_taken_port_leaves_the_agent_running(nvml_emulator, tmp_path):
     import socket
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        proc, state = _start_fake_agent(tmp_path, port)
+        proc, state = _start_agent(nvml_emulator, tmp_path, port)
         try:
             def listed():
                 x = wait_running(state, proc)

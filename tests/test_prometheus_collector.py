@@ -1,9 +1,9 @@
-"""A real Prometheus scrapes, for more than 30 s, a real agent (subprocess of the `gpuagent` CLI with the fake
-NVML backend and a tracked training loop) and a real collector fed by that agent and by the simulator
-(SYNTHETIC fleet).
+"""A real Prometheus scrapes, for more than 30 s, a real agent (subprocess of the `gpuagent` CLI, the real
+pynvml answered by the NVML emulator's SYNTHETIC 8 x H100 node on the real clock, and a tracked training
+loop) and a real collector fed by that agent and by the simulator (SYNTHETIC fleet).
 
 Through Prometheus's HTTP API: the agent's series are there and equal `gpuagent status --json` and the
-collector's DuckDB for the same ticks (host metrics, and GPU metrics from the fake NVML); the collector's
+collector's DuckDB for the same ticks (host metrics, and GPU metrics from the emulated NVML); the collector's
 series agree with its DuckDB; the analyzer's flags and findings appear as gpuagent_flag_open /
 gpuagent_finding_open; every PromQL expression of the Grafana dashboard returns data. `promtool check
 metrics` passes on both endpoints, and the collector's refuses a scrape without its token.
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -32,7 +31,10 @@ from gpuagent.collector.ingest.server import CollectorError, start_collector
 from gpuagent.sim.run import SimConfig, run_sim
 
 from agent_helpers import agent_env, read_status, stop
+# DCGM_NAME_LINTS: the lints dcgm-exporter's own names cause on the agent's endpoint
+from exporter_helpers import DCGM_NAME_LINTS
 from conftest import wait_for
+from nvml_emulator_fixture import H100_8GPU
 from sim_helpers import fleet
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,14 +42,10 @@ DASHBOARD = ROOT / "packaging" / "grafana" / "gpuagent.json"
 TOKEN = "prom-test-token"
 JOB_ID = "prom-e2e-job"
 MIB = 2 ** 20
-# Lints that dcgm-exporter's own names cause on the agent's endpoint, which dashboards need as they are:
-# camelCase labels (UUID, modelName, Hostname) and "COUNTER" in DCGM_FI_DEV_PCIE_REPLAY_COUNTER.
-DCGM_NAME_LINTS = (r"DCGM_FI_\w+ label names should be written in 'snake_case' not 'camelCase'",
-                   r"DCGM_FI_DEV_PCIE_REPLAY_COUNTER metric name should not include type 'counter'")
 # (Prometheus name, `gpuagent status --json` GPU field, DuckDB samples metric, scale from status to Prometheus)
 GPU_CHECKS = [("DCGM_FI_DEV_GPU_UTIL", "util_percent", "gpu_util_percent", 1.0),
               ("DCGM_FI_DEV_MEM_COPY_UTIL", "mem_util_percent", "gpu_mem_util_percent", 1.0),
-              ("DCGM_FI_DEV_FB_USED", "memory_used_bytes", "gpu_memory_used_bytes", 1.0 / MIB),
+              ("DCGM_FI_DEV_MEMORY_TEMP", "memory_temperature_celsius", "gpu_memory_temperature_celsius", 1.0),
               ("DCGM_FI_DEV_POWER_USAGE", "power_watts", "gpu_power_watts", 1.0),
               ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "energy_consumed_mj", "gpu_energy_consumed_mj", 1.0),
               ("DCGM_FI_DEV_GPU_TEMP", "temperature_celsius", "gpu_temperature_celsius", 1.0),
@@ -55,7 +53,7 @@ GPU_CHECKS = [("DCGM_FI_DEV_GPU_UTIL", "util_percent", "gpu_util_percent", 1.0),
               ("DCGM_FI_DEV_MEM_CLOCK", "mem_clock_mhz", "gpu_mem_clock_mhz", 1.0),
               ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "pcie_replay_count", "gpu_pcie_replay_count", 1.0),
               ("DCGM_FI_PROF_PCIE_TX_BYTES", "pcie_tx_bytes_per_s", "gpu_pcie_tx_bytes_per_s", 1.0),
-              ("DCGM_FI_PROF_NVLINK_RX_BYTES", "nvlink_rx_bytes_per_s", "gpu_nvlink_rx_bytes_per_s", 1.0),
+              ("DCGM_FI_PROF_NVLINK_RX_BYTES", "nvlink_raw_rx_bytes_per_s", "gpu_nvlink_raw_rx_bytes_per_s", 1.0),
               ("gpuagent_gpu_power_limit_watts", "power_limit_watts", "gpu_power_limit_watts", 1.0)]
 # (Prometheus name, `gpuagent status --json` host field, DuckDB samples metric, scale)
 HOST_CHECKS = [("gpuagent_host_cpu_idle_ratio", "cpu_idle_percent", "cpu_idle_percent", 0.01),
@@ -131,9 +129,9 @@ def collector(tmp_path):
 
 
 class RunningAgent:
-    """The `gpuagent` CLI with the fake NVML (tests/fake_nvml_agent.py) and a tracked training loop."""
+    """`gpuagent run` (the real CLI and pynvml) over an emulated node (``emu``), and a tracked training loop."""
 
-    def __init__(self, tmp_path: Path, collector_address: str):
+    def __init__(self, tmp_path: Path, collector_address: str, emu):
         self.port = local_run.free_port()
         self.state = tmp_path / "agent-state"
         cfg = tmp_path / "agent.toml"
@@ -141,10 +139,10 @@ class RunningAgent:
                        f'[exporter]\nlisten = "127.0.0.1:{self.port}"\n')
         env = agent_env(tmp_path, GPUAGENT_CONFIG=str(cfg))
         self.log = open(tmp_path / "agent.log", "ab")
-        self.proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "fake_nvml_agent.py"), "run",
+        self.proc = subprocess.Popen([sys.executable, "-m", "gpuagent.agent.cli", "run",
                                       "--collector", collector_address, "--state-dir", str(self.state),
                                       "--interval", "1", "--batch-interval", "1"],
-                                     stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+                                     stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT, env=emu.env(env))
         self.job = subprocess.Popen([sys.executable, "-c", TRAINING_LOOP, env["GPUAGENT_JOBS_SOCKET"]],
                                     stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT,
                                     env=dict(env, GPUAGENT_JOB_ID=JOB_ID))
@@ -167,8 +165,10 @@ class RunningAgent:
 
 
 @pytest.fixture
-def agent(collector, tmp_path):
-    a = RunningAgent(tmp_path, collector.address)
+def agent(collector, tmp_path, nvml_emulator):
+    # the real clock: counters (energy, PCIe, NVLink) move between ticks; root, so MIG calls answer
+    emu = nvml_emulator(H100_8GPU, clock="real", privileged=True, activate=False)
+    a = RunningAgent(tmp_path, collector.address, emu)
     try:
         wait_for(lambda: (st := read_status(a.state)) and st.get("pid") == a.proc.pid
                  and any(j["job_id"] == JOB_ID and j.get("samples_per_s") for j in st.get("jobs", []))
@@ -323,7 +323,7 @@ def test_prometheus_scrapes_agent_and_collector_and_agrees_with_status_and_duckd
 
     started = time.time()
     # A backfilled SYNTHETIC fleet (3 bare-metal, 3 cloud-a with slower PCIe, 2 cloud-b), then live batches,
-    # while the real agent sends its own (fake-NVML) ticks to the same collector.
+    # while the real agent sends its own (emulated-NVML) ticks to the same collector.
     summary = run_sim(SimConfig(collector=collector.address, token=TOKEN, sim_hours=2.0, interval_s=10.0,
                                 batch_s=600.0, seed=7, streams=8), fleet())
     assert summary.nodes_ok == 8, summary.errors
