@@ -2,7 +2,10 @@
 """Resident cost of the agent at 1 s sampling, exporter off and on, next to prometheus-node-exporter.
 
 Runs the real agent (``gpuagent run``, probes off: this measures the resident daemon, not the probe
-subprocesses it spawns) against a real local collector for ``--duration`` seconds (default 60) after
+subprocesses it spawns) on an emulated 8-GPU node -- the real pynvml over the NVML emulator
+(gpuagent.sim.nvml_emulator, SYNTHETIC 8x H100 fixture tests/data/nvml_8gpu_h100_sxm.json, real clock,
+without the fixture's recorded processes, whose pids are not processes here), so the GPU sampler does its
+full work each tick -- against a real local collector for ``--duration`` seconds (default 60) after
 a warm-up, and reads /proc/<pid>/stat and /proc/<pid>/status once a second:
 
 * ``agent_rss_bytes``: peak RSS (VmHWM, includes start-up) and ``agent_rss_steady_bytes``: median VmRSS;
@@ -16,7 +19,8 @@ scraped as often as the agent's /metrics (once a second in the exporter-off wind
 figures are reported for it (``node_exporter_*``). The load average at the start and the end is
 reported too: on a shared machine the CPU figures move with it. It also checks that torch is not loaded in
 the daemon (no libtorch in /proc/<pid>/maps; ``torch_loaded`` false in its status file) and that the
-collector stored what the agent sent. Targets (docs/ARCHITECTURE.md): RSS <= 64 MiB, CPU <= 1 % of one core.
+collector stored what the agent sent. ``--nvml system`` runs the agent on this machine's own NVML instead
+(none on a machine without a GPU: host-only). Targets (docs/ARCHITECTURE.md): RSS <= 64 MiB, CPU <= 1 % of one core.
 """
 
 from __future__ import annotations
@@ -116,6 +120,17 @@ def scraper(url: str, stop: threading.Event, stats: dict, every_s: float = 1.0) 
         stop.wait(max(0.0, nxt - time.monotonic()))
 
 
+def emulated_node(tmp: Path) -> dict[str, str]:
+    """The environment that points the agent at a fresh emulated 8 x H100 node (SYNTHETIC) under ``tmp``."""
+    from gpuagent.sim.nvml_emulator import Emulator
+
+    fixture = Path(__file__).resolve().parents[1] / "tests" / "data" / "nvml_8gpu_h100_sxm.json"
+    emu = Emulator.start(tmp / "nvmlemu", fixture, clock="real")
+    for pid in {p["pid"] for g in emu.model["gpus"] for p in g.get("processes", ())}:
+        emu.remove_process(pid)
+    return emu.env_vars()
+
+
 def scraped_agent_window(address: str, tmp: Path, args, name: str, every_s: float) -> dict:
     """A fresh agent with the exporter on, and node_exporter, each scraped every ``every_s`` over one
     measurement window."""
@@ -138,7 +153,7 @@ def _scraped_agent_window(address: str, tmp: Path, args, name: str, every_s: flo
                    + f'[exporter]\nlisten = "127.0.0.1:{mport}"\n')
     agent = local_run.start_agent(address, tmp / f"state-{name}", tmp / f"agent-{name}.log",
                                   interval=args.interval, batch_interval=5.0, extra_args=("--config", str(cfg)),
-                                  extra_env={"GPUAGENT_JOBS_SOCKET": str(tmp / f"jobs-{name}.sock")})
+                                  extra_env={"GPUAGENT_JOBS_SOCKET": str(tmp / f"jobs-{name}.sock"), **args.nvml_env})
     try:
         local_run.wait_port(mport, agent, tmp / f"agent-{name}.log")
         stop = threading.Event()
@@ -200,10 +215,13 @@ def main() -> int:
     ap.add_argument("--probes", action="store_true",
                     help="leave the probe scheduler on (its subprocesses are not counted; default off)")
     ap.add_argument("--no-exporter", action="store_true", help="skip the two exporter-on windows")
+    ap.add_argument("--nvml", choices=("emulator", "system"), default="emulator",
+                    help="the agent's NVML: an emulated 8 x H100 node (default, SYNTHETIC) or this machine's")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="gpuagent-bench-"))
+    args.nvml_env = emulated_node(tmp) if args.nvml == "emulator" else {}
     load_start = [round(x, 2) for x in os.getloadavg()]
     port = local_run.free_port()
     address = f"127.0.0.1:{port}"
@@ -216,7 +234,7 @@ def main() -> int:
         local_run.wait_port(port, collector, tmp / "collector.log")
         agent = local_run.start_agent(address, tmp / "state", tmp / "agent.log", interval=args.interval,
                                       batch_interval=5.0, extra_args=("--config", str(cfg)),
-                                      extra_env={"GPUAGENT_JOBS_SOCKET": str(tmp / "jobs.sock")})
+                                      extra_env={"GPUAGENT_JOBS_SOCKET": str(tmp / "jobs.sock"), **args.nvml_env})
         procs.append(agent)
         local_run.wait_samples(address, agent, tmp / "agent.log", timeout=60, min_ticks=1)
 
@@ -273,6 +291,7 @@ def main() -> int:
             "cpu_count": os.cpu_count(),
             "load_average_start": load_start,
             "probes": "on" if args.probes else "off",
+            "nvml": "SYNTHETIC emulated 8 x H100 node (sim/nvmlemu)" if args.nvml == "emulator" else "system",
             "malloc_arena_max": 2,
             **watches["agent"].result("agent"),
             "agent_samples_stored_in_window": stored1 - stored0,

@@ -1,4 +1,4 @@
-"""Per-tick cost of the data sources: host sampler, GPU sampler (fake 8-GPU NVML), job discovery.
+"""Per-tick cost of the data sources: host sampler, GPU sampler (emulated 8-GPU NVML), job discovery.
 
 Method: each case calls ``sample()`` ``--ticks`` times back to back with timestamps 1 s apart (so rates
 and the job scan interval behave as at 1 s sampling) and records the thread CPU time and wall time of
@@ -7,12 +7,13 @@ is the mean CPU time per tick / 1 s. The reference, measured in the same run, is
 sampler would call every tick for the same host data (cpu_times(percpu) + cpu_stats + virtual_memory
 + swap_memory + disk_io_counters(perdisk) + net_io_counters(pernic) + getloadavg).
 
-The GPU case runs against the FAKE NVML backend of tests/fake_nvml.py (8x H100 fixture): it measures
-our Python work per tick, not the driver's time, which real NVML adds (typically tens of µs per call).
-It runs twice, with GPM sampling on (the default; 7 of the 8 fake GPUs offer GPM, the MIG one has no
-busy instance) and off (``GpuSampler(gpm=False)``); the difference is GPM's per-tick cost in our code
-and the fake (one nvmlGpmSampleGet + one nvmlGpmMetricsGet per GPU, with pynvml's real ctypes
-structure), not what the driver spends computing the metrics on a real Hopper GPU.
+The GPU case runs on the real pynvml over the NVML EMULATOR (sim/nvmlemu, SYNTHETIC 8x H100 fixture,
+frozen clock advanced 1 s per tick): it measures our Python work plus pynvml's ctypes calls into a C
+library that answers from memory, not the driver's time, which real NVML adds (typically tens of µs per
+call). It runs twice, with GPM sampling on (the default; 7 of the 8 GPUs offer GPM, the MIG one has no
+busy instance) and off (``GpuSampler(gpm=False)``); the difference is GPM's per-tick cost in our code,
+pynvml and the emulator (one nvmlGpmSampleGet + one nvmlGpmMetricsGet per GPU), not what the driver
+spends computing the metrics on a real Hopper GPU.
 Job discovery runs on this GPU-less node in rule mode (a /proc scan every 5 s), with ``--jobs`` real
 subprocesses carrying RANK/LOCAL_RANK so that there is something to sample.
 
@@ -44,8 +45,7 @@ from gpuagent.agent.gpu_sampler import GpuSampler
 from gpuagent.agent.job_discovery import JobDiscovery
 from gpuagent.common.nvml import Nvml
 from gpuagent.agent.sampling import ListSink
-from fake_nvml import FakeNvmlBackend
-h = HostSampler(); g = GpuSampler(Nvml(backend=FakeNvmlBackend())); j = JobDiscovery()
+g = GpuSampler(Nvml()); h = HostSampler(); j = JobDiscovery()   # NVML: the emulator node in the env
 t = time.time_ns()
 for k in range(int(sys.argv[1])):
     sink = ListSink()   # a fresh sink per tick, as the batcher drains each tick
@@ -98,7 +98,11 @@ def main() -> int:
 
     import psutil
 
-    from fake_nvml import FakeNvmlBackend
+    import tempfile
+
+    import pynvml
+
+    from gpuagent.sim.nvml_emulator import Emulator
     from gpuagent.agent.gpu_sampler import GpuSampler
     from gpuagent.agent.host_sampler import HostSampler
     from gpuagent.agent.job_discovery import JobDiscovery
@@ -124,7 +128,9 @@ def main() -> int:
     out["ratio_host_to_psutil_reference"] = round(
         out["host"]["cpu_median_us"] / out["reference_psutil_calls"]["cpu_median_us"], 3)
 
-    backend = FakeNvmlBackend()
+    node_dir = tempfile.mkdtemp(prefix="sampler-cost-nvmlemu-")
+    fixture = ROOT / "tests" / "data" / "nvml_8gpu_h100_sxm.json"
+    emu = Emulator.start(Path(node_dir) / "on", fixture, clock="frozen").activate()
     fake_gpm_ns = [0]
 
     def timed(fn):
@@ -136,24 +142,27 @@ def main() -> int:
                 fake_gpm_ns[0] += time.thread_time_ns() - c
         return call
 
-    # the fake's own GPM functions are timed apart, so the agent's share can be told from the fake's
-    for fn in ("nvmlGpmSampleGet", "nvmlGpmMetricsGet"):
-        setattr(backend, fn, timed(getattr(backend, fn)))
-    gpu = GpuSampler(Nvml(backend=backend))
-    out["gpu_fake_8x_h100"] = _measure(lambda ts: (backend.advance(1.0), gpu.sample(ts, sink)), args.ticks)
-    out["gpu_fake_8x_h100"]["gpm_metrics_get_calls"] = backend.calls.get("nvmlGpmMetricsGet", 0)
-    out["gpu_fake_8x_h100"]["fake_gpm_functions_cpu_us_per_tick"] = round(fake_gpm_ns[0] / 1000 / args.ticks, 1)
-    backend_off = FakeNvmlBackend()
-    gpu_off = GpuSampler(Nvml(backend=backend_off), gpm=False)
-    out["gpu_fake_8x_h100_gpm_off"] = _measure(lambda ts: (backend_off.advance(1.0), gpu_off.sample(ts, sink)),
-                                               args.ticks)
-    out["gpm_cpu_us_per_tick_8_gpus"] = round(out["gpu_fake_8x_h100"]["cpu_mean_us"]
-                                              - out["gpu_fake_8x_h100_gpm_off"]["cpu_mean_us"], 1)
+    # pynvml's GPM calls (binding + emulator) are timed apart, so the agent's share can be told from theirs
+    real_gpm = {fn: getattr(pynvml, fn) for fn in ("nvmlGpmSampleGet", "nvmlGpmMetricsGet")}
+    for fn, f in real_gpm.items():
+        setattr(pynvml, fn, timed(f))
+    gpu = GpuSampler(Nvml())
+    out["gpu_emulated_8x_h100"] = _measure(lambda ts: (emu.advance(1.0), gpu.sample(ts, sink)), args.ticks)
+    out["gpu_emulated_8x_h100"]["gpm_metrics_get_calls"] = emu.calls(pid=os.getpid()).get("nvmlGpmMetricsGet", 0)
+    out["gpu_emulated_8x_h100"]["gpm_calls_cpu_us_per_tick"] = round(fake_gpm_ns[0] / 1000 / args.ticks, 1)
+    for fn, f in real_gpm.items():
+        setattr(pynvml, fn, f)
+    gpu_off = GpuSampler(Nvml(), gpm=False)
+    out["gpu_emulated_8x_h100_gpm_off"] = _measure(lambda ts: (emu.advance(1.0), gpu_off.sample(ts, sink)),
+                                                   args.ticks)
+    out["gpm_cpu_us_per_tick_8_gpus"] = round(out["gpu_emulated_8x_h100"]["cpu_mean_us"]
+                                              - out["gpu_emulated_8x_h100_gpm_off"]["cpu_mean_us"], 1)
     out["gpm_cpu_us_per_tick_8_gpus_agent_side"] = round(
-        out["gpm_cpu_us_per_tick_8_gpus"] - out["gpu_fake_8x_h100"]["fake_gpm_functions_cpu_us_per_tick"], 1)
-    out["gpu_fake_8x_h100_plus_processes"] = _measure(lambda ts: gpu.processes(), args.ticks)
+        out["gpm_cpu_us_per_tick_8_gpus"] - out["gpu_emulated_8x_h100"]["gpm_calls_cpu_us_per_tick"], 1)
+    out["gpu_emulated_8x_h100_plus_processes"] = _measure(lambda ts: gpu.processes(), args.ticks)
 
     env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE=str(args.jobs))
+    rss_env = emu.env(base=env)        # the RSS child reads the same emulated node
     kids = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], env=env)
             for _ in range(args.jobs)]
     try:
@@ -163,13 +172,13 @@ def main() -> int:
         out["jobs_rule_mode"]["processes_in_proc"] = len([p for p in os.listdir("/proc") if p.isdigit()])
         out["jobs_rule_mode"]["job_processes_found"] = sum(len(j["pids"]) for j in jd.active_jobs())
         rss = subprocess.run([sys.executable, "-c", _RSS_CHILD, str(args.ticks), str(ROOT / "tests")],
-                             capture_output=True, text=True, timeout=300, env=env)
+                             capture_output=True, text=True, timeout=300, env=rss_env)
     finally:
         for k in kids:
             k.kill()
             k.wait()
     hwm, torch_loaded = rss.stdout.split()
-    total_cpu = sum(out[c]["cpu_mean_us"] for c in ("host", "gpu_fake_8x_h100", "jobs_rule_mode"))
+    total_cpu = sum(out[c]["cpu_mean_us"] for c in ("host", "gpu_emulated_8x_h100", "jobs_rule_mode"))
     out.update({
         "samplers_peak_rss_bytes": int(hwm),
         "torch_imported_by_samplers": torch_loaded == "True",

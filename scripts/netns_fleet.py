@@ -465,7 +465,7 @@ interface = "eth0"
 
 class FabricProcesses:
     """A gpuagent collector in one node and an agent in each of the others: real processes, started with
-    ``python -m gpuagent...`` (the e2e tests pass ``agent_cmd`` for an agent with a fake NVML), their
+    ``python -m gpuagent...`` (the e2e tests pass ``agent_cmd`` for an agent on the NVML emulator), their
     logs, database and state under ``workdir``. Everything runs inside the namespaces, so taking the fleet
     down kills whatever is left. Used by tests/test_fabric_e2e.py and the ``demo`` command."""
 

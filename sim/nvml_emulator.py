@@ -63,7 +63,7 @@ LIB_NAME = "libnvidia-ml.so.1"
 PROFILES = ("r550", "old", "cuda14")
 CLOCKS = ("real", "frozen")
 
-ENERGY_START_MJ = 3_600_000_000   # SYNTHETIC: 1 kWh before the node starts (as tests/fake_nvml.py)
+ENERGY_START_MJ = 3_600_000_000   # SYNTHETIC: 1 kWh before the node starts
 MAX_GPUS = 32                     # the library's limits (sim/nvmlemu/nvmlemu.h)
 MAX_PROCS = 128
 MAX_MIG = 16
@@ -690,7 +690,7 @@ def _validate_gpu(g: dict[str, Any], i: int) -> None:
             raise EmulatorError(f"GPU {i} of the fixture lacks {k!r}")
     for k, v in g.items():
         if k.startswith("_") or k not in GPU_KEYS or v is None:
-            continue           # keys only the fake reads are kept and ignored here
+            continue           # keys the emulator does not model are kept and ignored here
         kind = GPU_KEYS[k][0]
         if isinstance(v, bool) and kind is not bool:
             raise EmulatorError(f"GPU {i}: {k} must be a number, not {v!r}")

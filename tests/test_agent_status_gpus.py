@@ -1,12 +1,10 @@
-"""`gpuagent status` over an in-process Agent whose GPU sampler reads the fake NVML backend (the one
-allowed fake; SYNTHETIC 8-GPU H100 values from tests/data): the GPU table, throttle reasons, the
+"""`gpuagent status` over an in-process Agent whose GPU sampler reads the real pynvml over the NVML
+emulator (SYNTHETIC 8-GPU H100 values from tests/data, the `nvml_emulator` fixture): the GPU table, throttle reasons, the
 unavailable list, and the Register NodeInfo with 8 GPUs."""
 
 from __future__ import annotations
 
 import json
-
-from fake_nvml import H100_8GPU, FakeNvmlBackend
 
 from gpuagent.agent.config import load_config
 from gpuagent.agent.daemon import Agent, build_node_info
@@ -14,18 +12,19 @@ from gpuagent.agent.gpu_sampler import GpuSampler
 from gpuagent.agent.host_sampler import HostSampler
 from gpuagent.common.nvml import Nvml
 from gpuagent.agent.status import STATUS_FILE, StatusError, read_status, render
+from nvml_emulator_fixture import H100_8GPU
 
 
-def test_status_shows_fake_gpus_with_throttle_reasons(tmp_path):
+def test_status_shows_emulated_gpus_with_throttle_reasons(tmp_path, nvml_emulator):
     cfg = load_config(None, env={}, state_dir=str(tmp_path / "state"), collector="127.0.0.1:9",
                       labels={"pool": "synthetic-h100"})
-    backend = FakeNvmlBackend(H100_8GPU)
-    gpu = GpuSampler(nvml=Nvml(backend=backend))
+    emu = nvml_emulator(H100_8GPU)
+    gpu = GpuSampler(nvml=Nvml())
     samplers = [HostSampler(), gpu]
     agent = Agent(cfg, samplers=samplers, node_info=build_node_info(cfg, samplers))
     try:
         for _ in range(3):
-            backend.advance(1.0)
+            emu.advance(1.0)
             agent.tick()
         data = read_status(cfg.state_dir)
         raw = json.loads((tmp_path / "state" / "status.json").read_text())
@@ -34,7 +33,7 @@ def test_status_shows_fake_gpus_with_throttle_reasons(tmp_path):
     assert len(agent.node_info.gpus) == 8 and agent.node_info.labels["pool"] == "synthetic-h100"
     gpus = data.gpus
     assert [g.index for g in gpus] == list(range(8))
-    fixture = backend.gpus
+    fixture = json.loads(H100_8GPU.read_text())["gpus"]
     for g, f in zip(gpus, fixture):
         assert g.name == f["name"]
         # the fixture's values, in the status's units (not merely present)

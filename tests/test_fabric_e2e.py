@@ -1,5 +1,5 @@
 """Fleet fabric probes end to end on the namespace testbed (scripts/netns_fleet.py): 4 agents, each the real
-daemon (`gpuagent run` via tests/fabric_agent.py, whose only fake is NVML) in its own network namespace
+daemon (`gpuagent run` via tests/fabric_agent.py: the real pynvml over an NVML emulator node) in its own network namespace
 with its own hostname and machine-id, and a collector in a fifth namespace running pair rounds on its own.
 Throttles are real tc shaping (tbf per node, htb per pair) on the veth links.
 
@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from agent_helpers import read_status
+from conftest import wait_for
 from fabric_helpers import ROOT, load_netns_fleet
 
 pytestmark = pytest.mark.slow
@@ -33,7 +35,7 @@ def _bed_class():
     nf = load_netns_fleet()
 
     class Bed(nf.FabricProcesses):
-        """The script's collector + agents (agents with the fake NVML), plus what the tests read back."""
+        """The script's collector + agents (agents on emulated NVML nodes), plus what the tests read back."""
 
         def __init__(self, fleet, tmp: Path):
             super().__init__(fleet, tmp, AGENTS, COLLECTOR, token=TOKEN,
@@ -178,6 +180,8 @@ def test_full_sweep_measures_every_pair_within_n_minus_1_rounds(bed):
 
 def test_node_throttled_to_a_quarter_opens_network_degraded_node_for_it_only(bed):
     for name in AGENTS:
+        bed.fleet.unthrottle(name)     # a node carries a node throttle or pair throttles, never both
+    for name in AGENTS:
         bed.fleet.throttle_node(name, SLOW_RATE if name == "n2" else BASE_RATE)
     bed.sweep_after_now()
     flags = bed.flags()
@@ -209,16 +213,25 @@ def _eth0_bytes(bed, name: str) -> int:
     return sum(int(x) for x in out)
 
 
+def _gpu0_jobs(bed, name: str) -> list[dict]:
+    """The jobs on GPU 0 in node ``name``'s status file (job discovery's view, as the fabric client's)."""
+    st = read_status(bed.tmp / name) or {}
+    return [j for j in st.get("jobs") or [] if j.get("gpu") == 0]
+
+
 def test_a_job_on_the_gpus_keeps_fabric_traffic_off_the_node(bed):
     job = bed.tmp / "n1.job"
     job.write_text("hold GPU 0\n")
     try:
-        time.sleep(3.0)                       # job discovery sees the GPU process at its next tick
+        # the emulated node lists the job's process on GPU 0; job discovery sees it at a tick
+        wait_for(lambda: _gpu0_jobs(bed, "n1"), timeout=30, interval=0.2, what="n1's job on GPU 0 in its status")
         before = _eth0_bytes(bed, "n1")
         sweep = bed.sweep_after_now()
         moved = _eth0_bytes(bed, "n1") - before
     finally:
         job.unlink()
+        # the job ends (its process leaves the GPU list; job discovery's end grace): the node is free again
+        wait_for(lambda: not _gpu0_jobs(bed, "n1"), timeout=30, interval=0.2, what="n1's job gone from its status")
     n1 = bed.ids["n1"]
     mine = [(a, b, st) for _r, ps in sweep for a, b, st in ps if n1 in (a, b)]
     others = [(a, b, st) for _r, ps in sweep for a, b, st in ps if n1 not in (a, b)]

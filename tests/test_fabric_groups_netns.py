@@ -1,5 +1,5 @@
-"""Collective groups on the namespace testbed (scripts/netns_fleet.py): 4 real agent daemons (fake NVML
-only), each in its own network namespace, and a collector in a fifth that runs a pair sweep and then a round
+"""Collective groups on the namespace testbed (scripts/netns_fleet.py): 4 real agent daemons (the real pynvml
+over the NVML emulator), each in its own network namespace, and a collector in a fifth that runs a pair sweep and then a round
 with one ring of all 4 nodes. Every member runs the real collective probe (torch.distributed, gloo) across
 the veth links, rendezvous at rank 0's namespace address."""
 

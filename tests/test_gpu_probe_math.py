@@ -115,17 +115,20 @@ def test_matmul_tflops_counts_two_flops_per_multiply_add():
     assert matmul_tflops(8192, 20, 31.4) == pytest.approx(700.3, rel=1e-3)
 
 
-def test_link_reads_current_and_max_pcie_through_the_nvml_choke_point(monkeypatch):
-    from fake_nvml import FakeNvmlBackend  # the one allowed fake: NVML's backend
+def test_link_reads_current_and_max_pcie_through_the_nvml_choke_point(monkeypatch, nvml_emulator):
+    """The real pynvml over the NVML emulator (SYNTHETIC H100 node)."""
+    import json
 
     from gpuagent.common.nvml import Nvml
-    backend = FakeNvmlBackend()
-    nv = Nvml(backend=backend)
+    from nvml_emulator_fixture import H100_8GPU
+    emu = nvml_emulator(H100_8GPU)
+    nv = Nvml()
     monkeypatch.setattr(gpuinfo, "_NVML", nv)
-    g = backend.gpus[3]
+    g = json.loads(H100_8GPU.read_text())["gpus"][3]
     got = gpuinfo.link(nv.handle(3), 3)
     assert got == {"link_gen": g["pcie_gen"], "link_width": g["pcie_width"],
                    "link_gen_max": g["pcie_gen_max"], "link_width_max": g["pcie_width_max"]}
     assert gpuinfo.link(None, 3) == {}
-    monkeypatch.setattr(gpuinfo, "_NVML", Nvml(backend=FakeNvmlBackend(init_error=9)))   # driver not loaded
+    emu.fail("nvmlInitWithFlags", "DRIVER_NOT_LOADED")
+    monkeypatch.setattr(gpuinfo, "_NVML", Nvml())   # driver not loaded
     assert gpuinfo.link(object(), 0) == {} and "nvmlInit failed" in gpuinfo.nvml_error()

@@ -1,5 +1,5 @@
 """Job discovery with real subprocesses (env and torchrun rules), a fixture procfs for k8s/docker
-cgroups, and GPU-mode discovery through the fake NVML backend."""
+cgroups, and GPU-mode discovery through the real pynvml over the NVML emulator (SYNTHETIC node)."""
 
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ import psutil
 import pytest
 
 from conftest import BUSY, IDLE, spawn_python, wait_for
-from fake_nvml import H100_8GPU, FakeNvmlBackend
 from gpuagent.agent.gpu_sampler import GpuSampler
 from gpuagent.agent.job_discovery import JobDiscovery, identify
 from gpuagent.common.nvml import Nvml
 from gpuagent.agent.sampling import ListSink, now_ns
+from nvml_emulator_fixture import H100_8GPU
 
 DATA = Path(__file__).parent / "data"
 
@@ -188,32 +188,38 @@ def test_identity_from_cgroup_variants():
     assert identify(10, {}, "0::/user.slice\n", 1, False)["source"] == "process"
 
 
-def test_gpu_mode_uses_nvml_processes_and_reports_mean_util(procs):
+def _idle_node(make, **kw):
+    """The H100 fixture without its own processes (they would be other jobs)."""
+    emu = make(H100_8GPU, **kw)
+    for pid in {p["pid"] for g in emu.model["gpus"] for p in g.get("processes", ())}:
+        emu.remove_process(pid)
+    return emu
+
+
+def test_gpu_mode_uses_nvml_processes_and_reports_mean_util(procs, nvml_emulator):
     worker = spawn_python(IDLE, SLURM_JOB_ID="99", RANK="0", LOCAL_RANK="0", WORLD_SIZE="2")
     procs.append(worker)
-    backend = FakeNvmlBackend(H100_8GPU)
-    for g in backend.gpus:
-        g["processes"] = []
-    backend.add_process(0, worker.pid, 40 << 30, 80)
-    backend.add_process(1, worker.pid, 40 << 30, 60)
-    gpu = GpuSampler(Nvml(backend=backend))
+    emu = _idle_node(nvml_emulator)
+    emu.add_process(0, worker.pid, 40 << 30, sm_util_percent=80)
+    emu.add_process(1, worker.pid, 40 << 30, sm_util_percent=60)
+    gpu = GpuSampler(Nvml())
     jd = JobDiscovery(gpu_sampler=gpu, end_grace_s=1.0)
     sink = ListSink()
     t = 2_000 * 1_000_000_000
     for k in range(3):
-        backend.advance(1)
+        emu.advance(1)
         jd.sample(t + k * 1_000_000_000, sink)
     rows = [s for s in sink.job_samples if s["ts_ns"] == t + 2 * 1_000_000_000]
     assert sorted((r["gpu"], r["gpu_util_percent"], r["job_id"]) for r in rows) == [(0, 80.0, "slurm:99"), (1, 60.0, "slurm:99")]
     assert all(r["gpu_memory_bytes"] == 40 << 30 for r in rows)
-    backend.set_throttle(0, 0)
-    for g in backend.gpus:
-        g["processes"] = [p for p in g["processes"] if p["sm_util_percent"] != 60]
-    backend.gpus[0]["processes"][0]["sm_util_percent"] = 20
-    backend.advance(1)
+    emu.set_throttle(0, 0)
+    emu.remove_process(worker.pid, gpu=1)
+    emu.remove_process(worker.pid, gpu=0)
+    emu.add_process(0, worker.pid, 40 << 30, sm_util_percent=20)
+    emu.advance(1)
     jd.sample(t + 3 * 1_000_000_000, sink)      # one tick at 20 % on GPU 0 only
-    backend.remove_process(worker.pid)
-    backend.advance(1)
+    emu.remove_process(worker.pid)
+    emu.advance(1)
     jd.sample(t + 5 * 1_000_000_000, sink)
     end = [e for e in sink.events if e.kind == "job_end"]
     assert len(end) == 1 and end[0].attrs["job_id"] == "slurm:99" and end[0].attrs["gpus"] == "0,1"
@@ -223,45 +229,43 @@ def test_gpu_mode_uses_nvml_processes_and_reports_mean_util(procs):
     assert jd.active_jobs() == []
 
 
-def test_mig_process_without_per_process_util(procs):
-    """GPU 5 of the fixture runs in MIG mode, where NVML has no per-process utilization."""
+def test_mig_process_without_per_process_util(procs, nvml_emulator):
+    """GPU 5 of the fixture runs in MIG mode (GPU instances 1 and 2), where NVML has no per-process
+    utilization. Privileged: on the parent handle of a MIG GPU, nvmlDeviceGetComputeRunningProcesses
+    answers NO_PERMISSION to an unprivileged caller (nvml.h), as the emulator models."""
     worker = spawn_python(IDLE, TORCHELASTIC_RUN_ID="mig-run", RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
     procs.append(worker)
-    backend = FakeNvmlBackend(H100_8GPU)
-    for g in backend.gpus:
-        g["processes"] = []
-    backend.add_process(5, worker.pid, 9 << 30, 55, gpu_instance_id=3)
-    jd = JobDiscovery(gpu_sampler=GpuSampler(Nvml(backend=backend)), end_grace_s=1.0)
+    emu = _idle_node(nvml_emulator, privileged=True)
+    emu.add_process(5, worker.pid, 9 << 30, gpu_instance=2, sm_util_percent=55)
+    jd = JobDiscovery(gpu_sampler=GpuSampler(Nvml()), end_grace_s=1.0)
     sink = ListSink()
     t = 3_000 * 1_000_000_000
     for k in range(2):
-        backend.advance(1)
+        emu.advance(1)
         jd.sample(t + k * 1_000_000_000, sink)
     row = sink.job_samples[-1]
     assert (row["job_id"], row["gpu"], row["gpu_memory_bytes"]) == ("torchelastic:mig-run", 5, 9 << 30)
     assert row["gpu_util_percent"] == 0.0 and row["attrs"]["gpu_util_known"] == "false"
-    assert row["attrs"]["mig_gpu_instance"] == "3"
-    backend.remove_process(worker.pid)
+    assert row["attrs"]["mig_gpu_instance"] == "2"
+    emu.remove_process(worker.pid)
     jd.sample(t + 3 * 1_000_000_000, sink)
     end = [e for e in sink.events if e.kind == "job_end"]
     assert len(end) == 1 and math.isnan(end[0].value) and end[0].attrs["gpu_util_samples"] == "0"
 
 
-def test_gpu_process_that_matches_no_rule_is_still_a_job(procs):
+def test_gpu_process_that_matches_no_rule_is_still_a_job(procs, nvml_emulator):
     """The /proc scan runs on GPU nodes too; a process it saw first as "not a job" must still count
     once NVML lists it on a GPU."""
     plain = spawn_python(IDLE)
     procs.append(plain)
-    backend = FakeNvmlBackend(H100_8GPU)
-    for g in backend.gpus:
-        g["processes"] = []
-    jd = JobDiscovery(gpu_sampler=GpuSampler(Nvml(backend=backend)), scan_interval_s=0)
+    emu = _idle_node(nvml_emulator)
+    jd = JobDiscovery(gpu_sampler=GpuSampler(Nvml()), scan_interval_s=0)
     sink = ListSink()
     t = 4_000 * 1_000_000_000
     jd.sample(t, sink)                               # the scan sees it, no rule matches
     assert plain.pid not in {s["pid"] for s in sink.job_samples}
-    backend.add_process(2, plain.pid, 1 << 30, 70)
-    backend.advance(1)
+    emu.add_process(2, plain.pid, 1 << 30, sm_util_percent=70)
+    emu.advance(1)
     jd.sample(t + 1_000_000_000, sink)
     rows = [s for s in sink.job_samples if s["pid"] == plain.pid]
     assert rows and (rows[-1]["job_id"], rows[-1]["source"], rows[-1]["gpu"]) == (f"pid:{plain.pid}", "process", 2)

@@ -1,8 +1,8 @@
 """Issue 6, "a slowed job is noticed": the same real DDP job (gloo, CPU, torchrun) run normally and with
-a slowed data loader, on a node whose GPUs come from the fake NVML backend (the one allowed fake;
-GPU utilization here is SYNTHETIC: the fake reports 30 % for every GPU and for every job process this
-test places on a GPU). The real agent (in-process: the real Agent class, with that fake behind its NVML
-seam) and the real collector (loopback gRPC, DuckDB in tmp_path) run their real analyzer: the slowed
+a slowed data loader, on a node whose GPUs come from the NVML emulator under the real pynvml (GPU
+utilization here is SYNTHETIC: the emulated node reports 30 % for every GPU and for every job process
+this test places on a GPU). The real agent (in-process: the real Agent class, the real binding behind
+its NVML seam) and the real collector (loopback gRPC, DuckDB in tmp_path) run their real analyzer: the slowed
 job's GPUs get an input-bound utilization_gap from its measured data-wait fraction; the normal job's
 do not."""
 
@@ -25,13 +25,13 @@ import psutil  # noqa: E402
 from gpuagent.collector.analysis import analyzer  # noqa: E402
 from gpuagent.collector.views import client
 from gpuagent.collector.ingest import server
-from fake_nvml import H100_8GPU, FakeNvmlBackend  # noqa: E402
 from gpuagent.agent.config import AgentConfig, CollectorConfig, JobsConfig  # noqa: E402
 from gpuagent.agent.daemon import Agent, build_node_info  # noqa: E402
 from gpuagent.agent.gpu_sampler import GpuSampler  # noqa: E402
 from gpuagent.agent.host_sampler import HostSampler  # noqa: E402
 from gpuagent.agent.job_discovery import JobDiscovery  # noqa: E402
 from gpuagent.common.nvml import Nvml  # noqa: E402
+from nvml_emulator_fixture import H100_8GPU  # noqa: E402
 from tests.conftest import wait_for  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -40,14 +40,15 @@ STEPS = 50
 SYNTHETIC_GPU_UTIL = 30
 
 
-def test_slowed_loader_raises_input_bound_utilization_gap(tmp_path):
+def test_slowed_loader_raises_input_bound_utilization_gap(tmp_path, nvml_emulator):
     col = server.start_collector(tmp_path / "collector.duckdb", "127.0.0.1:0",
                                  analyzer_config=analyzer.AnalyzerConfig(min_minutes=1), analyze=False)
-    backend = FakeNvmlBackend(H100_8GPU)
-    for g in backend.gpus:
-        g["processes"] = []
-        g["util_gpu_percent"] = SYNTHETIC_GPU_UTIL
-    gpu = GpuSampler(Nvml(backend=backend))
+    emu = nvml_emulator(H100_8GPU, clock="real")    # the agent ticks in real time: process samples must move
+    for pid in {p["pid"] for g in emu.model["gpus"] for p in g.get("processes", ())}:
+        emu.remove_process(pid)
+    for i in range(len(emu.model["gpus"])):
+        emu.set(i, "util_gpu_percent", SYNTHETIC_GPU_UTIL)
+    gpu = GpuSampler(Nvml())
     samplers = [HostSampler(), gpu, JobDiscovery(gpu_sampler=gpu, scan_interval_s=0.25, end_grace_s=2)]
     sock = str(tmp_path / "jobs.sock")
     cfg = AgentConfig(collector=CollectorConfig(address=col.address), interval_s=0.25, batch_interval_s=0.5,
@@ -75,7 +76,7 @@ def test_slowed_loader_raises_input_bound_utilization_gap(tmp_path):
         placed: set[int] = set()
 
         def place_workers_and_check_done():
-            # Each rank of a job "runs on" its own fake GPU: rank r of job j on GPU first_gpu[j] + r.
+            # Each rank of a job "runs on" its own emulated GPU: rank r of job j on GPU first_gpu[j] + r.
             for name, p in procs.items():
                 try:
                     kids = psutil.Process(p.pid).children()
@@ -89,7 +90,7 @@ def test_slowed_loader_raises_input_bound_utilization_gap(tmp_path):
                     except (psutil.Error, ValueError):
                         continue
                     if rank >= 0:
-                        backend.add_process(first_gpu[name] + rank, k.pid, 8 << 30, SYNTHETIC_GPU_UTIL)
+                        emu.add_process(first_gpu[name] + rank, k.pid, 8 << 30, sm_util_percent=SYNTHETIC_GPU_UTIL)
                         placed.add(k.pid)
             return all(p.poll() is not None for p in procs.values())
 

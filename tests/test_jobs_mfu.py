@@ -1,8 +1,8 @@
 """MFU from the tracker (issue 15): a script declares its model FLOPs, the agent reports model FLOPs
 utilization against the GPU's dense BF16 peak in job_steps and `gpuagent status`.
 
-The end-to-end test runs the real agent CLI with the fake NVML backend (tests/fake_nvml_agent.py: an
-8 x "NVIDIA H100 80GB HBM3" node, SYNTHETIC values), the real collector (gRPC on loopback, DuckDB in
+The end-to-end test runs the real agent CLI (`python -m gpuagent.agent.cli run`) on the real pynvml over
+the NVML emulator (an 8 x "NVIDIA H100 80GB HBM3" node, SYNTHETIC values, clock following real time), the real collector (gRPC on loopback, DuckDB in
 tmp_path) and real tracker processes, and checks every reported figure by arithmetic against the
 declared FLOPs, the measured step/token rate and the H100 SXM datasheet peak (989.4 TFLOPS).
 """
@@ -17,6 +17,8 @@ import pytest
 
 from agent_helpers import ROOT, agent_env, read_status, stop
 from conftest import wait_for
+from gpuagent.sim.nvml_emulator import Emulator
+from nvml_emulator_fixture import H100_8GPU, built_or_skip
 from gpuagent.collector.ingest import server
 from gpuagent.collector.views import client
 from gpuagent.common.gpu_peaks import dense_bf16_peak
@@ -77,10 +79,12 @@ def run(tmp_path_factory):
     col = server.start_collector(tmp / "c.duckdb", "127.0.0.1:0", analyze=False)
     cfg = tmp / "agent.toml"
     cfg.write_text("[probes]\nenabled = false\n[jobs]\nstep_window_s = 1\n")
-    env = agent_env(tmp, GPUAGENT_CONFIG=str(cfg))
+    built_or_skip()
+    emu = Emulator.start(tmp / "nvmlemu", H100_8GPU, clock="real")   # module-scoped: not the function fixture
+    env = emu.env(base=agent_env(tmp, GPUAGENT_CONFIG=str(cfg)))
     state = tmp / "state"
     log = open(tmp / "agent.log", "ab")
-    agent = subprocess.Popen([sys.executable, str(ROOT / "tests" / "fake_nvml_agent.py"), "run",
+    agent = subprocess.Popen([sys.executable, "-m", "gpuagent.agent.cli", "run",
                               "--collector", col.address, "--state-dir", str(state),
                               "--interval", "0.5", "--batch-interval", "0.5"],
                              stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)

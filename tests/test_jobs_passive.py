@@ -7,29 +7,29 @@ import os
 import subprocess
 import sys
 
-from fake_nvml import H100_8GPU, FakeNvmlBackend
 from gpuagent.agent.gpu_sampler import GpuSampler
 from gpuagent.agent.job_discovery import JobDiscovery
 from gpuagent.common.nvml import Nvml
+from nvml_emulator_fixture import H100_8GPU
 from gpuagent.agent.sampling import ListSink, now_ns
 from tests.conftest import BUSY, IDLE, spawn_python, wait_for
 
 
 
-def test_gpu_job_includes_its_data_loader_process(procs):
+def test_gpu_job_includes_its_data_loader_process(procs, nvml_emulator):
     trainer = spawn_python(IDLE, SLURM_JOB_ID="5150", RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
     loader = spawn_python(BUSY, SLURM_JOB_ID="5150", RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")   # no GPU
     stranger = spawn_python(IDLE, SLURM_JOB_ID="6000", RANK="0")          # another job, not on any GPU
     procs.extend([trainer, loader, stranger])
-    backend = FakeNvmlBackend(H100_8GPU)
-    for g in backend.gpus:
-        g["processes"] = []
-    backend.add_process(3, trainer.pid, 20 << 30, 90)
-    jd = JobDiscovery(gpu_sampler=GpuSampler(Nvml(backend=backend)), scan_interval_s=0, end_grace_s=30)
+    emu = nvml_emulator(H100_8GPU)
+    for pid in {p["pid"] for g in emu.model["gpus"] for p in g.get("processes", ())}:
+        emu.remove_process(pid)           # the fixture's processes would be other jobs: only the trainer
+    emu.add_process(3, trainer.pid, 20 << 30, sm_util_percent=90)
+    jd = JobDiscovery(gpu_sampler=GpuSampler(Nvml()), scan_interval_s=0, end_grace_s=30)
     sink = ListSink()
 
     def loader_sampled_with_cpu():
-        backend.advance(1)
+        emu.advance(1)
         jd.sample(now_ns(), sink)
         return [r for r in sink.job_samples if r["pid"] == loader.pid and r["cpu_percent"] > 0]
 

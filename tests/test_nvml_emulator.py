@@ -389,9 +389,9 @@ def test_gpm_needs_samples_over_100_ms_apart_and_has_its_own_model(node):
     nv = Nvml()
     try:
         reader = Gpm(nv)
-        assert reader.supported(MIG_GPU) and reader.read(MIG_GPU, 1) is None
+        assert reader.supported(MIG_GPU) and reader.read(MIG_GPU, 1, now_s=node.now()) is None
         node.advance(1)
-        vals = reader.read(MIG_GPU, 1)
+        vals = reader.read(MIG_GPU, 1, now_s=node.now())   # the reader's 100 ms gate on the node's clock
         assert vals["gpu_sm_active_percent"] == pytest.approx(fixture_gpu(MIG_GPU)["gpm_mig"]["1"]["sm_active"])
         reader.close()
     finally:

@@ -35,6 +35,7 @@ TOOLS: dict[str, str] = {
     "java": "openjdk-17-jre-headless",
     "losetup": "mount",
     "mkfs.ext4": "e2fsprogs",
+    "cc": "gcc",
 }
 
 INSTALL_COMMAND = "sudo scripts/install-test-deps.sh"

@@ -777,7 +777,7 @@ static int emu_parse(const char *path, emu_state *s, char *err, size_t errlen)
 
 /* ------------------------------------------------------------------------------------------------
  * Events: queued per event set; an event for a GPU no set is registered for waits in "pending"
- * until one registers (so a fixture's events reach the first set, as in tests/fake_nvml.py). */
+ * until one registers (so a fixture's events reach the first set that registers). */
 static void emu_queue_push(nvmlEventSet_t set, const emu_event *ev)
 {
     if (set->count == EMU_QUEUE) {
