@@ -3,7 +3,8 @@
 #   1. Every test not marked `alone`, on TEST_WORKERS pytest-xdist workers (default 4, twice the cores here).
 #      Many tests wait (on daemons starting, timers, faults that last a fixed time), so more workers than cores
 #      keeps the cores busy; each test owns its ports, namespaces, mounts and state dirs (docs/DEVELOPMENT.md).
-#      Tests sharing an expensive setup run on one worker (tests/conftest.py SHARED_SETUP, --dist loadgroup).
+#      Each file runs on one worker (--dist loadfile), so its module fixtures are built once; the longest files
+#      start first (tests/conftest.py LONGEST_FIRST).
 #   2. The tests marked `alone`, one at a time, with the machine to themselves: they measure CPU shares or
 #      need a quiet machine. The list is ALONE in tests/conftest.py, the one place it is declared.
 # SHUFFLE=1 runs both parts in a random order (pytest-randomly; the seed is printed, and
@@ -27,7 +28,7 @@ case "${SHUFFLE:-}" in
 esac
 
 start=$SECONDS
-"$PY" -m pytest -q -n "$WORKERS" --dist loadgroup -m "not alone" "${order[@]}" --junitxml="$OUT/parallel.xml" "$@"
+"$PY" -m pytest -q -n "$WORKERS" --dist loadfile -m "not alone" "${order[@]}" --junitxml="$OUT/parallel.xml" "$@"
 rc1=$?
 mid=$SECONDS
 "$PY" -m pytest -q -m alone "${order[@]}" --junitxml="$OUT/alone.xml" "$@"

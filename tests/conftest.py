@@ -123,30 +123,14 @@ LONGEST_FIRST = ("test_lake_scale.py", "test_fault_network.py", "test_fabric_e2e
                  "test_exporter_prometheus.py")
 
 
-# Files whose tests share something expensive: a module-scoped fixture (training jobs, a fabric fleet, a
-# certificate authority...) or the per-process SYNTHETIC fleet of sim_helpers.fleet_db. scripts/test.sh runs
-# xdist with --dist loadgroup, and each group runs on one worker, so the shared part is built once.
-SHARED_SETUP = {
-    "simfleet": ("test_compare.py", "test_lake.py", "test_lake_crash.py", "test_lake_spark.py",
-                 "test_report_chromium.py", "test_report_links.py"),
-    **{name: (name,) for name in (
-        "test_auth_roles.py", "test_collector_auth_sql.py", "test_collector_client_certs.py",
-        "test_collector_tls_reflection.py", "test_fabric_cli.py", "test_fabric_e2e.py", "test_fault_properties.py",
-        "test_gpu_check.py", "test_jobs_mfu.py", "test_jobs_training.py", "test_nvml_real.py")},
-}
-_GROUP_OF = {f: group for group, files in SHARED_SETUP.items() for f in files}
-
-
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in ALONE or item.nodeid in ALONE:
             item.add_marker(pytest.mark.alone)
-        group = _GROUP_OF.get(item.path.name)
-        if group:
-            item.add_marker(pytest.mark.xdist_group(group))
-    # The long tests first (a stable sort: the same order in every xdist worker), longest files first, then the
-    # other slow ones: the workers start on them and fill in with short tests, instead of one long test started
-    # last keeping the run going alone.
+    # The long files first (a stable sort: the same order in every xdist worker), then the other files with slow
+    # tests: scripts/test.sh hands out whole files (--dist loadfile, so a module fixture is built once), and the
+    # workers start on the long ones and fill in with short ones, instead of one long file started last
+    # keeping the run going alone.
     first = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: (first.get(item.path.name, len(first)), 0 if item.get_closest_marker("slow") else 1))
     if any("gpu" in item.keywords for item in items) and not _cuda_available():
