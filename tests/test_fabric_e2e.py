@@ -225,6 +225,9 @@ def test_a_job_on_the_gpus_keeps_fabric_traffic_off_the_node(bed):
     try:
         # the emulated node lists the job's process on GPU 0; job discovery sees it at a tick
         wait_for(lambda: _gpu0_jobs(bed, "n1"), timeout=30, interval=0.2, what="n1's job on GPU 0 in its status")
+        # The round in flight may have paired n1 before its job was seen, and that run's bytes would count
+        # below: let it finish before counting (later rounds' offers reach n1 with the job already seen).
+        bed.wait_rounds(bed.next_round(), 1)
         before = _eth0_bytes(bed, "n1")
         sweep = bed.sweep_after_now()
         moved = _eth0_bytes(bed, "n1") - before

@@ -74,6 +74,7 @@ def finish(fault: str, bed: Bed, a: Agent) -> dict:
     high = a.seq_high()
     node = a.status()["node"]["node_id"]
     t0 = time.monotonic()
+    wait_for(lambda: a.acked() > high, timeout=120, what=f"{a.name}: a batch cut after the fault acked (reconnected)")
     # The fault's backlog is delivered: every batch cut up to the end of the fault is stored, counted by seq
     # (not "the spool is nearly empty": the agent keeps cutting a batch every 0.2 s, so how many are in
     # flight at any instant depends on the machine's load, not on the property).
