@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # `make test`: the whole suite, in two parts.
 #   1. Every test not marked `alone`, on TEST_WORKERS pytest-xdist workers (default 4, twice the cores here).
-#      Many tests wait (on daemons starting, timers, faults that last a fixed time), so more workers than cores
-#      keeps the cores busy; each test owns its ports, namespaces, mounts and state dirs (docs/DEVELOPMENT.md).
+#      Many tests wait (on daemons starting, timers, faults that last a fixed time), so two workers a core fill
+#      the gaps; past that the suite is CPU-bound on 2 cores and more workers only slow each test (at 6 the load
+#      reached 24). Each test owns its ports, namespaces, mounts and state dirs (docs/DEVELOPMENT.md).
 #      Each file runs on one worker (--dist loadfile), so its module fixtures are built once; the longest files
 #      start first (tests/conftest.py LONGEST_FIRST).
 #   2. The tests marked `alone`, one at a time, with the machine to themselves: they measure CPU shares or
