@@ -16,8 +16,14 @@ video engines, row remapping, the vGPU license, NVLink bytes with protocol heade
 instance's id, profile name and framebuffer (from the one MIG device listing, ``_mig_devices``). The
 framebuffer's used/free/reserved come from the tick's one memory read (nvmlMemory_v2, v1 fallback).
 
+Hardware health (issue 23; ``_health_values``): aggregate ECC, retired pages per cause and pending,
+clock-event durations per reason (field values, in the tick's one nvmlDeviceGetFieldValues call, every
+``health_every`` ticks), NVLink state per link (every ``health_every`` ticks) and error counters per link
+(read when the NVLink error totals, fields asked every tick, change). docs/METRICS.md says how often.
+
 Events:
-- ``xid``: value = the XID number, from nvmlEventSetWait with a 0 ms timeout each tick (never blocks).
+- ``xid``: value = the XID number, from nvmlEventSetWait with a 0 ms timeout each tick (never blocks); attrs
+  source "nvml" and pci_bus_id (kernel form, "0000:3a:00.0"), for the kernel-log reader's deduplication.
 - ``gpu_lost``: the GPU answered GPU_IS_LOST (fell off the bus); it is not queried again.
 - ``throttle_change``: the decoded set of clock-event reasons changed (``gpu_idle`` alone does not
   trigger it: an idle GPU is not throttled in any way that matters); attrs carry old/new names.
@@ -30,11 +36,20 @@ import os
 import time
 from typing import Any, Mapping
 
-from gpuagent.common.nvml import EVENT_TYPE_XID, VIRT_MODES, Gpm, Nvml, decode_throttle, sysfs_bus_id
+from gpuagent.common.nvml import (
+    ERROR_INVALID_ARGUMENT,
+    ERROR_NOT_SUPPORTED,
+    EVENT_TYPE_XID,
+    VIRT_MODES,
+    Gpm,
+    Nvml,
+    decode_throttle,
+    sysfs_bus_id,
+)
 
 log = logging.getLogger("gpuagent.gpu_sampler")
 
-_NVLINK_RECHECK_S = 60.0  # link state rarely changes; re-count active links this often
+_HEALTH_EVERY = 10        # ticks between reads of NVLink link state / per-link errors (and retired pages by call)
 _STATIC_RECHECK_S = 60.0  # max clocks and max PCIe link: re-read this often
 _PCIE_RETRY_S = 60.0      # PCIe byte counters (fields 197/198) dropped out: ask for them again this often
 _MIG_RECHECK_S = 60.0     # MIG devices (GPU instances) of a MIG GPU: re-list this often
@@ -52,6 +67,26 @@ _GPM_INSTANCE_FIELDS = {"gpu_gr_engine_active_percent": "gr_engine_active_percen
                         "gpu_sm_occupancy_percent": "sm_occupancy_percent",
                         "gpu_tensor_active_percent": "tensor_active_percent",
                         "gpu_dram_active_percent": "dram_active_percent"}
+
+# Hardware-health field values (nvml.h NVML_FI_DEV_*), read in the one field-values call per GPU per tick.
+_FI_ECC_AGG = ((5, "gpu_ecc_aggregate_corrected_total", 0),       # NVML_FI_DEV_ECC_SBE_AGG_TOTAL
+               (6, "gpu_ecc_aggregate_uncorrected_total", 1))     # NVML_FI_DEV_ECC_DBE_AGG_TOTAL
+_FI_RETIRED_SBE, _FI_RETIRED_DBE, _FI_RETIRED_PENDING = 29, 30, 31  # NVML_FI_DEV_RETIRED_SBE/_DBE/_PENDING
+# Clock-event durations in ns (nvml.h "Field values for Clock Throttle Reason Counters"): 74 and 76 are
+# NVML_FI_DEV_PERF_POLICY_POWER / _SYNC_BOOST, which nvml.h names ..._CLOCKS_EVENT_REASON_SW_POWER_CAP /
+# _SYNC_BOOST. NVML has no duration for the HW slowdown bit itself; its causes are hw_thermal and hw_power_brake.
+_FI_CLOCK_EVENTS = ((74, "sw_power_cap"), (76, "sync_boost"), (269, "sw_thermal"), (270, "hw_thermal"),
+                    (271, "hw_power_brake"))
+# NVLink error totals over all links (NVML_FI_DEV_NVLINK_*_ERROR_COUNT_TOTAL): a change says a per-link read is due.
+_FI_NVLINK_ERR_TOTALS = ((38, "crc_flit"), (45, "crc_data"), (52, "replay"), (59, "recovery"))
+# nvmlNvLinkErrorCounter_t (nvml.h): the per-link counters, by the label they get
+_NVLINK_ERRORS = (("crc_flit", 2), ("crc_data", 3), ("replay", 0), ("recovery", 1))
+# Read every ``health_every`` ticks (they change seldom, or are cumulative: nothing is lost between reads) ...
+_SLOW_FIDS = frozenset([f for f, _, _ in _FI_ECC_AGG] + [_FI_RETIRED_SBE, _FI_RETIRED_DBE, _FI_RETIRED_PENDING]
+                       + [f for f, _ in _FI_CLOCK_EVENTS])
+# ... and every tick: the NVLink error totals (a change triggers the per-link read)
+_TICK_FIDS = frozenset(f for f, _ in _FI_NVLINK_ERR_TOTALS)
+_HEALTH_FIDS = _SLOW_FIDS | _TICK_FIDS
 
 # Common XIDs and their meaning, from NVIDIA's "XID Errors" table (docs.nvidia.com/deploy/xid-errors).
 XID_DESCRIPTIONS = {
@@ -87,7 +122,8 @@ class GpuSampler:
     name = "gpu"
 
     def __init__(self, nvml: Nvml | None = None, pcie_fallback_every: int = 10, gpm: bool = True,
-                 sys_root: str = "/sys", pcie_retry_s: float = _PCIE_RETRY_S) -> None:
+                 sys_root: str = "/sys", pcie_retry_s: float = _PCIE_RETRY_S,
+                 health_every: int = _HEALTH_EVERY) -> None:
         self.nvml = nvml if nvml is not None else Nvml()
         self.sys_root = sys_root                    # sysfs root (tests give a tmp tree): NUMA nodes, PCI devices
         self.pcie_retry_s = pcie_retry_s
@@ -103,7 +139,15 @@ class GpuSampler:
         self._pcie_fallback_tick: dict[int, int] = {}
         self.pcie_fallback_every = pcie_fallback_every
         self._nvlink_links: dict[int, int | None] = {}
-        self._nvlink_checked: dict[int, float] = {}
+        self.health_every = max(1, int(health_every))
+        self._ticks: dict[int, int] = {}                 # GPU -> ticks sampled so far
+        self._nvlink_up: dict[int, dict[int, int] | None] = {}     # GPU -> {link: 1 up / 0 down}; None: no NVLink
+        self._nvlink_err: dict[int, dict[int, dict[str, int]]] = {}  # GPU -> link -> counter -> count
+        self._nvlink_totals: dict[int, tuple[int, ...] | None] = {}  # GPU -> the error totals at the last per-link read
+        self._nvlink_bad: dict[int, dict[int, dict[str, int]]] = {}  # GPU -> the links with a non-zero error count
+        self._fields_off: dict[int, set[int]] = {}       # GPU -> health field ids that answered NOT_SUPPORTED
+        self._clock_s: dict[int, dict[str, float]] = {}   # GPU -> reason -> clock-event seconds (last read)
+        self._bus_ids: dict[int, str] = {}               # GPU -> PCI bus id, kernel form ("0000:18:00.0")
         self._proc_last_seen_us: dict[int, int] = {}
         self._event_set: Any = None
         self._event_gpus: set[int] = set()
@@ -130,6 +174,9 @@ class GpuSampler:
             self._fi_mem_temp = n.const("NVML_FI_DEV_MEMORY_TEMP", 82)
             self._fi_nvl_raw_tx = n.const("NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_TX", 140)
             self._fi_nvl_raw_rx = n.const("NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_RX", 141)
+            self._ecc_agg = n.const("NVML_AGGREGATE_ECC", 1)
+            for i in range(n.device_count):   # before any XID 79: a GPU off the bus answers nothing
+                self._bus_ids[i] = sysfs_bus_id(_bus_id(n.query("nvmlDeviceGetPciInfo", n.handle(i), gpu=i)))
             self._setup_events()
 
     # ------------------------------------------------------------------ inventory
@@ -342,11 +389,13 @@ class GpuSampler:
             gpu = int(gpu) if gpu is not None else -1
             xid = int(data.eventData)
             what = XID_DESCRIPTIONS.get(xid, "")
+            bus = self._bus_ids.get(gpu, "") if gpu >= 0 else ""
             if gpu >= 0:
                 self.last_xid[gpu] = xid
             sink.event("xid", f"XID {xid} on GPU {gpu}" + (f" ({what})" if what else ""), gpu=gpu,
-                       value=float(xid), attrs={"xid": str(xid), "description": what,
-                                                "event_type": hex(int(data.eventType))}, ts_ns=ts_ns)
+                       value=float(xid), attrs={"xid": str(xid), "description": what, "source": "nvml",
+                                                "pci_bus_id": bus, "event_type": hex(int(data.eventType))},
+                       ts_ns=ts_ns)
 
     # ------------------------------------------------------------------ the tick
     def sample(self, ts_ns: int, sink) -> None:
@@ -425,8 +474,19 @@ class GpuSampler:
         put("gpu_pcie_replay_count", q("nvmlDeviceGetPcieReplayCounter", h, gpu=i))
         put("gpu_ecc_corrected_total", q("nvmlDeviceGetTotalEccErrors", h, self._ecc_corr, self._ecc_vol, gpu=i))
         put("gpu_ecc_uncorrected_total", q("nvmlDeviceGetTotalEccErrors", h, self._ecc_unc, self._ecc_vol, gpu=i))
-        self._counters(i, h, ts, put)
-        self._dcgm_values(i, h, ts, put, cur)
+        tick = self._ticks.get(i, 0)
+        self._ticks[i] = tick + 1
+        links = self._nvlink_links_active(i, h, tick)
+        if links is not None:
+            put("gpu_nvlink_active_links", links)
+        want_pcie = self._pcie_counters.get(i, True)
+        if not want_pcie and ts / 1e9 >= self._pcie_retry_at.get(i, 0.0):
+            want_pcie = True      # time to see whether the counters answer again
+        slow = tick % self.health_every == 0
+        got = self._field_values(i, h, want_pcie, links, slow)
+        self._counters(i, h, ts, put, got, want_pcie)
+        self._dcgm_values(i, h, ts, put, cur, got)
+        self._health_values(i, h, put, cur, got or {}, tick)
         self.last[i] = cur
 
     def _gpm_values(self, i: int, h: Any, put, cur: dict[str, Any], ts: int) -> None:
@@ -489,25 +549,69 @@ class GpuSampler:
                               "added": ",".join(added), "removed": ",".join(removed)}, ts_ns=ts)
         self._prev_reasons[i] = relevant
 
-    def _nvlink_links_active(self, i: int, h: Any) -> int | None:
-        """Active NVLink links (re-counted every minute); None when the GPU has no NVLink."""
-        n = self.nvml
-        now = time.monotonic()
-        if i not in self._nvlink_links or now - self._nvlink_checked.get(i, 0.0) > _NVLINK_RECHECK_S:
-            self._nvlink_checked[i] = now
-            active = None
-            for link in range(self._nvl_max):
-                st, code = n.query_raw("nvmlDeviceGetNvLinkState", h, link)
-                if code is not None:
-                    if link == 0:   # no NVLink on this GPU (PCIe card, vGPU): say so once
-                        n.mark_unsupported("nvmlDeviceGetNvLinkState", i, f"no NVLink (NVML error {code})")
-                    break
-                active = (active or 0) + (1 if int(st) == self._feature_on else 0)
-            self._nvlink_links[i] = active
+    def _nvlink_links_active(self, i: int, h: Any, tick: int) -> int | None:
+        """Active NVLink links, from the state of each link (nvmlDeviceGetNvLinkState, links 0, 1, ...
+        until one answers an error), re-read every ``health_every`` ticks; None when the GPU has no NVLink."""
+        if i not in self._nvlink_links or tick % self.health_every == 0:
+            self._read_nvlink_state(i, h)
         return self._nvlink_links.get(i)
 
-    def _counters(self, i: int, h: Any, ts: int, put) -> None:
-        """PCIe and NVLink byte rates from cumulative counters, in one nvmlDeviceGetFieldValues call.
+    def _read_nvlink_state(self, i: int, h: Any) -> None:
+        n = self.nvml
+        if n.is_unsupported("nvmlDeviceGetNvLinkState", i) or i in n.lost:
+            self._nvlink_links.setdefault(i, None)
+            self._nvlink_up.setdefault(i, None)
+            return
+        up: dict[int, int] | None = None
+        for link in range(self._nvl_max):
+            st, code = n.query_raw("nvmlDeviceGetNvLinkState", h, link)
+            if code is not None:
+                if link == 0:   # no NVLink on this GPU (PCIe card, vGPU): say so once
+                    n.mark_unsupported("nvmlDeviceGetNvLinkState", i, f"no NVLink (NVML error {code})")
+                break
+            up = up if up is not None else {}
+            up[link] = 1 if int(st) == self._feature_on else 0
+        self._nvlink_up[i] = up
+        self._nvlink_links[i] = sum(up.values()) if up is not None else None
+
+    def _field_values(self, i: int, h: Any, want_pcie: bool, links: int | None, slow: bool) -> dict[int, Any] | None:
+        """The GPU's one nvmlDeviceGetFieldValues call per tick: field id -> value union of the fields
+        that answered; None when the whole call failed. It carries the PCIe byte counters (when wanted)
+        and NVLink bytes (``_counters``), the memory temperature and raw NVLink bytes (``_dcgm_values``)
+        and the health fields (``_health_values``) this GPU has not refused: the NVLink error totals every
+        tick, the others when ``slow`` (every ``health_every`` ticks). A health field answering NOT_SUPPORTED
+        is not asked again (``_health_values`` says so once, or falls back to a call)."""
+        n = self.nvml
+        fields: list[tuple[int, int]] = []
+        if want_pcie:
+            fields += [(self._fi_pcie_tx, 0), (self._fi_pcie_rx, 0)]
+        if links is not None:
+            # scopeId UINT_MAX: the sum over all links (nvml.h, NVLink throughput field values)
+            fields += [(self._fi_nvl_tx, 0xFFFFFFFF), (self._fi_nvl_rx, 0xFFFFFFFF)]
+        fields.append((self._fi_mem_temp, 0))
+        if links is not None:
+            # Data + protocol overhead (nvml.h), summed over all links (scopeId UINT_MAX): DCGM's
+            # PROF_NVLINK_*_BYTES count header and payload.
+            fields += [(self._fi_nvl_raw_tx, 0xFFFFFFFF), (self._fi_nvl_raw_rx, 0xFFFFFFFF)]
+        off = self._fields_off.setdefault(i, set())
+        if links is not None:
+            fields += [(fid, 0) for fid, _ in _FI_NVLINK_ERR_TOTALS if fid not in off]
+        if slow:
+            fields += [(fid, 0) for fid in sorted(_SLOW_FIDS - off)]
+        vals = n.query("nvmlDeviceGetFieldValues", h, fields, gpu=i)
+        if vals is None:
+            return None
+        got: dict[int, Any] = {}
+        for v in vals:
+            fid, rc = int(v.fieldId), int(v.nvmlReturn)
+            if rc == 0:
+                got[fid] = v.value
+            elif fid in _HEALTH_FIDS and rc in (ERROR_NOT_SUPPORTED, ERROR_INVALID_ARGUMENT):
+                off.add(fid)      # INVALID_ARGUMENT: a field id newer than this driver
+        return got
+
+    def _counters(self, i: int, h: Any, ts: int, put, got: dict[int, Any] | None, want_pcie: bool) -> None:
+        """PCIe and NVLink byte rates from cumulative counters, from the tick's field-values call.
 
         Why counters: nvmlDeviceGetPcieThroughput samples for 20 ms per call (2 calls per GPU per
         tick would block the tick for 40 ms x GPUs). When the PCIe byte counter fields
@@ -517,27 +621,11 @@ class GpuSampler:
         """
         n = self.nvml
         t = ts / 1e9
-        links = self._nvlink_links_active(i, h)
-        if links is not None:
-            put("gpu_nvlink_active_links", links)
-        want_pcie = self._pcie_counters.get(i, True)
-        if not want_pcie and t >= self._pcie_retry_at.get(i, 0.0):
-            want_pcie = True      # time to see whether the counters answer again
-        fields: list[tuple[int, int]] = []
-        if want_pcie:
-            fields += [(self._fi_pcie_tx, 0), (self._fi_pcie_rx, 0)]
-        if links is not None:
-            # scopeId UINT_MAX: the sum over all links (nvml.h, NVLink throughput field values)
-            fields += [(self._fi_nvl_tx, 0xFFFFFFFF), (self._fi_nvl_rx, 0xFFFFFFFF)]
-        got: dict[int, int] = {}
-        if fields:
-            vals = n.query("nvmlDeviceGetFieldValues", h, fields, gpu=i)
-            if vals is None and want_pcie and self._pcie_counters.get(i, True) \
-                    and not n.is_unsupported("nvmlDeviceGetFieldValues", i):
-                return    # the whole call failed for now (UNKNOWN, ...): no rates this tick, same mode next
-            for v in vals or ():
-                if int(v.nvmlReturn) == 0:
-                    got[int(v.fieldId)] = int(v.value.ullVal)
+        if got is None and want_pcie and self._pcie_counters.get(i, True) \
+                and not n.is_unsupported("nvmlDeviceGetFieldValues", i):
+            return    # the whole call failed for now (UNKNOWN, ...): no rates this tick, same mode next
+        got = {fid: int(v.ullVal) for fid, v in (got or {}).items()
+               if fid in (self._fi_pcie_tx, self._fi_pcie_rx, self._fi_nvl_tx, self._fi_nvl_rx)}
         if want_pcie and self._fi_pcie_tx in got and self._fi_pcie_rx in got:
             if not self._pcie_counters.get(i, True):
                 self._pcie_counters[i] = True      # back: the snapshot stops
@@ -553,6 +641,113 @@ class GpuSampler:
         if self._fi_nvl_tx in got and self._fi_nvl_rx in got:
             self._rate(("nvlink", i), t, got[self._fi_nvl_tx], got[self._fi_nvl_rx], 1024.0,
                        "gpu_nvlink_tx_bytes_per_s", "gpu_nvlink_rx_bytes_per_s", put)
+
+    # ------------------------------------------------------------------ hardware health
+    def _health_values(self, i: int, h: Any, put, cur: dict[str, Any], got: dict[int, Any], tick: int) -> None:
+        """Aggregate ECC, retired pages, clock-event durations (from the field values, every ``health_every``
+        ticks) and NVLink per-link state and errors (docs/METRICS.md "GPU sampler"). A field this GPU
+        refuses falls back to its call (ECC, retired pages) or is reported once (clock events)."""
+        n = self.nvml
+        if i in n.lost:
+            return
+        if tick % self.health_every:
+            cur["clock_event_seconds"] = self._clock_s.get(i, {})
+            self._nvlink_health(i, h, put, cur, got, tick)
+            return
+        refused = self._fields_off.get(i, set())       # fields this GPU answered NOT_SUPPORTED
+        # without field values at all (the call is NOT_SUPPORTED: said once for the call), every field is off
+        off = _HEALTH_FIDS if n.is_unsupported("nvmlDeviceGetFieldValues", i) else refused
+        for fid, metric, etype in _FI_ECC_AGG:   # lifetime counts (volatile + earlier driver loads)
+            if fid in got:
+                put(metric, got[fid].ullVal)
+            elif fid in off:
+                put(metric, n.query("nvmlDeviceGetTotalEccErrors", h, etype, self._ecc_agg, gpu=i,
+                                    key="nvmlDeviceGetTotalEccErrors (aggregate)"))
+        self._retired_pages(i, h, put, cur, got, off)
+        clocks: dict[str, float] = {}
+        for fid, reason in _FI_CLOCK_EVENTS:
+            if fid in got:
+                clocks[reason] = int(got[fid].ullVal) / 1e9      # ns -> s
+                put("gpu_clock_event_duration_seconds_total", clocks[reason], {"reason": reason})
+            elif fid in refused:
+                n.mark_unsupported(f"clock-event duration {reason}", i,
+                                   f"field value {fid} not supported by this GPU or driver")
+        self._clock_s[i] = clocks
+        cur["clock_event_seconds"] = clocks
+        self._nvlink_health(i, h, put, cur, got, tick)
+
+    def _retired_pages(self, i: int, h: Any, put, cur: dict[str, Any], got: dict[int, Any], off: set[int]) -> None:
+        """Pages retired per cause and pages pending retirement: the field values, else (a driver without
+        them) nvmlDeviceGetRetiredPages per cause and ...PendingStatus; both every ``health_every`` ticks. GPUs from
+        Ampere on remap rows instead and answer NOT_SUPPORTED: never asked again, and said once only
+        where the GPU has no row remapping either."""
+        n = self.nvml
+        if _FI_RETIRED_SBE in got and _FI_RETIRED_DBE in got:
+            sbe, dbe = int(got[_FI_RETIRED_SBE].ullVal), int(got[_FI_RETIRED_DBE].ullVal)
+            pend = int(got[_FI_RETIRED_PENDING].ullVal) if _FI_RETIRED_PENDING in got else None
+        elif _FI_RETIRED_SBE in off or _FI_RETIRED_DBE in off:
+            if n.is_unsupported("nvmlDeviceGetRetiredPages", i):
+                return
+            # NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS (0), _DOUBLE_BIT_ECC_ERROR (1)
+            got_sbe = n.query("nvmlDeviceGetRetiredPages", h, 0, gpu=i, report=False)
+            if got_sbe is None:
+                # GPUs from Ampere on remap rows instead: nothing is missing where gpu_remapped_rows_* come
+                if n.is_unsupported("nvmlDeviceGetRetiredPages", i) and "gpu_remapped_rows_pending" not in cur:
+                    n.mark_unsupported("retired pages", i, "nvmlDeviceGetRetiredPages not supported and no "
+                                       "row remapping either: no memory page retirement figures")
+                return
+            got_dbe = n.query("nvmlDeviceGetRetiredPages", h, 1, gpu=i)
+            if got_dbe is None:
+                return
+            sbe, dbe = len(got_sbe), len(got_dbe)
+            pend = n.query("nvmlDeviceGetRetiredPagesPendingStatus", h, gpu=i)
+        else:
+            return
+        put("gpu_retired_pages_total", sbe, {"cause": "single_bit_ecc"})
+        put("gpu_retired_pages_total", dbe, {"cause": "double_bit_ecc"})
+        if pend is not None:
+            put("gpu_retired_pages_pending", 1 if pend else 0)
+
+    def _nvlink_health(self, i: int, h: Any, put, cur: dict[str, Any], got: dict[int, Any], tick: int) -> None:
+        """gpu_nvlink_link_up{link} for each link that answers its state, and
+        gpu_nvlink_errors_total{link,counter} (nvmlDeviceGetNvLinkErrorCounter per link and counter: the
+        per-link field ids stop at link 11, an H100 has 18). The link state is read every ``health_every``
+        ticks; the per-link errors on the first tick and whenever one of the GPU's NVLink error totals (4
+        field values, every tick) changed (then the state too), so unchanged totals mean unchanged links;
+        where the totals do not answer, every ``health_every`` ticks. Both series are emitted on those
+        ticks only."""
+        n = self.nvml
+        if self._nvlink_up.get(i) is None:
+            return
+        fids = [f for f, _ in _FI_NVLINK_ERR_TOTALS]
+        totals = tuple(int(got[f].ullVal) for f in fids) if all(f in got for f in fids) else None
+        regular = tick % self.health_every == 0
+        changed = totals is not None and totals != self._nvlink_totals.get(i)
+        if i not in self._nvlink_err or changed or (regular and totals is None):
+            if not regular:                   # a total moved between the regular reads: the state too
+                self._read_nvlink_state(i, h)
+            errs: dict[int, dict[str, int]] = {}
+            for link in self._nvlink_up.get(i) or {}:
+                row: dict[str, int] = {}
+                for name, cid in _NVLINK_ERRORS:
+                    v = n.query("nvmlDeviceGetNvLinkErrorCounter", h, link, cid, gpu=i,
+                                key=f"nvmlDeviceGetNvLinkErrorCounter ({name})")
+                    if v is not None:
+                        row[name] = int(v)
+                errs[link] = row
+            self._nvlink_err[i] = errs
+            self._nvlink_totals[i] = totals
+            self._nvlink_bad[i] = {k: v for k, v in errs.items() if any(v.values())}
+        elif not regular:
+            cur["nvlink_link_up"], cur["nvlink_errors"] = self._nvlink_up.get(i) or {}, self._nvlink_bad.get(i, {})
+            return
+        up = self._nvlink_up.get(i) or {}
+        errs = self._nvlink_err.get(i, {})
+        for link, state in up.items():
+            put("gpu_nvlink_link_up", state, {"link": str(link)})
+            for name, v in errs.get(link, {}).items():
+                put("gpu_nvlink_errors_total", v, {"link": str(link), "counter": name})
+        cur["nvlink_link_up"], cur["nvlink_errors"] = up, self._nvlink_bad.get(i, {})
 
     def _rate(self, key, t: float, tx: int, rx: int, scale: float, m_tx: str, m_rx: str, put) -> None:
         prev = self._counter_prev.get(key)
@@ -576,7 +771,7 @@ class GpuSampler:
         put("gpu_pcie_rx_bytes_per_s", rx * 1024.0 if rx is not None else None)
 
     # ------------------------------------------------------------------ dcgm-exporter's defaults
-    def _dcgm_values(self, i: int, h: Any, ts: int, put, cur: dict[str, Any]) -> None:
+    def _dcgm_values(self, i: int, h: Any, ts: int, put, cur: dict[str, Any], got: dict[int, Any] | None) -> None:
         """The values behind dcgm-exporter's default metrics that the reads above do not cover
         (docs/EXPORTER.md): memory temperature, video engines, row remapping, the vGPU license, NVLink
         bytes with protocol headers, and the MIG GPU instances."""
@@ -595,15 +790,7 @@ class GpuSampler:
             put("gpu_remapped_rows_pending", rows[2])
             put("gpu_row_remap_failure", rows[3])
         put("gpu_vgpu_license_status", self._vgpu_license(i, h))
-        fields = [(self._fi_mem_temp, 0)]
-        if self._nvlink_links.get(i) is not None:
-            # Data + protocol overhead (nvml.h), summed over all links (scopeId UINT_MAX): DCGM's
-            # PROF_NVLINK_*_BYTES count header and payload.
-            fields += [(self._fi_nvl_raw_tx, 0xFFFFFFFF), (self._fi_nvl_raw_rx, 0xFFFFFFFF)]
-        got: dict[int, Any] = {}
-        for v in q("nvmlDeviceGetFieldValues", h, fields, gpu=i) or ():
-            if int(v.nvmlReturn) == 0:
-                got[int(v.fieldId)] = v.value
+        got = got or {}
         if self._fi_mem_temp in got:
             temp = int(got[self._fi_mem_temp].uiVal)
             put("gpu_memory_temperature_celsius", temp if temp <= 200 else None)   # DCGM drops > 200 too

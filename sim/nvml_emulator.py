@@ -95,12 +95,21 @@ GPM_METRIC_IDS = {
     "nvlink_tx_mib_per_s": 61,    # NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC
 }
 
-# Clock-event bits (nvml.h nvmlClocksEventReason*) -> the violation counter they run.
+# Clock-event bits (nvml.h nvmlClocksEventReason*) -> the duration counter (ns) they run, and the
+# fixture name of that reason (key "clock_event_ns": reason -> ns, which sets the counter).
+# nvml.h maps NVML_PERF_POLICY_POWER to NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP and
+# NVML_PERF_POLICY_THERMAL to ..._SW_THERM_SLOWDOWN; the HW thermal / power brake durations are
+# field values only (270, 271). NVML has no duration counter for the HW slowdown bit (0x8) itself.
 _VIOLATION_BITS = (
-    ("viol_power_ns", 0x4 | 0x80),        # SW power cap, HW power brake
-    ("viol_thermal_ns", 0x20 | 0x40),     # SW / HW thermal slowdown
-    ("viol_sync_boost_ns", 0x10),
+    ("viol_power_ns", 0x4, "sw_power_cap"),
+    ("viol_thermal_ns", 0x20, "sw_thermal"),
+    ("viol_sync_boost_ns", 0x10, "sync_boost"),
+    ("viol_hw_thermal_ns", 0x40, "hw_thermal"),
+    ("viol_hw_power_brake_ns", 0x80, "hw_power_brake"),
 )
+CLOCK_EVENT_REASONS = tuple(r for _, _, r in _VIOLATION_BITS)
+# nvmlNvLinkErrorCounter_t order (nvml.h): the names "nvlink_link_errors" takes per link
+NVLINK_ERROR_COUNTERS = ("replay", "recovery", "crc_flit", "crc_data", "ecc_data")
 
 # Per-GPU fixture keys the emulator reads, with their kind and default (None: absent = not supported).
 _NUM = (int, float)
@@ -135,6 +144,10 @@ GPU_KEYS: dict[str, tuple[Any, Any]] = {
     "virtualization_mode": (int, 0), "processes": (list, []), "process_memory_unavailable": (bool, False),
     "not_supported": (list, []), "gpm": (dict, None), "gpm_mig": (dict, None), "gpm_supported": (bool, None),
     "remapped_rows": ((dict, list), {}), "retired_pages": (list, None), "grid_license": (dict, None),
+    # health signals (SYNTHETIC): pages pending retirement (GPUs with retired_pages only), NVLink links
+    # that are down, per-link NVLink error counts on top of the shared counters, clock-event durations
+    "retired_pages_pending": (bool, False), "nvlink_down": (list, []), "nvlink_link_errors": (dict, {}),
+    "clock_event_ns": (dict, {}),
     "vgpu_license": (dict, None),
     "supported_event_types": (int, EVENT_TYPE_XID), "lost": (bool, False),
 }
@@ -145,6 +158,8 @@ GLOBAL_KEYS: dict[str, Any] = {
     "util_sample_period_us": int,
 }
 _REQUIRED = ("name", "uuid", "pci_bus_id", "memory_total_bytes", "memory_used_bytes")
+_RETIRE_CAUSES = {"single_bit_ecc": 0, "double_bit_ecc": 1}   # nvmlPageRetirementCause_t (nvml.h)
+_MAX_LINKS = 36                                                # NVML_NVLINK_MAX_LINKS (nvml.h 13.x)
 
 
 class EmulatorError(ValueError):
@@ -349,7 +364,11 @@ class Emulator:
                 _validate_gpu(g, gpu)
                 if top in ("mig_instances", "mig_mode"):
                     _resolve_mig(self._model, g, gpu)
-                _sync_counters(g, self._now_ns(), changed={top})
+                changed = {top}
+                if top == "clock_event_ns":    # only the reasons named are set; the others keep running
+                    named = value if key == top else {key.split(".", 1)[1]: value}
+                    changed = {f"clock_event_ns.{r}" for r in named}
+                _sync_counters(g, self._now_ns(), changed=changed)
             self._commit()
 
     def set_driver_profile(self, profile: str) -> None:
@@ -360,6 +379,52 @@ class Emulator:
 
     def set_throttle(self, gpu: int, mask: int) -> None:
         self.set(gpu, "throttle_mask", int(mask))
+
+    def inject_health(self, gpu: int, *, retired_pages: Mapping[str, int] | None = None,
+                      retired_pending: bool | None = None, ecc_aggregate: Mapping[str, int] | None = None,
+                      nvlink_errors: Mapping[int, Mapping[str, int]] | None = None,
+                      nvlink_down: Iterable[int] | None = None,
+                      clock_event_ns: Mapping[str, int] | None = None) -> None:
+        """SYNTHETIC hardware-health state of ``gpu``, each given argument set as it is from now on (a
+        lower value than before is a counter reset, as after a driver reload):
+
+        - ``retired_pages``: {"single_bit_ecc": n, "double_bit_ecc": m} pages retired per cause (makes
+          the GPU one with page retirement, as before Ampere; ``{}`` keeps it with none);
+        - ``retired_pending``: pages waiting for a reboot to be retired;
+        - ``ecc_aggregate``: {"corrected": n, "uncorrected": m} lifetime ECC counts before this driver load;
+        - ``nvlink_errors``: {link: {"crc_flit": n, "crc_data": .., "replay": .., "recovery": ..}} per link;
+        - ``nvlink_down``: the links whose state is DISABLED (the others of the GPU's links are up);
+        - ``clock_event_ns``: {reason: ns} clock-event durations (sw_power_cap, sw_thermal, sync_boost,
+          hw_thermal, hw_power_brake); they keep running while the reason's bit is in throttle_mask."""
+        with self._locked():
+            g = self._gpu(gpu)
+            changed: set[str] = set()
+            if retired_pages is not None:
+                bad = set(retired_pages) - set(_RETIRE_CAUSES)
+                if bad:
+                    raise EmulatorError(f"inject_health: retired_pages causes must be of {', '.join(_RETIRE_CAUSES)}")
+                pages = []
+                for cause, n in retired_pages.items():   # SYNTHETIC page addresses, 2 MiB apart
+                    pages += [{"cause": _RETIRE_CAUSES[cause], "address": (len(pages) + k + 1) << 21,
+                               "timestamp_us": 0} for k in range(int(n))]
+                g["retired_pages"] = pages
+            if retired_pending is not None:
+                g["retired_pages_pending"] = bool(retired_pending)
+            if ecc_aggregate is not None:
+                for k, v in ecc_aggregate.items():
+                    if k not in ("corrected", "uncorrected"):
+                        raise EmulatorError("inject_health: ecc_aggregate keys are corrected and uncorrected")
+                    g[f"ecc_aggregate_{k}"] = int(v)
+            if nvlink_errors is not None:
+                g["nvlink_link_errors"] = {str(int(link)): dict(c) for link, c in nvlink_errors.items()}
+            if nvlink_down is not None:
+                g["nvlink_down"] = sorted({int(x) for x in nvlink_down})
+            if clock_event_ns is not None:
+                g["clock_event_ns"] = {**g.get("clock_event_ns", {}), **{r: int(v) for r, v in clock_event_ns.items()}}
+                changed = {f"clock_event_ns.{r}" for r in clock_event_ns}
+            _validate_gpu(g, gpu)
+            _sync_counters(g, self._now_ns(), changed=changed)
+            self._commit()
 
     def inject_xid(self, gpu: int, xid: int, gpu_instance: int | None = None,
                    compute_instance: int | None = None) -> None:
@@ -712,6 +777,7 @@ def _validate_gpu(g: dict[str, Any], i: int) -> None:
     cc = g.get("cuda_compute_capability")
     if cc is not None and (len(cc) != 2 or not all(isinstance(x, int) for x in cc)):
         raise EmulatorError(f"GPU {i}: cuda_compute_capability must be [major, minor]")
+    _validate_health(g, i)
     for key in ("gpm",):
         for name, val in (g.get(key) or {}).items():
             _gpm_metric_id(name, i)
@@ -724,6 +790,27 @@ def _validate_gpu(g: dict[str, Any], i: int) -> None:
             _gpm_metric_id(name, i)
             if not isinstance(val, _NUM):
                 raise EmulatorError(f"GPU {i}: gpm_mig.{gi}.{name} must be a number")
+
+
+def _validate_health(g: dict[str, Any], i: int) -> None:
+    for link in g.get("nvlink_down") or ():
+        if not isinstance(link, int) or isinstance(link, bool) or not 0 <= link < _MAX_LINKS:
+            raise EmulatorError(f"GPU {i}: nvlink_down entries must be link numbers 0-{_MAX_LINKS - 1}, not {link!r}")
+    for link, counters in (g.get("nvlink_link_errors") or {}).items():
+        if not str(link).isdigit() or int(link) >= _MAX_LINKS or not isinstance(counters, dict):
+            raise EmulatorError(f"GPU {i}: nvlink_link_errors keys must be link numbers 0-{_MAX_LINKS - 1} "
+                                f"with a dict of counters")
+        for name, val in counters.items():
+            if name not in NVLINK_ERROR_COUNTERS:
+                raise EmulatorError(f"GPU {i}: nvlink_link_errors.{link}: {name!r} is not one of "
+                                    f"{', '.join(NVLINK_ERROR_COUNTERS)}")
+            if not isinstance(val, int) or isinstance(val, bool) or val < 0:
+                raise EmulatorError(f"GPU {i}: nvlink_link_errors.{link}.{name} must be a count >= 0")
+    for name, val in (g.get("clock_event_ns") or {}).items():
+        if name not in CLOCK_EVENT_REASONS:
+            raise EmulatorError(f"GPU {i}: clock_event_ns: {name!r} is not one of {', '.join(CLOCK_EVENT_REASONS)}")
+        if not isinstance(val, _NUM) or isinstance(val, bool) or val < 0:
+            raise EmulatorError(f"GPU {i}: clock_event_ns.{name} must be nanoseconds >= 0")
 
 
 def _gpm_metric_id(name: str, i: int) -> int:
@@ -789,9 +876,10 @@ def _counter_specs(g: dict[str, Any]) -> dict[str, tuple[str | None, float, floa
             s[f"nvlink_{e}"] = (f"nvlink_{e}_errors", num(f"nvlink_{e}_errors"), num(f"nvlink_{e}_errors_per_s"))
     mask = int(g.get("throttle_mask", 0))
     any_limiter = 0.0
-    for name, bits in _VIOLATION_BITS:
+    events = g.get("clock_event_ns") or {}
+    for name, bits, reason in _VIOLATION_BITS:
         rate = 1e9 if mask & bits else 0.0          # ns of violation per second while the reason holds
-        s[name] = (None, 0.0, rate)
+        s[name] = (f"clock_event_ns.{reason}", float(events.get(reason, 0)), rate)
         any_limiter = max(any_limiter, rate)
     for name in ("viol_board_limit_ns", "viol_low_util_ns", "viol_reliability_ns", "viol_total_base_ns"):
         s[name] = (None, 0.0, 0.0)
@@ -940,6 +1028,13 @@ def _render_gpu(g: dict[str, Any]) -> list[str]:
     if max_links is None:
         max_links = 18 if links > 0 else 0          # NVLink 4 on H100 SXM: 18 links (fixture _sources)
     o += [f"nvlink_links {links}", f"nvlink_max_links {max_links}", f"nvlink_speed_mbps {get('nvlink_speed_mbps')}"]
+    down = 0
+    for link in g.get("nvlink_down") or ():
+        down |= 1 << int(link)
+    o.append(f"nvlink_down_mask {down}")
+    for link, counters in sorted((g.get("nvlink_link_errors") or {}).items(), key=lambda kv: int(kv[0])):
+        for name, val in counters.items():
+            o.append(f"nvlink_link_error {int(link)} {NVLINK_ERROR_COUNTERS.index(name)} {int(val)}")
     mode = g.get("mig_mode")
     if mode is not None:
         o.append(f"mig_mode {mode[0]} {mode[1]}")
@@ -958,6 +1053,7 @@ def _render_gpu(g: dict[str, Any]) -> list[str]:
     pages = g.get("retired_pages")
     if pages is not None:
         o.append("retired_supported 1")
+        o.append(f"retired_pending {int(bool(g.get('retired_pages_pending')))}")
         for pg in pages:
             o.append(f"retired_page {int(pg.get('cause', 0))} {int(pg['address'])} {int(pg.get('timestamp_us', 0))}")
     lic = g.get("grid_license", g.get("vgpu_license"))

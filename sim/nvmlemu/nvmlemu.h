@@ -35,6 +35,8 @@ enum emu_sym {
 #define EMU_MAX_EVENTS 1024
 #define EMU_MAX_PROFILES 24
 #define EMU_MAX_RETIRED 64
+#define EMU_MAX_LINKS NVML_NVLINK_MAX_LINKS /* per-link NVLink error offsets and link-down bits */
+#define EMU_NVL_ERRS 5       /* nvmlNvLinkErrorCounter_t: DL_REPLAY .. DL_ECC_DATA */
 #define EMU_CPU_WORDS 16     /* 1024 CPUs in an affinity mask */
 #define EMU_QUEUE 256        /* events one event set holds before dropping the oldest */
 
@@ -44,7 +46,8 @@ enum emu_sym {
     X(nvlink_raw_tx_kib) X(nvlink_raw_rx_kib) X(ecc_sbe) X(ecc_dbe) X(pcie_replay)              \
     X(nvlink_replay) X(nvlink_recovery) X(nvlink_crc_flit) X(nvlink_crc_data) X(nvlink_ecc_data) \
     X(viol_power_ns) X(viol_thermal_ns) X(viol_sync_boost_ns) X(viol_board_limit_ns)           \
-    X(viol_low_util_ns) X(viol_reliability_ns) X(viol_total_app_ns) X(viol_total_base_ns)
+    X(viol_low_util_ns) X(viol_reliability_ns) X(viol_total_app_ns) X(viol_total_base_ns)      \
+    X(viol_hw_thermal_ns) X(viol_hw_power_brake_ns)
 
 enum emu_ctr_id {
 #define EMU_CTR_ENUM(n) EMU_CTR_##n,
@@ -132,6 +135,8 @@ typedef struct {
     unsigned pcie_tx_kbps, pcie_rx_kbps;
     int pcie_byte_counters;
     unsigned nvlink_links, nvlink_max_links, nvlink_speed_mbps;
+    unsigned long long nvlink_down_mask; /* bit k: link k (< nvlink_links) is down (state DISABLED) */
+    unsigned long long nvl_err[EMU_MAX_LINKS][EMU_NVL_ERRS]; /* per-link error counts on top of the shared counters */
     int mig_supported;
     unsigned mig_current, mig_pending, mig_max_devices;
     unsigned virt_mode;
@@ -139,6 +144,7 @@ typedef struct {
     int remapped_supported;
     unsigned remap_cor, remap_unc, remap_pending, remap_failure;
     int retired_supported, nretired;
+    int retired_pending; /* nvmlDeviceGetRetiredPagesPendingStatus, field NVML_FI_DEV_RETIRED_PENDING */
     emu_page retired[EMU_MAX_RETIRED];
     int lost;
     int gpm_supported;

@@ -661,6 +661,30 @@ nvmlReturn_t nvmlDeviceGetRetiredPages_v2(nvmlDevice_t device, nvmlPageRetiremen
     API_DEV(nvmlDeviceGetRetiredPages_v2, device, retired(&c, cause, pageCount, addresses, timestamps));
 }
 
+/* nvml.h: "Check if any pages are pending retirement and need a reboot to fully retire"; NOT_SUPPORTED
+ * where the GPU has no page retirement (Ampere and newer remap rows instead; see nvmlDeviceGetRemappedRows). */
+static nvmlReturn_t retired_pending(const emu_ctx *c, nvmlEnableState_t *pending)
+{
+    if (!c->g->retired_supported)
+        return NVML_ERROR_NOT_SUPPORTED;
+    if (!pending)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *pending = c->g->retired_pending ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t device, nvmlEnableState_t *isPending)
+{
+    API_DEV(nvmlDeviceGetRetiredPagesPendingStatus, device, retired_pending(&c, isPending));
+}
+
+static unsigned retired_count(const emu_gpu *g, unsigned cause)
+{
+    unsigned n = 0;
+    for (int i = 0; i < g->nretired; i++)
+        n += g->retired[i].cause == cause;
+    return n;
+}
+
 /* ================================================================================ NVLink */
 static nvmlReturn_t link_state(const emu_ctx *c, unsigned int link, nvmlEnableState_t *active)
 {
@@ -668,7 +692,8 @@ static nvmlReturn_t link_state(const emu_ctx *c, unsigned int link, nvmlEnableSt
         return NVML_ERROR_NOT_SUPPORTED;
     if (!active || link >= c->g->nvlink_max_links)
         return NVML_ERROR_INVALID_ARGUMENT;
-    *active = link < c->g->nvlink_links ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
+    *active = link < c->g->nvlink_links && !(c->g->nvlink_down_mask >> link & 1) ? NVML_FEATURE_ENABLED
+                                                                                  : NVML_FEATURE_DISABLED;
     return NVML_SUCCESS;
 }
 nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link, nvmlEnableState_t *isActive)
@@ -686,20 +711,33 @@ static unsigned long long link_share(unsigned long long total, unsigned links, u
     return link == 0 ? total - each * (links - 1) : each;
 }
 
+/* nvmlNvLinkErrorCounter_t -> the GPU-wide counter it is a share of */
+static const enum emu_ctr_id nvl_err_ctr[EMU_NVL_ERRS] = {EMU_CTR_nvlink_replay, EMU_CTR_nvlink_recovery,
+                                                          EMU_CTR_nvlink_crc_flit, EMU_CTR_nvlink_crc_data,
+                                                          EMU_CTR_nvlink_ecc_data};
+
 static nvmlReturn_t link_errors(const emu_ctx *c, unsigned int link, nvmlNvLinkErrorCounter_t counter,
                                 unsigned long long *out)
 {
-    static const enum emu_ctr_id ids[] = {EMU_CTR_nvlink_replay, EMU_CTR_nvlink_recovery, EMU_CTR_nvlink_crc_flit,
-                                          EMU_CTR_nvlink_crc_data, EMU_CTR_nvlink_ecc_data};
     if (c->g->nvlink_max_links == 0)
         return NVML_ERROR_NOT_SUPPORTED;
     if (!out || link >= c->g->nvlink_max_links || (unsigned)counter > NVML_NVLINK_ERROR_DL_ECC_DATA)
         return NVML_ERROR_INVALID_ARGUMENT;
-    enum emu_ctr_id id = ids[counter];
+    enum emu_ctr_id id = nvl_err_ctr[counter];
     if (!c->g->ctr[id].present)
         return NVML_ERROR_NOT_SUPPORTED;
-    *out = link_share(ctr_value(c, id), c->g->nvlink_links, link);
+    *out = link_share(ctr_value(c, id), c->g->nvlink_links, link) + c->g->nvl_err[link][counter];
     return NVML_SUCCESS;
+}
+
+/* The per-link error counts a test set on top of the shared counter, summed over the links (the
+ * *_ERROR_COUNT_TOTAL fields add them, so the total stays the sum of the links). */
+static unsigned long long link_err_extra(const emu_gpu *g, int counter)
+{
+    unsigned long long sum = 0;
+    for (unsigned k = 0; k < g->nvlink_max_links && k < EMU_MAX_LINKS; k++)
+        sum += g->nvl_err[k][counter];
+    return sum;
 }
 nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(nvmlDevice_t device, unsigned int link, nvmlNvLinkErrorCounter_t counter,
                                              unsigned long long *counterValue)
@@ -708,12 +746,29 @@ nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(nvmlDevice_t device, unsigned int l
 }
 
 /* ================================================================================ field values */
+/* nvmlPerfPolicyType_t -> its violation-time counter (ns); EMU_NCTR for no such policy. */
+static enum emu_ctr_id viol_ctr(nvmlPerfPolicyType_t policy)
+{
+    switch (policy) {
+    case NVML_PERF_POLICY_POWER: return EMU_CTR_viol_power_ns;
+    case NVML_PERF_POLICY_THERMAL: return EMU_CTR_viol_thermal_ns;
+    case NVML_PERF_POLICY_SYNC_BOOST: return EMU_CTR_viol_sync_boost_ns;
+    case NVML_PERF_POLICY_BOARD_LIMIT: return EMU_CTR_viol_board_limit_ns;
+    case NVML_PERF_POLICY_LOW_UTILIZATION: return EMU_CTR_viol_low_util_ns;
+    case NVML_PERF_POLICY_RELIABILITY: return EMU_CTR_viol_reliability_ns;
+    case NVML_PERF_POLICY_TOTAL_APP_CLOCKS: return EMU_CTR_viol_total_app_ns;
+    case NVML_PERF_POLICY_TOTAL_BASE_CLOCKS: return EMU_CTR_viol_total_base_ns;
+    default: return EMU_NCTR;
+    }
+}
+
 /* One field. Field ids are nvml.h's NVML_FI_DEV_*; NVLink throughput fields take the link as
  * scopeId, UINT_MAX meaning the sum over all links (as the agent asks). */
 static void field_one(const emu_ctx *c, nvmlFieldValue_t *v)
 {
     const emu_gpu *g = c->g;
     enum emu_ctr_id ctr = EMU_NCTR;
+    unsigned long long extra = 0; /* added to the counter: lifetime ECC before this load, per-link errors */
     int per_link = 0;
     v->timestamp = emu_epoch_us(c->s, c->t_ns);
     v->latencyUsec = 0;
@@ -729,9 +784,48 @@ static void field_one(const emu_ctx *c, nvmlFieldValue_t *v)
     case NVML_FI_DEV_ECC_DBE_VOL_TOTAL: ctr = EMU_CTR_ecc_dbe; break;
     case NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION: ctr = EMU_CTR_energy_mj; break;
     case NVML_FI_DEV_PCIE_REPLAY_COUNTER: ctr = EMU_CTR_pcie_replay; break;
-    case NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL: ctr = EMU_CTR_nvlink_crc_data; break;
-    case NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL: ctr = EMU_CTR_nvlink_replay; break;
-    case NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL: ctr = EMU_CTR_nvlink_recovery; break;
+    case NVML_FI_DEV_ECC_SBE_AGG_TOTAL: ctr = EMU_CTR_ecc_sbe; extra = g->ecc_agg_sbe; break;
+    case NVML_FI_DEV_ECC_DBE_AGG_TOTAL: ctr = EMU_CTR_ecc_dbe; extra = g->ecc_agg_dbe; break;
+    case NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL:
+    case NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL:
+    case NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL:
+    case NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL: {
+        int e = v->fieldId == NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL   ? NVML_NVLINK_ERROR_DL_CRC_FLIT
+                : v->fieldId == NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL ? NVML_NVLINK_ERROR_DL_CRC_DATA
+                : v->fieldId == NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL   ? NVML_NVLINK_ERROR_DL_REPLAY
+                                                                              : NVML_NVLINK_ERROR_DL_RECOVERY;
+        ctr = nvl_err_ctr[e];
+        extra = link_err_extra(g, e);
+        break;
+    }
+    /* clock-event ("throttle") durations in ns (nvml.h "Field values for Clock Throttle Reason Counters"):
+     * the perf-policy fields 74-81 are nvmlDeviceGetViolationStatus's policies in order (74 is also
+     * ..._CLOCKS_EVENT_REASON_SW_POWER_CAP, 76 ..._SYNC_BOOST), and 269 is the same SW thermal time as 75 */
+    case NVML_FI_DEV_PERF_POLICY_POWER:
+    case NVML_FI_DEV_PERF_POLICY_THERMAL:
+    case NVML_FI_DEV_PERF_POLICY_SYNC_BOOST:
+    case NVML_FI_DEV_PERF_POLICY_BOARD_LIMIT:
+    case NVML_FI_DEV_PERF_POLICY_LOW_UTILIZATION:
+    case NVML_FI_DEV_PERF_POLICY_RELIABILITY:
+    case NVML_FI_DEV_PERF_POLICY_TOTAL_APP_CLOCKS:
+    case NVML_FI_DEV_PERF_POLICY_TOTAL_BASE_CLOCKS:
+        ctr = viol_ctr((nvmlPerfPolicyType_t)(v->fieldId - NVML_FI_DEV_PERF_POLICY_POWER));
+        break;
+    case NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN: ctr = EMU_CTR_viol_thermal_ns; break;
+    case NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN: ctr = EMU_CTR_viol_hw_thermal_ns; break;
+    case NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN: ctr = EMU_CTR_viol_hw_power_brake_ns; break;
+    case NVML_FI_DEV_RETIRED_SBE:
+    case NVML_FI_DEV_RETIRED_DBE:
+    case NVML_FI_DEV_RETIRED_PENDING:
+        if (!g->retired_supported) {
+            v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+            return;
+        }
+        v->value.ullVal = v->fieldId == NVML_FI_DEV_RETIRED_PENDING ? (unsigned long long)(g->retired_pending != 0)
+                          : retired_count(g, v->fieldId == NVML_FI_DEV_RETIRED_SBE
+                                                 ? NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS
+                                                 : NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR);
+        return;
     case NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX: ctr = EMU_CTR_nvlink_tx_kib; per_link = 1; break;
     case NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX: ctr = EMU_CTR_nvlink_rx_kib; per_link = 1; break;
     case NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_TX: ctr = EMU_CTR_nvlink_raw_tx_kib; per_link = 1; break;
@@ -793,7 +887,7 @@ static void field_one(const emu_ctx *c, nvmlFieldValue_t *v)
         v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
         return;
     }
-    unsigned long long total = ctr_value(c, ctr);
+    unsigned long long total = ctr_value(c, ctr) + extra;
     if (!per_link || v->scopeId == UINT_NA) {
         v->value.ullVal = total;
     } else if (v->scopeId >= g->nvlink_max_links) {
@@ -819,18 +913,9 @@ nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount, nvml
 /* ================================================================================ violations, modes */
 static nvmlReturn_t violation(const emu_ctx *c, nvmlPerfPolicyType_t policy, nvmlViolationTime_t *out)
 {
-    enum emu_ctr_id id;
-    switch (policy) {
-    case NVML_PERF_POLICY_POWER: id = EMU_CTR_viol_power_ns; break;
-    case NVML_PERF_POLICY_THERMAL: id = EMU_CTR_viol_thermal_ns; break;
-    case NVML_PERF_POLICY_SYNC_BOOST: id = EMU_CTR_viol_sync_boost_ns; break;
-    case NVML_PERF_POLICY_BOARD_LIMIT: id = EMU_CTR_viol_board_limit_ns; break;
-    case NVML_PERF_POLICY_LOW_UTILIZATION: id = EMU_CTR_viol_low_util_ns; break;
-    case NVML_PERF_POLICY_RELIABILITY: id = EMU_CTR_viol_reliability_ns; break;
-    case NVML_PERF_POLICY_TOTAL_APP_CLOCKS: id = EMU_CTR_viol_total_app_ns; break;
-    case NVML_PERF_POLICY_TOTAL_BASE_CLOCKS: id = EMU_CTR_viol_total_base_ns; break;
-    default: return NVML_ERROR_INVALID_ARGUMENT;
-    }
+    enum emu_ctr_id id = viol_ctr(policy);
+    if (id == EMU_NCTR)
+        return NVML_ERROR_INVALID_ARGUMENT;
     if (!out)
         return NVML_ERROR_INVALID_ARGUMENT;
     if (!c->g->ctr[id].present)

@@ -245,6 +245,7 @@ static const emu_key gpu_keys[] = {
     GK("remapped_supported", T_BOOL, remapped_supported), GK("remapped_cor", T_U32, remap_cor),
     GK("remapped_unc", T_U32, remap_unc), GK("remapped_pending", T_U32, remap_pending),
     GK("remapped_failure", T_U32, remap_failure), GK("retired_supported", T_BOOL, retired_supported),
+    GK("retired_pending", T_BOOL, retired_pending), GK("nvlink_down_mask", T_U64, nvlink_down_mask),
     GK("lost", T_BOOL, lost), GK("gpm_supported", T_BOOL, gpm_supported),
     GK("process_memory_unavailable", T_BOOL, proc_mem_na), GK("grid_supported", T_BOOL, grid_supported),
     GK("event_types", T_U64, event_types),
@@ -581,6 +582,18 @@ static int parse_gpu_line(emu_parser *p, emu_gpu *g, const char *key, char **sp)
             return perr(p, "mig: missing or too long a UUID");
         snprintf(m->uuid, sizeof m->uuid, "%s", uuid);
         g->nmig++;
+        return no_more(p, sp, key);
+    }
+    if (strcmp(key, "nvlink_link_error") == 0) {
+        unsigned link = 0, counter = 0;
+        unsigned long long v = 0;
+        if (tok_uint(p, sp, "nvlink_link_error link", &link) || tok_uint(p, sp, "nvlink_link_error counter", &counter) ||
+            tok_u64(p, sp, "nvlink_link_error value", &v))
+            return -1;
+        if (link >= EMU_MAX_LINKS || counter >= EMU_NVL_ERRS)
+            return perr(p, "nvlink_link_error: link %u / counter %u is beyond %d / %d", link, counter,
+                        EMU_MAX_LINKS - 1, EMU_NVL_ERRS - 1);
+        g->nvl_err[link][counter] = v;
         return no_more(p, sp, key);
     }
     if (strcmp(key, "retired_page") == 0) {

@@ -75,6 +75,7 @@
     X(nvmlDeviceGetRemappedRows, 0)                                        \
     X(nvmlDeviceGetRetiredPages, 0)                                        \
     X(nvmlDeviceGetRetiredPages_v2, 0)                                     \
+    X(nvmlDeviceGetRetiredPagesPendingStatus, 0)                           \
     X(nvmlDeviceGetNvLinkState, 0)                                         \
     X(nvmlDeviceGetNvLinkErrorCounter, 0)                                  \
     X(nvmlDeviceGetFieldValues, 0)                                         \
