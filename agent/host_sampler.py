@@ -10,21 +10,73 @@ Metric names: docs/METRICS.md ("Host sampler").
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import time
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger("gpuagent.host_sampler")
 
 _SKIP_DISK = re.compile(r"^(loop|ram|zram|fd|sr)\d*")
 _CPU_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 
 
+def decode(b: bytes) -> str:
+    """/proc and sysfs text as str. Names are whatever bytes the kernel holds: valid UTF-8 stays as it is,
+    other bytes become ``\\xNN`` text, so two names that differ in bytes stay two labels (an "ascii, replace"
+    decode merged them) and every label stays valid UTF-8 for protobuf."""
+    return b.decode("utf-8", "backslashreplace")
+
+
 def _read(path: str) -> str | None:
     try:
         with open(path, "rb") as f:
-            return f.read().decode("ascii", "replace")
+            return decode(f.read())
     except OSError:
         return None
+
+
+class SourceGuard:
+    """Each source fails alone: a malformed line is skipped and counted, a source that raises is caught and
+    counted, and either is logged at most once per ``log_every_s`` per source (with the count since)."""
+
+    def __init__(self, owner: str, log_every_s: float = 600.0) -> None:
+        self.owner = owner
+        self.bad_lines: dict[str, int] = {}      # source -> malformed lines skipped since start
+        self.errors: dict[str, int] = {}         # source -> ticks on which the source raised
+        self.log_every_s = log_every_s
+        self._logged: dict[str, tuple[float, int]] = {}
+
+    def bad_line(self, source: str, where: str, line: str, exc: BaseException | None = None) -> None:
+        n = self.bad_lines[source] = self.bad_lines.get(source, 0) + 1
+        why = f" ({type(exc).__name__}: {exc})" if exc is not None else ""
+        self._log(source, n, f"{self.owner} sampler skipped a malformed line in {where}: {line[:120]!r}{why}")
+
+    def run(self, source: str, fn, *args) -> None:
+        try:
+            fn(*args)
+        except Exception as exc:  # noqa: BLE001 - one broken source must not stop the others
+            n = self.errors[source] = self.errors.get(source, 0) + 1
+            self._log("!" + source, n, f"{self.owner} sampler source {source} failed: {type(exc).__name__}: {exc}")
+
+    def _log(self, key: str, n: int, message: str) -> None:
+        now = time.monotonic()
+        last = self._logged.get(key)
+        if last is not None and now - last[0] < self.log_every_s:
+            return
+        held = n - (last[1] if last else 0) - 1
+        self._logged[key] = (now, n)
+        log.warning("%s%s", message, f" ({held} more since the last report)" if held > 0 else
+                    f" (reported at most once per {self.log_every_s:g} s)")
+
+    def notes(self) -> list[str]:
+        """One status line per source that skipped lines or raised."""
+        out = [f"{self.owner} sampler: {n} malformed line(s) skipped in source {src}"
+               for src, n in sorted(self.bad_lines.items())]
+        out += [f"{self.owner} sampler: source {src} raised on {n} tick(s)" for src, n in sorted(self.errors.items())]
+        return out
 
 
 class _ProcFiles:
@@ -57,7 +109,7 @@ class _ProcFiles:
         except OSError:      # e.g. the file went away (fixture swapped): reopen next time
             self._close(path)
             return None
-        return b"".join(chunks).decode("ascii", "replace")
+        return decode(b"".join(chunks))
 
     def _close(self, path: str) -> None:
         fd = self._fds.pop(path, None)
@@ -88,14 +140,20 @@ def cpu_percents(prev: list[int], cur: list[int]) -> dict[str, float] | None:
             "cpu_iowait_percent": iowait * k, "cpu_steal_percent": steal * k, "cpu_idle_percent": idle * k}
 
 
-def parse_psi(text: str) -> dict[str, dict[str, float]]:
-    """{'some': {'avg10': .., 'total': ..}, 'full': {...}} from a /proc/pressure/* file."""
+def parse_psi(text: str, on_bad=None) -> dict[str, dict[str, float]]:
+    """{'some': {'avg10': .., 'total': ..}, 'full': {...}} from a /proc/pressure/* file. A malformed line
+    is skipped (and passed to ``on_bad(line, exc)`` when given); without ``on_bad`` it raises."""
     out: dict[str, dict[str, float]] = {}
     for line in text.splitlines():
         parts = line.split()
         if not parts:
             continue
-        out[parts[0]] = {k: float(v) for k, _, v in (p.partition("=") for p in parts[1:])}
+        try:
+            out[parts[0]] = {k: float(v) for k, _, v in (p.partition("=") for p in parts[1:])}
+        except ValueError as exc:
+            if on_bad is None:
+                raise
+            on_bad(line, exc)
     return out
 
 
@@ -144,6 +202,7 @@ class HostSampler:
         self.last: dict[str, float] = {}   # latest node-wide values, for `gpuagent status`
         self._files = _ProcFiles(keep_open=os.path.realpath(self.proc) == "/proc")
         self._read = self._files.read
+        self.guard = SourceGuard("host")
 
     def sample(self, ts_ns: int, sink) -> None:
         t = ts_ns / 1e9
@@ -159,18 +218,24 @@ class HostSampler:
             if labels is None:
                 last[metric] = v
 
-        self._stat(put, dt)
-        self._loadavg(put)
-        self._meminfo(put)
-        if dt is not None:
-            self._disks(put, dt)
-            self._net(put, dt)
-            self._tcp(put, dt)
-        else:
-            self._disks(None, 0.0)
-            self._net(None, 0.0)
-            self._tcp(None, 0.0)
-        self._psi(put, dt)
+        run = self.guard.run
+        run("stat", self._stat, put, dt)
+        run("loadavg", self._loadavg, put)
+        run("meminfo", self._meminfo, put)
+        rate_put, rate_dt = (put, dt) if dt is not None else (None, 0.0)
+        run("disks", self._disks, rate_put, rate_dt)
+        run("net", self._net, rate_put, rate_dt)
+        run("tcp", self._tcp, rate_put, rate_dt)
+        run("psi", self._psi, put, dt)
+
+    @property
+    def bad_lines(self) -> dict[str, int]:
+        return self.guard.bad_lines
+
+    @property
+    def unavailable(self) -> list[str]:
+        """Status notes (the daemon lists them with `gpuagent status`): sources that skipped lines or raised."""
+        return self.guard.notes()
 
     # ------------------------------------------------------------------ sources
     def _stat(self, put, dt: float | None) -> None:
@@ -178,39 +243,53 @@ class HostSampler:
         if text is None:
             return
         for line in text.splitlines():
-            if line.startswith("cpu"):
-                name, _, rest = line.partition(" ")
-                if name != "cpu" and not self.per_cpu:
-                    continue
-                cur = [int(x) for x in rest.split()[:8]]
-                prev = self._prev_cpu.get(name)
-                self._prev_cpu[name] = cur
-                if prev is None:
-                    continue
-                shares = cpu_percents(prev, cur)
-                if shares is None:
-                    continue
-                labels = None if name == "cpu" else {"cpu": name[3:]}
-                for metric, v in shares.items():
-                    put(metric, v, labels)
-            elif line.startswith("ctxt "):
-                v = int(line[5:])
-                if self._prev_ctxt is not None and dt:
-                    put("context_switches_per_s", max(0, v - self._prev_ctxt) / dt)
-                self._prev_ctxt = v
-            elif line.startswith("intr "):
-                v = int(line[5:].split(" ", 1)[0])
-                if self._prev_intr is not None and dt:
-                    put("interrupts_per_s", max(0, v - self._prev_intr) / dt)
-                self._prev_intr = v
+            try:
+                self._stat_line(line, put, dt)
+            except (ValueError, IndexError) as exc:
+                self.guard.bad_line("stat", f"{self.proc}/stat", line, exc)
+
+    def _stat_line(self, line: str, put, dt: float | None) -> None:
+        if line.startswith("cpu"):
+            name, _, rest = line.partition(" ")
+            if name != "cpu" and not self.per_cpu:
+                return
+            cur = [int(x) for x in rest.split()[:8]]
+            if len(cur) < 4:
+                raise ValueError(f"{len(cur)} fields, at least 4 expected")
+            prev = self._prev_cpu.get(name)
+            self._prev_cpu[name] = cur
+            if prev is None:
+                return
+            shares = cpu_percents(prev, cur)
+            if shares is None:
+                return
+            labels = None if name == "cpu" else {"cpu": name[3:]}
+            for metric, v in shares.items():
+                put(metric, v, labels)
+        elif line.startswith("ctxt "):
+            v = int(line[5:])
+            if self._prev_ctxt is not None and dt:
+                put("context_switches_per_s", max(0, v - self._prev_ctxt) / dt)
+            self._prev_ctxt = v
+        elif line.startswith("intr "):
+            v = int(line[5:].split(" ", 1)[0])
+            if self._prev_intr is not None and dt:
+                put("interrupts_per_s", max(0, v - self._prev_intr) / dt)
+            self._prev_intr = v
 
     def _loadavg(self, put) -> None:
         text = self._read(f"{self.proc}/loadavg")
         if text:
-            a = text.split()
-            put("load1", float(a[0]))
-            put("load5", float(a[1]))
-            put("load15", float(a[2]))
+            try:
+                a = [float(x) for x in text.split()[:3]]
+                if len(a) < 3:
+                    raise ValueError(f"{len(a)} load averages, 3 expected")
+            except ValueError as exc:
+                self.guard.bad_line("loadavg", f"{self.proc}/loadavg", text.strip(), exc)
+                return
+            put("load1", a[0])
+            put("load5", a[1])
+            put("load15", a[2])
 
     def _meminfo(self, put) -> None:
         text = self._read(f"{self.proc}/meminfo")
@@ -221,8 +300,13 @@ class HostSampler:
             k, _, rest = line.partition(":")
             if k in ("MemTotal", "MemFree", "MemAvailable", "Buffers", "Cached", "SReclaimable",
                      "SwapTotal", "SwapFree"):
-                kv[k] = int(rest.split()[0]) * 1024
-        total = kv.get("MemTotal", 0)
+                try:
+                    kv[k] = int(rest.split()[0]) * 1024
+                except (ValueError, IndexError) as exc:
+                    self.guard.bad_line("meminfo", f"{self.proc}/meminfo", line, exc)
+        if "MemTotal" not in kv:
+            return
+        total = kv["MemTotal"]
         avail = kv.get("MemAvailable")
         if avail is None:  # kernels before 3.14
             avail = kv.get("MemFree", 0) + kv.get("Buffers", 0) + kv.get("Cached", 0)
@@ -250,11 +334,19 @@ class HostSampler:
         seen = {}
         for line in text.splitlines():
             a = line.split()
-            if len(a) < 14 or not self._is_disk(a[2]):
+            if not a:
+                continue
+            try:
+                if len(a) < 14:
+                    raise ValueError(f"{len(a)} fields, at least 14 expected")
+                if not self._is_disk(a[2]):
+                    continue
+                # reads, sectors read, ms reading, writes, sectors written, ms writing, ms doing I/O
+                cur = [int(a[3]), int(a[5]), int(a[6]), int(a[7]), int(a[9]), int(a[10]), int(a[12])]
+            except ValueError as exc:
+                self.guard.bad_line("disks", f"{self.proc}/diskstats", line, exc)
                 continue
             name = a[2]
-            # reads, sectors read, ms reading, writes, sectors written, ms writing, ms doing I/O
-            cur = [int(a[3]), int(a[5]), int(a[6]), int(a[7]), int(a[9]), int(a[10]), int(a[12])]
             seen[name] = cur
             prev = self._prev_disk.get(name)
             if put is None or prev is None:
@@ -276,13 +368,26 @@ class HostSampler:
             return
         seen = {}
         for line in text.splitlines()[2:]:
-            name, _, rest = line.partition(":")
-            name = name.strip()
-            if not name or (self._skip_nic and self._skip_nic.search(name)):
+            # The counters never hold a colon, so the name is everything before the last one: an alias
+            # such as "ibr10:30" keeps its whole name (the kernel pads names to 6 and may give no space
+            # between the colon and a large rx byte count).
+            if not line.strip():
                 continue
-            a = rest.split()
-            # rx bytes, rx errs, rx drop, tx bytes, tx errs, tx drop
-            cur = [int(a[0]), int(a[2]), int(a[3]), int(a[8]), int(a[10]), int(a[11])]
+            name, colon, rest = line.rpartition(":")
+            name = name.strip()
+            if name and self._skip_nic and self._skip_nic.search(name):
+                continue
+            try:
+                if not colon or not name:
+                    raise ValueError("no 'name:' prefix")
+                a = rest.split()
+                if len(a) < 16:
+                    raise ValueError(f"{len(a)} counters, 16 expected")
+                # rx bytes, rx errs, rx drop, tx bytes, tx errs, tx drop
+                cur = [int(a[0]), int(a[2]), int(a[3]), int(a[8]), int(a[10]), int(a[11])]
+            except ValueError as exc:
+                self.guard.bad_line("net", f"{self.proc}/net/dev", line, exc)
+                continue
             seen[name] = cur
             prev = self._prev_net.get(name)
             if put is None or prev is None:
@@ -308,7 +413,8 @@ class HostSampler:
         tcp = dict(zip(rows[0], rows[1]))
         try:
             cur = (int(tcp["OutSegs"]), int(tcp["RetransSegs"]))
-        except (KeyError, ValueError):
+        except (KeyError, ValueError) as exc:
+            self.guard.bad_line("tcp", f"{self.proc}/net/snmp", " ".join(rows[1]), exc)
             return
         prev, self._prev_tcp = self._prev_tcp, cur
         if put is None or prev is None:
@@ -320,10 +426,11 @@ class HostSampler:
 
     def _psi(self, put, dt: float | None) -> None:
         for res in self._psi_files:
-            text = self._read(f"{self.proc}/pressure/{res}")
+            path = f"{self.proc}/pressure/{res}"
+            text = self._read(path)
             if not text:
                 continue
-            psi = parse_psi(text)
+            psi = parse_psi(text, on_bad=lambda line, exc, p=path: self.guard.bad_line("psi", p, line, exc))
             for kind in ("some", "full"):
                 row = psi.get(kind)
                 if row is None or (res == "cpu" and kind == "full"):

@@ -174,3 +174,12 @@ def test_a_bad_stream_does_not_disturb_a_good_one(env):
     t.join(60)
     assert [a.seq for a in good_acks] == list(range(1, 11))
     assert count(stub) == 60
+
+
+def test_analyze_with_an_astronomical_window_gets_invalid_argument(env):
+    """1e300 s used to overflow the window's datetime arithmetic and answer UNKNOWN (issue 23)."""
+    stub, _ = env
+    with pytest.raises(grpc.RpcError) as err:
+        stub.Analyze(pb.AnalyzeRequest(window_s=1e300), timeout=30)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "at most" in err.value.details() and "OverflowError" not in err.value.details()

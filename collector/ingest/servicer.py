@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("gpuagent.collector")
 
 _END = object()
+MAX_ANALYZE_WINDOW_S = 100 * 365.25 * 86400.0   # an Analyze window longer than this is a mistake, not a question
 
 
 class _StreamState:
@@ -331,6 +332,11 @@ class CollectorServicer(pb_grpc.CollectorServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"window_s must be positive and finite, in seconds (or 0 for the default), "
                                 f"not {request.window_s}")
+        if request.window_s > MAX_ANALYZE_WINDOW_S:
+            # datetime arithmetic overflows long before 1e300 s (timedelta tops out near 2.7 million years)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"window_s must be at most {MAX_ANALYZE_WINDOW_S:.0f} s (100 years), "
+                                f"not {request.window_s:g}")
         if request.window_s > 0:
             config = an.with_window(config, request.window_s)
         limit = request.max_flags or 1000
