@@ -23,7 +23,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from gpuagent.sim.fleet import VIRT_COMPONENTS, NodeSpec
+from gpuagent.sim.fleet import HW_INJECT_KEYS, VIRT_COMPONENTS, NodeSpec
 from gpuagent.proto import pb
 from gpuagent.proto.wire import length_delimited, varint
 
@@ -40,6 +40,21 @@ GPU_METRICS_FULL = ("gpu_util_percent", "gpu_memory_used_bytes", "gpu_power_watt
 # util_gpm: utilization plus GPM SM activity, as an agent on a Hopper GPU sends them
 GPU_METRIC_SETS = {"full": GPU_METRICS_FULL, "util": ("gpu_util_percent",),
                    "util_gpm": ("gpu_util_percent", "gpu_sm_active_percent")}
+
+# Hardware-health series (docs/METRICS.md names) a node sends when it carries an inject_hw_* key
+# (sim/fleet.py): a compact set, one NVLink and one IB port, enough for every hardware_fault component.
+HW_GPU_SERIES = (("gpu_remapped_rows_pending", ()), ("gpu_row_remap_failure", ()), ("gpu_ecc_uncorrected_total", ()),
+                 ("gpu_ecc_corrected_total", ()), ("gpu_retired_pages_total", (("cause", "double_bit_ecc"),)),
+                 ("gpu_pcie_link_gen", ()), ("gpu_pcie_link_gen_max", ()), ("gpu_pcie_link_width", ()),
+                 ("gpu_pcie_link_width_max", ()), ("gpu_nvlink_link_up", (("link", "0"),)),
+                 ("gpu_nvlink_errors_total", (("counter", "crc_flit"), ("link", "0"))),
+                 ("gpu_clock_event_duration_seconds_total", (("reason", "hw_thermal"),)),
+                 ("gpu_clock_event_duration_seconds_total", (("reason", "hw_power_brake"),)))
+_IB = (("device", "mlx5_0"), ("link_layer", "InfiniBand"), ("port", "1"))
+HW_HOST_SERIES = (("ib_port_state", _IB),
+                  ("ib_port_errors_total", (("counter", "symbol_error"), ("device", "mlx5_0"), ("port", "1"))),
+                  ("net_carrier_changes_total", (("device", "eth0"),)), ("net_link_speed_mbps", (("device", "eth0"),)),
+                  ("net_link_speed_max_mbps", (("device", "eth0"),)))
 
 # Nominal node-level probe values that do not depend on the GPU model (a local NVMe, a modern x86 host).
 STORAGE = {"seq_read_gbps": 6.5, "seq_write_gbps": 3.2, "rand_read_iops": 750_000.0,
@@ -140,6 +155,20 @@ class NodeSim:
         self.gpu_metrics = GPU_METRIC_SETS[timing.gpu_metrics]
         self.series = [(m, -1, dict(lbl)) for m, lbl in HOST_METRICS]
         self.series += [(m, g, {}) for g in range(self.gpus) for m in self.gpu_metrics]
+        # SYNTHETIC hardware faults: one class, on one GPU (or the node's port / NIC), from one moment on
+        self.hw = any(float(node.inject.get(k, 0)) for k in HW_INJECT_KEYS)
+        self.hw_fault, self.hw_form = None, 0
+        for key in HW_INJECT_KEYS:
+            if key != "hw_series" and float(node.inject.get(key, 0)):
+                self.hw_fault, self.hw_form = key[3:], int(float(node.inject[key]))
+                break
+        self.hw_gpu = node.index % self.gpus
+        self.hw_at_ns = timing.start_ns + int((timing.end_ns - timing.start_ns) * float(rng.uniform(0.2, 0.6)))
+        self.hw_base = rng.integers(0, 50, 3).astype(float)
+        self.hw_first = len(self.series)
+        if self.hw:
+            self.series += [(m, g, dict(lbl)) for g in range(self.gpus) for m, lbl in HW_GPU_SERIES]
+            self.series += [(m, -1, dict(lbl)) for m, lbl in HW_HOST_SERIES]
         self.series_bytes = b"".join(
             length_delimited(1, pb.Series(id=i, metric=m, gpu=g, labels=lbl).SerializeToString())
             for i, (m, g, lbl) in enumerate(self.series))
@@ -247,7 +276,61 @@ class NodeSim:
             for metric in self.gpu_metrics:
                 out[:, k] = per_gpu[metric][:, g]
                 k += 1
+        if self.hw:
+            out[:, k:] = self._hardware(ts_ns)
         return out
+
+    def _hardware(self, ts_ns: np.ndarray) -> np.ndarray:
+        """The hardware series (HW_GPU_SERIES per GPU, then HW_HOST_SERIES) for these ticks: healthy and
+        steady, with the node's one injected fault (sim/fleet.py HW_INJECT_KEYS) from hw_at_ns on."""
+        T = len(ts_ns)
+        f, form = self.hw_fault, self.hw_form
+        on = (ts_ns >= self.hw_at_ns).astype(float)
+        hours = (ts_ns - self.t.start_ns) / (3600.0 * NS)
+        secs = hours * 3600.0
+        reset = on if f == "reset" else np.zeros(T)
+        cols = []
+        for g in range(self.gpus):
+            hit = g == self.hw_gpu
+            mine = lambda fault, want: hit and f == fault and form == want  # noqa: E731
+            cols += [on if mine("row_remap", 1) else np.zeros(T), on if mine("row_remap", 2) else np.zeros(T),
+                     on if mine("ecc", 1) else np.zeros(T),
+                     (self.hw_base[0] + np.floor(600.0 * hours if mine("ecc", 2) else 0.0)) * (1 - reset),
+                     on if mine("retired_pages", 1) or mine("retired_pages", 2) else np.zeros(T),
+                     np.where(on > 0, 3.0, 5.0) if mine("pcie_link", 1) else np.full(T, 5.0), np.full(T, 5.0),
+                     np.where(on > 0, 8.0, 16.0) if mine("pcie_link", 2) else np.full(T, 16.0), np.full(T, 16.0),
+                     1.0 - on if mine("nvlink", 1) else np.ones(T),
+                     self.hw_base[1] + (np.floor(1200.0 * hours) if mine("nvlink", 2) else 0.0),
+                     0.4 * secs if mine("clocks", 1) else np.zeros(T),
+                     0.4 * secs if mine("clocks", 2) else np.zeros(T)]
+        carrier = 2.0 + (2.0 * on + 2.0 * (ts_ns >= self.hw_at_ns + 60 * NS) if f == "eth_link" and form == 1
+                         else 2.0 * on if f == "reboot" else 0.0)
+        cols += [np.where(on > 0, 1.0, 4.0) if f == "ib_port" and form == 1 else np.full(T, 4.0),
+                 (self.hw_base[2] + (np.floor(240.0 * hours) if f == "ib_port" and form == 2 else 0.0)) * (1 - reset),
+                 carrier * (1 - reset),
+                 np.where(on > 0, 25000.0, 100000.0) if f == "eth_link" and form == 2 else np.full(T, 100000.0),
+                 np.full(T, 100000.0)]
+        return np.column_stack([np.broadcast_to(np.asarray(c, dtype=np.float64), (T,)) for c in cols])
+
+    def hardware_events(self, t0: int, t1: int) -> list[pb.Event]:
+        """The injected fault's events in [t0, t1): XID 79 from NVML and again from the kernel log 2 s later
+        (one fault), an application XID 13 of the node's job, or the agent_start of a planned reboot."""
+        out = []
+        at, g = self.hw_at_ns, self.hw_gpu
+        if self.hw_fault == "xid":
+            out += [pb.Event(ts_ns=at, kind="xid", gpu=g, value=79, message="SYNTHETIC Xid 79",
+                             attrs={"xid": "79", "source": "nvml", "synthetic": "true"}),
+                    pb.Event(ts_ns=at + 2 * NS, kind="xid", gpu=g, value=79,
+                             message="NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off the bus. (SYNTHETIC)",
+                             attrs={"source": "kmsg", "pci_bus_id": f"00000000:{0x18 + g * 0x10:02X}:00.0",
+                                    "synthetic": "true"})]
+        elif self.hw_fault == "app_xid":
+            out.append(pb.Event(ts_ns=at, kind="xid", gpu=g, value=13, message="SYNTHETIC Xid 13",
+                                attrs={"xid": "13", "source": "nvml", "job_id": self.job_id, "synthetic": "true"}))
+        elif self.hw_fault == "reboot":
+            out.append(pb.Event(ts_ns=at - 60 * NS, kind="agent_start", gpu=-1,
+                                message="SYNTHETIC node restarted (planned reboot)", attrs={"synthetic": "true"}))
+        return [e for e in out if t0 <= e.ts_ns < t1]
 
     def _scaled(self, probe: str, metric: str, nominal: float, gpu: int, j: int) -> float:
         """Nominal value × per-node offset × injected penalty × run-to-run noise."""
@@ -393,6 +476,8 @@ class NodeSim:
             events.append(pb.Event(ts_ns=t0, kind="agent_start", gpu=-1,
                                    message="SYNTHETIC node started by gpuagent-sim",
                                    attrs={"synthetic": "true"}))
+        if self.hw:
+            events += self.hardware_events(t0, t1)
         head = pb.Batch(node_id=node_id, seq=seq, created_ns=created_ns, probe_results=probes,
                         job_samples=jsamples, job_steps=jsteps, events=events).SerializeToString()
         cols = encode_sample_columns(self.series_bytes, ts, len(self.series), values)

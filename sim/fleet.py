@@ -21,6 +21,9 @@ Injected conditions (names and semantics follow docs/FLAGS.md "Simulator injecti
   ("peer-host:factor,...", :mod:`gpuagent.sim.fabric`).
 - ``input_bound_fraction``: job steps report ``data_wait_fraction = f`` and GPU utilization is scaled by
   ``1 - f``.
+- ``hw_<component>`` (1 or 2: the fault's first or second form), ``hw_reset``, ``hw_reboot``, ``hw_app_xid``,
+  ``hw_series`` (1): one hardware fault (flag kind hardware_fault) or a condition that must raise none; the
+  node then sends hardware series (sim/data.py; the benchmark's rows: sim/synthetic_rows.py).
 
 Every injected condition is recorded as a node label ``inject_<name>`` (plus ``synthetic=true`` and
 ``pool``), so that whatever the collector computes can be scored against what was injected.
@@ -51,7 +54,14 @@ VIRT_COMPONENTS: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
 }
 
 FRACTIONS = ("idle_fraction", "no_job_fraction", "input_bound_fraction", "busy_idle_fraction")
-INJECT_KEYS = (tuple(f"virt_penalty_{c}" for c in VIRT_COMPONENTS) + ("noise_cv",) + FRACTIONS + ("net_factor",))
+# Hardware faults (issue 23, flag kind hardware_fault): inject_hw_<component> = 1 (the first form) or 2 (the
+# second form) of sim.synthetic_rows.hardware_rows; hw_reset, hw_reboot and hw_app_xid = 1 are conditions that
+# must raise nothing (a counter reset, a planned reboot's link flap, an application XID of one job).
+HW_COMPONENTS = ("xid", "ecc", "row_remap", "retired_pages", "nvlink", "pcie_link", "clocks", "ib_port", "eth_link")
+# hw_series = 1 alone: the node sends the hardware series, healthy (any other hw_ key implies them).
+HW_INJECT_KEYS = tuple(f"hw_{c}" for c in HW_COMPONENTS) + ("hw_reset", "hw_reboot", "hw_app_xid", "hw_series")
+INJECT_KEYS = (tuple(f"virt_penalty_{c}" for c in VIRT_COMPONENTS) + ("noise_cv",) + FRACTIONS + ("net_factor",)
+               + HW_INJECT_KEYS)
 HEALTHY_CV = 0.02
 
 
@@ -166,6 +176,9 @@ def validate(node: NodeSpec) -> NodeSpec:
             raise ScenarioError(f"{node.hostname}: noise_cv must be between 0 and 1, got {v:g}")
         elif key == "net_factor" and not 0 < v <= 1:
             raise ScenarioError(f"{node.hostname}: net_factor must be in (0, 1], got {v:g}")
+        elif key in HW_INJECT_KEYS and v not in (0, 1, 2):
+            raise ScenarioError(f"{node.hostname}: {key} must be 0 (none), 1 or 2 (the fault's first or second "
+                                f"form), got {v:g}")
         elif key in FRACTIONS and not 0 <= v <= 1:
             raise ScenarioError(f"{node.hostname}: {key} must be between 0 and 1, got {v:g}")
     if node.fraction("idle_fraction") + node.fraction("no_job_fraction") > 1:

@@ -14,6 +14,8 @@ import json
 import random
 from typing import Iterable, Mapping, Sequence
 
+from gpuagent.sim.fleet import HW_COMPONENTS
+
 H100 = "NVIDIA H100 80GB HBM3"
 
 
@@ -136,3 +138,157 @@ def add_link_runs(con, node_a: str, node_b: str, gbits: Sequence[float], times: 
     con.executemany("INSERT INTO link_results (pair_id, node_a, node_b, probe, params_key, send_gbits_per_s, "
                     "recv_gbits_per_s, rtt_p50_us, rtt_p99_us, started_at, ended_at, status, reason, reported_by, "
                     "nic_speed_mbits) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+
+
+# ------------------------------------------------------------------------------------ hardware faults
+
+# The second form of each fault class (inject_hw_<component> = 2 in sim/fleet.py).
+HW_VARIANTS = {"xid": "", "ecc": "corrected", "row_remap": "failure", "retired_pages": "", "nvlink": "crc",
+               "pcie_link": "width", "clocks": "power_brake", "ib_port": "symbol", "eth_link": "speed"}
+
+
+def hardware_injection(inject: Mapping[str, float]) -> tuple[str | None, str]:
+    """(fault, variant) for hardware_rows from a NodeSpec's inject mapping (sim/fleet.py HW_INJECT_KEYS)."""
+    for c in HW_COMPONENTS:
+        form = int(float(inject.get(f"hw_{c}", 0)))
+        if form:
+            return c, ("" if form == 1 else HW_VARIANTS[c])
+    for key, fault, variant in (("hw_reset", "reset", ""), ("hw_reboot", "reboot", ""), ("hw_app_xid", "xid", "app")):
+        if float(inject.get(key, 0)):
+            return fault, variant
+    return None, ""
+
+
+def add_events(con, rows: Iterable[tuple]) -> None:
+    """(ts, node_id, gpu, kind, message, value, attrs dict) rows into events (attrs stored as JSON)."""
+    rows = list(rows)
+    if not rows:
+        return
+    con.executemany("INSERT INTO events (ts, node_id, gpu, kind, message, value, attrs) VALUES (?,?,?,?,?,?,?)",
+                    [[ts, node, gpu, kind, msg, float(value), json.dumps(attrs or {}, sort_keys=True)]
+                     for ts, node, gpu, kind, msg, value, attrs in rows])
+
+
+def hardware_rows(node_id: str, *, start: dt.datetime, points: int = 12, step_s: int = 300, gpus: int = 8,
+                  nvlinks: int = 2, ib_ports: int = 2, fault: str | None = None, fault_gpu: int = 0,
+                  variant: str = "", rng: random.Random | None = None, background: bool = True,
+                  util: float = 90.0, at: int | None = None, magnitude: float = 1.0) -> tuple[list[tuple], list[tuple]]:
+    """SYNTHETIC hardware telemetry of one node: (sample rows, event rows) in the contract's metric names
+    (docs/METRICS.md; common/hardware_faults.toml reads them). ``points`` samples ``step_s`` apart from
+    ``start``. A healthy node has steady counters with rare, sub-threshold background noise (a corrected ECC
+    error, an NVLink CRC flit, an IB symbol error) when ``background``. ``fault`` injects one fault class at
+    the middle sample on ``fault_gpu`` (or the node's first IB port / NIC); ``variant`` picks another form:
+      xid: XID 79 from NVML and the same from kmsg 2 s later (one fault) | "app": XID 13 from one job only;
+      ecc: +1 volatile uncorrectable | "corrected": corrected errors at 600/h;
+      row_remap: pending | "failure": remap failure;   retired_pages: +1 double-bit-ECC page;
+      nvlink: link 1 down | "crc": CRC flit errors at 1,200/h;   pcie_link: gen 3 of 5 under load | "width";
+      clocks: hw_thermal 40 % of the time | "power_brake";   ib_port: port DOWN (1) | "symbol": 240/h;
+      eth_link: 4 carrier changes | "speed": 25 of 100 Gb/s;
+      "reset": every counter drops to 0 mid-window (a driver reload: never fires);
+      "reboot": agent_start mid-window, then IB link_downed +1 and carrier +2 as the links come up (a planned reboot).
+    ``at`` moves the injection to that sample (a state or a step fault); ``magnitude`` scales the rate and
+    share faults (an ongoing condition over the whole window).
+    """
+    rng = rng or random.Random(hash(node_id) & 0xFFFF)
+    times = [start + dt.timedelta(seconds=step_s * i) for i in range(points)]
+    mid = points // 2 if at is None else max(1, min(points - 1, at))
+    mag = float(magnitude)
+    rows: list[tuple] = []
+    events: list[tuple] = []
+    reset = fault == "reset"
+
+    def counter(gpu, metric, labels, base, rises: dict[int, float]):
+        v = base
+        for i, t in enumerate(times):
+            v += rises.get(i, 0.0)
+            rows.append((t, node_id, gpu, metric, labels, 0.0 + (v - base if reset and i >= mid else v)))
+
+    def gauge(gpu, metric, labels, values):
+        for t, v in zip(times, values):
+            rows.append((t, node_id, gpu, metric, labels, float(v)))
+
+    def noise(p: float) -> dict[int, float]:
+        return {rng.randrange(1, points): 1.0} if background and rng.random() < p else {}
+
+    after = [i >= mid for i in range(points)]
+    for g in range(gpus):
+        hit = g == fault_gpu
+        base = rng.randrange(0, 50)
+        gauge(g, "gpu_util_percent", "", [util] * points)
+        gauge(g, "gpu_remapped_rows_pending", "",
+              [1 if hit and fault == "row_remap" and variant == "" and a else 0 for a in after])
+        gauge(g, "gpu_row_remap_failure", "",
+              [1 if hit and fault == "row_remap" and variant == "failure" and a else 0 for a in after])
+        counter(g, "gpu_remapped_rows_correctable_total", "", rng.randrange(0, 3), {})
+        counter(g, "gpu_remapped_rows_uncorrectable_total", "", 0, {})
+        counter(g, "gpu_ecc_uncorrected_total", "", 0,
+                {mid: 1.0} if hit and fault == "ecc" and variant == "" else {})
+        corr = ({i: 600.0 * mag * step_s / 3600 for i in range(1, points)} if hit and fault == "ecc" and variant == "corrected"
+                else noise(0.3))
+        counter(g, "gpu_ecc_corrected_total", "", base, corr)
+        counter(g, "gpu_retired_pages_total", "cause=double_bit_ecc", 0,
+                {mid: 1.0} if hit and fault == "retired_pages" else {})
+        counter(g, "gpu_retired_pages_total", "cause=single_bit_ecc", rng.randrange(0, 2), {})
+        gauge(g, "gpu_retired_pages_pending", "", [0] * points)
+        gen, width = 5, 16
+        gauge(g, "gpu_pcie_link_gen", "", [3 if hit and fault == "pcie_link" and variant == "" and a else gen
+                                           for a in after])
+        gauge(g, "gpu_pcie_link_width", "", [8 if hit and fault == "pcie_link" and variant == "width" and a else width
+                                             for a in after])
+        gauge(g, "gpu_pcie_link_gen_max", "", [gen] * points)
+        gauge(g, "gpu_pcie_link_width_max", "", [width] * points)
+        for link in range(nvlinks):
+            down = hit and fault == "nvlink" and variant == "" and link == 1
+            gauge(g, "gpu_nvlink_link_up", f"link={link}", [0 if down and a else 1 for a in after])
+            for c in ("crc_flit", "crc_data", "replay", "recovery"):
+                crc = hit and fault == "nvlink" and variant == "crc" and link == 0 and c == "crc_flit"
+                counter(g, "gpu_nvlink_errors_total", f"counter={c},link={link}", rng.randrange(0, 20) if c != "recovery" else 0,
+                        {i: 1200.0 * mag * step_s / 3600 for i in range(1, points)} if crc
+                        else (noise(0.05) if c == "crc_flit" else {}))
+        for reason in ("sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake", "sync_boost"):
+            want = {"": "hw_thermal", "power_brake": "hw_power_brake"}.get(variant)
+            share = min(0.9, 0.4 * mag) if hit and fault == "clocks" and reason == want else (0.3 if reason == "sw_power_cap" else 0.0)
+            counter(g, "gpu_clock_event_duration_seconds_total", f"reason={reason}", rng.randrange(0, 100),
+                    {i: share * step_s for i in range(1, points)} if share else {})
+    if fault == "xid":
+        t = times[mid]
+        if variant == "app":
+            events.append((t, node_id, fault_gpu, "xid", "SYNTHETIC XID 13", 13,
+                           {"xid": "13", "source": "nvml", "job_id": "synthetic-job-1"}))
+        else:
+            events.append((t, node_id, fault_gpu, "xid", "SYNTHETIC XID 79", 79, {"xid": "79", "source": "nvml"}))
+            events.append((t + dt.timedelta(seconds=2), node_id, fault_gpu, "xid",
+                           "NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off the bus. (SYNTHETIC)", 79,
+                           {"source": "kmsg", "pci_bus_id": "0000:18:00.0"}))
+    for p in range(ib_ports):
+        dev, lab = f"mlx5_{p}", f"device=mlx5_{p},link_layer=InfiniBand,port=1"
+        hit = p == 0
+        gauge(-1, "ib_port_state", lab, [1 if hit and fault == "ib_port" and variant == "" and a else 4 for a in after])
+        gauge(-1, "ib_port_phys_state", lab, [5] * points)
+        gauge(-1, "ib_port_rate_gbps", lab, [400] * points)
+        for c in ("symbol_error", "link_downed", "link_error_recovery", "port_rcv_errors", "port_xmit_discards",
+                  "local_link_integrity_errors", "excessive_buffer_overrun_errors"):
+            rises: dict[int, float] = {}
+            if hit and fault == "ib_port" and variant == "symbol" and c == "symbol_error":
+                rises = {i: 240.0 * mag * step_s / 3600 for i in range(1, points)}
+            elif hit and fault == "reboot" and c == "link_downed":
+                rises = {mid: 1.0}
+            elif c == "symbol_error":
+                rises = noise(0.2)
+            counter(-1, "ib_port_errors_total", f"counter={c},device={dev},port=1", rng.randrange(0, 5), rises)
+    for n in range(1):
+        dev = f"eth{n}"
+        rises = {}
+        if fault == "eth_link" and variant == "":
+            rises = {mid: 2.0, min(mid + 1, points - 1): 2.0}
+        elif fault == "reboot":
+            rises = {mid: 2.0}
+        counter(-1, "net_carrier_changes_total", f"device={dev}", 2, rises)
+        gauge(-1, "net_link_speed_mbps", f"device={dev}",
+              [25000 if fault == "eth_link" and variant == "speed" and a else 100000 for a in after])
+        gauge(-1, "net_link_speed_max_mbps", f"device={dev}", [100000] * points)
+    if fault == "reboot":
+        # the node is back: the agent starts a minute before the sample that sees the links come up again
+        events.append((times[mid] - dt.timedelta(seconds=60), node_id, -1, "agent_start",
+                       "gpuagent started (SYNTHETIC reboot)", 0, {"synthetic": "true"}))
+    return rows, events

@@ -25,19 +25,22 @@ def promtool(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
 def test_rules_check():
     r = promtool("check", "rules", str(ALERTS))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "SUCCESS: 14 rules found" in r.stdout
+    assert "SUCCESS: 22 rules found" in r.stdout
 
 
 def test_every_alert_has_a_unit_test_that_expects_it_to_fire():
     alerts = re.findall(r"^\s*- alert: (\S+)", ALERTS.read_text(), re.M)
-    assert len(alerts) == len(set(alerts)) == 14
+    assert len(alerts) == len(set(alerts)) == 22
     tests = ALERT_TESTS.read_text()
     # Each alert has a case where it fires (exp_labels follows) and one where it must not (exp_alerts: []).
     fires = set(re.findall(r"alertname: (\S+)\n\s+exp_alerts:\n\s+- exp_labels", tests))
     quiet = set(re.findall(r"alertname: (\S+)\n\s+exp_alerts: \[\]", tests))
     assert set(alerts) <= fires, sorted(set(alerts) - fires)
     assert {"GpuagentAgentDown", "GpuagentAgentStale", "GpuagentSpoolDropping", "GpuagentNewXid",
-            "GpuagentCollectorIngestStalled", "GpuagentVirtualizationOverheadWarning"} <= quiet
+            "GpuagentCollectorIngestStalled", "GpuagentVirtualizationOverheadWarning",
+            "GpuagentHardwareFaultCritical", "GpuagentHardwareFaultWarning", "GpuagentRowRemapPending",
+            "GpuagentRowRemapFailed", "GpuagentEccUncorrectable", "GpuagentNvlinkCrcErrors",
+            "GpuagentHardwareFaultFindingWarning"} <= quiet
     r = promtool("test", "rules", ALERT_TESTS.name, cwd=ALERT_TESTS.parent)
     assert r.returncode == 0 and "SUCCESS" in r.stdout, r.stdout + r.stderr
 
@@ -47,7 +50,8 @@ def test_each_flag_kind_has_a_finding_alert_at_warning_and_critical():
     # Steps that add components to a kind another step names (passive and link noisy-neighbour variance).
     extra_components = {"noisy_neighbor_passive": "noisy_neighbor_variance", "link_variance": "noisy_neighbor_variance"}
     kinds = {extra_components.get(s.name, s.name) for s in STEPS if s.produces == CONDITIONS}
-    assert kinds == {"virtualization_overhead", "noisy_neighbor_variance", "utilization_gap", "network_degraded"}
+    assert kinds == {"virtualization_overhead", "noisy_neighbor_variance", "utilization_gap", "network_degraded",
+                     "hardware_fault"}
     text = ALERTS.read_text()
     for kind in kinds:
         for sev in ("warning", "critical"):
@@ -65,7 +69,8 @@ def test_alerts_name_only_what_gpuagent_exports():
     agent = (ROOT / "agent" / "exporter.py").read_text()
     collector = (ROOT / "collector" / "views" / "metrics.py").read_text()
     assert {"up", "gpuagent_collector_last_ack_age_seconds", "gpuagent_collector_connected",
-            "gpuagent_spool_dropped_batches_total", "DCGM_FI_DEV_XID_ERRORS", "gpuagent_finding_open"} <= names
+            "gpuagent_spool_dropped_batches_total", "DCGM_FI_DEV_XID_ERRORS", "gpuagent_finding_open",
+            "gpuagent_hardware_fault", "DCGM_FI_DEV_ROW_REMAP_PENDING", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"} <= names
     unknown = [n for n in sorted(names - {"up"})
                if not any(f'"{base}"' in src for base in {n, re.sub(r"_total$", "", n)} for src in (agent, collector))]
     assert not unknown, unknown

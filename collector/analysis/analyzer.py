@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from gpuagent.collector.analysis.steps import BASELINE, STEPS, Step, pass_steps, rollup_steps
+from gpuagent.common import hardware_faults
 from gpuagent.common.timeutil import utc_now
 
 log = logging.getLogger("gpuagent.collector.analysis.analyzer")
@@ -321,6 +322,15 @@ def load_reference(path: str | Path | None = None) -> list[dict[str, Any]]:
     return out
 
 
+def _hw_params() -> dict[str, Any]:
+    """The hardware_fault step's scalar settings, from common/hardware_faults.toml."""
+    rs = hardware_faults.rules()
+    return {"hw_boot_kind": rs.reboot_event_kind, "hw_grace_s": rs.reboot_grace_s, "hw_dedup_s": rs.dedup_window_s,
+            "hw_app_jobs": rs.application_repeat_jobs, "hw_min_cover_s": rs.min_cover_s,
+            "hw_xid_default_action": rs.xid_default.action, "hw_xid_default_severity": rs.xid_default.severity,
+            "hw_xid_source": rs.xid_default.source}
+
+
 # ----------------------------------------------------------------------------------------------- SQL
 
 def _sql_dir():
@@ -460,6 +470,10 @@ class Analyzer:
         self.config = config or AnalyzerConfig()
         self.baselines_loader = baselines_loader
         self.reference = load_reference(self.config.reference_path)
+        try:
+            hardware_faults.rules()
+        except hardware_faults.RulesError as exc:
+            raise AnalyzerError(str(exc).rstrip(".")) from None
         self.sql = load_sql()
 
     # -- rollups -----------------------------------------------------------------------------------------
@@ -522,6 +536,17 @@ class Analyzer:
         if cfg.declared:
             con.executemany("INSERT INTO _declared_baselines VALUES (?,?,?,?,?)", [
                 [d.component, d.gpu_model_like, d.params_like, d.value, d.note] for d in cfg.declared])
+        # hardware_fault (70_hardware_fault.sql): the rules of common/hardware_faults.toml, the node's too.
+        con.execute("""CREATE OR REPLACE TEMP TABLE _hw_rules (name VARCHAR, component VARCHAR, metric VARCHAR,
+            kind VARCHAR, severity VARCHAR, action VARCHAR, source VARCHAR, sentence VARCHAR, label_key VARCHAR,
+            label_value VARCHAR, op VARCHAR, value DOUBLE, threshold_per_hour DOUBLE, threshold_share DOUBLE, max_metric VARCHAR,
+            load_metric VARCHAR, load_min DOUBLE, reboot_explains BOOLEAN)""")
+        con.executemany("INSERT INTO _hw_rules VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                        [list(r.values()) for r in hardware_faults.rule_rows()])
+        con.execute("""CREATE OR REPLACE TEMP TABLE _hw_xids (kind VARCHAR, xid INTEGER, component VARCHAR,
+            severity VARCHAR, application BOOLEAN, description VARCHAR, action VARCHAR, source VARCHAR)""")
+        con.executemany("INSERT INTO _hw_xids VALUES (?,?,?,?,?,?,?,?)",
+                        [list(r.values()) for r in hardware_faults.xid_rows()])
         con.execute("CREATE OR REPLACE TEMP TABLE _pool_prices (pool VARCHAR, price_per_gpu_hour DOUBLE)")
         if cfg.pool_prices:
             con.executemany("INSERT INTO _pool_prices VALUES (?, ?)", list(cfg.pool_prices.items()))
@@ -536,6 +561,8 @@ class Analyzer:
         con.execute("""CREATE OR REPLACE TEMP MACRO _fmt(x) AS CASE WHEN x IS NULL THEN 'n/a'
             WHEN abs(x) >= 100 THEN printf('%.0f', x) WHEN abs(x) >= 1 THEN printf('%.1f', x)
             ELSE printf('%.2f', x) END""")
+        con.execute("""CREATE OR REPLACE TEMP MACRO _num(x) AS CASE WHEN x IS NOT NULL AND x = round(x)
+            THEN printf('%.0f', x) ELSE _fmt(x) END""")
         con.execute("""CREATE OR REPLACE TEMP MACRO _hours(h) AS CASE WHEN h >= 1 AND h = round(h) THEN printf('%.0f h', h)
             WHEN h >= 1 THEN printf('%.1f h', h) ELSE printf('%.0f min', h * 60) END""")
 
@@ -564,6 +591,7 @@ class Analyzer:
             "pool_fraction": cfg.pool_finding_fraction, "pool_min_nodes": cfg.pool_finding_min_nodes,
             "fabric_runs": cfg.fabric_runs, "fabric_slow_fraction": cfg.fabric_slow_fraction,
             "fabric_min_links": cfg.fabric_min_links,
+            **_hw_params(),
         }
 
     def run_pass(self, con, now: dt.datetime | None = None) -> PassResult:

@@ -59,6 +59,10 @@ STEPS: tuple[Step, ...] = (
     # after network_degraded: reads its _nd_runs
     Step("link_variance", "61_link_variance.sql", CONDITIONS,
          temp_tables=("_lv_links", "_lv_pool", "_lv_net", "_lv")),
+    # after network_degraded: adds endpoint port errors to its link conditions; rules: common/hardware_faults.toml
+    Step("hardware_fault", "70_hardware_fault.sql", CONDITIONS,
+         temp_tables=("_hw_samples", "_hw_boots", "_hw_series", "_hw_latest", "_hw_load", "_hw_faults", "_hw_events",
+                      "_hw_cost", "_hw", "_hw_port_noise", "_hw_link_corr")),
     Step("apply_flags", "90_apply_flags.sql", FLAGS, counts=("updated", "opened", "closed")),
     Step("findings", "95_findings.sql", FINDINGS,
          temp_tables=("_fd_flags", "_fd_pool_nodes", "_fd_pools", "_fd_members", "_fd", "_fd_scored"),

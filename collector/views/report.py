@@ -6,6 +6,8 @@ from :mod:`gpuagent.collector.views.svgplot`) are inside the file; nothing is fe
 - open findings (one per cause, worst first);
 - fleet summary (nodes, pools, GPUs, open flags, lost GPU-hours), marked SYNTHETIC when simulated nodes
   are in the data;
+- hardware health: open hardware_fault flags (one per node fault, with its action and cited source) and
+  the application XIDs of the window (attributed to the job, not the hardware);
 - open flags with their sentences;
 - the pool comparison (:mod:`gpuagent.collector.views.compare`);
 - plots: per-probe distributions by pool (per-node medians), noisy nodes over time, a GPU
@@ -23,6 +25,7 @@ from html import escape
 from typing import Any
 
 from gpuagent.collector.views import svgplot
+from gpuagent.common import hardware_faults
 from gpuagent.collector.views.compare import (FLAG_KINDS, HEADLINE, NO_POOL, NOT_FABRIC_GROUP, CompareError,
                                         PoolComparison, Window, _lit, compare_pools, fmt_value, has_table,
                                         open_source, parse_window, pool_rows, probe_cell)
@@ -74,6 +77,66 @@ def _flags(src) -> tuple[list[dict[str, Any]], int]:
         ORDER BY {SEVERITY_ORDER}, f.kind, f.node_id, f.gpu NULLS FIRST, f.component
         LIMIT {MAX_FLAGS}""")
     return rows, int(total)
+
+
+def _health(src, w: Window | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Open hardware_fault flags (one per node fault, worst first) and the application XIDs of the window,
+    which the rules attribute to the job on the GPU rather than to the hardware (common/hardware_faults.toml)."""
+    if not has_table(src, "flags"):
+        return [], []
+    faults = src.query(f"""
+        SELECT f.node_id, coalesce(n.hostname, f.node_id) AS hostname, coalesce(n.pool, {_lit(NO_POOL)}) AS pool,
+               f.gpu, f.component, f.severity, epoch(f.first_seen) AS first_seen, f.baseline_source AS source,
+               f.sentence
+        FROM flags f LEFT JOIN nodes n USING (node_id)
+        WHERE f.state = 'open' AND f.kind = 'hardware_fault'
+        ORDER BY {SEVERITY_ORDER}, f.node_id, f.gpu NULLS FIRST, f.component
+        LIMIT {MAX_FLAGS}""")
+    app = sorted(r["xid"] for r in hardware_faults.xid_rows() if r["kind"] == "xid" and r["application"])
+    apps: list[dict[str, Any]] = []
+    if w is not None and app and has_table(src, "events"):
+        apps = src.query(f"""
+            SELECT coalesce(n.hostname, e.node_id) AS hostname, e.gpu, CAST(e.value AS INTEGER) AS xid, count(*) AS n,
+                   epoch(max(e.ts)) AS last_seen
+            FROM events e LEFT JOIN nodes n USING (node_id)
+            WHERE e.kind = 'xid' AND CAST(e.value AS INTEGER) IN ({", ".join(str(int(x)) for x in app)})
+              AND e.ts >= {w.start_sql} AND e.ts <= {w.end_sql}
+            GROUP BY ALL ORDER BY n DESC, hostname, e.gpu LIMIT 200""")
+    return faults, apps
+
+
+def _health_html(faults: list[dict[str, Any]], apps: list[dict[str, Any]]) -> str:
+    out = []
+    if not faults:
+        out.append("<p class='muted' id='no-hardware-faults'>No open hardware faults.</p>")
+    else:
+        crit = sum(1 for f in faults if f["severity"] == "critical")
+        comps: dict[str, int] = {}
+        for f in faults:
+            comps[str(f["component"])] = comps.get(str(f["component"]), 0) + 1
+        out.append(f"<p id='health-summary'>{len(faults)} open hardware faults ({crit} critical) on "
+                   f"{len({f['node_id'] for f in faults})} nodes: "
+                   + escape(", ".join(f"{k} {v}" for k, v in sorted(comps.items()))) + ".</p>")
+        rows = []
+        for f in faults:
+            sev = str(f["severity"])
+            rows.append("<tr class='hw-fault'>"
+                        f"<td class='sev sev-{escape(sev)}'>{escape(sev)}</td>"
+                        + _td(str(f["hostname"])) + _td(str(f["pool"]))
+                        + _td("host" if f["gpu"] is None else str(f["gpu"])) + _td(str(f["component"]))
+                        + _td(_ts(f["first_seen"]), f["first_seen"]) + _td(str(f["sentence"]))
+                        + _td(str(f["source"] or "")) + "</tr>")
+        out.append("<div class='scroll'><table class='sortable' id='health-table'><thead><tr><th>severity</th>"
+                   "<th>node</th><th>pool</th><th>GPU</th><th>component</th><th>since</th><th>fault and action</th>"
+                   "<th>source</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table></div>")
+    if apps:
+        out.append("<h3>Application XIDs (the job's, not the hardware's)</h3><table id='app-xids'><thead><tr>"
+                   "<th>node</th><th>GPU</th><th>XID</th><th>reports</th><th>last</th></tr></thead><tbody>"
+                   + "".join("<tr>" + _td(str(a["hostname"])) + _td("-" if a["gpu"] is None else str(a["gpu"]))
+                             + _td(str(a["xid"])) + _td(str(a["n"]), a["n"], "num") + _td(_ts(a["last_seen"]))
+                             + "</tr>" for a in apps)
+                   + "</tbody></table>")
+    return "".join(out)
 
 
 def _distributions(src, w: Window) -> dict[tuple[str, str], list[tuple[str, list[tuple[str, float]]]]]:
@@ -463,6 +526,7 @@ def render_report(src, window_s: float = 86400.0, reference_pool: str | None = N
     flags, flags_total = _flags(src)
     findings = _findings(src)
     w = c.window
+    hw_faults, app_xids = _health(src, w)
     plots_dist, noisy_svg, heat_svg, link_svg = [], "", "", ""
     if w is not None:
         dists = _distributions(src, w)
@@ -500,6 +564,9 @@ def render_report(src, window_s: float = 86400.0, reference_pool: str | None = N
         "<section id='findings'><h2>Open findings</h2>"
         "<p class='muted'>One row per cause, worst first; the flags behind them are listed further down.</p>",
         _findings_html(findings), "</section>",
+        "<section id='health'><h2>Hardware health</h2>"
+        "<p class='muted'>Open hardware_fault flags, one per node fault, with the action from the cited rule "
+        "(common/hardware_faults.toml; docs/FLAGS.md).</p>", _health_html(hw_faults, app_xids), "</section>",
         "<section id='summary'><h2>Fleet summary</h2>", _summary_html(c, flags_total, flags), "</section>",
         "<section id='flags'><h2>Open flags</h2>", _flags_html(flags, flags_total), "</section>",
         "<section id='compare'><h2>Pool comparison</h2>", _compare_html(c), "</section>",

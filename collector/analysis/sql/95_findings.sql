@@ -2,7 +2,9 @@
 -- - pool: when more than $pool_fraction of a pool's nodes evaluated for a kind and component family (and at
 --   least $pool_min_nodes of them) have an open flag of it, those flags are one finding about the pool;
 -- - node: every other open flag joins the one finding of its node and kind (a noisy node's H2D, D2H and
---   compute variance on all its GPUs is one noisy-neighbor finding that lists them).
+--   compute variance on all its GPUs is one noisy-neighbor finding that lists them);
+-- - hardware_fault: one finding per node fault, (node, GPU or host, component), never pooled: a pool where
+--   most nodes have a bad GPU still has one bad GPU per node to drain and reset.
 -- A finding keeps its row while its key has open flags; it closes with its last flag. Runs after
 -- 90_apply_flags.sql, in the same pass and transaction.
 
@@ -33,7 +35,7 @@ CREATE OR REPLACE TEMP TABLE _fd_pools AS
 SELECT f.pool, f.kind, f.family, count(DISTINCT f.node_id) AS nodes, any_value(p.pool_nodes) AS pool_nodes
 FROM _fd_flags f
 JOIN _fd_pool_nodes p ON p.pool = f.pool AND p.kind = f.kind AND p.family = f.family
-WHERE f.severity IN ('warning', 'critical')
+WHERE f.severity IN ('warning', 'critical') AND f.kind <> 'hardware_fault'
 GROUP BY ALL
 HAVING count(DISTINCT f.node_id) >= $pool_min_nodes
    AND count(DISTINCT f.node_id) > $pool_fraction * any_value(p.pool_nodes);
@@ -41,7 +43,9 @@ HAVING count(DISTINCT f.node_id) >= $pool_min_nodes
 -- Each open flag's finding key.
 CREATE OR REPLACE TEMP TABLE _fd_members AS
 SELECT f.*, p.pool IS NOT NULL AS pooled, p.pool_nodes,
-       CASE WHEN p.pool IS NOT NULL THEN 'pool|' || f.kind || '|' || f.pool || '|' || f.family
+       CASE WHEN f.kind = 'hardware_fault'   -- one finding per node fault: a node's GPU (or host) and component
+              THEN 'node|hardware_fault|' || f.node_id || '|' || f.component || '|' || coalesce(f.gpu::VARCHAR, 'host')
+            WHEN p.pool IS NOT NULL THEN 'pool|' || f.kind || '|' || f.pool || '|' || f.family
             ELSE 'node|' || f.kind || '|' || f.node_id END AS finding_key
 FROM _fd_flags f
 LEFT JOIN _fd_pools p ON p.pool = f.pool AND p.kind = f.kind AND p.family = f.family
@@ -90,6 +94,9 @@ SELECT *,
               || flags::VARCHAR || ' flags, worst ' || severity || ')'
               || CASE WHEN coalesce(advice, '') <> '' THEN ': ' || advice || ' for the whole pool.'
                       ELSE ': a pool-wide cause, not one node.' END
+            WHEN kind = 'hardware_fault' THEN
+              'hardware fault (' || severity || ', ' || components || ') on ' || node_id
+              || coalesce(' (' || nullif(pool, '') || ')', '') || ': ' || worst_sentence
             ELSE
               title || ' on ' || node_id || coalesce(' (' || nullif(pool, '') || ')', '') || ': ' || labels
               || CASE WHEN n_gpus > 0 THEN ' on GPU' || CASE WHEN n_gpus > 1 THEN 's ' ELSE ' ' END || gpus ELSE '' END
