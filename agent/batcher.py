@@ -177,7 +177,8 @@ class Batcher:
                       attrs={str(k): str(v) for k, v in (attrs or {}).items()})
         with self._lock:
             self._events.append(ev)
-            self.recent_events.append({"ts_ns": ts, "kind": kind, "gpu": int(gpu), "message": message})
+            self.recent_events.append({"ts_ns": ts, "kind": kind, "gpu": int(gpu), "message": message,
+                                       "value": float(value), "attrs": dict(ev.attrs)})
             del self.recent_events[:-20]
 
     def job_sample(self, **f: Any) -> None:

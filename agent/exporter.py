@@ -107,6 +107,12 @@ def _nvlink_bandwidth_total(g: GpuStatus) -> float | None:
     return float(int((g.nvlink_tx_bytes_per_s + g.nvlink_rx_bytes_per_s) / 1024.0 / 1000.0))
 
 
+def _nvlink_sum(g: GpuStatus, counter: str) -> float | None:
+    """A DCGM NVLink error total: the counter summed over all links (None when no link reports it)."""
+    vals = [c[counter] for c in (g.nvlink_errors or {}).values() if counter in c]
+    return float(sum(vals)) if vals else None
+
+
 def _pct(field: str) -> Callable[[GpuStatus], float | None]:
     return lambda g: getattr(g, field)
 
@@ -209,6 +215,51 @@ DCGM_METRICS: list[DcgmMetric] = [
                "The rate of data received over NVLink, including protocol headers (in bytes per second).",
                default=False),
 ]
+# Hardware health (issue 23): rows dcgm-exporter ships commented out in etc/default-counters.csv and
+# dcp-metrics-included.csv (at 4.5.3-4.8.2), with the CSV's types and help; from 4.9.0 the DCGM 4.7 field
+# names where DCGM renamed them (dcgm_fields.h deprecation aliases, go-dcgm legacyDCGMFields).
+# (name before 4.9.0, from 4.9.0, type, value, help)
+HEALTH_COUNTERS: list[tuple[str, str, str, Callable[[GpuStatus], float | None], str]] = [
+    ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "counter", _pct("ecc_corrected_total"),
+     "Total number of single-bit volatile ECC errors."),
+    ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "counter", _pct("ecc_uncorrected_total"),
+     "Total number of double-bit volatile ECC errors."),
+    ("DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", "counter",
+     _pct("ecc_aggregate_corrected_total"), "Total number of single-bit persistent ECC errors."),
+    ("DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", "counter",
+     _pct("ecc_aggregate_uncorrected_total"), "Total number of double-bit persistent ECC errors."),
+    ("DCGM_FI_DEV_RETIRED_SBE", "DCGM_FI_DEV_PAGE_RETIRED_SBE_TOTAL", "counter", _pct("retired_pages_sbe_total"),
+     "Total number of retired pages due to single-bit errors."),
+    ("DCGM_FI_DEV_RETIRED_DBE", "DCGM_FI_DEV_PAGE_RETIRED_DBE_TOTAL", "counter", _pct("retired_pages_dbe_total"),
+     "Total number of retired pages due to double-bit errors."),
+    ("DCGM_FI_DEV_RETIRED_PENDING", "DCGM_FI_DEV_PAGE_RETIRED_PENDING", "counter", _pct("retired_pages_pending"),
+     "Total number of pages pending retirement."),
+    # DCGM field 396, in no dcgm-exporter CSV
+    ("DCGM_FI_DEV_ROW_REMAP_PENDING", "DCGM_FI_DEV_ROW_REMAP_PENDING", "gauge", _pct("remapped_rows_pending"),
+     "1 when a row remap is pending (a GPU reset applies it)."),
+    ("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_TOTAL", "counter",
+     lambda g: _nvlink_sum(g, "crc_flit"), "Total number of NVLink flow-control CRC errors."),
+    ("DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_TOTAL", "counter",
+     lambda g: _nvlink_sum(g, "crc_data"), "Total number of NVLink data CRC errors."),
+    ("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_TOTAL", "counter",
+     lambda g: _nvlink_sum(g, "replay"), "Total number of NVLink retries."),
+    ("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_TOTAL", "counter",
+     lambda g: _nvlink_sum(g, "recovery"), "Total number of NVLink recovery errors."),
+]
+# Clock-event durations: DCGM's DCGM_FI_DEV_CLOCKS_EVENT_REASON_*_NS fields (1420-1424, dcgm_fields.h), in no
+# dcgm-exporter CSV; nanoseconds, typed counter (NVML's cumulative NVML_FI_DEV_CLOCKS_EVENT_REASON_* counters).
+# HW_SLOWDOWN has no DCGM field: it is only gpuagent_gpu_clock_event_duration_seconds_total{reason="hw_slowdown"}.
+CLOCK_EVENT_FIELDS = {"sw_power_cap": ("SW_POWER_CAP", "Throttling to not exceed currently set power limits"),
+                      "sync_boost": ("SYNC_BOOST", "Throttling to match minimum possible clock across Sync Boost Group"),
+                      "sw_thermal": ("SW_THERM_SLOWDOWN", "Throttling to keep GPU and memory below their max operating temperature"),
+                      "hw_thermal": ("HW_THERM_SLOWDOWN", "Throttling due to temperature being too high"),
+                      "hw_power_brake": ("HW_POWER_BRAKE_SLOWDOWN", "Throttling due to external power brake assertion")}
+HEALTH_COUNTERS += [(f"DCGM_FI_DEV_CLOCKS_EVENT_REASON_{f}_NS", f"DCGM_FI_DEV_CLOCKS_EVENT_REASON_{f}_NS", "counter",
+                     lambda g, r=reason: None if not g.clock_event_seconds or r not in g.clock_event_seconds
+                     else float(int(g.clock_event_seconds[r] * 1e9)), f"{doc} (in ns).")
+                    for reason, (f, doc) in CLOCK_EVENT_FIELDS.items()]
+DCGM_METRICS += [DcgmMetric(old, new, kind, value, 1.0, doc, doc, default=False)
+                 for old, new, kind, value, doc in HEALTH_COUNTERS]
 # MiB fields: DCGM's whole MiB before 4.9.0, exact bytes from 4.9.0 (new_scale applies to bytes there).
 _MIB_FIELDS = {"DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_RESERVED"}
 XID = "DCGM_FI_DEV_XID_ERRORS"
@@ -440,6 +491,7 @@ class SnapshotCollector:
         yield from _probe_families(snap)
         yield from _job_families(snap)
         yield from _agent_families(snap)
+        yield from _health_families(snap)
 
 
 class _DcgmForOpenMetrics:
@@ -566,6 +618,42 @@ def _job_families(snap: StatusSnapshot) -> Iterator[Metric]:
             rank = ",".join(str(r) for r in j.ranks) if j.ranks else ("" if j.rank is None else str(j.rank))
             fam.add_metric([j.job_id, j.job_name or "", rank], v)
         yield fam
+
+
+def _health_families(snap: StatusSnapshot) -> Iterator[Metric]:
+    """gpuagent_hardware_fault: 1 for each fault the node's health check holds this tick (docs/HEALTH.md);
+    two rules finding the same (component, severity, subject, gpu) are one series. Per-link NVLink and
+    per-reason clock-event totals, which the DCGM names sum or leave out, under gpuagent_* names."""
+    fault = GaugeMetricFamily("gpuagent_hardware_fault", "1 while a hardware fault holds (common/hardware_faults.toml "
+                              "names the rule, its action and source).",
+                              labels=["component", "severity", "subject", "gpu"])
+    h = snap.health
+    seen = set()
+    for f in (h.faults if h is not None else []):
+        key = (f.component, f.severity, f.subject, str(f.gpu) if f.gpu >= 0 else "")
+        if key not in seen:
+            seen.add(key)
+            fault.add_metric(list(key), 1.0)
+    yield fault
+    if h is not None:
+        yield GaugeMetricFamily("gpuagent_hardware_health_timestamp_seconds",
+                                "When the node's hardware health was last judged.", value=h.checked_ns / 1e9)
+    nvl = CounterMetricFamily("gpuagent_gpu_nvlink_errors", "NVLink error counters per link (NVML).",
+                              labels=["gpu", "UUID", "link", "counter"])
+    up = GaugeMetricFamily("gpuagent_gpu_nvlink_link_up", "1 while the NVLink is up, 0 when down (links that exist).",
+                           labels=["gpu", "UUID", "link"])
+    clk = CounterMetricFamily("gpuagent_gpu_clock_event_duration_seconds",
+                              "Time the clocks were held down, per clock-event reason (NVML).",
+                              labels=["gpu", "UUID", "reason"])
+    for g in snap.gpus:
+        for link, counters in sorted((g.nvlink_errors or {}).items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else 0):
+            for counter, v in sorted(counters.items()):
+                nvl.add_metric([str(g.index), g.uuid or "", link, counter], v)
+        for link, v in sorted((g.nvlink_link_up or {}).items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else 0):
+            up.add_metric([str(g.index), g.uuid or "", link], v)
+        for reason, v in sorted((g.clock_event_seconds or {}).items()):
+            clk.add_metric([str(g.index), g.uuid or "", reason], v)
+    yield from (nvl, up, clk)
 
 
 def _agent_families(snap: StatusSnapshot) -> Iterator[Metric]:

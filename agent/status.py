@@ -1,7 +1,8 @@
 """The local status file: written by the daemon every tick, read by ``gpuagent status``.
 
 :class:`StatusSnapshot` is the one description of what the agent's latest tick saw (spool, collector
-link, last samples per GPU and host, probe results, jobs); the daemon fills it, :func:`write_status`
+link, last samples per GPU and host, probe results, jobs, hardware health from agent/health.py); the
+daemon fills it, :func:`write_status`
 stores it as ``<state_dir>/status.json`` atomically (temp + rename, mode 0644, no fsync: it is
 rewritten every tick and only describes the present), and :func:`read_status` reads it back, so
 ``gpuagent status`` works for any user who can read the state dir, without talking to the daemon.
@@ -55,6 +56,14 @@ GPU_METRICS.update({
     "gpu_nvlink_raw_tx_bytes_per_s": "nvlink_raw_tx_bytes_per_s",
     "gpu_nvlink_raw_rx_bytes_per_s": "nvlink_raw_rx_bytes_per_s",
     "gpu_gr_engine_active_percent": "gr_engine_active_percent"})
+# The unlabelled hardware-health readings (issue 23; docs/HEALTH.md). The labelled ones (retired pages by
+# cause, NVLink errors per link, clock-event durations per reason) are set by agent/health.py.
+GPU_METRICS.update({
+    "gpu_ecc_aggregate_corrected_total": "ecc_aggregate_corrected_total",
+    "gpu_ecc_aggregate_uncorrected_total": "ecc_aggregate_uncorrected_total",
+    "gpu_retired_pages_pending": "retired_pages_pending",
+    "gpu_pcie_link_gen": "pcie_link_gen", "gpu_pcie_link_width": "pcie_link_width",
+    "gpu_pcie_link_gen_max": "pcie_link_gen_max", "gpu_pcie_link_width_max": "pcie_link_width_max"})
 # Host metrics (unlabelled batcher series) shown by status; HostStatus has one field each.
 HOST_METRICS = ("cpu_idle_percent", "cpu_steal_percent", "cpu_iowait_percent", "load1", "mem_used_bytes",
                 "mem_total_bytes", "mem_available_bytes", "cpu_user_percent", "cpu_system_percent", "load5",
@@ -185,6 +194,19 @@ class GpuStatus:
     nvlink_raw_rx_bytes_per_s: float | None = None
     gr_engine_active_percent: float | None = None   # GPM GRAPHICS_UTIL
     instances: list[GpuInstanceStatus] | None = None   # MIG GPU instances (None: MIG off)
+    # hardware health (issue 23; docs/HEALTH.md, docs/EXPORTER.md)
+    ecc_aggregate_corrected_total: float | None = None     # since the GPU was made (InfoROM)
+    ecc_aggregate_uncorrected_total: float | None = None
+    retired_pages_sbe_total: float | None = None           # gpu_retired_pages_total{cause=single_bit_ecc}
+    retired_pages_dbe_total: float | None = None           # {cause=double_bit_ecc}
+    retired_pages_pending: float | None = None             # 1 / 0
+    pcie_link_gen: float | None = None
+    pcie_link_width: float | None = None
+    pcie_link_gen_max: float | None = None
+    pcie_link_width_max: float | None = None
+    nvlink_errors: dict[str, dict[str, float]] | None = None   # link -> counter (crc_flit, ...) -> total
+    nvlink_link_up: dict[str, float] | None = None             # link -> 1 up / 0 down (links that exist)
+    clock_event_seconds: dict[str, float] | None = None        # reason (hw_slowdown, ...) -> seconds total
 
 
 @dataclass
@@ -285,6 +307,55 @@ class RecentEvent:
     kind: str
     gpu: int
     message: str
+    value: float | None = None
+    attrs: dict[str, str] | None = None
+
+
+@dataclass
+class HealthReading:
+    """One health-relevant series' latest value (the batcher's metric name, docs/METRICS.md)."""
+    metric: str
+    gpu: int                                 # -1: a host series (InfiniBand port, Ethernet interface)
+    value: float
+    labels: dict[str, str] | None = None
+
+
+@dataclass
+class HealthEvent:
+    """A hardware event (xid, sxid, nvidia_driver_error, gpu_lost) or an agent_start within the window."""
+    ts_ns: int
+    kind: str
+    gpu: int
+    value: float
+    message: str
+    attrs: dict[str, str] | None = None
+
+
+@dataclass
+class HardwareFault:
+    """One fault the hardware-fault rules (common/hardware_faults.py) found on this node."""
+    component: str                           # xid, ecc, row_remap, retired_pages, nvlink, pcie_link, clocks, ib_port, eth_link
+    severity: str                            # critical | warning
+    subject: str                             # "GPU 3", "mlx5_0 port 1", "eth0"
+    gpu: int                                 # -1 when not a GPU
+    sentence: str                            # what is wrong and the action, one line
+    action: str
+    source: str                              # the cited source of the rule
+    evidence: dict[str, Any] | None = None
+    rule: str = ""                           # the rule's name (xid_79, row_remap_pending, ...)
+
+
+@dataclass
+class HealthStatus:
+    """The node's hardware health as of ``checked_ns`` (agent/health.py; docs/HEALTH.md)."""
+    checked_ns: int
+    window_s: float                          # the span the counter rules looked back over
+    faults: list[HardwareFault]
+    readings: list[HealthReading]
+    events: list[HealthEvent]
+    checked: list[str]                       # what was read: "GPUs (NVML)", "InfiniBand", "Ethernet", "kernel log"
+    not_checked: list[str]                   # one sentence each: what could not be read and why
+    error: str | None = None                 # the rules themselves failed (one sentence); faults is then empty
 
 
 @dataclass
@@ -348,6 +419,7 @@ class StatusSnapshot:
     torch_loaded: bool
     version: int = STATUS_VERSION
     fabric: FabricStatus | None = None  # None: [fabric] is off
+    health: HealthStatus | None = None  # None: written by a gpuagent without hardware health
 
     def to_json(self) -> dict[str, Any]:
         """The status file's JSON object (``version`` first; unseen values left out)."""
@@ -583,14 +655,16 @@ def render(snap: StatusSnapshot, now_ns: int | None = None) -> str:
                           rows))
     else:
         out.append("GPUs      none visible")
+    out.append("")
+    out += _render_health(snap.health)
 
     out.append("")
     if snap.jobs:
         out.append(f"Jobs ({len(snap.jobs)})")
-        rows = [[j.job_id, _text(j.pid), _text(j.rank), _text(j.gpu),
+        rows = [[j.job_id, j.job_name or "-", _text(j.pid), _text(j.rank), _text(j.gpu),
                  _fmt(j.gpu_util_percent, ".0f", "%"), _fmt(j.cpu_percent, ".0f", "%"),
                  _fmt_bytes(j.rss_bytes), _fmt(j.steps_per_s, ".2f")] for j in snap.jobs]
-        out.append(_table(["job", "pid", "rank", "gpu", "gpu util", "cpu", "rss", "steps/s"], rows))
+        out.append(_table(["job", "name", "pid", "rank", "gpu", "gpu util", "cpu", "rss", "steps/s"], rows))
     else:
         out.append("Jobs      none active")
     if snap.job_throughput:
@@ -640,6 +714,23 @@ def render(snap: StatusSnapshot, now_ns: int | None = None) -> str:
         for u in snap.unavailable[:20]:
             out.append(f"  - {u}")
     return "\n".join(out)
+
+
+def _render_health(h: HealthStatus | None) -> list[str]:
+    """The health section: OK, or one line per fault with its action (agent/health.py; docs/HEALTH.md)."""
+    if h is None:
+        return ["Health    not reported (this agent predates hardware health)"]
+    if h.error:
+        return [f"Health    UNKNOWN: {h.error}"]
+    what = ", ".join(h.checked) or "nothing read"
+    if not h.faults:
+        return [f"Health    OK: no hardware faults on {what}"]
+    n = len(h.faults)
+    out = [f"Health    {n} hardware fault{'s' if n != 1 else ''} on {what}"]
+    out += [f"  - {f.severity.upper()} {f.component}: {f.sentence}" for f in h.faults[:20]]
+    if n > 20:
+        out.append(f"  ... and {n - 20} more (`gpuagent health` lists them all)")
+    return out
 
 
 def _render_fabric(fab: FabricStatus, now_ns: int) -> list[str]:

@@ -24,7 +24,9 @@ _LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
 # DCGM_FI_DEV_PCIE_REPLAY_COUNTER. Nothing else may be reported, and nothing for a gpuagent_* name.
 DCGM_NAME_LINTS = (r"DCGM_FI_\w+ label names should be written in 'snake_case' not 'camelCase'",
                    r'DCGM_FI_\w+ counter metrics should have "_total" suffix',
-                   r"DCGM_FI_DEV_PCIE_REPLAY_COUNTER metric name should not include type 'counter'")
+                   r"DCGM_FI_DEV_PCIE_REPLAY_COUNTER metric name should not include type 'counter'",
+                   # DCGM's clock-event fields end in _NS (dcgm_fields.h 1420-1424)
+                   r"DCGM_FI_DEV_CLOCKS_EVENT_REASON_\w+_NS metric names should not contain abbreviated units")
 
 
 def parse_exposition(text: str) -> tuple[dict[str, list[tuple[dict[str, str], float]]], dict[str, str]]:
