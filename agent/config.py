@@ -75,6 +75,39 @@ class ExporterConfig:
     xid_labels: bool = True            # err_code / err_msg on the XID series, as dcgm-exporter sets them
 
 
+# ------------------------------------------------------------------ [hardware]
+
+@dataclass(frozen=True)
+class HardwareConfig:
+    """The ``[hardware]`` table: the host's hardware-health sources (gpuagent.agent.hw_host)."""
+    kmsg: bool = True                  # NVIDIA XID/SXID/driver-init records from the kernel log (skipped if unreadable)
+    kmsg_path: str = "/dev/kmsg"
+    infiniband: bool = True            # /sys/class/infiniband port state and counters
+    ethernet: bool = True              # /sys/class/net carrier changes and link speed
+    sys_root: str = "/sys"
+    sysfs_interval_s: float = 10.0     # sysfs is read this often; the kernel log every tick
+
+
+def _check_hardware(table: dict[str, Any], src: str) -> HardwareConfig:
+    allowed = {f.name for f in fields(HardwareConfig)}
+    extra = set(table) - allowed
+    if extra:
+        raise ConfigError(f"{src}: unknown key hardware.{sorted(extra)[0]} (expected one of {', '.join(sorted(allowed))}).")
+    kw: dict[str, Any] = {}
+    for k, v in table.items():
+        name = f"hardware.{k}"
+        if k in ("kmsg", "infiniband", "ethernet"):
+            kw[k] = _as_bool(v, name, src)
+        elif k == "sysfs_interval_s":
+            kw[k] = _as_float(v, name, src, minimum=1, maximum=3600)
+        else:
+            s = _as_str(v, name, src).strip()
+            if not s:
+                raise ConfigError(f"{_where(src, name)} must not be empty.")
+            kw[k] = s
+    return HardwareConfig(**kw)
+
+
 # ------------------------------------------------------------------ [jobs]
 
 DEFAULT_CMDLINE = (r"(^|/)torchrun(\s|$)", r"torch\.distributed\.(run|launch)(\s|$)",
@@ -110,6 +143,8 @@ class JobsConfig:
     step_listener: bool = True
     step_socket: str = ""               # "" = $GPUAGENT_JOBS_SOCKET or /run/gpuagent/jobs.sock
     step_window_s: float | None = None  # None = the batch interval
+    slurm: str = "auto"                 # Slurm attribution (agent/slurm.py): auto (where scontrol and slurm.conf are), on, off
+    slurm_refresh_s: float = 2.0        # how often scontrol listpids runs (in the background)
 
 
 # ------------------------------------------------------------------ [probes]
@@ -291,6 +326,7 @@ class AgentConfig:
     jobs: JobsConfig = field(default_factory=JobsConfig)
     exporter: ExporterConfig = field(default_factory=ExporterConfig)
     fabric: FabricConfig = field(default_factory=FabricConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
     config_file: str = ""               # the file that was read ("" when none)
 
     @property
@@ -315,8 +351,8 @@ class AgentConfig:
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: thaw(getattr(self, f.name)) for f in fields(self)
-               if f.name not in ("collector", "probes", "jobs", "exporter", "fabric")}
-        for name in ("collector", "probes", "jobs", "exporter", "fabric"):
+               if f.name not in ("collector", "probes", "jobs", "exporter", "fabric", "hardware")}
+        for name in ("collector", "probes", "jobs", "exporter", "fabric", "hardware"):
             out[name] = thaw(asdict(getattr(self, name)))
         if out["collector"]["token"]:
             out["collector"]["token"] = "***"
@@ -430,7 +466,8 @@ def _check_labels(labels: Mapping[str, Any], src: str) -> dict[str, str]:
 
 # [jobs] keys and the kind of value each takes; the rule keys go into JobRules, the others into JobsConfig.
 JOBS_KEYS = {"cmdline_regex": list, "env_keys": list, "env_argv0_regex": str, "scan_interval_s": float,
-             "end_grace_s": float, "orphan_grace_s": float, "step_listener": bool, "step_socket": str, "step_window_s": float}
+             "end_grace_s": float, "orphan_grace_s": float, "step_listener": bool, "step_socket": str, "step_window_s": float,
+             "slurm": str, "slurm_refresh_s": float}
 _RULE_KEYS = {f.name for f in fields(JobRules)}
 
 
@@ -460,6 +497,8 @@ def _check_jobs(table: dict[str, Any], src: str) -> JobsConfig:
             out[k] = _as_bool(v, name, src)
         else:
             s = _as_str(v, name, src)
+            if k == "slurm" and s not in ("auto", "on", "off"):
+                raise ConfigError(f"{name} (from {src}) must be auto, on or off, not {s!r}.")
             if k == "env_argv0_regex":
                 try:
                     re.compile(s)
@@ -474,7 +513,7 @@ def _check_jobs(table: dict[str, Any], src: str) -> JobsConfig:
 
 _AGENT_KEYS = {"interval_s", "batch_interval_s", "batch_max_samples", "state_dir", "spool_max_bytes", "log_level"}
 _COLLECTOR_KEYS = {f.name for f in fields(CollectorConfig)}
-_TOP_TABLES = {"agent", "collector", "labels", "probes", "jobs", "exporter", "fabric"}
+_TOP_TABLES = {"agent", "collector", "labels", "probes", "jobs", "exporter", "fabric", "hardware"}
 
 # Environment variable -> (section, key). GPUAGENT_LABELS and GPUAGENT_CONFIG are handled apart.
 ENV_VARS = {
@@ -609,6 +648,7 @@ def load_config(
 
     jobs = _check_jobs(dict(data.get("jobs", {})), f"{fsrc} [jobs]")
     fabric = _check_fabric(dict(data.get("fabric", {})), f"{fsrc} [fabric]")
+    hardware = _check_hardware(dict(data.get("hardware", {})), f"{fsrc} [hardware]")
 
     probes_table = data.get("probes", {})
     if "enabled" in probes_table:
@@ -630,6 +670,7 @@ def load_config(
         jobs=jobs,
         exporter=ExporterConfig(**exporter_kw),
         fabric=fabric,
+        hardware=hardware,
         config_file=str(path) if path else "",
         **agent_kw,
     )

@@ -24,6 +24,7 @@ from typing import Any, Callable
 from gpuagent import __version__
 from gpuagent.agent.batcher import Batcher, SeqAllocator
 from gpuagent.agent.config import AgentConfig
+from gpuagent.agent.health import health_status
 from gpuagent.agent.sampling import Sampler, now_ns
 from gpuagent.common.sdnotify import Notifier, WatchdogPinger
 from gpuagent.agent.sender import Sender
@@ -79,6 +80,13 @@ class Agent:
         self.unavailable: list[str] = []     # optional parts that could not start (for status)
         self.exporter: Any = None            # the /metrics endpoint when [exporter] listen is set
         self._sampler_errors: set[tuple[str, str]] = set()
+        # The GPU sampler's events pass through the hardware sampler's XID ledger (kernel-log dedup).
+        self._sinks: dict[int, Any] = {}
+        ledger = next((s.xid_ledger for s in self.samplers if getattr(s, "xid_ledger", None) is not None), None)
+        if ledger is not None:
+            for s in self.samplers:
+                if getattr(s, "name", "") == "gpu":
+                    self._sinks[id(s)] = ledger.tap(self.batcher)
         self.ticks = 0
         self.late_ticks = 0
         self.skipped_ticks = 0
@@ -171,9 +179,10 @@ class Agent:
     def tick(self, scheduled: float | None = None) -> None:
         """One sampling round; ``scheduled`` is the tick's planned monotonic time (batch clock)."""
         ts = now_ns()
+        sinks = self._sinks
         for s in self.samplers:
             try:
-                s.sample(ts, self.batcher)
+                s.sample(ts, sinks.get(id(s), self.batcher))
             except Exception as exc:  # noqa: BLE001 - one broken source must not stop the others
                 key = (getattr(s, "name", type(s).__name__), type(exc).__name__)
                 if key not in self._sampler_errors:
@@ -340,6 +349,7 @@ class Agent:
                                   batches=b.total_batches, samples=b.total_samples),
             torch_loaded="torch" in sys.modules,
             fabric=next((x.fabric_status() for x in self.extras if hasattr(x, "fabric_status")), None),
+            health=health_status(b, gpus, jobs, now),
         )
 
     def _report_once(self, key: tuple[str, str], message: str) -> None:
@@ -416,11 +426,53 @@ def default_samplers(cfg: AgentConfig) -> list[Sampler]:
     from gpuagent.agent.gpu_sampler import GpuSampler
     from gpuagent.agent.host_sampler import HostSampler
     from gpuagent.agent.job_discovery import JobDiscovery
+    from gpuagent.agent.slurm import SlurmAttribution, slurm_present
 
     gpu = GpuSampler()
     jobs = cfg.jobs
-    return [HostSampler(), gpu, JobDiscovery(gpu_sampler=gpu, rules=jobs.rules, scan_interval_s=jobs.scan_interval_s,
-                                             end_grace_s=jobs.end_grace_s, orphan_grace_s=jobs.orphan_grace_s)]
+    discovery = JobDiscovery(gpu_sampler=gpu, rules=jobs.rules, scan_interval_s=jobs.scan_interval_s,
+                             end_grace_s=jobs.end_grace_s, orphan_grace_s=jobs.orphan_grace_s)
+    if jobs.slurm == "on" or (jobs.slurm == "auto" and slurm_present()):
+        discovery.slurm = SlurmAttribution(jobs.slurm_refresh_s).start()
+    samplers: list[Sampler] = [HostSampler(), gpu, discovery]
+    hw = hardware_sampler(cfg, gpu)
+    if hw is not None:
+        samplers.append(hw)
+    return samplers
+
+
+def hardware_sampler(cfg: AgentConfig, gpu: Any = None) -> Sampler | None:
+    """The host's hardware-health sources (agent/hw_host.py: kernel log, InfiniBand, Ethernet) as one sampler
+    whose sources each fail alone; NVML's XIDs (from ``gpu``, through an XidLedger the Agent taps onto the GPU
+    sampler's sink) deduplicate the kernel log's copies. None when ``[hardware]`` turns every source off."""
+    from gpuagent.agent.hw_host import HwHostSampler, XidLedger, bus_key
+
+    hw = cfg.hardware
+    if not (hw.kmsg or hw.infiniband or hw.ethernet):
+        return None
+    buses: dict[str, int] = {}
+    asked: list[bool] = []
+
+    def gpu_buses() -> dict[str, int]:
+        """bus key -> NVML index, asked of NVML once (when the first kernel-log record needs it)."""
+        if not asked and gpu is not None:
+            asked.append(True)
+            try:
+                buses.update({bus_key(g.get("pci_bus_id")): int(g["index"]) for g in gpu.gpu_inventory()})
+            except Exception as exc:  # noqa: BLE001 - no NVML: kernel-log events keep gpu -1
+                log.info("GPU bus ids unknown for kernel-log events (%s: %s)", type(exc).__name__, exc)
+            buses.pop("", None)
+        return buses
+
+    def bus_for_gpu(index: int) -> str | None:
+        return next((b for b, i in gpu_buses().items() if i == index and b), None)
+
+    ledger = XidLedger(bus_for_gpu)
+    sampler = HwHostSampler(sys_root=hw.sys_root, kmsg_path=hw.kmsg_path, state_dir=cfg.state_dir, kmsg=hw.kmsg,
+                            infiniband=hw.infiniband, ethernet=hw.ethernet, sysfs_every_s=hw.sysfs_interval_s,
+                            nvml_seen=ledger.seen, gpu_for_bus=lambda b: gpu_buses().get(bus_key(b)))
+    sampler.xid_ledger = ledger
+    return sampler
 
 
 def build_node_info(cfg: AgentConfig, samplers: list[Sampler]) -> pb.NodeInfo:

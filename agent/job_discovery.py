@@ -62,6 +62,7 @@ from typing import Any, Callable
 
 from gpuagent.agent.config import JobRules
 from gpuagent.common.job_identity import cgroup_ids, job_identity, own_container_id
+from gpuagent.agent.slurm import PENDING, SlurmAttribution
 
 RECHECK_S = 2.0
 NEIGHBOUR_NAMED_MIN = 5.0   # % of one core: below this a neighbour is not worth naming
@@ -88,6 +89,18 @@ def identify(pid: int, env: dict[str, str], cgroup_text: str, ppid: int, matched
     name = ji.job_name or (env.get("HOSTNAME", "") if ji.source == "kubernetes" else "")
     return {"job_id": ji.job_id, "job_name": name, "source": source, "rank": ji.rank,
             "local_rank": ji.local_rank, "world_size": ji.world_size, "attrs": attrs}
+
+
+def slurm_identity(ident: dict[str, Any], job: Any, step: str) -> dict[str, Any]:
+    """A process's identity as Slurm names it (agent/slurm.py): the job id, name, user, partition and
+    account from slurmctld, the step from slurmd; ranks stay whatever the environment said (-1 without it)."""
+    attrs = dict(ident["attrs"])
+    attrs.update({k: v for k, v in (("slurm_job_id", job.job_id), ("slurm_step", step), ("slurm_user", job.user),
+                                    ("slurm_partition", job.partition), ("slurm_account", job.account),
+                                    ("slurm_array_job_id", job.array_job_id),
+                                    ("slurm_array_task_id", job.array_task_id)) if v})
+    return dict(ident, job_id=job.gpuagent_job_id, job_name=job.name or ident["job_name"], source="slurm",
+                attrs=attrs)
 
 
 @dataclass
@@ -143,6 +156,8 @@ class JobDiscovery:
         self.tracked_pids: Callable[[], dict[int, str]] | None = None
         # Every process's last (start, cpu ticks, time) for the neighbour CPU shares.
         self._all_cpu: dict[int, tuple[int, int, float]] = {}
+        # Set by the daemon where Slurm runs: names a Slurm job's processes without their environment.
+        self.slurm: SlurmAttribution | None = None
 
     # ------------------------------------------------------------------ /proc readers
     def _start_wall_ns(self, p: _Proc | None) -> int | None:
@@ -241,10 +256,22 @@ class JobDiscovery:
             return cached
         ident = None
         matched = False
+        cg: str | None = None
+        slurm = None
+        if self.slurm is not None:
+            cg = (self._read_bytes(pid, "cgroup") or b"").decode("utf-8", "replace")
+            slurm = self.slurm.lookup(pid, cg)
+            if slurm == PENDING:   # Slurm's details come on a later tick: no id yet rather than a wrong one
+                p = _Proc(start=st[1], ident=None, stat=st, recheck_ns=now)
+                if same:
+                    p.prev_t, p.prev_cpu, p.prev_io, p.adopted = (cached.prev_t, cached.prev_cpu, cached.prev_io,
+                                                                  cached.adopted)
+                self._procs[pid] = p
+                return p
         if rule_check:
             cmd = (self._read_bytes(pid, "cmdline") or b"").replace(b"\0", b" ").decode("utf-8", "replace").strip()
-            if any(r.search(cmd) for r in self._cmd_res):
-                matched = True
+            if slurm is not None or any(r.search(cmd) for r in self._cmd_res):
+                matched = True      # a Slurm job's processes are job processes whatever they run
             argv0 = os.path.basename(cmd.split(" ", 1)[0]) if cmd else ""
             env = None
             if not matched and cmd and (self._argv0_re is None or self._argv0_re.search(argv0)):
@@ -252,12 +279,16 @@ class JobDiscovery:
                 matched = any(k in env for k in self.rules.env_keys)
             if matched:
                 env = env if env is not None else self._environ(pid)
-                cg = (self._read_bytes(pid, "cgroup") or b"").decode("utf-8", "replace")
+                if cg is None:
+                    cg = (self._read_bytes(pid, "cgroup") or b"").decode("utf-8", "replace")
                 ident = identify(pid, env, cg, st[2], True, self._own_container)
         else:
             env = self._environ(pid)
-            cg = (self._read_bytes(pid, "cgroup") or b"").decode("utf-8", "replace")
+            if cg is None:
+                cg = (self._read_bytes(pid, "cgroup") or b"").decode("utf-8", "replace")
             ident = identify(pid, env, cg, st[2], False, self._own_container)
+        if ident is not None and slurm is not None and ident["source"] != "explicit":
+            ident = slurm_identity(ident, *slurm)
         p = _Proc(start=st[1], ident=ident, stat=st, recheck_ns=0 if same else now + int(RECHECK_S * 1e9))
         if same:   # keep the CPU/IO baselines and a launcher's adopted identity
             p.prev_t, p.prev_cpu, p.prev_io, p.adopted = cached.prev_t, cached.prev_cpu, cached.prev_io, cached.adopted
@@ -308,7 +339,9 @@ class JobDiscovery:
         # under the job id the step receiver uses (so job_samples and job_steps join).
         tracked = self.tracked_pids() if self.tracked_pids is not None else {}
         listed = {r[0] for r in rows}
-        rows += [(pid, -1, -1.0, 0.0, -1) for pid in sorted(self._rule_pids | set(tracked)) if pid not in listed]
+        slurm_pids = self.slurm.pids() if self.slurm is not None else set()   # slurmd's list, no /proc scan wait
+        rows += [(pid, -1, -1.0, 0.0, -1) for pid in sorted(self._rule_pids | set(tracked) | slurm_pids)
+                 if pid not in listed]
 
         # Identity of every candidate first, so that a launcher (torchrun's elastic agent has no job
         # env of its own) can take the job id of the workers it started.
@@ -391,7 +424,8 @@ class JobDiscovery:
                                                          ts_ns, ts_ns, ts_ns if proc_start is None else proc_start)
                 sink.event("job_start", f"job {job.job_id} started ({job.source})", ts_ns=ts_ns,
                            attrs={"job_id": job.job_id, "job_name": job.job_name, "source": job.source,
-                                  "started_ns": str(job.start_ns)})
+                                  "started_ns": str(job.start_ns),
+                                  **{k: v for k, v in ident["attrs"].items() if k.startswith("slurm_")}})
             elif proc_start is not None and proc_start < job.start_ns:
                 job.start_ns = proc_start   # e.g. the launcher, adopted after its workers were found
             job.last_ns = ts_ns
@@ -542,4 +576,5 @@ class JobDiscovery:
                 for j in self._jobs.values()]
 
     def close(self) -> None:
-        pass
+        if self.slurm is not None:
+            self.slurm.stop()

@@ -13,6 +13,7 @@ PACKAGES=(
   iperf3 iproute2                  # the namespace fabric testbed (ip netns, tc) and its accuracy benchmark
   mount e2fsprogs                  # losetup / mkfs.ext4 for the small-filesystem retention test
   openjdk-17-jre-headless          # Spark (the lake extra)
+  slurmctld slurmd slurm-client munge  # the single-node Slurm cluster tests (job attribution)
 )
 if [ "${1:-}" = "--list" ]; then printf '%s\n' "${PACKAGES[@]}"; exit 0; fi
 if ! command -v apt-get >/dev/null; then

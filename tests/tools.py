@@ -36,6 +36,11 @@ TOOLS: dict[str, str] = {
     "losetup": "mount",
     "mkfs.ext4": "e2fsprogs",
     "cc": "gcc",
+    "slurmctld": "slurmctld",
+    "slurmd": "slurmd",
+    "scontrol": "slurm-client",
+    "sbatch": "slurm-client",
+    "munged": "munge",
 }
 
 INSTALL_COMMAND = "sudo scripts/install-test-deps.sh"

@@ -131,18 +131,24 @@ GPUS = Table("gpus", _cols(
     virtualization_mode=STR, numa_node=I16))
 
 # Every job seen in a batch's job samples and job steps: opens or extends its row in ``jobs``.
-JOB_SEEN = Staging("job_seen", _cols("node_id job_id ts job_name source world_size",
-                                     node_id=STR, job_id=STR, ts=TS, job_name=STR, source=STR, world_size=I32),
+JOB_SEEN = Staging("job_seen", _cols("node_id job_id ts job_name source world_size user_name partition_name account",
+                                     node_id=STR, job_id=STR, ts=TS, job_name=STR, source=STR, world_size=I32,
+                                     user_name=STR, partition_name=STR, account=STR),
                    sql="""
-INSERT INTO jobs (node_id, job_id, job_name, source, first_seen, last_seen, world_size)
-SELECT node_id, job_id, max(job_name), max(source), min(ts), max(ts), max(world_size)
+INSERT INTO jobs (node_id, job_id, job_name, source, first_seen, last_seen, world_size, user_name, partition_name,
+                  account)
+SELECT node_id, job_id, max(job_name), max(source), min(ts), max(ts), max(world_size), max(user_name),
+       max(partition_name), max(account)
 FROM {view} GROUP BY node_id, job_id
 ON CONFLICT (node_id, job_id) DO UPDATE SET
     job_name = coalesce(excluded.job_name, jobs.job_name),
     source = coalesce(excluded.source, jobs.source),
     first_seen = least(jobs.first_seen, excluded.first_seen),
     last_seen = greatest(jobs.last_seen, excluded.last_seen),
-    world_size = coalesce(excluded.world_size, jobs.world_size)
+    world_size = coalesce(excluded.world_size, jobs.world_size),
+    user_name = coalesce(excluded.user_name, jobs.user_name),
+    partition_name = coalesce(excluded.partition_name, jobs.partition_name),
+    account = coalesce(excluded.account, jobs.account)
 """)
 
 # Every job_end event of a batch: closes the job's row in ``jobs``. The *_ns times are optional on the wire.

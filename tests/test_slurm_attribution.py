@@ -1,0 +1,183 @@
+"""Slurm attribution (agent/slurm.py, issue 24): a Slurm job's processes are named as Slurm names them,
+without reading their environment. The parsers get our own lines in scontrol's formats; the rest runs on a
+real single-node Slurm cluster (tests/slurm_cluster.py: munged, slurmctld, slurmd) with real sbatch jobs,
+the real agent and collector, and NVML answered by the emulator (SYNTHETIC GPUs)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from agent_helpers import start_agent, stop, wait_running
+from conftest import wait_for
+from gpuagent.agent.job_discovery import JobDiscovery
+from gpuagent.agent.sampling import ListSink
+from gpuagent.agent.slurm import PENDING, SlurmAttribution, job_from_cgroup, parse_listpids, parse_show_job
+from gpuagent.collector.ingest import server
+from gpuagent.collector.views import client
+from slurm_cluster import SlurmCluster
+
+# A job step that keeps nothing of Slurm's environment: attribution must come from Slurm, not from env.
+NO_ENV_SLEEPER = (f"exec env -i PATH=/usr/bin:/bin {sys.executable} -c "
+                  "\"import time; [time.sleep(0.2) for _ in range(600)]\"\n")
+
+
+def test_listpids_lines_parse_and_the_header_is_skipped():
+    text = ("PID      JOBID    STEPID   LOCALID GLOBALID\n"
+            "4100     17       batch    0       0\n"
+            "4101     17       batch    -       -\n"
+            "4200     18       0        0       0\n"
+            "garbage line\n")
+    assert parse_listpids(text) == {4100: ("17", "batch"), 4101: ("17", "batch"), 4200: ("18", "0")}
+
+
+def test_show_job_line_parses_user_partition_account_and_array():
+    line = ("JobId=42 ArrayJobId=40 ArrayTaskId=2 JobName=pretrain UserId=alice(1000) GroupId=alice(1000) "
+            "Account=llm Partition=h100 JobState=RUNNING")
+    job = parse_show_job(line)
+    assert (job.job_id, job.user, job.partition, job.account, job.name) == ("42", "alice", "h100", "llm", "pretrain")
+    assert job.gpuagent_job_id == "slurm:40_2"       # the id the tracker derives from SLURM_ARRAY_* env
+    plain = parse_show_job("JobId=7 JobName=x UserId=root(0) Account=(null) Partition=gpu")
+    assert plain.gpuagent_job_id == "slurm:7" and plain.account == ""
+    assert parse_show_job("slurm_load_jobs error: Invalid job id specified") is None
+
+
+def test_cgroup_paths_of_slurms_cgroup_plugins():
+    v1 = "12:pids:/slurm/uid_1000/job_311/step_batch/task_0\n11:cpu:/slurm/uid_1000/job_311/step_batch\n"
+    v2 = "0::/system.slice/slurmstepd.scope/job_9001/step_0/user/task_0\n"
+    assert job_from_cgroup(v1) == ("311", "batch")
+    assert job_from_cgroup(v2) == ("9001", "0")
+    assert job_from_cgroup("0::/user.slice/user-1000.slice/session-3.scope\n") is None
+    assert job_from_cgroup("0::/kubepods/besteffort/pod1234/job_5\n") is None     # not Slurm's
+
+
+def test_a_failing_or_hanging_scontrol_never_reaches_the_tick(caplog):
+    calls = []
+
+    def broken(args):
+        calls.append(args)
+        raise subprocess.TimeoutExpired(["scontrol", *args], 5)
+
+    att = SlurmAttribution(run=broken)
+    with caplog.at_level(logging.WARNING, logger="gpuagent.slurm"):
+        att.refresh()
+        att.refresh()
+    assert att.lookup(4100) is None and att.errors == 2
+    assert len([r for r in caplog.records if "did not answer" in r.getMessage()]) == 1   # logged once
+    # A job whose details are not back yet is pending, never a guess
+    att2 = SlurmAttribution(run=lambda a: "PID JOBID STEPID\n4100 17 batch\n" if a[0] == "listpids" else "")
+    att2.refresh()
+    assert att2.lookup(4100) == PENDING
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm")).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def _job_pids(slurm: SlurmCluster, job_id: str, python_only: bool = True) -> list[int]:
+    pids = [pid for pid, (j, _s) in parse_listpids(slurm.run("scontrol", "listpids", job_id, check=False)).items()
+            if j == job_id]
+    if python_only:
+        pids = [p for p in pids if _cmd(p).startswith(sys.executable)]
+    return pids
+
+
+def _cmd(pid: int) -> str:
+    try:
+        return open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+@pytest.mark.slow
+def test_a_batch_job_without_its_environment_is_named_by_slurm(slurm, monkeypatch):
+    monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
+    job_id = slurm.sbatch(NO_ENV_SLEEPER, "-J", "pretrain-7b")
+    wait_for(lambda: _job_pids(slurm, job_id), timeout=20, what="the job's python process")
+    [pid] = _job_pids(slurm, job_id)
+    assert b"SLURM_JOB_ID" not in open(f"/proc/{pid}/environ", "rb").read()      # nothing to read there
+
+    att = SlurmAttribution(refresh_s=0.2).start()
+    jd = JobDiscovery(scan_interval_s=0.1, end_grace_s=1.0)
+    jd.slurm = att
+    try:
+        assert att.wait_refreshed(2)
+        sink = ListSink()
+        # The first ticks may see the job before its details are back (pending): then it is not sampled
+        # under any other name.
+        wait_for(lambda: (jd.sample(time.time_ns(), sink), any(r.get("pid") == pid for r in sink.job_samples))[1],
+                 timeout=10, interval=0.2, what="the job's process sampled")
+        mine = [r for r in sink.job_samples if r["pid"] == pid]
+        assert {r["job_id"] for r in mine} == {f"slurm:{job_id}"}
+        r = mine[0]
+        assert (r["job_name"], r["source"]) == ("pretrain-7b", "slurm")
+        assert r["attrs"]["slurm_user"] == "root" and r["attrs"]["slurm_partition"] == slurm.partition
+        assert r["attrs"]["slurm_step"] == "batch" and r["attrs"]["slurm_job_id"] == job_id
+        start = [e for e in sink.events if e.kind == "job_start" and e.attrs["job_id"] == f"slurm:{job_id}"]
+        assert start and start[0].attrs["slurm_partition"] == slurm.partition
+    finally:
+        jd.close()
+        slurm.run("scancel", job_id, check=False)
+
+
+@pytest.mark.slow
+def test_array_tasks_get_the_trackers_ids(slurm, monkeypatch):
+    monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
+    array_id = slurm.sbatch(NO_ENV_SLEEPER, "--array=1-2", "-J", "sweep", "-c", "1")
+    att = SlurmAttribution(refresh_s=0.2).start()
+    try:
+        def named():
+            att.refresh()
+            return {att.lookup(p)[0].gpuagent_job_id for p in att.pids()
+                    if isinstance(att.lookup(p), tuple) and _cmd(p).startswith(sys.executable)}
+        wait_for(lambda: named() == {f"slurm:{array_id}_1", f"slurm:{array_id}_2"}, timeout=30, interval=0.3,
+                 what="both array tasks named")
+    finally:
+        att.stop()
+        slurm.run("scancel", array_id, check=False)
+
+
+@pytest.mark.slow
+def test_the_agent_names_a_slurm_job_on_an_emulated_gpu(slurm, nvml_emulator, tmp_path):
+    """Must-show 1: an sbatch job's process on an emulated GPU, attributed by the real agent with Slurm's job
+    id, user and partition; job_samples in the collector and `gpuagent status` show it."""
+    emu = nvml_emulator()
+    job_id = slurm.sbatch(NO_ENV_SLEEPER, "-J", "finetune")
+    wait_for(lambda: _job_pids(slurm, job_id), timeout=20, what="the job's python process")
+    [pid] = _job_pids(slurm, job_id)
+    emu.add_process(2, pid, 10 << 30)          # the job holds GPU 2 (SYNTHETIC)
+
+    col = server.start_collector(tmp_path / "c.duckdb", "127.0.0.1:0", analyze=False)
+    state = tmp_path / "state"
+    cfg = tmp_path / "agent.toml"
+    cfg.write_text("[jobs]\nslurm = \"on\"\nslurm_refresh_s = 0.5\n")
+    agent = start_agent(tmp_path, col.address, state, interval=0.5, batch_interval=0.5, GPUAGENT_CONFIG=str(cfg),
+                        SLURM_CONF=str(slurm.conf), **emu.env_vars())
+    try:
+        wait_running(state, agent)
+        q = (f"SELECT s.job_id, j.job_name, s.gpu, j.source, j.user_name, j.partition_name FROM job_samples s "
+             f"JOIN jobs j USING (node_id, job_id) WHERE s.pid = {pid} ORDER BY s.ts DESC LIMIT 1")
+        row = wait_for(lambda: client.query(col.address, q).rows, timeout=30, interval=0.5,
+                       what="the job's samples in the collector")[0]
+        assert tuple(row) == (f"slurm:{job_id}", "finetune", 2, "slurm", "root", slurm.partition)
+        def status_shows():
+            out = subprocess.run([sys.executable, "-m", "gpuagent.agent.cli", "status", "--state-dir", str(state)],
+                                 capture_output=True, text=True, timeout=30).stdout
+            return out if f"slurm:{job_id}" in out else None
+        out = wait_for(status_shows, timeout=10, interval=0.5, what="gpuagent status showing the Slurm job")
+        line = next(ln for ln in out.splitlines() if f"slurm:{job_id}" in ln)
+        assert line.split()[:2] == [f"slurm:{job_id}", "finetune"], out
+    finally:
+        stop(agent)
+        col.stop()
+        slurm.run("scancel", job_id, check=False)
