@@ -73,7 +73,8 @@ def _write_port_file(path: str, port: int) -> None:
               show_default=True)
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
               help="Collector TOML config: [analyzer], [baselines], [pricing], [metrics], [fabric], [auth], "
-                   "[storage], [lake] (see docs/FLAGS.md, docs/FABRIC.md, docs/COLLECTOR.md and docs/LAKE.md).")
+                   "[storage], [lake], [actions] (see docs/FLAGS.md, docs/FABRIC.md, docs/COLLECTOR.md, "
+                   "docs/LAKE.md and docs/ACTIONS.md).")
 @click.option("--no-analyze", is_flag=True, help="Do not run the scheduled analysis passes.")
 @click.option("--metrics-listen", default=None, metavar="HOST:PORT",
               help="Serve Prometheus /metrics here (off by default; [metrics] listen in --config; "
@@ -99,6 +100,7 @@ def serve(listen, db_path, token, token_file, tls_cert, tls_key, tokens_file, tl
     tokens_file = tokens_file or auth.get("tokens_file")
     tls_client_ca = tls_client_ca or auth.get("tls_client_ca")
     lake_config = _lake_config(config_path)
+    actions_config = _actions_config(config_path)
     stop = threading.Event()
     reload = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -113,7 +115,7 @@ def serve(listen, db_path, token, token_file, tls_cert, tls_key, tokens_file, tl
                                  analyzer_config=analyzer_config, analyze=not no_analyze,
                                  metrics_listen=metrics_listen or analyzer_config.metrics_listen,
                                  fabric=fabric_config, lake_config=lake_config,
-                                 maintenance_config=maintenance_config)
+                                 maintenance_config=maintenance_config, actions_config=actions_config)
     except CollectorError as exc:
         raise click.ClickException(str(exc)) from None
     try:
@@ -237,6 +239,16 @@ def _analyzer_config(config_path: str | None, window: str | None = None):
         raise click.ClickException(str(exc)) from None
 
 
+def _actions_config(config_path: str | None):
+    """[actions] of the collector config (collector/actions/config.py); off when absent."""
+    from gpuagent.collector.actions.config import ActionsConfig, ActionsError
+
+    try:
+        return ActionsConfig.from_toml(config_path) if config_path else ActionsConfig()
+    except ActionsError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
 AUTH_KEYS = ("tokens_file", "tls_client_ca")
 
 
@@ -309,13 +321,14 @@ def _flag_line(f: dict) -> str:
 
 
 def _print_analysis(run: dict, flags: list[dict], fmt: str, truncated: bool, findings: list[dict],
-                    show_flags: bool) -> None:
-    """Findings first, worst first; with ``show_flags`` each finding's open flags under it."""
+                    show_flags: bool, actions: list[dict] | None = None) -> None:
+    """Findings first, worst first; with ``show_flags`` each finding's open flags under it; then one line per
+    action ([actions]) the pass led to."""
     import json
 
     if fmt == "json":
-        click.echo(json.dumps({"pass": run, "open_findings": findings, "open_flags": flags, "truncated": truncated},
-                              default=str))
+        click.echo(json.dumps({"pass": run, "open_findings": findings, "open_flags": flags, "truncated": truncated,
+                               "actions": actions or []}, default=str))
         return
     click.echo(f"analysis pass at {run['now']}: rolled up {run['rollup_rows_in']} new raw rows in "
                f"{run['rollup_s']:.2f} s, flags in {run['flags_s']:.2f} s; {run['conditions']} conditions, "
@@ -340,6 +353,11 @@ def _print_analysis(run: dict, flags: list[dict], fmt: str, truncated: bool, fin
         click.echo("(--flags lists each finding's flags)")
     if truncated:
         click.echo(f"(flags: showing the first {len(flags)} open flags)")
+    if actions:
+        from gpuagent.collector.actions.engine import action_line
+
+        for a in actions:
+            click.echo(action_line(a))
 
 
 @main.command()
@@ -371,13 +389,16 @@ def analyze(db_path, target, window, config_path, token, token_file, tls_ca, tls
             from gpuagent.collector.lake.fleet import LakeBaselineLoader
 
             loader = LakeBaselineLoader(lake_config.path)
+        actions_config = _actions_config(config_path)
         try:
             result = analyze_db(db_path, config, baselines_loader=loader)
             flags = open_flags_in(db_path, max_flags + 1)
             findings = open_findings_in(db_path)
         except AnalyzerError as exc:
             raise click.ClickException(str(exc)) from None
-        _print_analysis(result.as_dict(), flags[:max_flags], fmt, len(flags) > max_flags, findings, show_flags)
+        actions = _act_on_db(db_path, actions_config, result.now) if actions_config.enabled else []
+        _print_analysis(result.as_dict(), flags[:max_flags], fmt, len(flags) > max_flags, findings, show_flags,
+                        actions)
         return
     from gpuagent.collector.analysis.analyzer import FINDINGS_SQL, AnalyzerError, parse_duration
     from gpuagent.collector.views.client import QueryError
@@ -399,6 +420,21 @@ def analyze(db_path, target, window, config_path, token, token_file, tls_ca, tls
         raise click.ClickException(str(exc)) from None
     findings = [dict(zip(found.columns, row)) for row in found.rows]
     _print_analysis(res.run, res.flags, fmt, res.truncated, findings, show_flags)
+
+
+def _act_on_db(db_path: str, config, pass_ts) -> list[dict]:
+    """[actions] after an `analyze --db` pass, on the file the pass just committed (the actions of this pass)."""
+    from gpuagent.collector.actions.engine import Actions, ConnectionDb
+    from gpuagent.collector.store import db
+
+    try:
+        con = db.open_database(db_path)
+    except db.DatabaseError as exc:
+        raise click.ClickException(str(exc)) from None
+    try:
+        return Actions(config).run_once(ConnectionDb(con), pass_ts)
+    finally:
+        con.close()
 
 
 def _source_args(ctx: click.Context, db_path: str | None, target: str | None) -> tuple[str | None, str | None]:

@@ -103,8 +103,7 @@ def _cmd(pid: int) -> str:
 def test_a_batch_job_without_its_environment_is_named_by_slurm(slurm, monkeypatch):
     monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
     job_id = slurm.sbatch(NO_ENV_SLEEPER, "-J", "pretrain-7b")
-    wait_for(lambda: _job_pids(slurm, job_id), timeout=20, what="the job's python process")
-    [pid] = _job_pids(slurm, job_id)
+    [pid] = wait_for(lambda: _job_pids(slurm, job_id), timeout=20, what="the job's python process")
     assert b"SLURM_JOB_ID" not in open(f"/proc/{pid}/environ", "rb").read()      # nothing to read there
 
     att = SlurmAttribution(refresh_s=0.2).start()
@@ -153,8 +152,7 @@ def test_the_agent_names_a_slurm_job_on_an_emulated_gpu(slurm, nvml_emulator, tm
     id, user and partition; job_samples in the collector and `gpuagent status` show it."""
     emu = nvml_emulator()
     job_id = slurm.sbatch(NO_ENV_SLEEPER, "-J", "finetune")
-    wait_for(lambda: _job_pids(slurm, job_id), timeout=20, what="the job's python process")
-    [pid] = _job_pids(slurm, job_id)
+    [pid] = wait_for(lambda: _job_pids(slurm, job_id), timeout=20, what="the job's python process")
     emu.add_process(2, pid, 10 << 30)          # the job holds GPU 2 (SYNTHETIC)
 
     col = server.start_collector(tmp_path / "c.duckdb", "127.0.0.1:0", analyze=False)

@@ -203,13 +203,13 @@ class AnalyzerConfig:
     def from_mapping(cls, doc: Mapping[str, Any]) -> "AnalyzerConfig":
         """Build from a parsed collector TOML document; unknown keys are one clear error."""
         # [fabric]: fabric/coordinator.py; [auth]: collector/cli.py (serve); [storage]: store/maintenance.py;
-        # [lake]: lake/export.py and store/maintenance.py.
+        # [lake]: lake/export.py and store/maintenance.py; [actions]: collector/actions/config.py.
         unknown = sorted(set(doc) - {"analyzer", "baselines", "pricing", "metrics", "fabric", "auth", "storage",
-                                     "lake"})
+                                     "lake", "actions"})
         if unknown:
             raise AnalyzerError(f"unknown table or key {unknown[0]!r} in the collector config (expected "
                                 "[analyzer], [[baselines.declared]], [pricing], [metrics], [fabric], [auth], "
-                                "[storage] and [lake])")
+                                "[storage], [lake] and [actions])")
         for table in ("analyzer", "baselines", "pricing"):
             if not isinstance(doc.get(table, {}), Mapping):
                 raise AnalyzerError(f"[{table}] in the collector config must be a table")

@@ -184,6 +184,7 @@ class CollectorHandle:
         self.metrics = None    # the /metrics endpoint (views.metrics.MetricsServer), when serving
         self.fabric = None     # the fabric coordinator, when [fabric] is enabled
         self.exporter = None   # the lake exporter thread (lake/export.ExporterThread), when [lake] enabled
+        self.actions = None    # drains and alerts after each pass (actions/engine.ActionsThread), when [actions] on
 
     def fabric_sweep(self, timeout: float | None = None):
         """Run one full pair-wise sweep on the collector's loop now; its outcomes."""
@@ -249,6 +250,8 @@ class CollectorHandle:
             self.exporter.stop()
         if self.analyzer is not None:
             self.analyzer.stop()
+        if self.actions is not None:
+            self.actions.stop()
         self._writer.stop()
         self._servicer.close()
         try:
@@ -273,7 +276,8 @@ def start_collector(db_path: str | Path, listen: str = "127.0.0.1:0", token: str
                     reflection: bool = False, limits: Limits = Limits(),
                     options: ServerOptions = ServerOptions(), analyzer_config=None,
                     analyze: bool = True, metrics_listen: str | None = None, fabric=None,
-                    fabric_rounds: bool = True, lake_config=None, maintenance_config=None) -> CollectorHandle:
+                    fabric_rounds: bool = True, lake_config=None, maintenance_config=None,
+                    actions_config=None) -> CollectorHandle:
     """Open the database, start the writer and the gRPC server; return once it listens.
 
     With ``analyze`` (the default) an analysis pass runs every ``analyzer_config.interval_s`` on the writer
@@ -286,6 +290,9 @@ def start_collector(db_path: str | Path, listen: str = "127.0.0.1:0", token: str
 
     ``lake_config`` (lake/export.LakeConfig) turns on the background lake export and, with
     ``fleet_baselines``, takes the fleet baselines from the lake.
+
+    ``actions_config`` (actions/config.ActionsConfig with enabled set) turns findings into Slurm drains or
+    alerts after each scheduled pass, on the actions thread (``handle.actions``; docs/ACTIONS.md).
 
     Raises CollectorError (one sentence) when it cannot start: policy, lock held, bind failure.
     """
@@ -403,9 +410,22 @@ def start_collector(db_path: str | Path, listen: str = "127.0.0.1:0", token: str
         except an.AnalyzerError as exc:
             handle.stop()
             raise CollectorError(str(exc)) from None
+        if actions_config is not None and actions_config.enabled:
+            from gpuagent.collector.actions import engine as ax  # noqa: PLC0415
+
+            handle.actions = ax.ActionsThread(
+                ax.Actions(actions_config), ax.CollectorDb(cursor_factory, writer),
+                on_error=lambda exc: log.error("actions after a pass failed: %s", first_line(exc))).start()
+            servicer.after_pass = handle.actions.notify       # on-demand Analyze passes act too
+
+        def submit(fn):
+            result = writer.call(lambda c: an.run_in_transaction(c, fn)).result()
+            if handle.actions is not None:     # after the commit; the actions thread reads the findings itself
+                handle.actions.notify(result.now)
+            return result
+
         handle.analyzer = an.AnalyzerThread(
-            analysis, lambda fn: writer.call(lambda c: an.run_in_transaction(c, fn)).result(),
-            on_error=lambda exc: log.error("analysis pass failed: %s", exc)).start()
+            analysis, submit, on_error=lambda exc: log.error("analysis pass failed: %s", exc)).start()
     if maintenance_config is not None:
         from gpuagent.collector.store import maintenance as mt  # noqa: PLC0415
 

@@ -85,6 +85,7 @@ class CollectorServicer(pb_grpc.CollectorServicer):
                  analyzer_config=None):
         self._writer = writer
         self._analyzer_config = analyzer_config
+        self.after_pass = None     # called with the pass's time after an Analyze pass commits ([actions])
         self._cursor_factory = cursor_factory
         self._limits = limits
         self._options = options
@@ -351,6 +352,8 @@ class CollectorServicer(pb_grpc.CollectorServicer):
         except duckdb.Error as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE,
                                 f"the analysis pass failed in the database: {first_line(exc)}")
+        if self.after_pass is not None:      # only hands the actions thread a token; never waits on it
+            self.after_pass(result.now)
         return pb.AnalyzeResponse(pass_json=an.dumps(result.as_dict()), flags_json=an.dumps(flags[:limit]),
                                   truncated=len(flags) > limit)
 

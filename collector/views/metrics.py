@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import choose_encoder
 
+from gpuagent.collector.actions.engine import COUNTS_SQL, DRAINED_SQL
 from gpuagent.common.errors import first_line
 
 log = logging.getLogger("gpuagent.collector.metrics")
@@ -78,9 +79,12 @@ class _DbSnapshot:
             flags = cur.execute(
                 "SELECT kind, coalesce(component, ''), node_id, coalesce(gpu::VARCHAR, ''), severity, value, baseline "
                 "FROM flags WHERE state = 'open'").fetchall()
+            actions = cur.execute(COUNTS_SQL).fetchall()
+            drained = cur.execute(f"SELECT mode, count(*) FROM ({DRAINED_SQL}) GROUP BY mode").fetchall()
         finally:
             cur.close()
-        return {"now": now, "nodes": nodes, "runs": runs, "findings": findings, "flags": flags}
+        return {"now": now, "nodes": nodes, "runs": runs, "findings": findings, "flags": flags, "actions": actions,
+                "drained": drained}
 
 
 class _Collector:
@@ -161,6 +165,17 @@ class _Collector:
         yield fl
         yield fv
         yield fb
+        c = CounterMetricFamily("gpuagent_collector_actions", "Actions on findings ([actions], docs/ACTIONS.md), "
+                                "dry or real, by what and how it went.", labels=["action", "mode", "outcome"])
+        for action, mode, outcome, n in snap["actions"]:
+            c.add_metric([action, mode, outcome], float(n))
+        yield c
+        g = GaugeMetricFamily("gpuagent_collector_nodes_drained",
+                              "Slurm nodes gpuagent holds drained now (in dry-run: would hold).", labels=["mode"])
+        drained = dict(snap["drained"])
+        for mode in ("dry-run", "enforce"):
+            g.add_metric([mode], float(drained.get(mode, 0)))
+        yield g
 
 
 class CollectorMetrics:

@@ -105,6 +105,27 @@ def _health(src, w: Window | None) -> tuple[list[dict[str, Any]], list[dict[str,
     return faults, apps
 
 
+def _actions(src) -> list[dict[str, Any]]:
+    """The newest rows of ``actions`` (drains, resumes and alerts of [actions]; docs/ACTIONS.md)."""
+    if not has_table(src, "actions"):
+        return []
+    return src.query("""
+        SELECT epoch(ts) AS ts, coalesce(slurm_node, node_id, pool, '') AS target, action, mode, outcome, kind,
+               severity, coalesce(detail, reason, '') AS why
+        FROM actions ORDER BY ts DESC, action_id DESC LIMIT 100""")
+
+
+def _actions_html(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "<p class='muted' id='no-actions'>No actions: [actions] is off, or no finding called for one.</p>"
+    body = "".join("<tr class='action'>" + _td(_ts(r["ts"]), r["ts"]) + _td(str(r["target"])) + _td(str(r["action"]))
+                   + _td(str(r["mode"])) + _td(str(r["outcome"])) + _td(f"{r['kind'] or ''} {r['severity'] or ''}")
+                   + _td(str(r["why"])) + "</tr>" for r in rows)
+    return ("<div class='scroll'><table class='sortable' id='actions-table'><thead><tr><th>when</th><th>node</th>"
+            "<th>action</th><th>mode</th><th>outcome</th><th>finding</th><th>why</th></tr></thead><tbody>"
+            + body + "</tbody></table></div>")
+
+
 def _health_html(faults: list[dict[str, Any]], apps: list[dict[str, Any]]) -> str:
     out = []
     if not faults:
@@ -527,6 +548,7 @@ def render_report(src, window_s: float = 86400.0, reference_pool: str | None = N
     findings = _findings(src)
     w = c.window
     hw_faults, app_xids = _health(src, w)
+    actions = _actions(src)
     plots_dist, noisy_svg, heat_svg, link_svg = [], "", "", ""
     if w is not None:
         dists = _distributions(src, w)
@@ -567,6 +589,9 @@ def render_report(src, window_s: float = 86400.0, reference_pool: str | None = N
         "<section id='health'><h2>Hardware health</h2>"
         "<p class='muted'>Open hardware_fault flags, one per node fault, with the action from the cited rule "
         "(common/hardware_faults.toml; docs/FLAGS.md).</p>", _health_html(hw_faults, app_xids), "</section>",
+        "<section id='actions'><h2>Actions</h2><p class='muted'>Drains, resumes and alerts the collector decided "
+        "from findings, newest first (docs/ACTIONS.md); dry-run rows changed nothing.</p>", _actions_html(actions),
+        "</section>",
         "<section id='summary'><h2>Fleet summary</h2>", _summary_html(c, flags_total, flags), "</section>",
         "<section id='flags'><h2>Open flags</h2>", _flags_html(flags, flags_total), "</section>",
         "<section id='compare'><h2>Pool comparison</h2>", _compare_html(c), "</section>",

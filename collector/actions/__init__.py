@@ -1,0 +1,1 @@
+"""Drains from the collector: after each analysis pass, findings become Slurm drains or alerts (docs/ACTIONS.md)."""
