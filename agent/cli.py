@@ -55,22 +55,127 @@ def run(config_file, collector, state_dir, interval, batch_interval, labels) -> 
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON (the status file's keys).")
 def status(state_dir, config_file, as_json) -> None:
     """Show the running agent's live status; exits 1 when it is not running or its status is stale."""
-    from gpuagent.agent.config import ConfigError, load_config
+    from gpuagent.agent.config import ConfigError
     from gpuagent.agent.status import StatusError, read_status, render
     try:
-        if state_dir is None:
-            try:
-                state_dir = load_config(config_file).state_dir
-            except ConfigError:
-                if config_file:
-                    raise
-                # The node's agent.toml may be root-only; status still works from the default state dir.
-                from gpuagent.agent.config import DEFAULT_STATE_DIR
-                state_dir = os.environ.get("GPUAGENT_STATE_DIR") or DEFAULT_STATE_DIR
-        snap = read_status(state_dir)
+        snap = read_status(_state_dir(state_dir, config_file))
     except (ConfigError, StatusError) as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(json.dumps(snap.to_json(), indent=2, sort_keys=True) if as_json else render(snap))
+
+
+@main.command()
+@click.option("--state-dir", metavar="DIR", help="The agent's state dir (default: env GPUAGENT_STATE_DIR, the config's, /var/lib/gpuagent).")
+@click.option("--config", "config_file", metavar="FILE", help="Read the state dir from this config.")
+@click.option("--source", type=click.Choice(["auto", "agent", "local"]), default="auto", show_default=True,
+              help="auto: the running agent's latest state, else this command's own NVML and sysfs reads; "
+                   "agent: only the agent's (UNKNOWN when it is not running); local: only this command's reads.")
+@click.option("--format", "fmt", type=click.Choice(["nagios", "npd", "json"]), default="nagios", show_default=True,
+              help="nagios: exit 0 OK, 1 warning, 2 critical, 3 unknown, a summary line then one line per fault; "
+                   "npd: node-problem-detector's custom plugin protocol (exit 0 OK, 1 NonOK, 2 Unknown; one line); "
+                   "json: the health section as JSON, Nagios exit codes.")
+def health(state_dir, config_file, source, fmt) -> None:
+    """Check this node's hardware health once (XID, ECC, row remapping, retired pages, NVLink, PCIe link,
+    clocks, InfiniBand, Ethernet); one line per fault with its action. docs/HEALTH.md."""
+    from gpuagent.agent.health import check, npd_message, verdict
+    try:
+        state_dir = _state_dir(state_dir, config_file)
+        v = check(state_dir, source=source)
+    except Exception as exc:  # noqa: BLE001 - a health check must answer UNKNOWN, never a traceback
+        from gpuagent.common.errors import first_line
+        v = verdict(None, source, [f"the check itself failed: {first_line(exc)}"])
+    if fmt == "npd":
+        click.echo(npd_message(v))
+    elif fmt == "json":
+        body = {"state": v.state, "origin": v.origin, "summary": v.summary, "lines": v.lines,
+                "health": _health_json(v.health)}
+        click.echo(json.dumps(body, indent=2, sort_keys=True))
+    else:
+        click.echo(v.summary)
+        for line in v.lines:
+            click.echo(line)
+    raise SystemExit(v.exit_code(fmt))
+
+
+def _health_json(h):
+    from gpuagent.agent.status import _dump
+    return None if h is None else _dump(h)   # the status file's form of the health section
+
+
+def _state_dir(state_dir: str | None, config_file: str | None) -> str:
+    """--state-dir, else the config's, else env GPUAGENT_STATE_DIR / the default (agent.toml may be root-only)."""
+    from gpuagent.agent.config import ConfigError, load_config
+    if state_dir is not None:
+        return state_dir
+    try:
+        return load_config(config_file).state_dir
+    except ConfigError:
+        if config_file:
+            raise
+        from gpuagent.agent.config import DEFAULT_STATE_DIR
+        return os.environ.get("GPUAGENT_STATE_DIR") or DEFAULT_STATE_DIR
+
+
+@main.group()
+def slurm() -> None:
+    """Programs for slurm.conf: HealthCheckProgram, Prolog, Epilog (docs/SLURM.md)."""
+
+
+def _slurm_options(fn):
+    opts = [
+        click.option("--state-dir", metavar="DIR", help="The agent's state dir (default: env GPUAGENT_STATE_DIR, the config's, /var/lib/gpuagent)."),
+        click.option("--config", "config_file", metavar="FILE", help="Read the state dir from this config."),
+        click.option("--source", type=click.Choice(["auto", "agent", "local"]), default="auto", show_default=True,
+                     help="As for `gpuagent health`: the running agent's verdict, this command's own reads, or auto."),
+        click.option("--sys-root", default="/sys", show_default=True, metavar="DIR",
+                     help="sysfs for --source local (a container's view of the host's /sys)."),
+        click.option("--kmsg", "kmsg_path", default="/dev/kmsg", show_default=True, metavar="PATH",
+                     help="The kernel log for --source local ('' to skip it)."),
+        click.option("--proc-root", default="/proc", show_default=True, metavar="DIR", help="procfs for --source local."),
+    ]
+    for o in reversed(opts):
+        fn = o(fn)
+    return fn
+
+
+def _hook_exit(res) -> None:
+    for line in res.lines:
+        click.echo(line)
+    for line in res.err:
+        click.echo(line, err=True)
+    raise SystemExit(res.exit_code)
+
+
+@slurm.command("healthcheck")
+@_slurm_options
+def slurm_healthcheck(state_dir, config_file, source, sys_root, kmsg_path, proc_root) -> None:
+    """HealthCheckProgram: on a critical hardware fault, drain this node (SLURMD_NODENAME, else the short
+    hostname) with the fault's sentence as the reason. Resumes nothing."""
+    from gpuagent.agent.slurm_hooks import healthcheck
+    _hook_exit(healthcheck(_state_dir(state_dir, config_file), source=source, sys_root=sys_root,
+                           kmsg_path=kmsg_path or None, proc_root=proc_root))
+
+
+@slurm.command("prolog")
+@_slurm_options
+def slurm_prolog(state_dir, config_file, source, sys_root, kmsg_path, proc_root) -> None:
+    """Prolog: exit 1 when this node has an open critical hardware fault (Slurm drains the node and requeues
+    the job held); 0 otherwise."""
+    from gpuagent.agent.slurm_hooks import prolog
+    _hook_exit(prolog(_state_dir(state_dir, config_file), source=source, sys_root=sys_root,
+                      kmsg_path=kmsg_path or None, proc_root=proc_root))
+
+
+@slurm.command("epilog")
+@click.option("--state-dir", metavar="DIR", help="The agent's state dir (default: env GPUAGENT_STATE_DIR, the config's, /var/lib/gpuagent).")
+@click.option("--config", "config_file", metavar="FILE", help="Read the state dir from this config.")
+@click.option("--wait-s", type=float, default=10.0, show_default=True, metavar="SECONDS",
+              help="Wait this long for the agent's job_end of the job (it comes [jobs] end_grace_s after the job's last process).")
+def slurm_epilog(state_dir, config_file, wait_s) -> None:
+    """Epilog: the job's GPU-hours, effective GPU utilization and the faults it met, as one JSON line appended
+    to <state_dir>/slurm-epilog.jsonl and printed. Always exits 0 (a failing Epilog drains the node)."""
+    from gpuagent.agent.slurm_hooks import epilog
+    _hook_exit(epilog(_state_dir(state_dir, config_file), wait_s=wait_s))
 
 
 main.add_command(probe)

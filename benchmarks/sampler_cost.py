@@ -20,7 +20,20 @@ subprocesses carrying RANK/LOCAL_RANK so that there is something to sample.
 The RSS figure comes from a fresh subprocess that imports only the agent's samplers and runs the ticks
 (no torch): its peak RSS (VmHWM) after the run.
 
-    python benchmarks/sampler_cost.py --json [--ticks 200 --jobs 4]
+Slurm attribution (``jobs_slurm_steps``, agent/slurm.py): on a REAL single-node Slurm cluster
+(tests/slurm_cluster.py; root, Debian's slurmctld/slurmd/munge) one batch job runs ``--slurm-steps`` job steps
+(``srun --overlap sleep``) on this node; JobDiscovery with SlurmAttribution (listpids and show job answered by
+the real slurmd/slurmctld, refreshed once before the ticks) against JobDiscovery without Slurm on the same
+node in the same run. A tick never calls scontrol; the background refresh is measured apart (its thread's
+CPU plus the scontrol children's, per refresh, and per second at the default ``slurm_refresh_s`` of 2 s).
+Without root or the Slurm binaries the case says why it did not run.
+
+``hw_host_8_ib_ports``: agent/hw_host.py's HwHostSampler over a SYNTHETIC sysfs tree with 8 InfiniBand ports
+(mlx5_0..7 port 1, the kernel's standard counters and hw_counters) and an empty kernel-log file, with its
+default sysfs interval (10 s: one tick in ten reads sysfs) and reading sysfs every tick, against the host
+sampler alone in the same run.
+
+    python benchmarks/sampler_cost.py --json [--ticks 200 --jobs 4 --slurm-steps 100]
 """
 
 from __future__ import annotations
@@ -89,11 +102,130 @@ def _measure(fn, ticks: int) -> dict[str, float]:
             "cpu_percent_of_one_core_at_1s": round(statistics.fmean(cpu) / 1e6 * 100, 4)}
 
 
+IB_COUNTERS = ("symbol_error", "link_error_recovery", "link_downed", "port_rcv_errors", "port_rcv_remote_physical_errors",
+               "port_rcv_switch_relay_errors", "port_xmit_discards", "port_xmit_constraint_errors",
+               "port_rcv_constraint_errors", "local_link_integrity_errors", "excessive_buffer_overrun_errors",
+               "VL15_dropped", "port_xmit_data", "port_rcv_data", "port_xmit_packets", "port_rcv_packets",
+               "unicast_xmit_packets", "unicast_rcv_packets", "multicast_xmit_packets", "multicast_rcv_packets",
+               "port_xmit_wait")
+IB_HW_COUNTERS = ("duplicate_request", "implied_nak_seq_err", "lifespan", "local_ack_timeout_err", "out_of_buffer",
+                  "out_of_sequence", "packet_seq_err", "req_cqe_error", "req_remote_access_errors",
+                  "req_remote_invalid_request", "resp_cqe_error", "resp_local_length_error", "rnr_nak_retry_err",
+                  "rx_atomic_requests", "rx_read_requests", "rx_write_requests", "np_cnp_sent", "rp_cnp_handled")
+
+
+def _ib_sysfs(root: Path, ports: int = 8) -> Path:
+    """A SYNTHETIC sysfs tree: ``ports`` ConnectX InfiniBand ports (mlx5_<i> port 1), ACTIVE at 400 Gb/s."""
+    for i in range(ports):
+        p = root / "class" / "infiniband" / f"mlx5_{i}" / "ports" / "1"
+        for sub, names in (("counters", IB_COUNTERS), ("hw_counters", IB_HW_COUNTERS)):
+            (p / sub).mkdir(parents=True, exist_ok=True)
+            for n in names:
+                (p / sub / n).write_text(f"{1000 + i}\n")
+        for name, text in (("state", "4: ACTIVE"), ("phys_state", "5: LinkUp"), ("rate", "400 Gb/sec (4X NDR)"),
+                           ("link_layer", "InfiniBand")):
+            (p / name).write_text(text + "\n")
+    return root
+
+
+def _hw_host_case(ticks: int, sink, host_alone: dict[str, float]) -> dict[str, object]:
+    import tempfile
+
+    from gpuagent.agent.hw_host import HwHostSampler
+    root = Path(tempfile.mkdtemp(prefix="sampler-cost-sysfs-"))
+    sysfs = _ib_sysfs(root / "sys")
+    kmsg = root / "kmsg"
+    kmsg.write_text("")                # SYNTHETIC: an empty kernel log (a regular file reads to EOF)
+    res: dict[str, object] = {"ib_ports": 8, "sysfs": "SYNTHETIC fixture tree"}
+    for name, every in (("default_sysfs_every_10s", 10.0), ("sysfs_every_tick", 0.0)):
+        hw = HwHostSampler(sys_root=str(sysfs), proc_root="/proc", kmsg_path=str(kmsg), state_dir=None,
+                           sysfs_every_s=every, holdback_s=0.0)
+        res[name] = _measure(lambda ts, hw=hw: hw.sample(ts, sink), ticks)
+        if hw.kmsg is not None:
+            hw.kmsg.close()
+        res[f"ratio_{name}_to_host_sampler"] = round(res[name]["cpu_median_us"] / host_alone["cpu_median_us"], 3)
+        res[f"ratio_{name}_mean_to_host_sampler_mean"] = round(res[name]["cpu_mean_us"] / host_alone["cpu_mean_us"], 3)
+    res["host_sampler_alone"] = host_alone
+    return res
+
+
+def _slurm_case(ticks: int, steps: int, sink) -> dict[str, object]:
+    """JobDiscovery with and without Slurm attribution, ``steps`` real job steps on a real cluster."""
+    import resource
+    import shutil
+    import tempfile
+
+    from gpuagent.agent.job_discovery import JobDiscovery
+    from gpuagent.agent.slurm import SlurmAttribution, parse_listpids
+    missing = [t for t in ("slurmctld", "slurmd", "scontrol", "sbatch", "srun", "munged") if shutil.which(t) is None]
+    if missing or os.geteuid() != 0:
+        return {"skipped": f"needs root and {', '.join(missing) or 'Slurm'}" if missing else "needs root (slurmd runs jobs)"}
+    os.environ.setdefault("PYTEST_XDIST_WORKER", "gw11")   # the fixture's port block: not a test worker's
+    from slurm_cluster import SlurmCluster
+    cluster = SlurmCluster(Path(tempfile.mkdtemp(prefix="sampler-cost-slurm-"))).start()
+    old_conf = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = str(cluster.conf)
+    try:
+        job = cluster.sbatch(f"for i in $(seq {steps}); do srun --overlap -n1 -c1 --mem=1 sleep 600 & done\nwait\n",
+                             "-c", "1", "--mem=100", "-J", "bench-steps")
+        deadline = time.monotonic() + 180
+        listed: dict[int, tuple[str, str]] = {}
+        while time.monotonic() < deadline:
+            listed = parse_listpids(cluster.run("scontrol", "listpids", job, check=False))
+            if len({s for _j, s in listed.values() if s.isdigit()}) >= steps:
+                break
+            time.sleep(0.5)
+        step_ids = {s for _j, s in listed.values() if s.isdigit()}
+        res: dict[str, object] = {"slurm": "REAL single-node cluster (slurmd 22.05, proctrack/linuxproc)",
+                                  "job_steps_running": len(step_ids), "pids_listed": len(listed)}
+        att = SlurmAttribution(refresh_s=2.0)
+        att.refresh()
+        cpu, wall, kids = [], [], []
+        for _ in range(10):
+            r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            c, w = time.thread_time_ns(), time.perf_counter_ns()
+            att.refresh()
+            wall.append((time.perf_counter_ns() - w) / 1e3)
+            cpu.append((time.thread_time_ns() - c) / 1e3)
+            r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            kids.append((r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime) * 1e6)
+        per_refresh = statistics.median(cpu) + statistics.median(kids)
+        res["background_refresh"] = {
+            "thread_cpu_median_us": round(statistics.median(cpu), 1),
+            "scontrol_children_cpu_median_us": round(statistics.median(kids), 1),
+            "wall_median_us": round(statistics.median(wall), 1),
+            "cpu_percent_of_one_core_at_refresh_2s": round(per_refresh / 2e6 * 100, 4)}
+        with_slurm = JobDiscovery(scan_interval_s=5.0)
+        with_slurm.slurm = att           # refreshed above; no thread, so the ticks see one fixed pid map
+        plain = JobDiscovery(scan_interval_s=5.0)
+        for jd in (with_slurm, plain):
+            for k in range(3):           # warm: first /proc scan, Slurm details
+                jd.sample(time.time_ns() + k, sink)
+        res["with_slurm"] = _measure(lambda ts: with_slurm.sample(ts, sink), ticks)
+        res["with_slurm"]["job_processes_found"] = sum(len(j["pids"]) for j in with_slurm.active_jobs())
+        res["without_slurm"] = _measure(lambda ts: plain.sample(ts, sink), ticks)
+        res["without_slurm"]["job_processes_found"] = sum(len(j["pids"]) for j in plain.active_jobs())
+        res["ratio_with_to_without_median"] = round(res["with_slurm"]["cpu_median_us"]
+                                                    / res["without_slurm"]["cpu_median_us"], 3)
+        res["ratio_with_to_without_mean"] = round(res["with_slurm"]["cpu_mean_us"]
+                                                  / res["without_slurm"]["cpu_mean_us"], 3)
+        res["attribution_cpu_us_per_tick_mean"] = round(res["with_slurm"]["cpu_mean_us"]
+                                                        - res["without_slurm"]["cpu_mean_us"], 1)
+        return res
+    finally:
+        if old_conf is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = old_conf
+        cluster.stop()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ticks", type=int, default=200, help="sample() calls per case")
     ap.add_argument("--jobs", type=int, default=4, help="job processes to spawn for job discovery")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--slurm-steps", type=int, default=100, help="Slurm job steps on the node (0: skip the Slurm case)")
     args = ap.parse_args()
 
     import psutil
@@ -177,6 +309,9 @@ def main() -> int:
         for k in kids:
             k.kill()
             k.wait()
+    out["hw_host_8_ib_ports"] = _hw_host_case(args.ticks, sink, out["host"])
+    if args.slurm_steps > 0:
+        out["jobs_slurm_steps"] = _slurm_case(args.ticks, args.slurm_steps, sink)
     hwm, torch_loaded = rss.stdout.split()
     total_cpu = sum(out[c]["cpu_mean_us"] for c in ("host", "gpu_emulated_8x_h100", "jobs_rule_mode"))
     out.update({
