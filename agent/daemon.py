@@ -147,7 +147,9 @@ class Agent:
                            f"interval {cfg.interval_s:g} s)",
                            attrs={"version": __version__, "pid": str(os.getpid()),
                                   "interval_s": f"{cfg.interval_s:g}", "virt_type": fp.virt_type,
-                                  "in_container": str(fp.in_container).lower()})
+                                  "in_container": str(fp.in_container).lower(),
+                                  # when the node booted: the hardware rules tell a reboot from an agent restart
+                                  "boot_ns": str(time.time_ns() - time.clock_gettime_ns(time.CLOCK_BOOTTIME))})
         self.sender.start()
         self._start_extras()
         self.notifier.ready(f"sampling every {cfg.interval_s:g} s, collector {cfg.collector.address}")

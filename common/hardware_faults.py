@@ -82,6 +82,7 @@ class Rules:
     application_repeat_jobs: int
     reboot_event_kind: str
     reboot_grace_s: float
+    reboot_state_settle_s: float
     reboot_rules: frozenset[str]
     sources: Mapping[str, str]
     min_cover_s: float = 300.0
@@ -183,6 +184,7 @@ def load_rules(text: str | None = None, where: str = "common/hardware_faults.tom
                  dedup_window_s=float(xd.get("dedup_window_s", 10)),
                  application_repeat_jobs=int(xd.get("application_repeat_jobs", 2)),
                  reboot_event_kind=str(rb.get("event_kind", "agent_start")), reboot_grace_s=float(rb.get("grace_s", 600)),
+                 reboot_state_settle_s=float(rb.get("state_settle_s", 120)),
                  reboot_rules=frozenset(rb.get("rules", [])), sources=sources,
                  min_cover_s=float(doc.get("min_cover_s", 300)))
 
@@ -358,6 +360,16 @@ def _event_faults(rs: Rules, events: Sequence[Mapping[str, Any]]) -> list[Fault]
     return out
 
 
+def _is_reboot(e: Mapping[str, Any], grace_ns: int) -> bool:
+    """An agent_start is a reboot when the node booted within grace_s before it (attr boot_ns); without the
+    attr (older agents) every start counts. The collector's 70_hardware_fault.sql decides alike."""
+    boot = (e.get("attrs") or {}).get("boot_ns")
+    try:
+        return boot in (None, "") or int(e.get("ts_ns", 0)) - int(boot) <= grace_ns
+    except (TypeError, ValueError):
+        return True
+
+
 def node_faults(latest: Mapping[SeriesKey, float], previous: Mapping[SeriesKey, float] | None,
                 events: Sequence[Mapping[str, Any]], window_s: float, now_ns: int | None = None) -> list[Fault]:
     """The hardware faults of one node, critical first.
@@ -367,14 +379,15 @@ def node_faults(latest: Mapping[SeriesKey, float], previous: Mapping[SeriesKey, 
     quiet; state and below-max rules still apply). events: recent events as dicts {kind, gpu, value,
     attrs, ts_ns}; now_ns: when ``latest`` was read (default: now). A counter lower than before (a reset)
     never fires; an agent_start (the node restarted) silences the link-flap rules that a planned reboot
-    explains, as the collector does: a state rule while the reading is within grace_s of it, a counter rule
+    explains, as the collector does: a state rule while the reading is within state_settle_s of it, a counter rule
     when it falls inside the window (or within grace_s before it).
     """
     rs = rules()
     now = time.time_ns() if now_ns is None else int(now_ns)
     grace_ns, window_ns = int(rs.reboot_grace_s * 1e9), int(max(window_s, 0) * 1e9)
-    boots = [int(e.get("ts_ns", 0)) for e in events if str(e.get("kind")) == rs.reboot_event_kind]
-    state_boot = any(abs(now - t) <= grace_ns for t in boots)
+    boots = [int(e.get("ts_ns", 0)) for e in events if str(e.get("kind")) == rs.reboot_event_kind
+             and _is_reboot(e, grace_ns)]
+    state_boot = any(abs(now - t) <= int(rs.reboot_state_settle_s * 1e9) for t in boots)
     counter_boot = any(now - window_ns - grace_ns <= t <= now + grace_ns for t in boots)
     faults: list[Fault] = []
     for r in rs.rules:

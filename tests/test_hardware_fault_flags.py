@@ -285,10 +285,16 @@ def test_node_faults_states_links_and_load():
     assert hf.node_faults({down: 1.0}, {down: 0.0}, [boot], 600, now) == []       # a planned reboot's flap
     (f,) = hf.node_faults({down: 1.0}, {down: 0.0}, [], 600, now)
     assert f.rule == "ib_link_downed"
-    # a port still down well after the reboot is a fault; right after it, it may still be training
-    assert hf.node_faults({port: 1.0}, None, [boot], 600, now) == []
-    (f,) = hf.node_faults({port: 1.0}, None, [dict(boot, ts_ns=now - 3600 * 10**9)], 600, now)
+    # a port still down once links have trained (state_settle_s, 120 s) is a fault; right after, it may be training
+    assert hf.node_faults({port: 1.0}, None, [dict(boot, ts_ns=now - 60 * 10**9)], 600, now) == []
+    (f,) = hf.node_faults({port: 1.0}, None, [boot], 600, now)
     assert f.rule == "ib_port_not_active"
+    # an agent restarted on a node up for a day is no reboot: it explains no flap
+    restart = dict(boot, attrs={"boot_ns": str(now - 86400 * 10**9)})
+    (f,) = hf.node_faults({down: 1.0}, {down: 0.0}, [restart], 600, now)
+    assert f.rule == "ib_link_downed"
+    assert hf.node_faults({down: 1.0}, {down: 0.0}, [dict(boot, attrs={"boot_ns": str(now - 400 * 10**9)})],
+                          600, now) == []        # booted 100 s before the agent started: a reboot
 
 
 def test_node_faults_xids_dedup_and_application_attribution():

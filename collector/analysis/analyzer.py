@@ -325,7 +325,7 @@ def load_reference(path: str | Path | None = None) -> list[dict[str, Any]]:
 def _hw_params() -> dict[str, Any]:
     """The hardware_fault step's scalar settings, from common/hardware_faults.toml."""
     rs = hardware_faults.rules()
-    return {"hw_boot_kind": rs.reboot_event_kind, "hw_grace_s": rs.reboot_grace_s, "hw_dedup_s": rs.dedup_window_s,
+    return {"hw_boot_kind": rs.reboot_event_kind, "hw_grace_s": rs.reboot_grace_s, "hw_settle_s": rs.reboot_state_settle_s, "hw_dedup_s": rs.dedup_window_s,
             "hw_app_jobs": rs.application_repeat_jobs, "hw_min_cover_s": rs.min_cover_s,
             "hw_xid_default_action": rs.xid_default.action, "hw_xid_default_severity": rs.xid_default.severity,
             "hw_xid_source": rs.xid_default.source}

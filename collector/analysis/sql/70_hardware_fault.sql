@@ -11,7 +11,8 @@
 --   below_max: the latest value under its maximum's latest value, while the load metric is >= load_min.
 -- A flag clears when its condition does: a pending remap gone after the reset, a counter that did not rise
 -- for a window, a port back to ACTIVE. Rules marked reboot_explains ignore what happens within $hw_grace_s
--- of an agent_start event (the node restarted: a planned reboot flaps its links once).
+-- of an agent_start event (the node restarted: a planned reboot flaps its links once); a state rule only
+-- within $hw_settle_s of it (a link still down once links have trained is a fault).
 -- XIDs: NVML and kmsg report the same XID; reports of one (node, gpu, xid) within $hw_dedup_s of the
 -- previous one count once. Application XIDs (13, 31, 43, 45) are the job's unless the same XID hit the same GPU
 -- under >= $hw_app_jobs different jobs within the baseline lookback.
@@ -33,15 +34,20 @@ FROM samples s
 JOIN m ON m.metric = s.metric
 WHERE s.ts > $window_start AND s.ts <= $now AND s.value IS NOT NULL AND isfinite(s.value);
 
+-- An agent_start is a reboot when the node booted within $hw_grace_s before it (attr boot_ns, wall-clock ns);
+-- an agent restarted on a node up for longer (an upgrade, a crash) explains no link flap. Agents older than
+-- the boot_ns attr: every agent_start counts as a reboot.
 CREATE OR REPLACE TEMP TABLE _hw_boots AS
 SELECT node_id, ts FROM events
 WHERE kind = $hw_boot_kind AND ts > $window_start - to_microseconds(CAST($hw_grace_s * 1e6 AS BIGINT))
-  AND ts <= $now;
+  AND ts <= $now
+  AND (json_extract_string(attrs, '$.boot_ns') IS NULL
+       OR epoch_ns(ts) - TRY_CAST(json_extract_string(attrs, '$.boot_ns') AS BIGINT) <= $hw_grace_s * 1e9);
 
 -- Each rule on each series it matches (a rule narrows by at most one label: label_key = label_value).
 CREATE OR REPLACE TEMP TABLE _hw_series AS
 WITH d AS (
-    SELECT r.name, r.reboot_explains, s.node_id, s.gpu, s.metric, s.labels, s.ts, s.value,
+    SELECT r.name, r.kind, r.reboot_explains, s.node_id, s.gpu, s.metric, s.labels, s.ts, s.value,
            s.value - lag(s.value) OVER (PARTITION BY r.name, s.node_id, s.gpu, s.labels ORDER BY s.ts) AS delta
     FROM _hw_samples s
     JOIN _hw_rules r ON r.metric = s.metric AND (r.label_value = '' OR r.label_value = s.sel)
@@ -49,7 +55,9 @@ WITH d AS (
     SELECT node_id, list(ts) AS boot_ts FROM _hw_boots GROUP BY node_id
 ), m AS (
     SELECT d.*, d.reboot_explains AND b.boot_ts IS NOT NULL
-                AND len(list_filter(b.boot_ts, x -> abs(epoch(d.ts - x)) <= $hw_grace_s)) > 0 AS near_boot
+                AND len(list_filter(b.boot_ts, x -> abs(epoch(d.ts - x))
+                                    <= CASE WHEN d.kind = 'state' THEN $hw_settle_s ELSE $hw_grace_s END)) > 0
+                AS near_boot
     FROM d LEFT JOIN boots b ON b.node_id = d.node_id
 )
 SELECT name, node_id, gpu, metric, labels,
