@@ -163,10 +163,11 @@ class NodeSim:
                 self.hw_fault, self.hw_form = key[3:], int(float(node.inject[key]))
                 break
         self.hw_gpu = node.index % self.gpus
-        self.hw_at_ns = timing.start_ns + int((timing.end_ns - timing.start_ns) * float(rng.uniform(0.2, 0.6)))
-        self.hw_base = rng.integers(0, 50, 3).astype(float)
+        self.hw_at_ns, self.hw_base = timing.start_ns, np.zeros(3)
         self.hw_first = len(self.series)
-        if self.hw:
+        if self.hw:   # draws only for such nodes: every other node's random stream (and data) stays as it was
+            self.hw_at_ns = timing.start_ns + int((timing.end_ns - timing.start_ns) * float(rng.uniform(0.2, 0.6)))
+            self.hw_base = rng.integers(0, 50, 3).astype(float)
             self.series += [(m, g, dict(lbl)) for g in range(self.gpus) for m, lbl in HW_GPU_SERIES]
             self.series += [(m, -1, dict(lbl)) for m, lbl in HW_HOST_SERIES]
         self.series_bytes = b"".join(

@@ -338,7 +338,7 @@ def test_a_hanging_scontrol_never_delays_the_analysis_pass(cluster, tmp_path):
     fake = tmp_path / "hanging-scontrol"      # a stand-in that never answers
     fake.write_text("#!/bin/sh\nsleep 60\n")
     fake.chmod(0o755)
-    timeout = 3.0
+    timeout = 5.0
     cfg = enforce(cluster, scontrol=str(fake), scontrol_timeout_s=timeout)
     handle = server.start_collector(tmp_path / "live.duckdb", analyzer_config=A.AnalyzerConfig(interval_s=3600),
                                     actions_config=cfg, metrics_listen="127.0.0.1:0")
@@ -348,16 +348,17 @@ def test_a_hanging_scontrol_never_delays_the_analysis_pass(cluster, tmp_path):
             c.execute("UPDATE nodes SET hostname = ? WHERE node_id = 'node-live'", [cluster.node])
             fault_rows(c, "node-live", utcnow() - dt.timedelta(minutes=55))
         handle.writer.call(seed).result()
-        t0 = time.monotonic()
+        def decided():
+            return [r for r in handle.writer.call(recent_actions).result() if r["kind"] == "hardware_fault"]
+        # The actions thread starts scontrol only after the pass has committed; had the pass waited for it, the
+        # failed action (scontrol killed after `timeout`) would be there when the pass returns. Not a timing
+        # bound on the pass, which a loaded machine can stretch.
         handle.analyzer.run_once()
-        pass_s = time.monotonic() - t0
-        assert pass_s < timeout, f"the pass took {pass_s:.1f} s"
-        t1 = time.monotonic()
-        handle.analyzer.run_once()     # a second pass while scontrol hangs: as fast, and folded into one run
-        assert time.monotonic() - t1 < timeout
+        assert decided() == [], "the pass returned only after scontrol was given up on"
+        handle.analyzer.run_once()     # a second pass while scontrol hangs: it returns too, folded into one run
+        assert decided() == []
         assert handle.actions.wait_idle(4 * timeout + 10)
-        rows = handle.writer.call(recent_actions).result()
-        rows = [r for r in rows if r["kind"] == "hardware_fault"]
+        rows = decided()
         assert [(r["action"], r["outcome"]) for r in rows] == [("drain", "failed")]
         assert rows[0]["detail"] == f"{fake} did not answer within {timeout:g} s and was killed"
         assert rows[0]["duration_s"] >= timeout
