@@ -85,12 +85,26 @@ def _bed_class():
             rounds = self.rounds()
             return (rounds[-1][0] + 1) if rounds else 0
 
-        def sweep_after_now(self, extra_rounds: int = 0) -> list:
-            """A full sweep (3 rounds for 4 nodes) that starts after now; waits for the batches to land too."""
+        def sweep_after_now(self, extra_rounds: int = 0, every_pair: bool = False) -> list:
+            """3 rounds for 4 nodes that start after now; waits for the batches to land too. With
+            ``every_pair``, more rounds until every pair has a run that started after now: 3 rounds cover
+            every pair only when they line up with the planner's sweep (they need not: a link then kept the
+            previous test's last run, and its node looked degraded)."""
+            changed = time.time()
             start = self.next_round() + 1     # the round in flight may have started before the change
             got = self.wait_rounds(start, 3 + extra_rounds)
             time.sleep(3.0)                   # batch interval 1 s: the agents' rows reach the collector
+            end = time.monotonic() + 60
+            while every_pair and self.pairs_run_since(changed) < len(AGENTS) * (len(AGENTS) - 1) // 2:
+                assert time.monotonic() < end, f"not every pair ran after the change: {self.rounds()[-4:]}"
+                got += self.wait_rounds(self.next_round(), 1)
+                time.sleep(3.0)
             return got
+
+        def pairs_run_since(self, t: float) -> int:
+            return self.sql("SELECT count(DISTINCT least(node_a, node_b) || '|' || greatest(node_a, node_b)) AS n "
+                            f"FROM link_results WHERE probe = 'net_pair' AND status = 'ok' "
+                            f"AND started_at > make_timestamp({int(t * 1e6)})")[0]["n"]
 
     return Bed
 
@@ -183,7 +197,7 @@ def test_node_throttled_to_a_quarter_opens_network_degraded_node_for_it_only(bed
         bed.fleet.unthrottle(name)     # a node carries a node throttle or pair throttles, never both
     for name in AGENTS:
         bed.fleet.throttle_node(name, SLOW_RATE if name == "n2" else BASE_RATE)
-    bed.sweep_after_now()
+    bed.sweep_after_now(every_pair=True)
     flags = bed.flags()
     assert [(f["node_id"], f["component"]) for f in flags] == [(bed.ids["n2"], "node")], flags
     ev = json.loads(flags[0]["evidence"]) if isinstance(flags[0]["evidence"], str) else flags[0]["evidence"]
@@ -197,7 +211,7 @@ def test_one_pair_throttled_opens_network_degraded_link_for_that_pair_only(bed):
         bed.fleet.unthrottle(name)
     for a, b in itertools.combinations(AGENTS, 2):
         bed.fleet.throttle_pair(a, b, SLOW_RATE if {a, b} == {"n0", "n3"} else BASE_RATE)
-    bed.sweep_after_now()
+    bed.sweep_after_now(every_pair=True)
     flags = bed.flags()
     pair = sorted((bed.ids["n0"], bed.ids["n3"]))
     assert [(f["node_id"], f["component"]) for f in flags] == [(pair[0], "link")], flags

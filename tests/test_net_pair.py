@@ -15,7 +15,7 @@ import time
 
 from gpuagent.probes import net_pair as NP
 
-QUICK = NP.PairSettings(streams=2, duration_s=0.3, warmup_s=0.1, rtt_count=100)
+QUICK = NP.PairSettings(streams=2, duration_s=0.3, warmup_s=0.4, rtt_count=100)   # warmup: a loaded host starts senders late
 
 
 def _stream_processes() -> dict[int, int]:
