@@ -472,7 +472,8 @@ def _source_options(fn=None, *, reference_pool: bool = True):
 
 
 @main.command()
-@click.option("--by", type=click.Choice(["pool"]), default="pool", show_default=True, help="Group nodes by this.")
+@click.option("--by", type=click.Choice(["pool", "partition", "account"]), default="pool", show_default=True,
+              help="pool: nodes by pool; partition, account: jobs as Slurm groups them (docs/SLURM.md).")
 @_source_options
 @click.option("--lake", "lake_path", default=None, metavar="PATH",
               help="Compare the whole fleet from this lake (folder or s3://...) instead of one collector.")
@@ -483,9 +484,13 @@ def _source_options(fn=None, *, reference_pool: bool = True):
 @click.pass_context
 def compare(ctx, by, db_path, target, token, token_file, tls_ca, tls_client_cert, tls_client_key, window,
             reference_pool, lake_path, engine, master, fmt):
-    """Pools side by side: probe medians and spread, utilization, flagged nodes, cost per effective GPU-hour."""
+    """Pools side by side: probe medians and spread, utilization, flagged nodes, cost per effective GPU-hour.
+    With --by partition or account: jobs, nodes, GPU-hours held and mean GPU utilization per group."""
     from gpuagent.collector.views.compare import CompareError, run_compare
 
+    if by != "pool" and (lake_path or reference_pool):
+        raise click.ClickException(f"--by {by} reads one collector (--db or --target); "
+                                   f"{'--lake' if lake_path else '--reference-pool'} goes with --by pool")
     if lake_path:
         if db_path or ctx.get_parameter_source("target") == click.core.ParameterSource.COMMANDLINE:
             raise click.ClickException("give --lake or --db/--target, not both")
@@ -507,6 +512,12 @@ def compare(ctx, by, db_path, target, token, token_file, tls_ca, tls_client_cert
     db_path, target = _source_args(ctx, db_path, target)
     tok = _token(None, token_file) if token_file else _token(token, None)
     try:
+        if by != "pool":
+            from gpuagent.collector.views.jobs_by import run_jobs_by
+
+            click.echo(run_jobs_by(db_path, target, by, window=window, fmt=fmt, token=tok, tls_ca=tls_ca,
+                                   client_cert=tls_client_cert, client_key=tls_client_key))
+            return
         click.echo(run_compare(db_path, target, window=window, fmt=fmt, token=tok, reference_pool=reference_pool,
                                tls_ca=tls_ca, client_cert=tls_client_cert, client_key=tls_client_key))
     except CompareError as exc:

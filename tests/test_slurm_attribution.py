@@ -5,6 +5,7 @@ the real agent and collector, and NVML answered by the emulator (SYNTHETIC GPUs)
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -12,12 +13,14 @@ import sys
 import time
 
 import pytest
+from click.testing import CliRunner
 
 from agent_helpers import start_agent, stop, wait_running
 from conftest import wait_for
 from gpuagent.agent.job_discovery import JobDiscovery
 from gpuagent.agent.sampling import ListSink
 from gpuagent.agent.slurm import PENDING, SlurmAttribution, job_from_cgroup, parse_listpids, parse_show_job
+from gpuagent.collector import cli as collector_cli
 from gpuagent.collector.ingest import server
 from gpuagent.collector.views import client
 from slurm_cluster import SlurmCluster
@@ -175,7 +178,27 @@ def test_the_agent_names_a_slurm_job_on_an_emulated_gpu(slurm, nvml_emulator, tm
         out = wait_for(status_shows, timeout=10, interval=0.5, what="gpuagent status showing the Slurm job")
         line = next(ln for ln in out.splitlines() if f"slurm:{job_id}" in ln)
         assert line.split()[:2] == [f"slurm:{job_id}", "finetune"], out
+        # compare --by partition on the live collector: the job's partition, its GPU held for > 0 h
+        def by_partition():
+            r = CliRunner().invoke(collector_cli.main, ["compare", "--by", "partition", "--target", col.address,
+                                                        "--format", "json"])
+            assert r.exit_code == 0, r.output
+            rows = {x["group"]: x for x in json.loads(r.output)["rows"]}
+            return rows if rows.get(slurm.partition, {}).get("gpu_hours", 0) > 0 else None
+        rows = wait_for(by_partition, timeout=10, interval=0.5, what="the partition's GPU-hours")
+        assert rows[slurm.partition]["jobs"] == 1 and rows[slurm.partition]["nodes"] == 1
+        html = tmp_path / "report.html"
+        r = CliRunner().invoke(collector_cli.main, ["report", "--target", col.address, "--out", str(html)])
+        assert r.exit_code == 0, r.output
+        assert f"<td>{slurm.partition}</td><td data-sort" in html.read_text().split("id='jobs-by-partition'")[1]
     finally:
         stop(agent)
         col.stop()
         slurm.run("scancel", job_id, check=False)
+
+
+def test_compare_by_partition_refuses_a_lake_in_one_sentence(tmp_path):
+    r = CliRunner().invoke(collector_cli.main, ["compare", "--by", "partition", "--lake", str(tmp_path)])
+    assert r.exit_code != 0
+    assert r.output.strip().splitlines() == [
+        "Error: --by partition reads one collector (--db or --target); --lake goes with --by pool"]

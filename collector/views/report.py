@@ -25,6 +25,7 @@ from html import escape
 from typing import Any
 
 from gpuagent.collector.views import svgplot
+from gpuagent.collector.views.jobs_by import jobs_by
 from gpuagent.common import hardware_faults
 from gpuagent.collector.views.compare import (FLAG_KINDS, HEADLINE, NO_POOL, NOT_FABRIC_GROUP, CompareError,
                                         PoolComparison, Window, _lit, compare_pools, fmt_value, has_table,
@@ -124,6 +125,18 @@ def _actions_html(rows: list[dict[str, Any]]) -> str:
     return ("<div class='scroll'><table class='sortable' id='actions-table'><thead><tr><th>when</th><th>node</th>"
             "<th>action</th><th>mode</th><th>outcome</th><th>finding</th><th>why</th></tr></thead><tbody>"
             + body + "</tbody></table></div>")
+
+
+def _jobs_by_html(by: str, rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return f"<p class='muted' id='no-jobs-by-{by}'>No jobs in the window.</p>"
+    body = "".join("<tr>" + _td(str(r["group"])) + _td(str(r["jobs"]), r["jobs"]) + _td(str(r["nodes"]), r["nodes"])
+                   + _td(f"{r['gpu_hours']:.2f}", r["gpu_hours"])
+                   + _td("-" if r["mean_gpu_util_percent"] is None else f"{r['mean_gpu_util_percent']:.0f} %",
+                         r["mean_gpu_util_percent"]) + "</tr>" for r in rows)
+    return (f"<div class='scroll'><table class='sortable' id='jobs-by-{by}'><thead><tr><th>{by}</th><th>jobs</th>"
+            "<th>nodes</th><th>GPU-hours held</th><th>mean GPU util</th></tr></thead><tbody>" + body
+            + "</tbody></table></div>")
 
 
 def _health_html(faults: list[dict[str, Any]], apps: list[dict[str, Any]]) -> str:
@@ -549,6 +562,7 @@ def render_report(src, window_s: float = 86400.0, reference_pool: str | None = N
     w = c.window
     hw_faults, app_xids = _health(src, w)
     actions = _actions(src)
+    by_partition, by_account = jobs_by(src, "partition", window_s), jobs_by(src, "account", window_s)
     plots_dist, noisy_svg, heat_svg, link_svg = [], "", "", ""
     if w is not None:
         dists = _distributions(src, w)
@@ -592,6 +606,10 @@ def render_report(src, window_s: float = 86400.0, reference_pool: str | None = N
         "<section id='actions'><h2>Actions</h2><p class='muted'>Drains, resumes and alerts the collector decided "
         "from findings, newest first (docs/ACTIONS.md); dry-run rows changed nothing.</p>", _actions_html(actions),
         "</section>",
+        "<section id='jobs-by'><h2>Jobs by partition and account</h2><p class='muted'>As Slurm names them "
+        "(docs/SLURM.md); (none): jobs no scheduler named. GPU-hours held: each job's GPUs from their first to "
+        "their last sample in the window.</p>", _jobs_by_html("partition", by_partition),
+        _jobs_by_html("account", by_account), "</section>",
         "<section id='summary'><h2>Fleet summary</h2>", _summary_html(c, flags_total, flags), "</section>",
         "<section id='flags'><h2>Open flags</h2>", _flags_html(flags, flags_total), "</section>",
         "<section id='compare'><h2>Pool comparison</h2>", _compare_html(c), "</section>",
