@@ -266,9 +266,6 @@ class _Streams:
         self.measured = True
         if errors:
             raise PairError(f"a receiving stream broke: {errors[0]}")
-        if b1 == b0:    # 0 Gbit/s would read as a measurement of a dead link; nothing was measured
-            raise PairError(f"no data arrived in the {duration_s:g} s measurement window: the senders had not "
-                            f"started sending (an overloaded host?)")
         return (b1 - b0) * 8 / (t1 - t0) / 1e9, b1 - b0
 
     def finish(self, timeout_s: float) -> None:
