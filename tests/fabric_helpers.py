@@ -24,14 +24,21 @@ def load_netns_fleet():
     return sys.modules["netns_fleet"]
 
 
-@pytest.fixture
-def netns_fleet():
-    """``netns_fleet(n)`` builds an n-node fleet owned by this test process; all are torn down after
-    the test. Skips, with the reason, where the testbed cannot be built (not root, no ip netns)."""
+def netns_testbed_or_skip():
+    """scripts/netns_fleet.py, or a skip with the reason where the testbed cannot be built (not root, no
+    ip netns); for module-scoped fixtures, which cannot use ``netns_fleet``."""
     nf = load_netns_fleet()
     why = nf.unavailable_reason()
     if why:
         pytest.skip(why)
+    return nf
+
+
+@pytest.fixture
+def netns_fleet():
+    """``netns_fleet(n)`` builds an n-node fleet owned by this test process; all are torn down after
+    the test. Skips, with the reason, where the testbed cannot be built (not root, no ip netns)."""
+    nf = netns_testbed_or_skip()
     built = []
 
     def make(n: int):

@@ -22,7 +22,7 @@ import pytest
 
 from agent_helpers import read_status
 from conftest import wait_for
-from fabric_helpers import ROOT, load_netns_fleet
+from fabric_helpers import ROOT, load_netns_fleet, netns_testbed_or_skip
 
 pytestmark = pytest.mark.slow
 
@@ -111,10 +111,7 @@ def _bed_class():
 
 @pytest.fixture(scope="module")
 def bed(tmp_path_factory):
-    nf = load_netns_fleet()
-    why = nf.unavailable_reason()
-    if why:
-        pytest.skip(why)
+    nf = netns_testbed_or_skip()
     fleet = nf.Fleet.up(len(AGENTS) + 1)
     tb = _bed_class()(fleet, tmp_path_factory.mktemp("fabric"))
     try:

@@ -18,7 +18,7 @@ import urllib.request
 import duckdb
 import pytest
 from click.testing import CliRunner
-from fabric_helpers import load_netns_fleet
+from fabric_helpers import netns_testbed_or_skip
 from gpuagent.collector import cli
 from gpuagent.collector.actions.config import ActionsConfig, ActionsError
 from gpuagent.collector.actions.engine import Actions, ConnectionDb, recent_actions
@@ -40,10 +40,7 @@ def utcnow() -> dt.datetime:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    nf = load_netns_fleet()
-    why = nf.unavailable_reason()
-    if why:
-        pytest.skip(why)
+    nf = netns_testbed_or_skip()
     fleet = nf.Fleet.up(6)       # five slurmd nodes and the controller's namespace
     try:
         c = NetnsSlurmCluster(tmp_path_factory.mktemp("slurm-actions"), fleet)
