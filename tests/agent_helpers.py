@@ -5,20 +5,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
-from conftest import wait_for
+from conftest import free_port, wait_for  # noqa: F401  (free_port re-exported to the tests that import it from here)
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def agent_env(tmp_path: Path, **extra: str) -> dict[str, str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -46,6 +47,28 @@ def worker_ports(slot: int, size: int = 100) -> tuple[int, int]:
         raise ValueError(f"worker_ports: slot {slot}, size {size}, worker {worker} out of range")
     lo = 20000 + 1000 * n + 100 * slot
     return lo, lo + size - 1
+
+
+_next_port = 0
+
+
+def free_port() -> int:
+    """A loopback port free now that no other test running at the same time will pick: from this worker's
+    own block (worker_ports slots 6-9), below the ephemeral range. A port from bind(0) is free only until
+    someone else's bind(0) draws it: a collector stopped and restarted on it could meet a stranger's
+    collector there, and an agent would deliver to the stranger (a CI failure seen so)."""
+    global _next_port
+    lo, _ = worker_ports(6)
+    for _ in range(400):
+        port = lo + _next_port % 400
+        _next_port += 1
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"free_port: all 400 ports from {lo} are in use")
 
 
 @pytest.fixture

@@ -26,16 +26,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import wait_for
+from conftest import free_port, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 TICK_METRIC = "mem_used_bytes"     # one sample per agent tick, no labels
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def can_unshare() -> str:

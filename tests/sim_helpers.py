@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from conftest import free_port
 from gpuagent import local_run
 from gpuagent.collector.views.compare import run_compare
 from gpuagent.collector.views.report import write_report
@@ -62,7 +63,7 @@ def fleet_db(tmp_path_factory) -> FleetDb:
         return _CACHE["fleet"]
     tmp = tmp_path_factory.mktemp("simfleet")
     db = tmp / "fleet.duckdb"
-    port = local_run.free_port()
+    port = free_port()
     proc = local_run.start_collector(db, port, tmp / "collector.log",
                                      extra_env={"GPUAGENT_COLLECTOR_TOKEN": TOKEN})
     try:

@@ -14,6 +14,7 @@ import time
 import duckdb
 import pytest
 
+from conftest import free_port
 from gpuagent import local_run
 from gpuagent.collector.lake import layout
 from gpuagent.collector.lake.engines import DuckDbLake
@@ -33,7 +34,7 @@ def db(tmp_path_factory, tmp_path):
 
 
 def start(db, cfg, log, pause_s: float = 0.0) -> tuple[subprocess.Popen, int]:
-    port = local_run.free_port()
+    port = free_port()
     env = {**os.environ, PAUSE_ENV: str(pause_s)}
     proc = subprocess.Popen([sys.executable, "-m", "gpuagent.collector.cli", "serve", "--db", str(db), "--listen",
                              f"127.0.0.1:{port}", "--config", str(cfg)],

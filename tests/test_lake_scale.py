@@ -20,6 +20,7 @@ import time
 import duckdb
 import pytest
 
+from conftest import free_port
 from gpuagent import local_run
 from gpuagent.collector.analysis.analyzer import analyze_db
 from gpuagent.collector.lake import layout
@@ -43,7 +44,7 @@ HOUR_NS = 3600 * 10**9
 
 
 def _start(db, log):
-    port = local_run.free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "gpuagent.collector.cli", "serve", "--db", str(db),
            "--listen", f"127.0.0.1:{port}", "--no-analyze"]
     proc = subprocess.Popen(cmd, stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True,

@@ -25,7 +25,6 @@ import pytest
 
 from tools import needs
 
-from gpuagent import local_run
 from gpuagent.collector.analysis import analyzer as A
 from gpuagent.collector.ingest.server import CollectorError, start_collector
 from gpuagent.sim.run import SimConfig, run_sim
@@ -33,7 +32,7 @@ from gpuagent.sim.run import SimConfig, run_sim
 from agent_helpers import agent_env, read_status, stop
 # DCGM_NAME_LINTS: the lints dcgm-exporter's own names cause on the agent's endpoint
 from exporter_helpers import DCGM_NAME_LINTS
-from conftest import wait_for
+from conftest import free_port, wait_for
 from nvml_emulator_fixture import H100_8GPU
 from sim_helpers import fleet
 
@@ -132,7 +131,7 @@ class RunningAgent:
     """`gpuagent run` (the real CLI and pynvml) over an emulated node (``emu``), and a tracked training loop."""
 
     def __init__(self, tmp_path: Path, collector_address: str, emu):
-        self.port = local_run.free_port()
+        self.port = free_port()
         self.state = tmp_path / "agent-state"
         cfg = tmp_path / "agent.toml"
         cfg.write_text(f'[collector]\ntoken = "{TOKEN}"\n[probes]\nenabled = false\n'
@@ -199,7 +198,7 @@ def prometheus(targets, tmp_path):
                     f"{auth}    static_configs:\n      - targets: ['{address}']\n")
     cfg = tmp_path / "prometheus.yml"
     cfg.write_text("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n" + "".join(jobs))
-    port = local_run.free_port()
+    port = free_port()
     log = open(tmp_path / "prometheus.log", "wb")
     proc = subprocess.Popen(["prometheus", f"--config.file={cfg}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
                              f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT)

@@ -12,7 +12,7 @@ import grpc
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import clean_env, interrupt, spawned, wait_for
+from conftest import clean_env, free_port, interrupt, spawned, wait_for
 
 from gpuagent.common import retry
 from gpuagent.proto import pb
@@ -195,7 +195,7 @@ def test_bad_options_get_one_sentence():
 
 
 def test_unreachable_collector_is_one_sentence(tmp_path):
-    from gpuagent.local_run import free_port
+    from conftest import free_port
     port = free_port()   # nothing listens there
     res = subprocess.run([sys.executable, "-m", "gpuagent.sim.run", "--nodes", "2", "--sim-hours", "0.05",
                           "--collector", f"127.0.0.1:{port}", "--connect-timeout", "2"],
@@ -256,7 +256,7 @@ def live_collector(tmp_path):
     """`gpuagent-collector serve` (subprocess) on a loopback port with a token and a DuckDB file."""
     from gpuagent import local_run
 
-    port = local_run.free_port()
+    port = free_port()
     proc = local_run.start_collector(tmp_path / "c.duckdb", port, tmp_path / "collector.log",
                                      extra_env={"GPUAGENT_COLLECTOR_TOKEN": "t0ken"})
     try:

@@ -9,6 +9,7 @@ import itertools
 import duckdb
 import pytest
 
+from conftest import free_port
 from gpuagent import local_run
 from gpuagent.collector.analysis.analyzer import analyze_db
 from gpuagent.sim.fabric import FabricSim, link_factors
@@ -55,7 +56,7 @@ def test_bad_link_labels_are_checked():
 
 def test_fabric_results_reach_link_results_and_the_analyzer_localizes(tmp_path):
     db = tmp_path / "fab.duckdb"
-    port = local_run.free_port()
+    port = free_port()
     proc = local_run.start_collector(db, port, tmp_path / "collector.log")
     try:
         local_run.wait_port(port, proc, tmp_path / "collector.log")
