@@ -66,6 +66,7 @@ class Agent:
         self.started_ns = time.time_ns()
 
         self.seq = SeqAllocator(self.state_dir)
+        self._cut_lock = threading.Lock()    # a seq is handed out and its batch spooled as one step
         self.batcher = Batcher(self.seq, cfg.batch_interval_s, cfg.batch_max_samples)
         self.spool = Spool(cfg.spool_dir, cfg.spool_max_bytes, on_event=self._spool_event)
         self.seq.raise_floor(max(self.spool.seqs(), default=0))
@@ -107,7 +108,10 @@ class Agent:
         fresh, self._fresh_state = self._fresh_state, False
         if lc == 0 or not (fresh or lc > self.seq.last):
             return
-        self.seq.raise_floor(lc)
+        with self._cut_lock:
+            # After this, every batch with a seq <= lc is in the spool (a cut in progress has finished its
+            # put) and every later cut gets a seq above lc, so the loop below misses none.
+            self.seq.raise_floor(lc)
         moved = 0
         for old in self.spool.seqs():
             if old > lc:
@@ -198,6 +202,10 @@ class Agent:
         self._pinger.maybe_ping()
 
     def flush(self, scheduled: float | None = None) -> None:
+        with self._cut_lock:
+            self._flush_locked(scheduled)
+
+    def _flush_locked(self, scheduled: float | None) -> None:
         try:
             batch = self.batcher.cut(scheduled)
         except OSError as exc:
