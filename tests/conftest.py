@@ -88,7 +88,8 @@ def clean_env(**extra: str) -> dict[str, str]:
 def spawned(argv: list[str], **popen_kw) -> Iterator[subprocess.Popen]:
     """A CLI subprocess (text stdout/stderr piped, environment from :func:`clean_env` unless given) that is
     killed and reaped when the block exits, also when an assertion inside it failed."""
-    kw = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True, "env": clean_env(), **popen_kw}
+    kw = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True,
+          "env": clean_env(PYTHONFAULTHANDLER="1"), **popen_kw}
     proc = subprocess.Popen(argv, **kw)
     try:
         yield proc
@@ -98,10 +99,23 @@ def spawned(argv: list[str], **popen_kw) -> Iterator[subprocess.Popen]:
             proc.communicate()
 
 
-def interrupt(proc: subprocess.Popen, timeout: float = 30.0) -> tuple[str, str]:
-    """Ctrl-C: SIGINT to ``proc``, then its (stdout, stderr) once it has exited."""
+def interrupt(proc: subprocess.Popen, timeout: float = 60.0) -> tuple[str, str]:
+    """Ctrl-C: SIGINT to ``proc``, then its (stdout, stderr) once it has exited.
+
+    A process still there after ``timeout`` gets SIGABRT: with PYTHONFAULTHANDLER (set by :func:`spawned`)
+    Python prints every thread's stack, and the failure shows where it hung (CI saw two such hangs once)."""
     proc.send_signal(signal.SIGINT)
-    return proc.communicate(timeout=timeout)
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        try:
+            _, err = proc.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+        raise AssertionError(f"still running {timeout:g} s after SIGINT; its threads at SIGABRT:\n"
+                             f"{(err or '')[-6000:]}") from None
 
 
 # Child processes for job discovery: BUSY burns CPU, IDLE sleeps; both for at most two minutes.
