@@ -124,7 +124,7 @@ def main(argv=None) -> int:
     gen_s = time.perf_counter() - t
     con.execute("CHECKPOINT")
     now = start + dt.timedelta(minutes=first_min)
-    full = A.run_in_transaction(con, lambda c: an.run_pass(c, now))
+    full = an.run_pass(con, now)
 
     passes = []
     for i in range(args.passes):
@@ -132,7 +132,7 @@ def main(argv=None) -> int:
         rows += add_minutes(con, nodes=args.nodes, gpus=args.gpus, start=start, first_s=s0, seconds=60,
                             metrics=metrics)
         now = start + dt.timedelta(seconds=s0 + 60)
-        passes.append(A.run_in_transaction(con, lambda c: an.run_pass(c, now)))
+        passes.append(an.run_pass(con, now))
     counts = con.execute("""SELECT (SELECT count(*) FROM samples), (SELECT count(*) FROM samples_1m),
         (SELECT count(*) FROM job_samples), (SELECT count(*) FROM probe_metrics),
         (SELECT count(*) FROM flags WHERE state = 'open')""").fetchone()

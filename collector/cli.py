@@ -334,6 +334,8 @@ def _print_analysis(run: dict, flags: list[dict], fmt: str, truncated: bool, fin
                f"{run['rollup_s']:.2f} s, flags in {run['flags_s']:.2f} s; {run['conditions']} conditions, "
                f"{run['opened']} opened, {run['updated']} updated, {run['closed']} closed; "
                f"{len(findings)} open findings over {len(flags)}{'+' if truncated else ''} open flags")
+    for step, error in (run.get("failed_steps") or {}).items():
+        click.echo(f"step {step} could not run (rolled back alone; the next pass retries it): {error}")
     if not findings and not flags:
         click.echo("no open findings")
     by_finding: dict = {}

@@ -25,4 +25,4 @@ def migrated_db(tmp_path):
 def run(con, now=NOW, config=None):
     """One analysis pass in its own transaction, as the collector runs it."""
     an = A.Analyzer(config)
-    return A.run_in_transaction(con, lambda c: an.run_pass(c, now))
+    return an.run_pass(con, now)

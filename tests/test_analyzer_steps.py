@@ -48,6 +48,8 @@ def test_counted_columns_are_named_in_the_sql():
     ({"produces": "rollups"}, "produces must be one of"),
     ({"produces": St.ROLLUP}, "source table goes with rollup steps"),
     ({"produces": St.CONDITIONS, "source": "samples"}, "source table goes with rollup steps"),
+    ({"produces": St.CONDITIONS}, "flag kind goes with conditions steps"),
+    ({"produces": St.CONTEXT, "kind": "utilization_gap"}, "flag kind goes with conditions steps"),
 ])
 def test_a_malformed_step_is_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -65,8 +67,8 @@ def test_pass_counts_match_the_flags_table_and_leave_no_temp_tables(tmp_path):
         S.add_node(con, "synthetic-vm", virtualized=True)
         S.add_probe_runs(con, "synthetic-vm", "pcie", {"h2d_gbps": [40.0] * 6}, runs, gpu=0)
         an = A.Analyzer()
-        first = A.run_in_transaction(con, lambda c: an.run_pass(c, NOW))
-        second = A.run_in_transaction(con, lambda c: an.run_pass(c, NOW + dt.timedelta(minutes=1)))
+        first = an.run_pass(con, NOW)
+        second = an.run_pass(con, NOW + dt.timedelta(minutes=1))
         open_rows = con.execute("SELECT count(*) FROM flags WHERE state = 'open'").fetchone()[0]
         assert (first.opened, first.updated, first.closed) == (open_rows, 0, 0) and open_rows >= 1
         assert (second.opened, second.updated, second.closed) == (0, open_rows, 0)

@@ -54,7 +54,7 @@ def db(tmp_path_factory):
     con.execute(f"INSERT INTO link_results ({LINK_COLS}) VALUES ('abc-r6-9', 'p-n0', 'p-n5', 'net_pair', "
                 "'synthetic=1', 9.0, 9.0, 40, 80, ?, ?, 'ok', NULL, 'p-n0')",
                 [t - dt.timedelta(seconds=30), t - dt.timedelta(seconds=27)])
-    A.run_in_transaction(con, lambda c: A.Analyzer().run_pass(c, NOW))
+    A.Analyzer().run_pass(con, NOW)
     con.close()
     return path
 

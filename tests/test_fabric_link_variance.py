@@ -48,7 +48,7 @@ def mesh(con, swinging=("p-n1", "p-n5"), steady_slow=("p-n2", "p-n6"), lossy=Tru
 
 
 def run(con):
-    A.run_in_transaction(con, lambda c: A.Analyzer().run_pass(c, NOW))
+    A.Analyzer().run_pass(con, NOW)
 
 
 def open_flags(con, kind):

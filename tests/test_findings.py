@@ -20,7 +20,7 @@ H2D, D2H = 53.6, 52.0
 
 def run(con, now=NOW):
     an = A.Analyzer()
-    return A.run_in_transaction(con, lambda c: an.run_pass(c, now))
+    return an.run_pass(con, now)
 
 
 def times(n=10, every_min=5, now=NOW):

@@ -219,7 +219,7 @@ def test_enforce_drains_with_the_findings_sentence_and_resumes_when_it_closes(cl
     # A healthy hour later the finding closes (the real analysis) and gpuagent resumes the node it drained.
     fault_rows(con, node, start + dt.timedelta(minutes=60), fault=None)
     run = A.Analyzer().run_pass
-    A.run_in_transaction(con, lambda c: run(c, utcnow() + dt.timedelta(minutes=65)))
+    run(con, utcnow() + dt.timedelta(minutes=65))
     assert con.execute("SELECT state FROM findings WHERE kind = 'hardware_fault'").fetchall() == [("closed",)]
     rows = Actions(ActionsConfig.from_toml(cfg)).run_once(ConnectionDb(con))
     assert [(r["action"], r["outcome"]) for r in rows] == [("resume", "ok")]

@@ -7,7 +7,7 @@ small lookup tables (components and thresholds from docs/FLAGS.md, the reference
 baselines, prices).
 
 The collector's single-writer rule holds: inside the collector, a pass runs on the writer's connection
-(``Writer.call`` with ``run_in_transaction``); ``analyze_db`` runs a pass on a database file no collector
+(``Writer.call``; each step is a transaction of its own); ``analyze_db`` runs a pass on a database file no collector
 holds.
 """
 
@@ -25,8 +25,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from gpuagent.collector.analysis.steps import BASELINE, STEPS, Step, pass_steps, rollup_steps
+from gpuagent.collector.analysis.steps import BASELINE, FINDINGS, FLAGS, STEPS, Step, pass_steps, rollup_steps
 from gpuagent.common import hardware_faults
+from gpuagent.common.errors import first_line
 from gpuagent.common.timeutil import utc_now
 
 log = logging.getLogger("gpuagent.collector.analysis.analyzer")
@@ -389,6 +390,7 @@ class PassResult:
     step_s: Mapping[str, float] = field(default_factory=dict)   # seconds per analysis SQL file
     findings_opened: int = 0
     findings_closed: int = 0
+    failed: Mapping[str, str] = field(default_factory=dict)     # step (SQL file, or 'rollup') -> why it failed
 
     @property
     def total_s(self) -> float:
@@ -400,7 +402,7 @@ class PassResult:
                 "total_s": round(self.total_s, 4), "conditions": self.conditions, "opened": self.opened,
                 "updated": self.updated, "closed": self.closed,
                 "findings_opened": self.findings_opened, "findings_closed": self.findings_closed,
-                "step_s": {k: round(v, 4) for k, v in self.step_s.items()}}
+                "step_s": {k: round(v, 4) for k, v in self.step_s.items()}, "failed_steps": dict(self.failed)}
 
 
 def _row_key(con, source: str, rowid: int) -> int | None:
@@ -595,38 +597,77 @@ class Analyzer:
         }
 
     def run_pass(self, con, now: dt.datetime | None = None) -> PassResult:
-        """One pass: rollups, then every flag kind, then the flags table. The caller owns the transaction."""
+        """One pass: rollups, then every flag kind, then the flags table and findings.
+
+        Each step runs in a transaction of its own (call with none open). A step that fails is rolled back
+        alone and the other kinds still run: its open flags stay as they were, the failure is kept in
+        analysis_failures, as an ``analysis_step_failed`` event and as an ``analysis_incomplete`` flag
+        (so a finding says which step could not run, and why), and the next pass tries it again. Only a
+        failure of the final step (flags, findings) fails the pass, after recording it."""
         now = now or utc_now()
+        failed: dict[str, str] = {}
         t0 = time.perf_counter()
-        rows_in = self.rollup(con)
+        try:
+            rows_in = run_in_transaction(con, self.rollup)
+        except Exception as exc:  # noqa: BLE001 - recorded; the flag steps read the rollups as they are
+            rows_in = 0
+            failed["rollup"] = _step_error("rollup", exc)
         t1 = time.perf_counter()
         params = self.params(now)
         self._lookup_tables(con)
         counts: dict[str, int] = {}
         step_s: dict[str, float] = {}
+        skipped_kinds: set[str] = set()
+        ran: list[Step] = []
+        final: list[Step] = []
         for step in pass_steps():
-            if step.produces == BASELINE and self.baselines_loader is not None:
-                ts = time.perf_counter()
-                self.baselines_loader(con, now)
-                step_s["fleet_baselines (lake)"] = time.perf_counter() - ts
+            if step.produces in (FLAGS, FINDINGS):
+                final.append(step)
                 continue
-            if step.produces == BASELINE and not self._baselines_stale(con, now):
+            if step.produces == BASELINE and self.baselines_loader is None and not self._baselines_stale(con, now):
                 continue
             ts = time.perf_counter()
-            counts.update(self._run_step(con, step, params))
+            try:
+                if step.produces == BASELINE and self.baselines_loader is not None:
+                    run_in_transaction(con, lambda c: self.baselines_loader(c, now))
+                    step_s["fleet_baselines (lake)"] = time.perf_counter() - ts
+                    continue
+                counts.update(run_in_transaction(con, lambda c, st=step: self._run_step(c, st, params)))
+                ran.append(step)
+            except Exception as exc:  # noqa: BLE001 - this step alone is rolled back; the others go on
+                failed[step.sql_file] = _step_error(step.sql_file, exc)
+                if step.kind:
+                    skipped_kinds.add(step.kind)
+                log.error("analysis step %s failed (rolled back; the other steps go on): %s", step.sql_file,
+                          failed[step.sql_file])
             step_s[step.sql_file] = time.perf_counter() - ts
-        conditions = con.execute("SELECT count(*) FROM _conditions").fetchone()[0]
+
+        def finish(c) -> int:
+            _record_step_conditions(c, ran, failed, skipped_kinds)
+            for step in final:
+                ts = time.perf_counter()
+                counts.update(self._run_step(c, step, params))
+                step_s[step.sql_file] = time.perf_counter() - ts
+            n = c.execute("SELECT count(*) FROM _conditions").fetchone()[0]
+            _record_failures(c, now, failed)
+            return int(n)
+
+        try:
+            conditions = run_in_transaction(con, finish)
+        except Exception as exc:
+            failed[final[0].sql_file if final else "flags"] = _step_error("flags", exc)
+            run_in_transaction(con, lambda c: _record_failures(c, now, failed))
+            raise AnalyzerError(f"analysis pass could not update the flags: {first_line(exc)}") from exc
         t2 = time.perf_counter()
-        result = PassResult(now, rows_in, t1 - t0, t2 - t1, int(conditions),
+        result = PassResult(now, rows_in, t1 - t0, t2 - t1, conditions,
                             counts.get("opened", 0), counts.get("updated", 0), counts.get("closed", 0), step_s,
-                            counts.get("findings_opened", 0), counts.get("findings_closed", 0))
-        con.execute("INSERT INTO analysis_runs VALUES (?,?,?,?,?,?,?,?,?,?)", [
+                            counts.get("findings_opened", 0), counts.get("findings_closed", 0), failed)
+        con.execute("INSERT INTO analysis_runs VALUES (?,?,?,?,?,?,?,?,?,?,?)", [
             now, utc_now(), self.config.window_s, rows_in, result.rollup_s, result.flags_s, result.conditions,
-            result.opened, result.updated, result.closed])
+            result.opened, result.updated, result.closed, len(failed)])
         # Temp tables live as long as the connection, which inside the collector is the writer's: free them.
-        for step in STEPS:
-            for table in step.temp_tables:
-                con.execute(f"DROP TABLE IF EXISTS {table}")
+        for table in (*(t for step in STEPS for t in step.temp_tables), "_skipped_kinds"):
+            con.execute(f"DROP TABLE IF EXISTS {table}")
         return result
 
     def _run_step(self, con, step: Step, params: Mapping[str, Any]) -> dict[str, int]:
@@ -644,6 +685,42 @@ class Analyzer:
         if missing:
             raise AnalyzerError(f"analysis step {step.sql_file} returned no {missing[0]!r} column")
         return counts
+
+
+# A node id no host can have (parentheses are not allowed in host names): what the collector itself reports.
+COLLECTOR_NODE = "(collector)"
+INCOMPLETE_KIND = "analysis_incomplete"
+
+
+def _step_error(step: str, exc: BaseException) -> str:
+    text = first_line(exc)
+    prefix = f"analysis step {step} failed: "
+    return text[len(prefix):] if text.startswith(prefix) else text
+
+
+def _record_step_conditions(con, ran: list[Step], failed: Mapping[str, str], skipped_kinds: set[str]) -> None:
+    """An analysis_incomplete condition per failed step (it opens a flag, hence a finding) and an evaluated
+    row per step that ran (its flag closes); and the kinds whose flags must not close as stale this pass."""
+    for step, error in failed.items():
+        con.execute("INSERT INTO _conditions VALUES (?, NULL, ?, ?, 'warning', NULL, NULL, NULL, 'none', ?, ?)", [
+            COLLECTOR_NODE, INCOMPLETE_KIND, step, json.dumps({"step": step, "error": error}),
+            f"analysis could not run step {step}: {error}; its flags are kept as they were and the next pass "
+            f"tries again"])
+    for step in ran:
+        con.execute("INSERT INTO _evaluated VALUES (?, NULL, ?, ?)", [COLLECTOR_NODE, INCOMPLETE_KIND, step.sql_file])
+    if "rollup" not in failed:
+        con.execute("INSERT INTO _evaluated VALUES (?, NULL, ?, 'rollup')", [COLLECTOR_NODE, INCOMPLETE_KIND])
+    con.execute("CREATE OR REPLACE TEMP TABLE _skipped_kinds (kind VARCHAR)")
+    if skipped_kinds:
+        con.executemany("INSERT INTO _skipped_kinds VALUES (?)", [[k] for k in sorted(skipped_kinds)])
+
+
+def _record_failures(con, now: dt.datetime, failed: Mapping[str, str]) -> None:
+    for step, error in failed.items():
+        con.execute("INSERT INTO analysis_failures VALUES (?, ?, ?)", [now, step, error])
+        con.execute("INSERT INTO events (ts, node_id, gpu, kind, message, value, attrs) "
+                    "VALUES (?, ?, NULL, 'analysis_step_failed', ?, NULL, ?)",
+                    [now, COLLECTOR_NODE, f"analysis could not run step {step}: {error}", json.dumps({"step": step})])
 
 
 # ----------------------------------------------------------------------------------------------- entry points
@@ -678,7 +755,7 @@ def analyze_db(path: str | Path, config: AnalyzerConfig | None = None,
         raise AnalyzerError(f"{exc}{_LIVE_HINT}") from None
     try:
         analyzer = Analyzer(config, baselines_loader)
-        return run_in_transaction(con, lambda c: analyzer.run_pass(c, now))
+        return analyzer.run_pass(con, now)
     finally:
         con.close()
 

@@ -29,12 +29,15 @@ class Step:
     temp_tables: tuple[str, ...] = ()   # created by the SQL; dropped at the end of the pass
     source: str | None = None           # ROLLUP: the raw table read by rowid window
     counts: tuple[str, ...] = ()        # result columns whose row counts the pass reports, read by name
+    kind: str | None = None             # CONDITIONS: the flag kind it evaluates (kept open when the step fails)
 
     def __post_init__(self) -> None:
         if self.produces not in PRODUCES:
             raise ValueError(f"step {self.name}: produces must be one of {', '.join(PRODUCES)}")
         if (self.produces == ROLLUP) != (self.source is not None):
             raise ValueError(f"step {self.name}: a source table goes with rollup steps and only with them")
+        if (self.produces == CONDITIONS) != (self.kind is not None):
+            raise ValueError(f"step {self.name}: a flag kind goes with conditions steps and only with them")
 
 
 STEPS: tuple[Step, ...] = (
@@ -45,22 +48,22 @@ STEPS: tuple[Step, ...] = (
     Step("node_class", "20_node_class.sql", CONTEXT,
          temp_tables=("_node_class", "_ok_metrics", "_pressure")),
     Step("fleet_baselines", "25_fleet_baselines.sql", BASELINE),
-    Step("virtualization_overhead", "30_virtualization_overhead.sql", CONDITIONS,
+    Step("virtualization_overhead", "30_virtualization_overhead.sql", CONDITIONS, kind="virtualization_overhead",
          temp_tables=("_vo_values", "_vo_pooled", "_vo_fleet", "_vo_ref", "_vo_declared", "_vo", "_vo_scored")),
-    Step("noisy_neighbor_variance", "40_noisy_neighbor_variance.sql", CONDITIONS,
+    Step("noisy_neighbor_variance", "40_noisy_neighbor_variance.sql", CONDITIONS, kind="noisy_neighbor_variance",
          temp_tables=("_nn_points", "_nn_series", "_nn_fleet_local", "_nn_fleet", "_nn")),
-    Step("noisy_neighbor_passive", "41_noisy_neighbor_passive.sql", CONDITIONS,
+    Step("noisy_neighbor_passive", "41_noisy_neighbor_passive.sql", CONDITIONS, kind="noisy_neighbor_variance",
          temp_tables=("_pc_ticks", "_pc_named", "_pc_series", "_pc_episodes", "_pc")),
-    Step("utilization_gap", "50_utilization_gap.sql", CONDITIONS,
+    Step("utilization_gap", "50_utilization_gap.sql", CONDITIONS, kind="utilization_gap",
          temp_tables=("_ug_minutes", "_ug_wait", "_ug", "_ug_dw", "_ug_scored", "_ug_cond")),
-    Step("network_degraded", "60_network_degraded.sql", CONDITIONS,
+    Step("network_degraded", "60_network_degraded.sql", CONDITIONS, kind="network_degraded",
          temp_tables=("_nd_runs", "_nd_links", "_nd_ends", "_nd_pool", "_nd_ref", "_nd_slow", "_nd_peers",
                       "_nd_node", "_nd_bad_nodes", "_nd_counts")),
     # after network_degraded: reads its _nd_runs
-    Step("link_variance", "61_link_variance.sql", CONDITIONS,
+    Step("link_variance", "61_link_variance.sql", CONDITIONS, kind="noisy_neighbor_variance",
          temp_tables=("_lv_links", "_lv_pool", "_lv_net", "_lv")),
     # after network_degraded: adds endpoint port errors to its link conditions; rules: common/hardware_faults.toml
-    Step("hardware_fault", "70_hardware_fault.sql", CONDITIONS,
+    Step("hardware_fault", "70_hardware_fault.sql", CONDITIONS, kind="hardware_fault",
          temp_tables=("_hw_samples", "_hw_boots", "_hw_series", "_hw_latest", "_hw_load", "_hw_faults", "_hw_events",
                       "_hw_cost", "_hw", "_hw_port_noise", "_hw_link_corr")),
     Step("apply_flags", "90_apply_flags.sql", FLAGS, counts=("updated", "opened", "closed")),

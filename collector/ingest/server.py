@@ -419,7 +419,7 @@ def start_collector(db_path: str | Path, listen: str = "127.0.0.1:0", token: str
             servicer.after_pass = handle.actions.notify       # on-demand Analyze passes act too
 
         def submit(fn):
-            result = writer.call(lambda c: an.run_in_transaction(c, fn)).result()
+            result = writer.call(fn).result()      # fn: Analyzer.run_pass, a transaction per step
             if handle.actions is not None:     # after the commit; the actions thread reads the findings itself
                 handle.actions.notify(result.now)
             return result

@@ -344,7 +344,7 @@ class CollectorServicer(pb_grpc.CollectorServicer):
         try:
             analyzer = an.Analyzer(config)
             result = await asyncio.wrap_future(
-                self._writer.call(lambda con: an.run_in_transaction(con, analyzer.run_pass)))
+                self._writer.call(analyzer.run_pass))
             flags = await asyncio.get_running_loop().run_in_executor(
                 self._query_pool, lambda: an.open_flags(self._cursor_factory(), limit + 1))
         except an.AnalyzerError as exc:

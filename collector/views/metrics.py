@@ -28,6 +28,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import choose_encoder
 
 from gpuagent.collector.actions.engine import COUNTS_SQL, DRAINED_SQL
+from gpuagent.collector.analysis.steps import pass_steps
 from gpuagent.common.errors import first_line
 
 log = logging.getLogger("gpuagent.collector.metrics")
@@ -71,8 +72,9 @@ class _DbSnapshot:
         try:
             now = datetime.now(timezone.utc).replace(tzinfo=None)
             nodes = cur.execute("SELECT node_id, coalesce(pool, ''), last_seen FROM nodes").fetchall()
-            runs = cur.execute("SELECT count(*), arg_max(rollup_s + flags_s, ended_at), max(ended_at) "
-                               "FROM analysis_runs").fetchone()
+            runs = cur.execute("SELECT count(*), arg_max(rollup_s + flags_s, ended_at), max(ended_at), "
+                               "arg_max(failed_steps, ended_at) FROM analysis_runs").fetchone()
+            step_failures = cur.execute("SELECT step, count(*) FROM analysis_failures GROUP BY step").fetchall()
             findings = cur.execute(
                 "SELECT kind, scope, coalesce(node_id, ''), coalesce(pool, ''), severity, count(*), sum(flags) "
                 "FROM findings WHERE state = 'open' GROUP BY ALL").fetchall()
@@ -84,7 +86,11 @@ class _DbSnapshot:
         finally:
             cur.close()
         return {"now": now, "nodes": nodes, "runs": runs, "findings": findings, "flags": flags, "actions": actions,
-                "drained": drained}
+                "drained": drained, "step_failures": step_failures}
+
+
+# What gpuagent_collector_analysis_step_failures counts: the rollup and each step after it, by SQL file.
+ANALYSIS_STEP_NAMES = ("rollup", *(s.sql_file for s in pass_steps()))
 
 
 class _Collector:
@@ -128,10 +134,23 @@ class _Collector:
             if last_seen is not None:
                 g.add_metric([node, pool], max(0.0, (now - last_seen).total_seconds()))
         yield g
-        n_runs, last_s, last_end = snap["runs"]
+        n_runs, last_s, last_end, last_failed = snap["runs"]
         c = CounterMetricFamily("gpuagent_collector_analysis_passes", "Analysis passes stored in analysis_runs.")
         c.add_metric([], float(n_runs or 0))
         yield c
+        # Every step from the start, at 0 until it fails, so increase(...[1h]) > 0 can alert on the first one.
+        failures = {step: 0 for step in ANALYSIS_STEP_NAMES} | dict(snap["step_failures"])
+        c = CounterMetricFamily("gpuagent_collector_analysis_step_failures",
+                                "Analysis steps that failed and were rolled back alone (analysis_failures).",
+                                labels=["step"])
+        for step, n in sorted(failures.items()):
+            c.add_metric([step], float(n))
+        yield c
+        if n_runs:
+            g = GaugeMetricFamily("gpuagent_collector_analysis_last_pass_failed_steps",
+                                  "Steps of the latest analysis pass that could not run (0: a whole pass).")
+            g.add_metric([], float(last_failed or 0))
+            yield g
         if last_s is not None:
             g = GaugeMetricFamily("gpuagent_collector_analysis_pass_duration_seconds",
                                   "Duration of the latest analysis pass (rollups + flags + findings).")

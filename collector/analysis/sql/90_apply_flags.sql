@@ -1,6 +1,7 @@
 -- Turn this pass's conditions into flag rows: an ongoing condition updates its open flag, a new one opens a
 -- flag, and an open flag closes when its (node, gpu, kind, component) was evaluated and is clear, or when
--- nothing about it was seen for a whole window (the longer of the sample and probe windows).
+-- nothing about it was seen for a whole window (the longer of the sample and probe windows) and the step
+-- of its kind ran this pass (_skipped_kinds: the kinds whose step failed; their flags stay as they were).
 -- Each statement returns one row per flag it changed, in a column named for the change: the analyzer
 -- reports the counts by those names.
 
@@ -31,5 +32,6 @@ WHERE f.state = 'open'
   AND (EXISTS (SELECT 1 FROM _evaluated e
                WHERE f.node_id = e.node_id AND f.gpu IS NOT DISTINCT FROM e.gpu
                  AND f.kind = e.kind AND f.component = e.component)
-       OR f.last_seen <= least($window_start, $probe_window_start))
+       OR (f.last_seen <= least($window_start, $probe_window_start)
+           AND f.kind NOT IN (SELECT kind FROM _skipped_kinds)))
 RETURNING 1 AS closed;
