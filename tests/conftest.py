@@ -49,6 +49,12 @@ def worker_ports(slot: int, size: int = 100) -> tuple[int, int]:
     return lo, lo + size - 1
 
 
+# A suite started in the background by a non-interactive shell inherits SIGINT ignored, and so would every
+# CLI it spawns: the Ctrl-C tests would send SIGINT to processes that cannot see it. A handler here (not
+# SIG_IGN) makes each child start with the default, as from a terminal.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 _next_port = 0
 
 
