@@ -185,7 +185,7 @@ def targets(collector, agent, tmp_path):
     token_file = tmp_path / "collector.token"
     token_file.write_text(TOKEN + "\n")
     return {"gpuagent-collector": (f"127.0.0.1:{collector.metrics.port}", token_file, "1s"),
-            "gpuagent": (f"127.0.0.1:{agent.port}", None, "500ms")}
+            "gpuagent": (f"127.0.0.1:{agent.port}", None, "1s")}    # a 500 ms timeout once missed on loaded CI
 
 
 @pytest.fixture

@@ -63,8 +63,12 @@ WITH agg AS (
            count(DISTINCT gpu) AS n_gpus,
            median(overhead) AS overhead, median(value) AS value,
            any_value(baseline_source) AS baseline_source,
-           arg_max(sentence, rank * 1e12 + coalesce(abs(value), 0)) AS worst_sentence,
-           arg_max(advice, rank * 1e12 + coalesce(abs(value), 0)) AS advice
+           -- The worst flag's words; equal flags (four GPUs each idle 30 of 60 minutes) go to the lowest GPU,
+           -- then node and component, so every collector and every run picks the same one.
+           first(sentence ORDER BY rank DESC, coalesce(abs(value), 0) DESC, gpu NULLS FIRST, node_id, component)
+               AS worst_sentence,
+           first(advice ORDER BY rank DESC, coalesce(abs(value), 0) DESC, gpu NULLS FIRST, node_id, component)
+               AS advice
     FROM _fd_members GROUP BY finding_key
 )
 SELECT *, CASE rank WHEN 2 THEN 'critical' WHEN 1 THEN 'warning' ELSE 'info' END AS severity,
