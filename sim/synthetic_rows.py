@@ -14,6 +14,7 @@ import json
 import random
 from typing import Iterable, Mapping, Sequence
 
+from gpuagent.common.sql_rows import insert_rows
 from gpuagent.sim.fleet import HW_COMPONENTS
 
 H100 = "NVIDIA H100 80GB HBM3"
@@ -37,8 +38,7 @@ def add_node(con, node_id: str, *, virtualized: bool | None, gpu_model: str | No
         [node_id, "machine-" + node_id, node_id, pool, price_per_gpu_hour, list(lab), list(lab.values()),
          gpu_count if gpu_model else 0, gpu_model, virtualized, vt, fp, now, now])
     if gpu_model:
-        con.executemany(
-            "INSERT INTO gpus (node_id, gpu, name, pcie_gen_max, pcie_width_max) VALUES (?, ?, ?, ?, ?)",
+        insert_rows(con, "gpus (node_id, gpu, name, pcie_gen_max, pcie_width_max)",
             [[node_id, g, gpu_model, pcie_gen, pcie_width] for g in range(gpu_count)])
 
 
@@ -52,9 +52,9 @@ def add_probe_runs(con, node_id: str, probe: str, metrics: Mapping[str, Sequence
                         json.dumps({"synthetic": "1"}), params_key, "{}", t, t + dt.timedelta(seconds=1), 1.0])
         for name, seq in metrics.items():
             values.append([node_id, probe, gpu, params_key, t, name, float(seq[i])])
-    con.executemany("INSERT INTO probe_results VALUES (?,?,?,?,?,?,?,?,?,?,?)", results)
+    insert_rows(con, "probe_results", results)
     if values:
-        con.executemany("INSERT INTO probe_metrics VALUES (?,?,?,?,?,?,?)", values)
+        insert_rows(con, "probe_metrics", values)
 
 
 def add_samples(con, rows: Iterable[tuple]) -> None:
@@ -77,21 +77,18 @@ def add_samples(con, rows: Iterable[tuple]) -> None:
 
 def add_job_samples(con, rows: Iterable[tuple]) -> None:
     """(ts, node_id, job_id, gpu, gpu_util_percent) rows into job_samples."""
-    con.executemany(
-        """INSERT INTO job_samples (ts, node_id, job_id, pid, rank, local_rank, gpu, gpu_util_percent,
-                                    gpu_memory_bytes, cpu_percent, rss_bytes, read_bytes_per_s, write_bytes_per_s)
-           VALUES (?, ?, ?, 1000, ?, ?, ?, ?, 0, 100, 0, 0, 0)""",
-        [[ts, node, job, gpu, gpu, gpu, util] for ts, node, job, gpu, util in rows])
+    insert_rows(con, "job_samples (ts, node_id, job_id, pid, rank, local_rank, gpu, gpu_util_percent, "
+                     "gpu_memory_bytes, cpu_percent, rss_bytes, read_bytes_per_s, write_bytes_per_s)",
+                [[ts, node, job, 1000, gpu, gpu, gpu, util, 0, 100.0, 0, 0.0, 0.0] for ts, node, job, gpu, util in rows])
 
 
 def add_job_steps(con, rows: Iterable[tuple]) -> None:
     """(ts, node_id, job_id, rank, step_time_p50_s, data_wait_fraction) rows into job_steps."""
-    con.executemany(
-        """INSERT INTO job_steps (ts, node_id, job_id, job_name, rank, pid, window_s, steps, step_time_p50_s,
-                                  step_time_p95_s, step_time_max_s, step_time_mean_s, steps_per_s, samples_per_s,
-                                  tokens_per_s, data_wait_fraction)
-           VALUES (?, ?, ?, 'synthetic-job', ?, 1000, 10, 10, ?, ?, ?, ?, 1.0 / ?, 0, 0, ?)""",
-        [[ts, node, job, rank, p50, p50 * 1.1, p50 * 1.2, p50, p50, dw] for ts, node, job, rank, p50, dw in rows])
+    insert_rows(con, "job_steps (ts, node_id, job_id, job_name, rank, pid, window_s, steps, step_time_p50_s, "
+                     "step_time_p95_s, step_time_max_s, step_time_mean_s, steps_per_s, samples_per_s, "
+                     "tokens_per_s, data_wait_fraction)",
+                [[ts, node, job, "synthetic-job", rank, 1000, 10.0, 10, p50, p50 * 1.1, p50 * 1.2, p50, 1.0 / p50,
+                  0.0, 0.0, dw] for ts, node, job, rank, p50, dw in rows])
 
 
 def noisy(rng: random.Random, base: float, cv: float, n: int) -> list[float]:
@@ -135,9 +132,9 @@ def add_link_runs(con, node_a: str, node_b: str, gbits: Sequence[float], times: 
         for who in ends:
             rows.append([pid, node_a, node_b, "net_pair", params_key, *metrics, t,
                          t + dt.timedelta(seconds=3), status, reason, who, speed.get(who)])
-    con.executemany("INSERT INTO link_results (pair_id, node_a, node_b, probe, params_key, send_gbits_per_s, "
-                    "recv_gbits_per_s, rtt_p50_us, rtt_p99_us, started_at, ended_at, status, reason, reported_by, "
-                    "nic_speed_mbits) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+    insert_rows(con, "link_results (pair_id, node_a, node_b, probe, params_key, send_gbits_per_s, "
+                     "recv_gbits_per_s, rtt_p50_us, rtt_p99_us, started_at, ended_at, status, reason, reported_by, "
+                     "nic_speed_mbits)", rows)
 
 
 # ------------------------------------------------------------------------------------ hardware faults
@@ -164,7 +161,7 @@ def add_events(con, rows: Iterable[tuple]) -> None:
     rows = list(rows)
     if not rows:
         return
-    con.executemany("INSERT INTO events (ts, node_id, gpu, kind, message, value, attrs) VALUES (?,?,?,?,?,?,?)",
+    insert_rows(con, "events (ts, node_id, gpu, kind, message, value, attrs)",
                     [[ts, node, gpu, kind, msg, float(value), json.dumps(attrs or {}, sort_keys=True)]
                      for ts, node, gpu, kind, msg, value, attrs in rows])
 

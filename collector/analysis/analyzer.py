@@ -28,6 +28,7 @@ from typing import Any, Callable, Mapping
 from gpuagent.collector.analysis.steps import BASELINE, FINDINGS, FLAGS, STEPS, Step, pass_steps, rollup_steps
 from gpuagent.common import hardware_faults
 from gpuagent.common.errors import first_line
+from gpuagent.common.sql_rows import insert_rows
 from gpuagent.common.timeutil import utc_now
 
 log = logging.getLogger("gpuagent.collector.analysis.analyzer")
@@ -524,34 +525,32 @@ class Analyzer:
             crit = max(c.critical, thr)
             rows.append([c.kind, c.component, c.probe, c.metric, c.better, c.per_gpu, thr, crit, c.label,
                          c.unit, c.unit_label, c.advice])
-        con.executemany("INSERT INTO _components VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", rows)
+        insert_rows(con, "_components", rows)
         con.execute("""CREATE OR REPLACE TEMP TABLE _ref_baselines (component VARCHAR, gpu_model_like VARCHAR,
             pcie_gen INTEGER, pcie_width INTEGER, params_like VARCHAR, value DOUBLE, unit VARCHAR, basis VARCHAR,
             source VARCHAR, link_mbits INTEGER)""")
         if self.reference:
-            con.executemany("INSERT INTO _ref_baselines VALUES (?,?,?,?,?,?,?,?,?,?)", [
+            insert_rows(con, "_ref_baselines", [
                 [r["component"], r.get("gpu_model_like"), r.get("pcie_gen"), r.get("pcie_width"),
                  r.get("params_like"), float(r["value"]), r["unit"], r["basis"], r["source"], r.get("link_mbits")]
                 for r in self.reference])
         con.execute("""CREATE OR REPLACE TEMP TABLE _declared_baselines (component VARCHAR, gpu_model_like VARCHAR,
             params_like VARCHAR, value DOUBLE, note VARCHAR)""")
         if cfg.declared:
-            con.executemany("INSERT INTO _declared_baselines VALUES (?,?,?,?,?)", [
+            insert_rows(con, "_declared_baselines", [
                 [d.component, d.gpu_model_like, d.params_like, d.value, d.note] for d in cfg.declared])
         # hardware_fault (70_hardware_fault.sql): the rules of common/hardware_faults.toml, the node's too.
         con.execute("""CREATE OR REPLACE TEMP TABLE _hw_rules (name VARCHAR, component VARCHAR, metric VARCHAR,
             kind VARCHAR, severity VARCHAR, action VARCHAR, source VARCHAR, sentence VARCHAR, label_key VARCHAR,
             label_value VARCHAR, op VARCHAR, value DOUBLE, threshold_per_hour DOUBLE, threshold_share DOUBLE, max_metric VARCHAR,
             load_metric VARCHAR, load_min DOUBLE, reboot_explains BOOLEAN)""")
-        con.executemany("INSERT INTO _hw_rules VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                        [list(r.values()) for r in hardware_faults.rule_rows()])
+        insert_rows(con, "_hw_rules", [list(r.values()) for r in hardware_faults.rule_rows()])
         con.execute("""CREATE OR REPLACE TEMP TABLE _hw_xids (kind VARCHAR, xid INTEGER, component VARCHAR,
             severity VARCHAR, application BOOLEAN, description VARCHAR, action VARCHAR, source VARCHAR)""")
-        con.executemany("INSERT INTO _hw_xids VALUES (?,?,?,?,?,?,?,?)",
-                        [list(r.values()) for r in hardware_faults.xid_rows()])
+        insert_rows(con, "_hw_xids", [list(r.values()) for r in hardware_faults.xid_rows()])
         con.execute("CREATE OR REPLACE TEMP TABLE _pool_prices (pool VARCHAR, price_per_gpu_hour DOUBLE)")
         if cfg.pool_prices:
-            con.executemany("INSERT INTO _pool_prices VALUES (?, ?)", list(cfg.pool_prices.items()))
+            insert_rows(con, "_pool_prices", list(cfg.pool_prices.items()))
         # The whole fleet's noise medians per class, for a shard: the lake loader fills it (collector/lake/fleet.py).
         con.execute("""CREATE OR REPLACE TEMP TABLE _nn_fleet_lake (component VARCHAR, peer_key VARCHAR,
             fleet_cv DOUBLE, nodes BIGINT)""")
@@ -712,7 +711,7 @@ def _record_step_conditions(con, ran: list[Step], failed: Mapping[str, str], ski
         con.execute("INSERT INTO _evaluated VALUES (?, NULL, ?, 'rollup')", [COLLECTOR_NODE, INCOMPLETE_KIND])
     con.execute("CREATE OR REPLACE TEMP TABLE _skipped_kinds (kind VARCHAR)")
     if skipped_kinds:
-        con.executemany("INSERT INTO _skipped_kinds VALUES (?)", [[k] for k in sorted(skipped_kinds)])
+        insert_rows(con, "_skipped_kinds", [[k] for k in sorted(skipped_kinds)])
 
 
 def _record_failures(con, now: dt.datetime, failed: Mapping[str, str]) -> None:
