@@ -108,3 +108,30 @@ def test_the_failure_is_a_metrics_series_from_zero(con, tmp_path):
     assert 'gpuagent_collector_analysis_step_failures_total{step="30_virtualization_overhead.sql"} 0.0' in lines
     assert 'gpuagent_collector_analysis_step_failures_total{step="rollup"} 0.0' in lines
     assert "gpuagent_collector_analysis_last_pass_failed_steps 1.0" in lines
+
+
+def test_a_broken_flags_step_fails_the_pass_after_recording_which_step(con):
+    _fleet(con)
+    an = A.Analyzer()
+    an.sql["findings"] = [BROKEN]
+    try:
+        an.run_pass(con, NOW)
+        raise AssertionError("a pass whose findings step fails returned")
+    except A.AnalyzerError as exc:
+        assert str(exc).startswith("analysis pass could not update the flags: ") and "on purpose" in str(exc)
+    ((step, error),) = con.execute("SELECT step, error FROM analysis_failures").fetchall()
+    assert step == "95_findings.sql" and error.startswith("Invalid Input Error: synthetic failure")
+    assert _open(con, "virtualization_overhead") == []      # the flags of that pass were rolled back with it
+
+
+def test_a_failed_lake_baseline_load_closes_its_flag_once_it_loads(con):
+    _fleet(con)
+
+    def broken(c, now):
+        raise RuntimeError("synthetic failure: the lake is unreachable")
+
+    A.Analyzer(baselines_loader=broken).run_pass(con, NOW)
+    ((node, comp, sentence),) = _open(con, A.INCOMPLETE_KIND)
+    assert comp == "25_fleet_baselines.sql" and "lake is unreachable" in sentence
+    A.Analyzer(baselines_loader=lambda c, now: 0).run_pass(con, NOW + dt.timedelta(minutes=1))
+    assert _open(con, A.INCOMPLETE_KIND) == []

@@ -630,6 +630,7 @@ class Analyzer:
                 if step.produces == BASELINE and self.baselines_loader is not None:
                     run_in_transaction(con, lambda c: self.baselines_loader(c, now))
                     step_s["fleet_baselines (lake)"] = time.perf_counter() - ts
+                    ran.append(step)        # it stands in for the step: a failure of it closes when it runs
                     continue
                 counts.update(run_in_transaction(con, lambda c, st=step: self._run_step(c, st, params)))
                 ran.append(step)
@@ -641,9 +642,12 @@ class Analyzer:
                           failed[step.sql_file])
             step_s[step.sql_file] = time.perf_counter() - ts
 
+        current = [final[0].sql_file]      # the final step running, for the failure's name
+
         def finish(c) -> int:
             _record_step_conditions(c, ran, failed, skipped_kinds)
             for step in final:
+                current[0] = step.sql_file
                 ts = time.perf_counter()
                 counts.update(self._run_step(c, step, params))
                 step_s[step.sql_file] = time.perf_counter() - ts
@@ -654,7 +658,7 @@ class Analyzer:
         try:
             conditions = run_in_transaction(con, finish)
         except Exception as exc:
-            failed[final[0].sql_file if final else "flags"] = _step_error("flags", exc)
+            failed[current[0]] = _step_error(current[0], exc)
             run_in_transaction(con, lambda c: _record_failures(c, now, failed))
             raise AnalyzerError(f"analysis pass could not update the flags: {first_line(exc)}") from exc
         t2 = time.perf_counter()
