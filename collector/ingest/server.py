@@ -28,7 +28,7 @@ from gpuagent.collector.ingest.rpc import SERVICE, add_collector_servicer
 from gpuagent.collector.ingest.servicer import CollectorServicer
 from gpuagent.collector.ingest.validate import Limits
 from gpuagent.collector.store.db import DatabaseError, open_database
-from gpuagent.collector.store.writer import SpaceCheck, Writer
+from gpuagent.collector.store.writer import DatabaseClosed, SpaceCheck, Writer
 from gpuagent.common.errors import first_line
 
 log = logging.getLogger("gpuagent.collector")
@@ -255,7 +255,7 @@ class CollectorHandle:
         self._writer.stop()
         self._servicer.close()
         try:
-            self._con.close()
+            self._writer.con.close()
         except duckdb.Error as exc:  # pragma: no cover - closing after a disk error
             log.error("closing the database failed: %s", first_line(exc))
         self._stopped.set()
@@ -321,14 +321,32 @@ def start_collector(db_path: str | Path, listen: str = "127.0.0.1:0", token: str
         con = open_database(db_path, options.memory_limit)
     except DatabaseError as exc:
         raise CollectorError(str(exc)) from None
-    reader_root = con.cursor()
+    readers = {"root": con.cursor()}     # every reader's cursor comes from here; None while reopening
     cursor_lock = threading.Lock()
 
     def cursor_factory():
         with cursor_lock:
-            return reader_root.cursor()
+            root = readers["root"]
+            if root is None:
+                raise DatabaseClosed("the database is being reopened after a fatal error")
+            return root.cursor()
 
-    writer = Writer(con, space=None if db_path == ":memory:" else SpaceCheck(db_path))
+    def reopen(old):
+        """Writer thread, after DuckDB invalidated the database: close it (and every reader's cursor with it),
+        then open it again from its file and WAL."""
+        with cursor_lock:
+            readers["root"] = None
+        try:
+            old.close()
+        except duckdb.Error as exc:
+            log.info("closing the invalidated database: %s", first_line(exc))
+        new = open_database(db_path, options.memory_limit)
+        with cursor_lock:
+            readers["root"] = new.cursor()
+        return new
+
+    on_file = db_path != ":memory:"
+    writer = Writer(con, space=SpaceCheck(db_path) if on_file else None, reopen=reopen if on_file else None)
     servicer = CollectorServicer(writer, cursor_factory, limits, options, analyzer_config)
     policy.refusals = servicer.refusals
     handle = CollectorHandle(db_path, con, writer, servicer, options, policy, tls_files)

@@ -24,7 +24,7 @@ from gpuagent.collector.ingest.ratelog import RateLimitedLog
 from gpuagent.collector.ingest.rpc import Undecodable
 from gpuagent.collector.ingest.validate import BatchError, Limits, prepare_batch
 from gpuagent.collector.store.nodes import InvalidNode, find_node, mark_shared_machine_id, register_node
-from gpuagent.collector.store.writer import Writer
+from gpuagent.collector.store.writer import StorageError, Writer
 from gpuagent.collector.views import sqlguard
 from gpuagent.common.errors import first_line
 from gpuagent.proto import pb, pb_grpc
@@ -158,7 +158,7 @@ class CollectorServicer(pb_grpc.CollectorServicer):
             await context.abort(grpc.StatusCode.ALREADY_EXISTS, str(exc))
         except InvalidNode as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        except duckdb.Error as exc:
+        except (duckdb.Error, StorageError) as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE,
                                 f"the collector could not store the registration: {first_line(exc)}")
         log.info("registered node %s (machine_id %s, hostname %s)", node_id, node.machine_id, node.hostname)
@@ -305,7 +305,11 @@ class CollectorServicer(pb_grpc.CollectorServicer):
         remaining = context.time_remaining()
         if remaining is not None:
             timeout_s = max(0.001, min(timeout_s, remaining))
-        cursor = self._cursor_factory()
+        try:
+            cursor = self._cursor_factory()
+        except (duckdb.Error, StorageError) as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE,
+                                f"the database cannot answer now ({first_line(exc)}); try again in a few seconds")
         work = asyncio.get_running_loop().run_in_executor(
             self._query_pool, sqlguard.run_readonly, cursor, request.sql, max_rows, timeout_s,
             self._options.query_max_bytes)
@@ -319,6 +323,8 @@ class CollectorServicer(pb_grpc.CollectorServicer):
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
         except sqlguard.QueryFailed as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except sqlguard.QueryUnavailable as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         return pb.QueryResponse(columns=result.columns, column_types=result.column_types,
                                 rows_json=result.rows_json(), truncated=result.truncated)
 
@@ -349,7 +355,7 @@ class CollectorServicer(pb_grpc.CollectorServicer):
                 self._query_pool, lambda: an.open_flags(self._cursor_factory(), limit + 1))
         except an.AnalyzerError as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-        except duckdb.Error as exc:
+        except (duckdb.Error, StorageError) as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE,
                                 f"the analysis pass failed in the database: {first_line(exc)}")
         if self.after_pass is not None:      # only hands the actions thread a token; never waits on it

@@ -11,6 +11,12 @@ delivery stores exactly once.
 Before each commit the writer checks that the volume keeps room to checkpoint (``SpaceCheck``): DuckDB
 answers a full disk during a commit's WAL write with a clean error, but during a checkpoint it invalidates
 the database. A batch without that room is refused (the agent keeps it and resends), never half-stored.
+
+Another program can still fill the volume under a checkpoint. Then DuckDB invalidates the database, and the
+writer closes it and opens it again in place (``reopen``), from its file and write-ahead log, retrying
+every few seconds while that fails for want of space. Batches meanwhile get UNAVAILABLE and stay with
+their agents; the seqs are re-read from ``ingest_log`` afterwards, so a batch whose commit reached the WAL
+before the checkpoint failed is acknowledged as a duplicate, not stored twice.
 """
 
 from __future__ import annotations
@@ -43,6 +49,22 @@ class StorageError(RuntimeError):
 
 class NoSpace(StorageError):
     """The volume lacks room for a commit plus a checkpoint after it; nothing was written."""
+
+
+class DatabaseClosed(StorageError):
+    """The database was invalidated and is closed until the writer reopens it; nothing was written."""
+
+
+def is_fatal(exc: BaseException) -> bool:
+    """True for an error after which DuckDB refuses every statement until the database is reopened."""
+    return isinstance(exc, duckdb.FatalException) or "database has been invalidated" in str(exc)
+
+
+def _space_error(text: str) -> bool:
+    return "no space left" in text.lower() or "enospc" in text.lower()
+
+
+REOPEN_RETRY_S = (1.0, 2.0, 5.0, 10.0, 30.0)     # waits between attempts to reopen, the last one repeating
 
 
 # The fixed part of what a checkpoint may write, with a margin: the last, partly filled row group of every
@@ -131,6 +153,12 @@ class SpaceCheck:
         return (f"the database's volume has {_size(volume)} free and the database {_size(blocks)} of free "
                 f"blocks, less than the {_size(self.need(n))} that storing {_size(n)} and the checkpoint after it "
                 f"may write")
+
+    def reopened(self) -> None:
+        """After the database was reopened: its WAL is replayed but not yet checkpointed; count it pending."""
+        _, wal = self._volume_and_wal()
+        self.pending = max(self.pending, wal)
+        self._wal_after = wal
 
     def committed(self, n: int) -> None:
         """After a commit of ``n`` bytes: a WAL that shrank means DuckDB checkpointed (this commit too)."""
@@ -281,14 +309,30 @@ LEFT JOIN ({metrics}) m ON m.node_id = r.node_id AND m.probe = r.probe AND m.sta
 WHERE r.probe = 'collective' AND {members} IS NOT NULL AND json_extract_string(r.params, '$.group_id') IS NOT NULL"""
 
 
+def _refuse(item: _BatchItem, kind: type[StorageError], why: str) -> None:
+    """Answer a batch that was not stored: ``callback(None, kind(one sentence))``."""
+    err = kind(f"the collector could not store batch seq {item.prepared.seq} of node {item.prepared.node_id}: {why}")
+    try:
+        item.callback(None, err)
+    except Exception:  # noqa: BLE001
+        log.exception("ack callback failed")
+
+
 class Writer:
     """Owns the writing connection and the thread that uses it. Thread-safe ``submit``/``call``."""
 
     def __init__(self, con: duckdb.DuckDBPyConnection, *, group_max_samples: int = 2_000_000,
                  group_max_batches: int = 2000, node_touch_interval_s: float = 5.0,
-                 space: SpaceCheck | None = None):
+                 space: SpaceCheck | None = None,
+                 reopen: Callable[[duckdb.DuckDBPyConnection], duckdb.DuckDBPyConnection] | None = None):
         self._con = con
         self.space = space            # None: no room check (a database in memory)
+        # reopen(old) closes ``old`` and returns a new connection (raising when it cannot open one); None: an
+        # invalidated database stops the writer for good (``fatal``).
+        self._reopen = reopen
+        self.closed_reason: str | None = None   # set while the database is closed after a fatal error
+        self._reopen_tries = 0
+        self._reopen_at = 0.0
         self._q: queue.Queue = queue.Queue()
         self._group_max_samples = group_max_samples
         self._group_max_batches = group_max_batches
@@ -300,7 +344,7 @@ class Writer:
         # node_id -> (machine_id, hostname), for the stream claims (identity.py); updated at Register.
         self.node_identity: dict[str, tuple[str, str]] = {r[0]: (r[1], r[2]) for r in rows}
         self.stats = {"groups": 0, "batches": 0, "duplicates": 0, "samples": 0, "failed_batches": 0,
-                      "refused_no_space": 0, "commit_s": 0.0}
+                      "refused_no_space": 0, "commit_s": 0.0, "reopens": 0}
         self.fatal: str | None = None     # set when the database cannot be written any more
         self.commit_observer: Callable[[float], None] | None = None   # seconds per commit (the /metrics histogram)
         self._last_error_log = -1e9
@@ -323,6 +367,11 @@ class Writer:
     def alive(self) -> bool:
         return self._thread.is_alive()
 
+    @property
+    def con(self) -> duckdb.DuckDBPyConnection:
+        """The current writing connection (a new one after a reopen); for closing it at shutdown."""
+        return self._con
+
     def queue_depth(self) -> int:
         return self._q.qsize()
 
@@ -337,9 +386,23 @@ class Writer:
     def _run(self) -> None:
         pending: list = []
         while True:
-            item = pending.pop(0) if pending else self._q.get()
+            if pending:
+                item = pending.pop(0)
+            elif self.closed_reason is not None and self.fatal is None:
+                try:
+                    item = self._q.get(timeout=max(0.0, self._reopen_at - time.monotonic()))
+                except queue.Empty:
+                    self._try_reopen()
+                    continue
+            else:
+                item = self._q.get()
             if item is _STOP:
                 return
+            if self.closed_reason is not None and self.fatal is None and time.monotonic() >= self._reopen_at:
+                self._try_reopen()
+            if self.closed_reason is not None:
+                self._refuse_closed(item)
+                continue
             if isinstance(item, _CallItem):
                 self._run_call(item)
                 continue
@@ -363,7 +426,64 @@ class Writer:
         try:
             item.future.set_result(item.fn(self._con))
         except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            if is_fatal(exc):     # first, so that the caller sees the writer's state after it
+                self._database_failed(first_line(exc))
             item.future.set_exception(exc)
+
+    # -- an invalidated database: close it, reopen it in place
+    def _database_failed(self, why: str) -> None:
+        """The database refuses every statement from now on: close it and reopen it (or stop, without reopen)."""
+        if self._reopen is None:
+            self.fatal = (f"the database can no longer be written ({why}); stopping so that a restart "
+                          "can recover it from its write-ahead log")
+            self.closed_reason = why
+            return
+        if self.closed_reason is None:
+            log.error("the database was invalidated (%s); closing it and reopening it from its file and "
+                      "write-ahead log; batches are refused meanwhile and stay with their agents", why)
+        self.closed_reason = why
+        self._reopen_tries = 0
+        self._try_reopen()
+
+    def _try_reopen(self) -> None:
+        try:
+            con = self._reopen(self._con)
+        except Exception as exc:  # noqa: BLE001 - decided on below
+            text = first_line(exc)
+            if not _space_error(text):
+                self.fatal = (f"the database was invalidated ({self.closed_reason}) and cannot be reopened: "
+                              f"{text}")
+                log.error("%s", self.fatal)
+                return
+            wait = REOPEN_RETRY_S[min(self._reopen_tries, len(REOPEN_RETRY_S) - 1)]
+            self._reopen_tries += 1
+            self._reopen_at = time.monotonic() + wait
+            log.warning("reopening the database failed (%s); trying again in %.0f s", text, wait)
+            return
+        self._con = con
+        # Re-read what the old connection may have held wrongly: a commit can reach the WAL and then fail.
+        self._seqs.clear()
+        self._touched.clear()
+        rows = con.execute("SELECT node_id, machine_id, hostname FROM nodes").fetchall()
+        self.known_nodes.update(r[0] for r in rows)
+        self.node_identity.update({r[0]: (r[1], r[2]) for r in rows})
+        if self.space is not None:
+            self.space.reopened()
+        self.stats["reopens"] += 1
+        log.warning("reopened the database after it was invalidated (%s); storing again", self.closed_reason)
+        self.closed_reason = None
+        self._reopen_tries = 0
+
+    def _refuse_closed(self, item) -> None:
+        text = (f"the database is closed after a fatal error ({self.closed_reason}) and "
+                + ("can be written again only after the collector restarts" if self.fatal is not None
+                   else "the collector is reopening it"))
+        if isinstance(item, _CallItem):
+            if item.future.set_running_or_notify_cancel():
+                item.future.set_exception(DatabaseClosed(text))
+            return
+        self.stats["failed_batches"] += 1
+        _refuse(item, DatabaseClosed, text)
 
     def node_seqs(self, node_id: str) -> SeqSet:
         """Stored seqs of a node (loaded once from ingest_log, then kept current). Writer thread only."""
@@ -397,9 +517,7 @@ class Writer:
                     self.commit_observer(took)
         except Exception as exc:  # noqa: BLE001
             first = first_line(exc)
-            if isinstance(exc, duckdb.FatalException) or "invalidated" in first:
-                self.fatal = (f"the database can no longer be written ({first}); stopping so that a restart "
-                              "can recover it from its write-ahead log")
+            fatal = is_fatal(exc)
             io_error = isinstance(exc, (duckdb.IOException, duckdb.TransactionException, duckdb.FatalException,
                                         OSError))
             if isinstance(exc, NoSpace) and len(group) > 1:
@@ -421,14 +539,11 @@ class Writer:
                 self._last_error_log = now
                 log.error("could not store %d batch(es); they are refused and the agents keep them: %s",
                           len(group), first)
+            if fatal:
+                self._database_failed(first)
             kind = NoSpace if isinstance(exc, NoSpace) else StorageError
             for it in group:
-                err = kind(f"the collector could not store batch seq {it.prepared.seq} of node "
-                           f"{it.prepared.node_id}: {first}")
-                try:
-                    it.callback(None, err)
-                except Exception:  # noqa: BLE001
-                    log.exception("ack callback failed")
+                _refuse(it, kind, first)
             return
         for it in fresh:
             self.node_seqs(it.prepared.node_id).add(it.prepared.seq)

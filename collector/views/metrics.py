@@ -109,10 +109,16 @@ class _Collector:
                 ("gpuagent_collector_ingested_samples", "samples", "Samples committed to the database."),
                 ("gpuagent_collector_ingested_batches", "batches", "Agent batches committed."),
                 ("gpuagent_collector_duplicate_batches", "duplicates", "Resent batches acknowledged and ignored."),
-                ("gpuagent_collector_failed_batches", "failed_batches", "Batches that could not be stored.")):
+                ("gpuagent_collector_failed_batches", "failed_batches", "Batches that could not be stored."),
+                ("gpuagent_collector_database_reopens", "reopens",
+                 "Times the database was reopened in place after DuckDB invalidated it.")):
             c = CounterMetricFamily(name, text)
             c.add_metric([], float(stats.get(key, 0)))
             yield c
+        g = GaugeMetricFamily("gpuagent_collector_database_closed",
+                              "1 while the database is closed after a fatal error (batches are refused), else 0.")
+        g.add_metric([], 0.0 if src.writer.closed_reason is None else 1.0)
+        yield g
         g = GaugeMetricFamily("gpuagent_collector_writer_queue_depth", "Items waiting for the writer thread.")
         g.add_metric([], float(src.writer.queue_depth()))
         yield g

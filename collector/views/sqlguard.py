@@ -36,6 +36,10 @@ class QueryFailed(RuntimeError):
     """DuckDB could not run the query (syntax error, unknown table, timeout, ...)."""
 
 
+class QueryUnavailable(RuntimeError):
+    """The database cannot answer now (invalidated, being reopened); the same query may work in seconds."""
+
+
 _ALLOWED = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
 
 _REFUSE_REASON = {
@@ -195,6 +199,9 @@ def run_readonly(cursor, sql: str, max_rows: int, timeout_s: float,
                                f"({first_line(exc)})") from None
         except duckdb.TransactionException as exc:
             raise QueryRefused(f"refused: the read-only SQL endpoint cannot write ({first_line(exc)})") from None
+        except (duckdb.FatalException, duckdb.ConnectionException) as exc:
+            raise QueryUnavailable(f"the database cannot answer now ({first_line(exc)}); try again in a few "
+                                   "seconds") from None
         except duckdb.Error as exc:
             raise QueryFailed(str(exc).strip()) from None
         except pa.ArrowException as exc:      # an interrupt can surface through the Arrow reader
