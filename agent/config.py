@@ -61,9 +61,10 @@ DEFAULT_EXPORTER_PORT = 9402   # dcgm-exporter uses 9400, node_exporter 9100
 # dcgm-exporter's naming generations (docs/EXPORTER.md): before 4.8.3 label Hostname; 4.8.3 renamed it
 # hostname; 4.9.0 renamed fields to DCGM 4.7's names and base units; 4.10.0 renamed the PCIe/NVLink rates.
 DCGM_NAME_GENERATIONS = ("pre-4.8.3", "4.8.3", "4.9", "4.10")
-# How jobs reach Prometheus: a separate info series per (GPU, job) to join on, or dcgm-exporter's hpc_job
-# label on every GPU series (one series per job on the GPU, as its HPC job mapping does).
-JOB_LABEL_MODES = ("info", "hpc_job")
+# How jobs reach Prometheus: separate info series per (GPU, job) and (GPU, pod) to join on, dcgm-exporter's
+# hpc_job label on every GPU series (one series per job on the GPU, as its HPC job mapping does), or its
+# Kubernetes pod, namespace and container labels (one series per container holding the GPU).
+JOB_LABEL_MODES = ("info", "hpc_job", "pod")
 
 
 @dataclass(frozen=True)
@@ -145,6 +146,11 @@ class JobsConfig:
     step_window_s: float | None = None  # None = the batch interval
     slurm: str = "auto"                 # Slurm attribution (agent/slurm.py): auto (where scontrol and slurm.conf are), on, off
     slurm_refresh_s: float = 2.0        # how often scontrol listpids runs (in the background)
+    # Kubernetes attribution (agent/kubelet.py): the kubelet's pod-resources socket names the pod holding
+    # each GPU. auto: where the socket exists; on: keep asking (and say why) even while it is absent; off.
+    kubernetes: str = "auto"
+    kubernetes_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    kubernetes_refresh_s: float = 10.0  # how often List is called (in the background, 2 s timeout each)
 
 
 # ------------------------------------------------------------------ [probes]
@@ -467,7 +473,8 @@ def _check_labels(labels: Mapping[str, Any], src: str) -> dict[str, str]:
 # [jobs] keys and the kind of value each takes; the rule keys go into JobRules, the others into JobsConfig.
 JOBS_KEYS = {"cmdline_regex": list, "env_keys": list, "env_argv0_regex": str, "scan_interval_s": float,
              "end_grace_s": float, "orphan_grace_s": float, "step_listener": bool, "step_socket": str, "step_window_s": float,
-             "slurm": str, "slurm_refresh_s": float}
+             "slurm": str, "slurm_refresh_s": float, "kubernetes": str, "kubernetes_socket": str,
+             "kubernetes_refresh_s": float}
 _RULE_KEYS = {f.name for f in fields(JobRules)}
 
 
@@ -497,7 +504,7 @@ def _check_jobs(table: dict[str, Any], src: str) -> JobsConfig:
             out[k] = _as_bool(v, name, src)
         else:
             s = _as_str(v, name, src)
-            if k == "slurm" and s not in ("auto", "on", "off"):
+            if k in ("slurm", "kubernetes") and s not in ("auto", "on", "off"):
                 raise ConfigError(f"{name} (from {src}) must be auto, on or off, not {s!r}.")
             if k == "env_argv0_regex":
                 try:

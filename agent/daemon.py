@@ -30,8 +30,10 @@ from gpuagent.common.sdnotify import Notifier, WatchdogPinger
 from gpuagent.agent.sender import Sender
 from gpuagent.agent.spool import Spool
 from gpuagent.agent.status import (GPU_METRICS, HOST_DEVICE_METRICS, HOST_METRICS, GpuStatus, HostStatus, JobStatus, JobThroughput,
+                                   KubeletStatus,
                                    NodeStatus, ProbeStatus, RecentEvent, SpoolStatus, StatusSnapshot, TickCounters,
-                                   gpu_instances_status, job_gpu_instance, write_status)
+                                   gpu_instances_status, gpu_pods_status, job_gpu_instance,
+                                   write_status)
 from gpuagent.proto import pb
 
 log = logging.getLogger("gpuagent.daemon")
@@ -281,6 +283,11 @@ class Agent:
                                                          always_print_fields_with_no_presence=True))
         return cached[1]
 
+    def _kubelet_status(self) -> KubeletStatus | None:
+        pods = next((s.pods for s in self.samplers if getattr(s, "name", "") == "gpu"
+                     and getattr(s, "pods", None) is not None), None)
+        return None if pods is None else KubeletStatus(**pods.state())
+
     def status_snapshot(self, state: str = "running") -> StatusSnapshot:
         """What this tick saw, for the status file (and anything else that reports it)."""
         b = self.batcher
@@ -296,6 +303,7 @@ class Agent:
                 for gpu, cur in list(getattr(s, "last", {}).items()):
                     g = gpus.setdefault(gpu, GpuStatus(index=gpu))
                     g.activity_source, g.instances = cur.get("activity_source"), gpu_instances_status(cur)
+                    g.pods = gpu_pods_status(cur)
         for (metric, gpu, labels), (_ts, v) in b.latest_values().items():
             if gpu >= 0:
                 g = gpus.setdefault(gpu, GpuStatus(index=gpu))
@@ -359,6 +367,7 @@ class Agent:
                                   batches=b.total_batches, samples=b.total_samples),
             torch_loaded="torch" in sys.modules,
             fabric=next((x.fabric_status() for x in self.extras if hasattr(x, "fabric_status")), None),
+            kubelet=self._kubelet_status(),
             health=health_status(b, gpus, jobs, now),
         )
 
@@ -436,6 +445,7 @@ def default_samplers(cfg: AgentConfig) -> list[Sampler]:
     from gpuagent.agent.gpu_sampler import GpuSampler
     from gpuagent.agent.host_sampler import HostSampler
     from gpuagent.agent.job_discovery import JobDiscovery
+    from gpuagent.agent.kubelet import PodResources, socket_present
     from gpuagent.agent.slurm import SlurmAttribution, slurm_present
 
     gpu = GpuSampler()
@@ -444,6 +454,8 @@ def default_samplers(cfg: AgentConfig) -> list[Sampler]:
                              end_grace_s=jobs.end_grace_s, orphan_grace_s=jobs.orphan_grace_s)
     if jobs.slurm == "on" or (jobs.slurm == "auto" and slurm_present()):
         discovery.slurm = SlurmAttribution(jobs.slurm_refresh_s).start()
+    if jobs.kubernetes == "on" or (jobs.kubernetes == "auto" and socket_present(jobs.kubernetes_socket)):
+        gpu.pods = discovery.pods = PodResources(jobs.kubernetes_socket, jobs.kubernetes_refresh_s).start()
     samplers: list[Sampler] = [HostSampler(), gpu, discovery]
     hw = hardware_sampler(cfg, gpu)
     if hw is not None:

@@ -264,6 +264,7 @@ DCGM_METRICS += [DcgmMetric(old, new, kind, value, 1.0, doc, doc, default=False)
 _MIB_FIELDS = {"DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_RESERVED"}
 XID = "DCGM_FI_DEV_XID_ERRORS"
 JOB_INFO = "gpuagent_gpu_job_info"
+POD_INFO = "gpuagent_gpu_pod_info"
 # dcgm-exporter's err_msg for XID 0 and for an XID it has no text for (internal/pkg/collector).
 XID_NO_ERROR, XID_UNKNOWN = "No Error", "Unknown Error"
 
@@ -319,13 +320,33 @@ def _gpu_jobs(snap: StatusSnapshot) -> dict[tuple[int, int | None], list[tuple[s
     return {key: sorted(jobs.items()) for key, jobs in out.items()}
 
 
-def _jobs_for(jobs: dict[tuple[int, int | None], list[tuple[str, str]]], gpu: int,
-              inst: GpuInstanceStatus | None) -> list[str]:
-    """hpc_job values for one series: the jobs of its GPU instance, or of the whole GPU for a GPU-level
+def _gpu_pods(snap: StatusSnapshot) -> dict[tuple[int, int | None], list[tuple[str, str, str]]]:
+    """(GPU, MIG GPU instance or None) -> [(pod, namespace, container)] the kubelet says hold it, each once."""
+    out: dict[tuple[int, int | None], set[tuple[str, str, str]]] = {}
+    for g in snap.gpus:
+        for p in g.pods or []:
+            out.setdefault((g.index, p.gpu_instance), set()).add((p.pod, p.namespace, p.container))
+    return {key: sorted(v) for key, v in out.items()}
+
+
+def _attribution(snap: StatusSnapshot, mode: str) -> dict[tuple[int, int | None], list[list[tuple[str, str]]]]:
+    """The extra labels each GPU series is repeated with: one hpc_job per job (``hpc_job``), or pod,
+    namespace and container per holding container as dcgm-exporter's Kubernetes mapping names them (``pod``)."""
+    if mode == "hpc_job":
+        return {key: [[("hpc_job", job)] for job, _ in jobs] for key, jobs in _gpu_jobs(snap).items()}
+    if mode == "pod":
+        return {key: [[("pod", p), ("namespace", ns), ("container", c)] for p, ns, c in rows]
+                for key, rows in _gpu_pods(snap).items()}
+    return {}
+
+
+def _extra_for(attr: dict[tuple[int, int | None], list[list[tuple[str, str]]]], gpu: int,
+               inst: GpuInstanceStatus | None) -> list[list[tuple[str, str]]]:
+    """The extra label sets of one series: those of its GPU instance, or of the whole GPU for a GPU-level
     series (dcgm-exporter's mapping files are keyed <gpu> and <gpu>.<GPU instance> the same way)."""
     if inst is not None:
-        return [job for job, _ in jobs.get((gpu, inst.gpu_instance_id), [])]
-    return sorted({job for (g, _gi), rows in jobs.items() if g == gpu for job, _ in rows})
+        return attr.get((gpu, inst.gpu_instance_id), [])
+    return sorted({tuple(x) for (g, _gi), rows in attr.items() if g == gpu for x in rows})
 
 
 def dcgm_families(snap: StatusSnapshot, settings: ExporterConfig) -> list[Family]:
@@ -339,7 +360,7 @@ def dcgm_families(snap: StatusSnapshot, settings: ExporterConfig) -> list[Family
     """
     naming = Naming(settings.dcgm_names)
     host, driver = snap.node.hostname, snap.node.driver_version
-    jobs = _gpu_jobs(snap) if settings.job_labels == "hpc_job" else {}
+    attr = _attribution(snap, settings.job_labels)
     fams: list[Family] = []
     for m in DCGM_METRICS:
         samples: list[tuple[list[tuple[str, str]], float]] = []
@@ -357,9 +378,9 @@ def dcgm_families(snap: StatusSnapshot, settings: ExporterConfig) -> list[Family
                 if v is None or (isinstance(v, float) and math.isnan(v)):
                     continue
                 v = _unit(m, v, naming)
-                per_job = _jobs_for(jobs, g.index, inst) if jobs else []
-                if per_job:
-                    samples += [(labels + [("hpc_job", job)], v) for job in per_job]
+                extra = _extra_for(attr, g.index, inst) if attr else []
+                if extra:
+                    samples += [(labels + list(x), v) for x in extra]
                 else:
                     samples.append((labels, v))
         if samples:
@@ -510,8 +531,27 @@ class _DcgmForOpenMetrics:
                 yield _as_client_metric(f)
 
 
+def pod_info_family(snap: StatusSnapshot, settings: ExporterConfig) -> Family:
+    """gpuagent_gpu_pod_info: 1 per (GPU or MIG GPU instance, container) the kubelet says holds it, with a
+    process on it or not (an idle pod's GPU is held all the same); join on instance and gpu like the job info."""
+    naming = Naming(settings.dcgm_names)
+    uuid = {g.index: g.uuid or "" for g in snap.gpus}
+    samples = []
+    for (gpu, gi), rows in sorted(_gpu_pods(snap).items(), key=lambda kv: (kv[0][0], -1 if kv[0][1] is None
+                                                                          else kv[0][1])):
+        for pod, ns, container in rows:
+            labels = [("gpu", str(gpu)), ("UUID", uuid.get(gpu, ""))]
+            if gi is not None:
+                labels.append(("GPU_I_ID", str(gi)))
+            labels += [(naming.hostname, snap.node.hostname), ("pod", pod), ("namespace", ns), ("container", container)]
+            samples.append((labels, 1.0))
+    return Family(POD_INFO, "gauge", "1 for each container the kubelet says holds the GPU (GPU instance under "
+                  "MIG); join on instance and gpu.", samples)
+
+
 def _gpu_families(snap: StatusSnapshot, settings: ExporterConfig) -> Iterator[Metric]:
     yield _as_client_metric(job_info_family(snap, settings))
+    yield _as_client_metric(pod_info_family(snap, settings))
     for name, field, doc in (
             ("gpuagent_gpu_nvlink_data_transmit_bytes_per_second", "nvlink_tx_bytes_per_s",
              "NVLink payload transmitted per second, without protocol headers (all links)."),

@@ -154,6 +154,8 @@ class GpuSampler:
         self._events_ready = False
         self.last: dict[int, dict[str, Any]] = {}   # latest values per GPU, for `gpuagent status`
         self.last_xid: dict[int, int] = {}          # GPU -> the latest XID seen (dcgm-exporter's XID_ERRORS)
+        self.pods: Any = None                       # agent/kubelet.PodResources on a Kubernetes node, else None
+        self._uuids: dict[int, str] = {}
         n = self.nvml
         if n.available:
             self._sm = n.const("NVML_CLOCK_SM", 1)
@@ -341,7 +343,9 @@ class GpuSampler:
             name = q("nvmlDeviceGetName", mh, gpu=i, key="nvmlDeviceGetName" + _MIG_DEV)
             name = name.decode(errors="replace") if isinstance(name, bytes) else str(name or "")
             _, sep, prof = name.rpartition(" MIG ")
-            seen[int(gi)] = {"handle": mh, "gpu_instance_id": int(gi), "profile": prof.strip() if sep else ""}
+            uuid = q("nvmlDeviceGetUUID", mh, gpu=i, key="nvmlDeviceGetUUID" + _MIG_DEV, report=False)
+            seen[int(gi)] = {"handle": mh, "gpu_instance_id": int(gi), "profile": prof.strip() if sep else "",
+                             "uuid": uuid.decode(errors="replace") if isinstance(uuid, bytes) else str(uuid or "")}
         devs = [seen[k] for k in sorted(seen)]
         if devs:      # none listed (yet, or a transient error): ask again next time
             self._mig_devs[i] = (now, devs)
@@ -487,7 +491,30 @@ class GpuSampler:
         self._counters(i, h, ts, put, got, want_pcie)
         self._dcgm_values(i, h, ts, put, cur, got)
         self._health_values(i, h, put, cur, got or {}, tick)
+        if self.pods is not None:
+            self._pod_values(i, h, put, cur)
         self.last[i] = cur
+
+    def _pod_values(self, i: int, h: Any, put, cur: dict[str, Any]) -> None:
+        """``gpu_pod_allocated`` = 1 per container the kubelet says holds this GPU (labels pod, namespace,
+        container) or one of its MIG devices (and gpu_instance); ``cur["pods"]`` for the status and exporter.
+        A GPU allocated to a pod that runs nothing on it is held all the same (agent/kubelet.py)."""
+        held: list[dict[str, Any]] = []
+        uuid = self._uuids.get(i)
+        if uuid is None:
+            uuid = self._uuids[i] = self.nvml.text("nvmlDeviceGetUUID", i)
+        for ref in self.pods.holders(uuid):
+            held.append({**ref.labels(), "gpu_instance": None})
+        if self._static_values(i, h)["mig"]:
+            for d in self._mig_devices(i, h):
+                for ref in self.pods.holders(d.get("uuid", "")):
+                    held.append({**ref.labels(), "gpu_instance": d["gpu_instance_id"]})
+        for row in held:
+            labels = {k: v for k, v in row.items() if k != "gpu_instance"}
+            if row["gpu_instance"] is not None:
+                labels["gpu_instance"] = str(row["gpu_instance"])
+            put("gpu_pod_allocated", 1, labels)
+        cur["pods"] = held
 
     def _gpm_values(self, i: int, h: Any, put, cur: dict[str, Any], ts: int) -> None:
         """GPM metrics of the GPU (of each busy GPU instance under MIG, read through the instance's MIG

@@ -65,6 +65,7 @@ from gpuagent.common.job_identity import cgroup_ids, job_identity, own_container
 from gpuagent.agent.slurm import PENDING, SlurmAttribution
 
 RECHECK_S = 2.0
+_POD_KEYS = ("pod", "namespace", "container")     # job sample attrs from the kubelet (agent/kubelet.py)
 NEIGHBOUR_NAMED_MIN = 5.0   # % of one core: below this a neighbour is not worth naming
 NEIGHBOUR_TOP = 5
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -158,6 +159,7 @@ class JobDiscovery:
         self._all_cpu: dict[int, tuple[int, int, float]] = {}
         # Set by the daemon where Slurm runs: names a Slurm job's processes without their environment.
         self.slurm: SlurmAttribution | None = None
+        self.pods: Any = None        # agent/kubelet.PodResources (also read by the GPU sampler), or None
 
     # ------------------------------------------------------------------ /proc readers
     def _start_wall_ns(self, p: _Proc | None) -> int | None:
@@ -394,6 +396,9 @@ class JobDiscovery:
             gpu_jobs = {r[6]["job_id"] for r in resolved if r[1] >= 0}
             resolved = [r for r in resolved if r[1] >= 0 or r[6]["job_id"] in gpu_jobs]
 
+        if self.pods is not None:
+            resolved = self._with_pods(resolved)
+
         seen_jobs: dict[str, list[tuple[int, float]]] = {}
         seen_pids: dict[str, set[int]] = {}
         per_pid_done: dict[int, tuple[float, float, float, float]] = {}
@@ -425,7 +430,8 @@ class JobDiscovery:
                 sink.event("job_start", f"job {job.job_id} started ({job.source})", ts_ns=ts_ns,
                            attrs={"job_id": job.job_id, "job_name": job.job_name, "source": job.source,
                                   "started_ns": str(job.start_ns),
-                                  **{k: v for k, v in ident["attrs"].items() if k.startswith("slurm_")}})
+                                  **{k: v for k, v in ident["attrs"].items()
+                                     if k.startswith("slurm_") or k in _POD_KEYS}})
             elif proc_start is not None and proc_start < job.start_ns:
                 job.start_ns = proc_start   # e.g. the launcher, adopted after its workers were found
             job.last_ns = ts_ns
@@ -448,6 +454,37 @@ class JobDiscovery:
         self._contention(ts_ns, t, sink, seen_pids, gpu_progress,
                          {r[6]["job_id"]: r[6]["attrs"] for r in resolved})
         self._end_jobs(ts_ns, sink)
+
+    def _pod_of(self, gpu: int, gi: int, ident: dict[str, Any]) -> dict[str, Any] | None:
+        """The container the kubelet says holds this process's GPU (or its MIG GPU instance), when that is
+        one container; among several (time-sliced GPUs) the one whose pod has the process's hostname."""
+        if gpu < 0 or self.gpu is None:
+            return None
+        held = (getattr(self.gpu, "last", {}).get(gpu) or {}).get("pods") or []
+        cands = [h for h in held if h["gpu_instance"] == (gi if gi >= 0 else None)]
+        if len(cands) > 1:
+            cands = [h for h in cands if h["pod"] == ident["job_name"]]
+        return cands[0] if len(cands) == 1 else None
+
+    def _with_pods(self, resolved: list) -> list:
+        """Name each job's pod on all its processes (launcher and loaders too), from its GPU processes. A
+        process with no better identity than its pid becomes the pod's job, ``k8s:<namespace>/<pod>``."""
+        job_pod: dict[str, dict[str, Any]] = {}
+        for _pid, gpu, _u, _m, gi, _p, ident in resolved:
+            pod = self._pod_of(gpu, gi, ident)
+            if pod is not None:
+                job_pod.setdefault(ident["job_id"], pod)
+        out = []
+        for pid, gpu, gutil, gmem, gi, p, ident in resolved:
+            pod = job_pod.get(ident["job_id"])
+            if pod is not None:
+                attrs = dict(ident["attrs"], **{k: pod[k] for k in _POD_KEYS})
+                ident = dict(ident, attrs=attrs, job_name=ident["job_name"] or pod["pod"])
+                if ident["job_id"].startswith("pid:"):
+                    ident.update(job_id=f"k8s:{pod['namespace']}/{pod['pod']}", job_name=pod["pod"],
+                                 source="kubernetes")
+            out.append((pid, gpu, gutil, gmem, gi, p, ident))
+        return out
 
     def _contention(self, ts_ns: int, t: float, sink, job_pids: dict[str, set[int]],
                     gpu_progress: dict[str, float], job_attrs: dict[str, dict[str, str]]) -> None:
@@ -578,3 +615,5 @@ class JobDiscovery:
     def close(self) -> None:
         if self.slurm is not None:
             self.slurm.stop()
+        if self.pods is not None:
+            self.pods.stop()

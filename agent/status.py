@@ -140,6 +140,21 @@ class GpuInstanceStatus:
     dram_active_percent: float | None = None
 
 
+@dataclass
+class GpuPodStatus:
+    """A container the kubelet says holds this GPU, or one of its MIG GPU instances (agent/kubelet.py)."""
+    namespace: str
+    pod: str
+    container: str
+    gpu_instance: int | None = None     # the MIG GPU instance it holds (None: the whole GPU)
+
+
+def gpu_pods_status(cur: Mapping[str, Any]) -> list[GpuPodStatus] | None:
+    """GpuSampler.last[gpu]'s ``pods`` as status rows (None: no pod attribution on this node)."""
+    rows = cur.get("pods")
+    return None if rows is None else [GpuPodStatus(**r) for r in rows]
+
+
 def gpu_instances_status(cur: Mapping[str, Any]) -> list[GpuInstanceStatus] | None:
     """GpuSampler.last[gpu]'s ``mig_instances`` as status rows (None: not a MIG GPU)."""
     rows = cur.get("mig_instances")
@@ -207,6 +222,7 @@ class GpuStatus:
     nvlink_errors: dict[str, dict[str, float]] | None = None   # link -> counter (crc_flit, ...) -> total
     nvlink_link_up: dict[str, float] | None = None             # link -> 1 up / 0 down (links that exist)
     clock_event_seconds: dict[str, float] | None = None        # reason (hw_slowdown, ...) -> seconds total
+    pods: list[GpuPodStatus] | None = None    # Kubernetes: the containers holding it (None: not attributed)
 
 
 @dataclass
@@ -394,6 +410,15 @@ class FabricStatus:
 
 
 @dataclass
+class KubeletStatus:
+    """The kubelet's pod-resources API as the agent last asked it (agent/kubelet.py)."""
+    socket: str
+    error: str | None = None                 # why the last List call failed (None: it answered)
+    last_answer_age_s: float | None = None   # seconds since the last answer (None: never answered)
+    devices_held: int = 0                    # GPUs and MIG devices allocated to containers in that answer
+
+
+@dataclass
 class StatusSnapshot:
     state: str                          # running | stopped
     pid: int
@@ -420,6 +445,7 @@ class StatusSnapshot:
     version: int = STATUS_VERSION
     fabric: FabricStatus | None = None  # None: [fabric] is off
     health: HealthStatus | None = None  # None: written by a gpuagent without hardware health
+    kubelet: KubeletStatus | None = None    # None: no Kubernetes attribution on this node
 
     def to_json(self) -> dict[str, Any]:
         """The status file's JSON object (``version`` first; unseen values left out)."""

@@ -364,6 +364,36 @@ def test_utilization_gap_uses_gpm_sm_activity(con):
             "busy but idle inside for 30 min)") in f["sentence"]
 
 
+def test_a_gpu_allocated_to_an_idle_pod_is_pod_idle_not_free(con):
+    """SYNTHETIC rows: GPU 0 is allocated by the kubelet to pod research/notebook-1, which runs nothing on it
+    (no job samples, 0 % util); GPU 1 is allocated to ml/train-0 and busy; GPU 2 has no pod and no job (free);
+    GPU 3's only allocation is a MIG slice, which the whole-GPU utilization cannot judge."""
+    S.add_node(con, "synthetic-k8s", virtualized=True, gpu_count=4, pool="cloud-a", price_per_gpu_hour=2.0)
+    samples = []
+    for m in range(30):
+        t = NOW - dt.timedelta(minutes=30 - m, seconds=-5)
+        samples += [(t, "synthetic-k8s", 0, "gpu_util_percent", "", 0.0),
+                    (t, "synthetic-k8s", 1, "gpu_util_percent", "", 90.0),
+                    (t, "synthetic-k8s", 2, "gpu_util_percent", "", 0.0),
+                    (t, "synthetic-k8s", 3, "gpu_util_percent", "", 0.0),
+                    (t, "synthetic-k8s", 0, "gpu_pod_allocated", "container=jupyter,namespace=research,pod=notebook-1",
+                     1.0),
+                    (t, "synthetic-k8s", 1, "gpu_pod_allocated", "container=trainer,namespace=ml,pod=train-0", 1.0),
+                    (t, "synthetic-k8s", 3, "gpu_pod_allocated",
+                     "container=c,gpu_instance=1,namespace=ml,pod=slice-0", 1.0)]
+    S.add_samples(con, samples)
+    run(con)
+    got = {(f["gpu"], f["component"]): f for f in flags(con, "utilization_gap")}
+    assert set(got) == {(0, "pod_idle"), (2, "no_job"), (3, "no_job")}, set(got)
+    f = got[(0, "pod_idle")]
+    ev = json.loads(f["evidence"])
+    assert ev["pods"] == ["research/notebook-1"] and ev["pod_minutes"] == 30 and ev["pod_idle_minutes"] == 30
+    assert ev["no_job_minutes"] == 0
+    assert f["value"] == pytest.approx(30 / 60) and ev["cost"] == pytest.approx(1.0)
+    assert "allocated to pod research/notebook-1 with no process on it" in f["sentence"]
+    assert "delete or scale down the idle pod" in f["sentence"]
+
+
 def test_input_bound_from_host_iowait_without_step_data(con):
     S.add_node(con, "synthetic-io", virtualized=False, gpu_count=1)
     rows, jobs = [], []

@@ -11,7 +11,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_generated_code_is_in_sync(tmp_path):
     env = dict(os.environ, PYTHON=sys.executable)
     subprocess.run([str(ROOT / "scripts" / "gen_proto.sh"), str(tmp_path)], check=True, env=env)
-    for name in ("gpuagent_pb2.py", "gpuagent_pb2.pyi", "gpuagent_pb2_grpc.py"):
+    for name in ("gpuagent_pb2.py", "gpuagent_pb2.pyi", "gpuagent_pb2_grpc.py",
+                 "podresources_pb2.py", "podresources_pb2.pyi", "podresources_pb2_grpc.py"):
         fresh = (tmp_path / name).read_text()
         checked_in = (ROOT / "proto" / name).read_text()
         assert fresh == checked_in, f"proto/{name} is stale: run `make proto` and commit the result"

@@ -218,14 +218,16 @@ def _probe_row(r, node_id: str, created_ns: int, max_ts: int, derived: _Derived)
 def _job_sample_row(j, node_id: str, created_ns: int, max_ts: int, derived: _Derived) -> tuple:
     derived.job_seen.append((node_id, j.job_id, j.ts_ns, j.job_name or None, j.source or None,
                              j.world_size if j.world_size > 0 else None, j.attrs.get("slurm_user") or None,
-                             j.attrs.get("slurm_partition") or None, j.attrs.get("slurm_account") or None))
+                             j.attrs.get("slurm_partition") or None, j.attrs.get("slurm_account") or None,
+                             j.attrs.get("pod") or None, j.attrs.get("namespace") or None,
+                             j.attrs.get("container") or None))
     return (j.ts_ns, node_id, j.job_id, j.pid, _index_or_none(j.rank), _index_or_none(j.local_rank),
             _gpu_or_none(j.gpu), j.gpu_util_percent, j.gpu_memory_bytes, j.cpu_percent, j.rss_bytes,
             j.read_bytes_per_s, j.write_bytes_per_s)
 
 
 def _job_step_row(j, node_id: str, created_ns: int, max_ts: int, derived: _Derived) -> tuple:
-    derived.job_seen.append((node_id, j.job_id, j.ts_ns, j.job_name or None, None, None, None, None, None))
+    derived.job_seen.append((node_id, j.job_id, j.ts_ns, j.job_name or None, *(None,) * 8))
     return (j.ts_ns, node_id, j.job_id, j.job_name or None, _index_or_none(j.rank), j.pid, j.window_s, j.steps,
             j.step_time_p50_s, j.step_time_p95_s, j.step_time_max_s, j.step_time_mean_s, j.steps_per_s,
             j.samples_per_s, j.tokens_per_s, j.data_wait_fraction if j.data_wait_fraction >= 0 else None,

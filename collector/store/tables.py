@@ -131,14 +131,16 @@ GPUS = Table("gpus", _cols(
     virtualization_mode=STR, numa_node=I16))
 
 # Every job seen in a batch's job samples and job steps: opens or extends its row in ``jobs``.
-JOB_SEEN = Staging("job_seen", _cols("node_id job_id ts job_name source world_size user_name partition_name account",
+JOB_SEEN = Staging("job_seen", _cols("node_id job_id ts job_name source world_size user_name partition_name account "
+                                     "pod_name pod_namespace container_name",
                                      node_id=STR, job_id=STR, ts=TS, job_name=STR, source=STR, world_size=I32,
-                                     user_name=STR, partition_name=STR, account=STR),
+                                     user_name=STR, partition_name=STR, account=STR, pod_name=STR, pod_namespace=STR,
+                                     container_name=STR),
                    sql="""
 INSERT INTO jobs (node_id, job_id, job_name, source, first_seen, last_seen, world_size, user_name, partition_name,
-                  account)
+                  account, pod_name, pod_namespace, container_name)
 SELECT node_id, job_id, max(job_name), max(source), min(ts), max(ts), max(world_size), max(user_name),
-       max(partition_name), max(account)
+       max(partition_name), max(account), max(pod_name), max(pod_namespace), max(container_name)
 FROM {view} GROUP BY node_id, job_id
 ON CONFLICT (node_id, job_id) DO UPDATE SET
     job_name = coalesce(excluded.job_name, jobs.job_name),
@@ -148,7 +150,10 @@ ON CONFLICT (node_id, job_id) DO UPDATE SET
     world_size = coalesce(excluded.world_size, jobs.world_size),
     user_name = coalesce(excluded.user_name, jobs.user_name),
     partition_name = coalesce(excluded.partition_name, jobs.partition_name),
-    account = coalesce(excluded.account, jobs.account)
+    account = coalesce(excluded.account, jobs.account),
+    pod_name = coalesce(excluded.pod_name, jobs.pod_name),
+    pod_namespace = coalesce(excluded.pod_namespace, jobs.pod_namespace),
+    container_name = coalesce(excluded.container_name, jobs.container_name)
 """)
 
 # Every job_end event of a batch: closes the job's row in ``jobs``. The *_ns times are optional on the wire.

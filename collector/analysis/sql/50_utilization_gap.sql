@@ -1,7 +1,10 @@
 -- utilization_gap: GPU time that is paid for but not used, over the window, from the 1-minute rollups.
 -- Per GPU and minute: NVML utilization (samples_1m gpu_util_percent), GPM SM activity where the GPU has it
--- (gpu_sm_active_percent, whole-GPU series only) and whether a job held the GPU (job_samples_1m). Three
--- components: no_job, held_idle and input_bound, each as lost GPU-hours and money at the pool's price per GPU-hour.
+-- (gpu_sm_active_percent, whole-GPU series only), whether a job held the GPU (job_samples_1m) and, on
+-- Kubernetes, whether the kubelet had allocated the whole GPU to a pod (gpu_pod_allocated, agent/kubelet.py).
+-- Four components: no_job, held_idle, input_bound and pod_idle (a pod holds the GPU with no process on it and
+-- it is idle: such a GPU looked free before pods were known), each as lost GPU-hours and money at the pool's
+-- price per GPU-hour.
 -- held_idle judges a minute by SM activity where it exists, else by utilization: a GPU whose utilization
 -- counter says "busy" (a kernel was always running) while few of its SMs were busy is held-idle in effect.
 
@@ -25,6 +28,14 @@ held AS (
       AND minute >= date_trunc('minute', $window_start) AND minute <= $now
     GROUP BY ALL
 ),
+pods AS (
+    SELECT node_id, gpu, minute,
+           min(regexp_extract(labels, '(^|,)namespace=([^,]*)', 2) || '/' || regexp_extract(labels, '(^|,)pod=([^,]*)', 2)) AS pod
+    FROM samples_1m
+    WHERE metric = 'gpu_pod_allocated' AND gpu IS NOT NULL AND gpu >= 0 AND labels NOT LIKE '%gpu_instance=%'
+      AND minute >= date_trunc('minute', $window_start) AND minute <= $now
+    GROUP BY ALL
+),
 host AS (
     SELECT node_id, minute,
            sum(sum) FILTER (WHERE metric = 'cpu_iowait_percent') / nullif(sum(n) FILTER (WHERE metric = 'cpu_iowait_percent'), 0) AS iowait,
@@ -37,10 +48,12 @@ host AS (
     GROUP BY ALL
 )
 SELECT u.node_id, u.gpu, u.minute, u.util, s.sm_active, coalesce(s.sm_active, u.util) AS busy,
-       h.job_id, h.job_id IS NOT NULL AS held, ho.iowait, ho.cpu_busy
+       h.job_id, h.job_id IS NOT NULL AS held, p.pod, h.job_id IS NULL AND p.pod IS NOT NULL AS pod_only,
+       ho.iowait, ho.cpu_busy
 FROM util u
 LEFT JOIN sm s ON s.node_id = u.node_id AND s.gpu = u.gpu AND s.minute = u.minute
 LEFT JOIN held h ON h.node_id = u.node_id AND h.gpu = u.gpu AND h.minute = u.minute
+LEFT JOIN pods p ON p.node_id = u.node_id AND p.gpu = u.gpu AND p.minute = u.minute
 LEFT JOIN host ho ON ho.node_id = u.node_id AND ho.minute = u.minute;
 
 -- Data-wait fraction per node and job from the step tracker (NULL when not measured).
@@ -53,13 +66,17 @@ GROUP BY ALL;
 CREATE OR REPLACE TEMP TABLE _ug AS
 SELECT m.node_id, m.gpu,
        count(*) AS sampled_minutes,
-       count(*) FILTER (WHERE NOT m.held) AS no_job_minutes,
+       count(*) FILTER (WHERE NOT m.held AND NOT m.pod_only) AS no_job_minutes,
+       count(*) FILTER (WHERE m.pod_only) AS pod_minutes,
+       count(*) FILTER (WHERE m.pod_only AND m.busy < $idle_util) AS pod_idle_minutes,
+       avg(m.util) FILTER (WHERE m.pod_only) AS pod_util,
+       list(DISTINCT m.pod ORDER BY m.pod) FILTER (WHERE m.pod IS NOT NULL) AS pods,
        count(*) FILTER (WHERE m.held) AS held_minutes,
        count(*) FILTER (WHERE m.held AND m.busy < $idle_util) AS held_idle_minutes,
        count(*) FILTER (WHERE m.held AND m.sm_active < $idle_util AND m.util >= $idle_util) AS busy_but_idle_minutes,
        avg(m.util) FILTER (WHERE m.held) AS held_util,
        avg(m.sm_active) FILTER (WHERE m.held) AS held_sm_active,
-       avg(m.util) FILTER (WHERE NOT m.held) AS no_job_util,
+       avg(m.util) FILTER (WHERE NOT m.held AND NOT m.pod_only) AS no_job_util,
        avg(m.iowait) FILTER (WHERE m.held) AS iowait,
        avg(m.cpu_busy) FILTER (WHERE m.held) AS cpu_busy,
        list(DISTINCT m.job_id ORDER BY m.job_id) FILTER (WHERE m.held) AS jobs
@@ -84,7 +101,8 @@ FROM _ug u JOIN _node_class nc ON nc.node_id = u.node_id
 LEFT JOIN _ug_dw dw ON dw.node_id = u.node_id AND dw.gpu = u.gpu;
 
 INSERT INTO _evaluated
-SELECT node_id, gpu, 'utilization_gap', comp FROM _ug_scored, (VALUES ('no_job'), ('held_idle'), ('input_bound')) t(comp);
+SELECT node_id, gpu, 'utilization_gap', comp FROM _ug_scored,
+       (VALUES ('no_job'), ('held_idle'), ('input_bound'), ('pod_idle')) t(comp);
 
 CREATE OR REPLACE TEMP TABLE _ug_cond AS
 SELECT *, 'no_job' AS component, no_job_minutes / 60.0 AS lost_hours,
@@ -116,7 +134,15 @@ SELECT *, 'input_bound' AS component, input_bound_hours AS lost_hours,
                     || printf('%.0f', coalesce(cpu_busy, 0)) || ' %' END
        || ', GPU util ' || printf('%.0f', held_util) || ' %' AS what,
        'add data-loader workers, prefetch or cache the dataset, or move it to faster storage' AS advice
-FROM _ug_scored WHERE input_bound;
+FROM _ug_scored WHERE input_bound
+UNION ALL BY NAME
+SELECT *, 'pod_idle' AS component, pod_idle_minutes / 60.0 AS lost_hours,
+       'GPU ' || gpu::VARCHAR || ' was allocated to pod ' || array_to_string(pods, ', ')
+       || ' with no process on it, under ' || printf('%.0f', $idle_util) || ' % busy for '
+       || pod_idle_minutes::VARCHAR || ' of ' || pod_minutes::VARCHAR || ' allocated minutes (mean util '
+       || printf('%.0f', coalesce(pod_util, 0)) || ' %)' AS what,
+       'delete or scale down the idle pod, or lower its GPU request, so the scheduler can place work on the GPU' AS advice
+FROM _ug_scored WHERE pod_minutes > 0 AND pod_idle_minutes >= $gap_fraction * pod_minutes;
 
 INSERT INTO _conditions
 SELECT node_id, gpu, 'utilization_gap' AS kind, component,
@@ -128,6 +154,7 @@ SELECT node_id, gpu, 'utilization_gap' AS kind, component,
            'price_per_gpu_hour', price_per_gpu_hour, 'pool', pool,
            'window_hours', $window_hours, 'sampled_minutes', sampled_minutes,
            'no_job_minutes', no_job_minutes, 'held_minutes', held_minutes, 'held_idle_minutes', held_idle_minutes,
+           'pod_minutes', pod_minutes, 'pod_idle_minutes', pod_idle_minutes, 'pods', pods,
            'held_gpu_util_percent', held_util, 'held_sm_active_percent', held_sm_active,
            'busy_but_idle_minutes', busy_but_idle_minutes,
            'activity_source', CASE WHEN held_sm_active IS NOT NULL THEN 'gpm_sm_active' ELSE 'utilization_counter' END,
