@@ -722,6 +722,10 @@ def render(snap: StatusSnapshot, now_ns: int | None = None) -> str:
         out.append("")
         out += _render_fabric(snap.fabric, now_ns)
 
+    if snap.kubelet is not None:
+        out.append("")
+        out += _render_kubelet(snap.kubelet, snap.gpus)
+
     link = snap.collector
     sp = snap.spool
     out.append("")
@@ -740,6 +744,18 @@ def render(snap: StatusSnapshot, now_ns: int | None = None) -> str:
         for u in snap.unavailable[:20]:
             out.append(f"  - {u}")
     return "\n".join(out)
+
+
+def _render_kubelet(k: KubeletStatus, gpus: list[GpuStatus]) -> list[str]:
+    """Which containers hold which GPU, as the kubelet said (agent/kubelet.py), or why it did not say."""
+    age = "never" if k.last_answer_age_s is None else f"{k.last_answer_age_s:.0f} s ago"
+    out = [f"Pods      kubelet {k.socket}  last answer {age}"]
+    if k.error:
+        out.append(f"          {k.error}")
+    rows = [[str(g.index) + ("" if p.gpu_instance is None else f" GI {p.gpu_instance}"), p.namespace, p.pod,
+             p.container] for g in gpus for p in (g.pods or [])]
+    out.append(_table(["gpu", "namespace", "pod", "container"], rows) if rows else "          no GPU is held by a pod")
+    return out
 
 
 def _render_health(h: HealthStatus | None) -> list[str]:

@@ -145,6 +145,12 @@ def test_pods_are_named_on_their_gpus_only_gone_within_a_refresh_and_a_hanging_k
             [(True, True), (False, False)], fb
         assert 'gpuagent_gpu_pod_info{' in text
 
+        shown = subprocess.run([sys.executable, "-m", "gpuagent.agent.cli", "status", "--state-dir", str(state)],
+                               capture_output=True, text=True, timeout=60)
+        assert shown.returncode == 0, shown.stderr
+        pods_table = shown.stdout[shown.stdout.index("Pods      kubelet"):]
+        assert "ml" in pods_table and "train-0" in pods_table and "1 GI 1" in pods_table, shown.stdout
+
         # The notebook pod ends: gone from the agent's status at the first tick after the next List.
         fake.pods = fake.pods[:1]
         seen = fake.calls
