@@ -297,6 +297,7 @@ class _NoIngest:
     """Stands in for the writer's ingest counters in /metrics (not under test here; no collector runs)."""
     def __init__(self):
         self.stats: dict = {}
+        self.closed_reason = None      # the database is open
 
     def queue_depth(self) -> int:
         return 0
