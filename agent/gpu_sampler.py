@@ -505,10 +505,15 @@ class GpuSampler:
             uuid = self._uuids[i] = self.nvml.text("nvmlDeviceGetUUID", i)
         for ref in self.pods.holders(uuid):
             held.append({**ref.labels(), "gpu_instance": None})
+        alloc = [self.pods.allocatable(uuid)]
         if self._static_values(i, h)["mig"]:
             for d in self._mig_devices(i, h):
                 for ref in self.pods.holders(d.get("uuid", "")):
                     held.append({**ref.labels(), "gpu_instance": d["gpu_instance_id"]})
+                alloc.append(self.pods.allocatable(d.get("uuid", "")))
+        known = [a for a in alloc if a is not None]
+        if known:       # 1: the kubelet can hand out the GPU (or one of its MIG devices); 0: its plugin withdrew it
+            put("gpu_kubelet_allocatable", 1 if any(known) else 0)
         for row in held:
             labels = {k: v for k, v in row.items() if k != "gpu_instance"}
             if row["gpu_instance"] is not None:

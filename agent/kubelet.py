@@ -10,8 +10,11 @@ pod counts as a holder of that GPU.
 This is the only way to tell a GPU held by an idle pod from a free one: such a pod has no process on the
 GPU, so NVML's process list and job discovery never see it.
 
-A tick never waits on the kubelet. A background thread calls ``List`` every ``refresh_s`` (each call with
-``timeout_s``) and publishes a new map; the samplers read the published one. When the socket is absent,
+``GetAllocatableResources`` says which devices the kubelet can hand out at all: a GPU that its device plugin
+withdrew (unhealthy) is neither free nor held, and ``gpu_kubelet_allocatable`` = 0 says so.
+
+A tick never waits on the kubelet. A background thread calls ``List`` and ``GetAllocatableResources`` every
+``refresh_s`` (each call with ``timeout_s``) and publishes a new map; the samplers read the published one. When the socket is absent,
 refuses, or hangs, the last map stays for ``3 * refresh_s`` and is then dropped (no pod is named rather
 than a stale one), and :meth:`PodResources.state` says why.
 """
@@ -63,6 +66,11 @@ def parse_list(resp: Any) -> dict[str, tuple[PodRef, ...]]:
     return {k: tuple(sorted(v)) for k, v in out.items()}
 
 
+def parse_allocatable(resp: Any) -> frozenset[str]:
+    """An AllocatableResourcesResponse -> the device keys the kubelet can hand out (healthy, per the plugins)."""
+    return frozenset(k for dev in resp.devices for did in dev.device_ids if (k := device_key(did)))
+
+
 def socket_present(path: str) -> bool:
     try:
         import stat
@@ -80,6 +88,7 @@ class PodResources:
         self.refresh_s = refresh_s
         self.timeout_s = timeout_s
         self._map: dict[str, tuple[PodRef, ...]] = {}
+        self._allocatable: frozenset[str] | None = None   # None: not known (never answered, or too old)
         self._ok_at: float | None = None       # monotonic time of the last successful List
         self._error = ""
         self._refreshes = 0                    # List calls answered or failed so far
@@ -127,23 +136,26 @@ class PodResources:
         try:
             if not os.path.exists(self.socket_path):
                 raise FileNotFoundError(f"no kubelet pod-resources socket at {self.socket_path}")
-            resp = self._connect().List(podresources_pb2.ListPodResourcesRequest(), timeout=self.timeout_s)
-            new, error = parse_list(resp), ""
+            stub = self._connect()
+            resp = stub.List(podresources_pb2.ListPodResourcesRequest(), timeout=self.timeout_s)
+            alloc = stub.GetAllocatableResources(podresources_pb2.AllocatableResourcesRequest(),
+                                                 timeout=self.timeout_s)
+            new, allocatable, error = parse_list(resp), parse_allocatable(alloc), ""
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else None
             what = (f"no answer within {self.timeout_s:g} s" if code == grpc.StatusCode.DEADLINE_EXCEEDED
                     else f"{getattr(code, 'name', code)}: {exc.details() if hasattr(exc, 'details') else exc}")
-            new, error = None, f"the kubelet's pod-resources List failed ({what})"
+            new, allocatable, error = None, None, f"the kubelet's pod-resources API failed ({what})"
             self._drop_channel()
         except OSError as exc:
-            new, error = None, str(exc)
+            new, allocatable, error = None, None, str(exc)
             self._drop_channel()
         with self._cond:
             now = time.monotonic()
             if new is not None:
-                self._map, self._ok_at = new, now
+                self._map, self._allocatable, self._ok_at = new, allocatable, now
             elif self._ok_at is None or now - self._ok_at > STALE_REFRESHES * self.refresh_s:
-                self._map = {}
+                self._map, self._allocatable = {}, None
             if error and error != self._error:
                 log.warning("%s; GPUs are not attributed to pods until it answers", error)
             elif not error and self._error:
@@ -167,9 +179,16 @@ class PodResources:
         """The containers holding the GPU or MIG device with this UUID (empty: none, or not known)."""
         return self._map.get(uuid, ()) if uuid else ()
 
+    def allocatable(self, uuid: str) -> bool | None:
+        """Whether the kubelet can hand out this GPU or MIG device (its device plugin lists it healthy);
+        None when not known. A GPU the plugin withdrew is neither free nor held: the scheduler cannot use it."""
+        alloc = self._allocatable
+        return None if alloc is None or not uuid else uuid in alloc
+
     def state(self) -> dict[str, Any]:
         """For `gpuagent status`: the socket, whether the last call answered, and how many devices are held."""
         with self._cond:
             age = None if self._ok_at is None else round(time.monotonic() - self._ok_at, 1)
             return {"socket": self.socket_path, "error": self._error or None, "last_answer_age_s": age,
-                    "devices_held": len(self._map)}
+                    "devices_held": len(self._map),
+                    "devices_allocatable": None if self._allocatable is None else len(self._allocatable)}

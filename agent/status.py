@@ -416,6 +416,7 @@ class KubeletStatus:
     error: str | None = None                 # why the last List call failed (None: it answered)
     last_answer_age_s: float | None = None   # seconds since the last answer (None: never answered)
     devices_held: int = 0                    # GPUs and MIG devices allocated to containers in that answer
+    devices_allocatable: int | None = None   # GPUs and MIG devices the kubelet can hand out (None: not known)
 
 
 @dataclass

@@ -37,6 +37,7 @@ class FakeKubelet(prgrpc.PodResourcesListerServicer):
 
     def __init__(self):
         self.pods: list[tuple[str, str, str, str, list[str]]] = []
+        self.allocatable: list[str] = []          # device ids GetAllocatableResources lists
         self.hang_s = 0.0
         self.calls = 0
         self.released = threading.Event()      # set at teardown: a hanging List returns at once
@@ -55,7 +56,9 @@ class FakeKubelet(prgrpc.PodResourcesListerServicer):
         return resp
 
     def GetAllocatableResources(self, request, context):  # noqa: N802
-        return prpb.AllocatableResourcesResponse()
+        resp = prpb.AllocatableResourcesResponse()
+        resp.devices.add(resource_name="nvidia.com/gpu", device_ids=list(self.allocatable))
+        return resp
 
 
 @pytest.fixture
@@ -112,6 +115,8 @@ def test_pods_are_named_on_their_gpus_only_gone_within_a_refresh_and_a_hanging_k
     # A training pod on GPU 0 with a process on it; a notebook pod holding one MIG slice of GPU 1, idle.
     fake.pods = [("ml", "train-0", "trainer", "nvidia.com/gpu", [gpu0]),
                  ("research", "notebook-1", "jupyter", "nvidia.com/mig-1g.10gb", [MIG_UUID])]
+    # The device plugin offers every GPU but GPU 7 (withdrawn, say unhealthy), and GPU 1's first MIG device.
+    fake.allocatable = [g["uuid"] for g in emu.model["gpus"][:7] if g["index"] != 1] + [MIG_UUID]
     worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     emu.add_process(0, worker.pid, 2 << 30, sm_util_percent=80)
     port = free_port()
@@ -122,6 +127,10 @@ def test_pods_are_named_on_their_gpus_only_gone_within_a_refresh_and_a_hanging_k
                 (1, "container=jupyter,gpu_instance=1,namespace=research,pod=notebook-1")}
         wait_for(lambda: _pod_series(col.address) == want, timeout=30, interval=0.5,
                  what="gpu_pod_allocated for exactly the two held GPUs")
+        alloc = wait_for(lambda: (lambda r: r if len(r) == 8 else None)(client.query(
+            col.address, "SELECT gpu, arg_max(value, ts) FROM samples WHERE metric = 'gpu_kubelet_allocatable' "
+                         "GROUP BY gpu ORDER BY gpu").rows), timeout=30, interval=0.5, what="allocatable per GPU")
+        assert alloc == [[g, 0.0 if g == 7 else 1.0] for g in range(8)], alloc
         rows = wait_for(lambda: client.query(
             col.address, f"SELECT DISTINCT job_id, gpu FROM job_samples WHERE pid = {worker.pid}").rows,
             timeout=30, interval=0.5, what="the pod's process in job_samples")
