@@ -471,3 +471,32 @@ def test_steal_corroborates_and_is_blamed_when_it_dominates(con):
     assert f["component"] == "host_syscall"
     assert "worst minute 6.0 %" in f["sentence"] and "the hypervisor is giving this VM's CPU time" in f["sentence"]
     assert json.loads(f["evidence"])["cpu_steal_percent"]["max_1m_avg"] == 6.0
+
+
+@pytest.mark.parametrize("steal, flagged", [(1.3, False), (20.0, True)])
+def test_passive_hypervisor_needs_steal_that_can_explain_the_lost_cpu_share(con, steal, flagged):
+    """SYNTHETIC ticks of a job seen passively on a 2-CPU VM (progress = the CPU share of its processes, % of
+    one core): 130 % except 4 s at 100 %, with steal rising to ``steal`` points in those 4 s. 1.3 points of
+    steal on 2 CPUs take 2.6 % of one core, which cannot explain 30 points lost (a c16 run saw just this, in
+    the job's own I/O phase); 20 points take 40 % of a core, which can."""
+    S.add_node(con, "synthetic-steal", virtualized=True, gpu_count=0)
+    con.execute("UPDATE nodes SET cpu_cores_logical = 2 WHERE node_id = 'synthetic-steal'")
+    start = NOW - dt.timedelta(seconds=70)
+    rows = []
+    for i in range(120):                       # 0.5 s ticks for 60 s
+        t = start + dt.timedelta(seconds=0.5 * i)
+        contended = 80 <= i < 88                # 4 s, well after the job's 10 s start-up
+        rows += [(t, "synthetic-steal", None, "job_progress_percent", "job_id=job-a,source=cpu_share",
+                  100.0 if contended else 130.0),
+                 (t, "synthetic-steal", None, "job_neighbour_cpu_percent", "job_id=job-a", 10.0),
+                 (t, "synthetic-steal", None, "cpu_steal_percent", "", steal if contended else 0.0)]
+    S.add_samples(con, rows)
+    run(con, now=NOW)
+    got = [(f["component"], f["evidence"]) for f in flags(con, "noisy_neighbor_variance")]
+    if flagged:
+        ((component, evidence),) = got
+        ev = json.loads(evidence)
+        assert component == "hypervisor" and ev["progress_source"] == "cpu_share"
+        assert ev["progress_lost_fraction"] == pytest.approx(30 / 130, abs=0.01)
+    else:
+        assert got == []

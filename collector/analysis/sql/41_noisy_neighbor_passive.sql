@@ -108,14 +108,23 @@ GROUP BY ALL;
 CREATE OR REPLACE TEMP TABLE _pc AS
 WITH q AS (
     SELECT e.*, c.threshold, c.critical, 1 - e.p_hit / nullif(e.p_ref, 0) AS lost,
-           1 - e.p_hit / nullif(e.p_before, 0) AS lost_before, 1 - e.p_hit / nullif(e.p_after, 0) AS lost_after
+           1 - e.p_hit / nullif(e.p_before, 0) AS lost_before, 1 - e.p_hit / nullif(e.p_after, 0) AS lost_after,
+           (SELECT max(k.progress_source) FROM _pc_ticks k WHERE k.node_id = e.node_id AND k.job_id = e.job_id)
+             AS source_of_progress,
+           n.cpu_cores_logical AS cpus
     FROM _pc_episodes e
     JOIN _components c ON c.kind = 'noisy_neighbor_variance' AND c.component = e.component
+    LEFT JOIN nodes n ON n.node_id = e.node_id
 ), ok AS (
     SELECT * FROM q
     WHERE n_before >= $min_runs AND n_after >= $min_runs
       AND v_hit - v_ref >= CASE component WHEN 'co_tenant' THEN greatest($neighbour_cpu, v_ref / 2) ELSE $corr_steal END
       AND lost >= threshold AND lost_before >= threshold / 2 AND coalesce(lost_after, 1) >= threshold / 2
+      -- Steal can take from a job measured by its CPU share at most the CPU it stole: on N CPUs, s points of
+      -- steal are s * N % of one core. The rise in steal must account for at least half of the CPU share the
+      -- job lost, or the drop is the job's own (an I/O phase, say) that a little steal happened to overlap.
+      AND NOT (component = 'hypervisor' AND source_of_progress = 'cpu_share' AND cpus IS NOT NULL
+               AND (v_hit - v_ref) * cpus < 0.5 * (p_ref - p_hit))
     QUALIFY row_number() OVER (PARTITION BY node_id, component ORDER BY lost DESC, v_hit - v_ref DESC) = 1
 ), win AS (   -- every tick of the episode and of its reference windows, for the totals and the names
     SELECT ok.node_id, ok.job_id, ok.component, k.ts, k.ts BETWEEN ok.t0 AND ok.t1 AS during,
