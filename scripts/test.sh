@@ -27,6 +27,8 @@ case "${SHUFFLE:-}" in
   1) order=(--randomly-seed="$RANDOM$RANDOM") ;;
   *) order=(--randomly-seed="$SHUFFLE") ;;
 esac
+# pytest -q leaves out pytest-randomly's header line, so say the seed here (SHUFFLE=<seed> repeats the order)
+[ "${#order[@]}" -eq 1 ] && [ "${order[0]}" != "-p" ] && echo "shuffled order: ${order[0]} (repeat with SHUFFLE=${order[0]#--randomly-seed=})"
 
 start=$SECONDS
 "$PY" -m pytest -q -n "$WORKERS" --dist loadfile -m "not alone" "${order[@]}" --junitxml="$OUT/parallel.xml" "$@"
