@@ -494,14 +494,18 @@ class FabricProcesses:
             "--db", str(self.workdir / "collector.duckdb"), "--config", str(self.workdir / "collector.toml")],
             stdout=open(self.col_log, "ab"), stderr=subprocess.STDOUT, env=env, cwd=self.cwd)
         for name in self.agent_names:
-            state = self.workdir / name
-            env = {k: v for k, v in os.environ.items() if not k.startswith("GPUAGENT_")}
-            env.update(GPUAGENT_JOBS_SOCKET=str(state / "jobs.sock"), MALLOC_ARENA_MAX="2", GPUAGENT_TOKEN=self.token,
-                       **self.agent_env(name))
-            self.agents[name] = self.fleet.popen(name, [
-                *self.agent_cmd, "run", "--config", str(self.workdir / "agent.toml"), "--collector", self.addr,
-                "--state-dir", str(state), "--interval", "1", "--batch-interval", "1", "--label", self.label],
-                stdout=open(self.workdir / f"{name}.log", "ab"), stderr=subprocess.STDOUT, env=env, cwd=self.cwd)
+            self.start_agent(name)
+
+    def start_agent(self, name: str) -> None:
+        """Start (or start again, after it was stopped) the agent of node ``name``, with its own state dir."""
+        state = self.workdir / name
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GPUAGENT_")}
+        env.update(GPUAGENT_JOBS_SOCKET=str(state / "jobs.sock"), MALLOC_ARENA_MAX="2", GPUAGENT_TOKEN=self.token,
+                   **self.agent_env(name))
+        self.agents[name] = self.fleet.popen(name, [
+            *self.agent_cmd, "run", "--config", str(self.workdir / "agent.toml"), "--collector", self.addr,
+            "--state-dir", str(state), "--interval", "1", "--batch-interval", "1", "--label", self.label],
+            stdout=open(self.workdir / f"{name}.log", "ab"), stderr=subprocess.STDOUT, env=env, cwd=self.cwd)
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """SIGTERM to the agents and the collector, SIGKILL to whatever is still there after ``timeout_s``."""

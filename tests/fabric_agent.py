@@ -12,6 +12,7 @@ process on GPU 0, as a training job holding that GPU would be; removing the file
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -35,7 +36,10 @@ def _state_dir(argv: list[str]) -> str:
 
 
 def _start_node(state_dir: str) -> Emulator:
-    emu = Emulator.start(Path(state_dir.rstrip("/") + "-nvmlemu"), H100_8GPU, clock="real")
+    node = Path(state_dir.rstrip("/") + "-nvmlemu")
+    # An agent started again (after a test stopped it) gets a fresh node: the old one's process is gone.
+    shutil.rmtree(node, ignore_errors=True)
+    emu = Emulator.start(node, H100_8GPU, clock="real")
     for pid in {p["pid"] for g in emu.model["gpus"] for p in g.get("processes", ())}:
         emu.remove_process(pid)
     emu.activate()

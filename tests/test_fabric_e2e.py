@@ -135,6 +135,22 @@ def bed(tmp_path_factory):
         fleet.down()
 
 
+@pytest.fixture(autouse=True)
+def all_agents_running(bed):
+    """Every test starts with the 4 agents in the plan, in any order: the test that stops an agent (n3) leaves it
+    stopped, and a test after it (a shuffled order) would see a 3-node sweep. Restart it and wait for a round
+    that ran one of its pairs; in the file's own order the stop test is last and this never runs."""
+    stopped = [name for name, p in bed.agents.items() if p.poll() is not None]
+    for name in stopped:
+        bed.start_agent(name)
+    end = time.monotonic() + 90
+    while stopped:
+        assert time.monotonic() < end, f"restarted agents {stopped} not back in the plan: {bed.rounds()[-3:]}"
+        (_r, pairs), = bed.wait_rounds(bed.next_round(), 1)
+        stopped = [name for name in stopped if not any(bed.ids[name] in (a, b) and st == "ok" for a, b, st in pairs)]
+    yield
+
+
 def test_full_sweep_measures_every_pair_within_n_minus_1_rounds(bed):
     first = bed.wait_rounds(0, 3)
     # The first rounds may start before the last agent attached (under load, several of them); the first
