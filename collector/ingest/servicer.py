@@ -303,6 +303,9 @@ class CollectorServicer(pb_grpc.CollectorServicer):
         max_rows = min(request.max_rows, cap) if request.max_rows else cap
         timeout_s = self._options.query_timeout_s
         remaining = context.time_remaining()
+        # The caller's deadline, when it comes first, stops the query here too; the answer is then the
+        # deadline's code, not "too slow": the stop can reach the caller a hair before its own deadline does.
+        by_deadline = remaining is not None and remaining < timeout_s
         if remaining is not None:
             timeout_s = max(0.001, min(timeout_s, remaining))
         try:
@@ -321,6 +324,9 @@ class CollectorServicer(pb_grpc.CollectorServicer):
             raise
         except sqlguard.QueryRefused as exc:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
+        except sqlguard.QueryStopped as exc:
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED if by_deadline else grpc.StatusCode.INVALID_ARGUMENT,
+                                str(exc))
         except sqlguard.QueryFailed as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except sqlguard.QueryUnavailable as exc:

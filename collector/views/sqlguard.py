@@ -36,6 +36,10 @@ class QueryFailed(RuntimeError):
     """DuckDB could not run the query (syntax error, unknown table, timeout, ...)."""
 
 
+class QueryStopped(QueryFailed):
+    """The query was interrupted: it ran past its time limit, or its caller went away."""
+
+
 class QueryUnavailable(RuntimeError):
     """The database cannot answer now (invalidated, being reopened); the same query may work in seconds."""
 
@@ -192,7 +196,7 @@ def run_readonly(cursor, sql: str, max_rows: int, timeout_s: float,
                 if truncated:
                     break
         except duckdb.InterruptException:
-            raise QueryFailed(f"the query was stopped: it ran longer than {timeout_s:g} s or its caller went "
+            raise QueryStopped(f"the query was stopped: it ran longer than {timeout_s:g} s or its caller went "
                               "away") from None
         except duckdb.PermissionException as exc:
             raise QueryRefused("refused: the read-only SQL endpoint has no file, network or extension access "
@@ -206,7 +210,7 @@ def run_readonly(cursor, sql: str, max_rows: int, timeout_s: float,
             raise QueryFailed(str(exc).strip()) from None
         except pa.ArrowException as exc:      # an interrupt can surface through the Arrow reader
             if "interrupt" in str(exc).lower():
-                raise QueryFailed(f"the query was stopped: it ran longer than {timeout_s:g} s or its caller "
+                raise QueryStopped(f"the query was stopped: it ran longer than {timeout_s:g} s or its caller "
                                   "went away") from None
             raise QueryFailed(first_line(exc)) from None
         return QueryResult(columns, types, rows[:max_rows], truncated)
