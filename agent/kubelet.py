@@ -14,15 +14,16 @@ GPU, so NVML's process list and job discovery never see it.
 withdrew (unhealthy) is neither free nor held, and ``gpu_kubelet_allocatable`` = 0 says so.
 
 A tick never waits on the kubelet. A background thread calls ``List`` and ``GetAllocatableResources`` every
-``refresh_s`` (each call with ``timeout_s``) and publishes a new map; the samplers read the published one. When the socket is absent,
-refuses, or hangs, the last map stays for ``3 * refresh_s`` and is then dropped (no pod is named rather
-than a stale one), and :meth:`PodResources.state` says why.
+``refresh_s`` (each call with ``timeout_s``) and publishes a new map; the samplers read the published one.
+When the socket is absent, refuses, or hangs, the last map stays for ``3 * refresh_s`` and is then dropped
+(no pod is named rather than a stale one), and :meth:`PodResources.state` says why.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import stat
 import threading
 import time
 from dataclasses import dataclass
@@ -73,8 +74,6 @@ def parse_allocatable(resp: Any) -> frozenset[str]:
 
 def socket_present(path: str) -> bool:
     try:
-        import stat
-
         return stat.S_ISSOCK(os.stat(path).st_mode)
     except OSError:
         return False
@@ -109,8 +108,6 @@ class PodResources:
             self._thread.join(self.timeout_s + 5)
         if self._channel is not None:
             self._channel.close()
-
-    close = stop
 
     def _loop(self) -> None:
         while not self._stop.is_set():
