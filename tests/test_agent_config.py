@@ -89,6 +89,8 @@ def test_config_file_from_env_and_token_file(tmp_path):
     ("[probes]\nhost = 3\n", {}, "[probes] (from config file"),
     ("[probes.host]\nenabled = \"maybe\"\n", {}, "[probes.host] enabled must be true or false"),
     ("[jobs]\nstep_listener = \"maybe\"\n", {}, "jobs.step_listener (from config file"),
+    ("[jobs]\nkubernetes = \"maybe\"\n", {}, "jobs.kubernetes (from config file"),
+    ("[jobs]\nkubernetes_refresh_s = 0\n", {}, "jobs.kubernetes_refresh_s (from config file"),
     ("", {"GPUAGENT_INTERVAL": "soon"}, "agent.interval_s (from environment GPUAGENT_INTERVAL)"),
     ("", {"GPUAGENT_LABELS": "justtext"}, "GPUAGENT_LABELS"),
 ])
