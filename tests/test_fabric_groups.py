@@ -27,7 +27,8 @@ from gpuagent.probes import rdma_pair
 from gpuagent.probes.lock import ProbeLock
 from gpuagent.proto import pb, pb_grpc
 
-pytest.importorskip("torch")
+from tools import python_module_or_skip
+python_module_or_skip("torch")
 
 # One gloo rank per node, small messages: a run is mostly torch's start-up (about 8 s on 2 cores).
 PORTS = worker_ports(2)   # this worker's own range for fabric listeners and rendezvous ports

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch")
+from tools import python_module_or_skip
+python_module_or_skip("torch")
 
 import psutil  # noqa: E402
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch")
+from tools import python_module_or_skip
+python_module_or_skip("torch")
 
 from gpuagent.collector.views import client  # noqa: E402
 from gpuagent.collector.ingest import server

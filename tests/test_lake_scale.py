@@ -33,7 +33,8 @@ from gpuagent.sim.run import SimConfig, run_sim
 from sim_helpers import FLEET_SPEC, TOKEN, fleet
 from test_lake import assert_same
 
-pytest.importorskip("pyspark", reason="the lake extra (pyspark) is part of the test environment in .ci/run")
+from tools import python_module_or_skip
+python_module_or_skip("pyspark", reason="the lake extra (pyspark) is part of the test environment in .ci/run")
 if shutil.which("java") is None:
     pytest.fail("Spark needs Java 17+ (.ci/run installs openjdk-17-jre-headless)", pytrace=False)
 

@@ -82,3 +82,13 @@ def needs(*tools: str) -> pytest.MarkDecorator:
     """The marker form of :func:`need`; conftest.py checks it before the test runs."""
     missing(*tools)  # unknown names fail at import, not silently
     return pytest.mark.needs_tool(*tools)
+
+
+def python_module_or_skip(name: str, reason: str | None = None) -> None:
+    """At a test module's top: skip the module unless the Python package ``name`` is installed, WITHOUT
+    importing it (``pytest.importorskip`` imports it: torch alone costs ~3.5 s of CPU in every process that
+    collects the suite, and these modules only start it in subprocesses)."""
+    import importlib.util  # noqa: PLC0415
+
+    if importlib.util.find_spec(name) is None:
+        pytest.skip(reason or f"could not find module {name!r}", allow_module_level=True)
