@@ -182,7 +182,9 @@ def test_the_first_run_is_not_underestimated(fleet):
     estimate = big1.client.budget.estimate_s(second[0].params)
     took = max(figures[big1.id]["runs"] + figures[big2.id]["runs"])
     print(f"FABRIC-BUDGET default-like settings: estimate_s={estimate:.2f} measured_s={took:.3f}")
-    assert took <= estimate
+    # link_results keeps microseconds: each end of a run is truncated to one, so a run read back from the
+    # table can be up to 2 us longer than the duration the budget learned (seen: 5.780182 against 5.780181064).
+    assert took <= estimate + 2e-6
     for n in (big1, big2):
         assert figures[n.id]["worst"] <= n.sched.budget_s, figures[n.id]
         _check_accounting(n, figures[n.id])
