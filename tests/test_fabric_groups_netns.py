@@ -14,7 +14,8 @@ import pytest
 
 from fabric_helpers import ROOT, load_netns_fleet, netns_fleet  # noqa: F401 - netns_fleet is a fixture
 
-pytest.importorskip("torch")
+from tools import python_module_or_skip
+python_module_or_skip("torch")
 pytestmark = pytest.mark.slow
 
 AGENTS = ("n0", "n1", "n2", "n3")
@@ -26,6 +27,11 @@ def bed(netns_fleet, tmp_path):
     """The fleet (torn down by netns_fleet, which skips where it cannot be built) with the processes on it."""
     nf = load_netns_fleet()
     fleet = netns_fleet(len(AGENTS) + 1)
+    # The pair sweep before the group round would otherwise move as much as two cores can push through the
+    # veths (tens of CPU-seconds that prove nothing here); shaped, a pair run moves a few MB, and the ring's
+    # all-reduce (a few MB per rank) takes a second or two more.
+    for name in AGENTS:
+        fleet.throttle_node(name, "40mbit")
     procs = nf.FabricProcesses(fleet, tmp_path, AGENTS, COLLECTOR, token="groups-" + os.urandom(8).hex(),
                                collector_toml=nf.fabric_collector_toml(interval_s=1, group_size=4),
                                agent_cmd=[sys.executable, str(ROOT / "tests" / "fabric_agent.py")], cwd=str(ROOT))
