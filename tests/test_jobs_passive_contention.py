@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from tools import needs
+from tools import needs, python_module_or_skip
 
-pytest.importorskip("torch")
+python_module_or_skip("torch")
 
 from gpuagent.collector.views import client  # noqa: E402
 from gpuagent.collector.ingest import server  # noqa: E402
@@ -34,9 +34,13 @@ from agent_helpers import ROOT, start_agent, stop, wait_running  # noqa: E402
 from tests.conftest import wait_for  # noqa: E402
 
 pytestmark = pytest.mark.slow
-JOB_S = 60.0
-STRESS_S = 15
-QUIET_S = 25.0
+# The analyzer (41_noisy_neighbor_passive.sql) leaves out a job's first job_warmup_s (10 s), and compares an
+# episode with windows just before and after it, each as long as the episode and >= 10 s, >= 5 ticks. So:
+# 22 s of ticks before the co-tenant (10 s left out, 12 s of reference), a 10 s co-tenant (a flag must show
+# >= 5 s contended), and the rest of a 50 s job after it (~15 s: start-up takes the job's first ~5 s).
+JOB_S = 50.0
+STRESS_S = 10
+QUIET_S = 22.0
 
 
 def _progress_ticks(address: str) -> int:
@@ -49,9 +53,9 @@ def _progress_span_s(address: str) -> float:
                                  "WHERE metric = 'job_progress_percent'").rows[0][0]
 
 
-def _run_job(tmp: Path, *job_args: str, stress: bool = False) -> tuple[list[dict], list[str]]:
-    """Run one untracked job (and a co-tenant in its middle third); return the passive noisy flags and
-    the command names of the stress-ng processes that ran."""
+def _run_job(tmp: Path, *job_args: str, stress: bool = False) -> tuple[list[dict], list[str], int]:
+    """Run one untracked job (and a co-tenant in its middle third); return the passive noisy flags, the
+    command names of the stress-ng processes that ran, and the steps the job took (rank 0's count)."""
     col = server.start_collector(tmp / "collector.duckdb", "127.0.0.1:0", analyze=False)
     cfg = tmp / "agent.toml"
     cfg.write_text("[jobs]\nscan_interval_s = 0.5\nend_grace_s = 2\n")
@@ -60,7 +64,6 @@ def _run_job(tmp: Path, *job_args: str, stress: bool = False) -> tuple[list[dict
     job = stressor = None
     stress_comms: list[str] = []
     try:
-        wait_running(state, agent)
         env = {k: v for k, v in os.environ.items()
                if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID",
                             "GPUAGENT_JOB_ID", "MASTER_ADDR", "MASTER_PORT")}
@@ -70,6 +73,9 @@ def _run_job(tmp: Path, *job_args: str, stress: bool = False) -> tuple[list[dict
                                 "--nproc-per-node", "2", str(ROOT / "examples" / "train_ddp.py"), "--no-tracker",
                                 "--duration-s", str(JOB_S), *job_args],
                                env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+        # The job starts with the agent (its torch start-up takes longer): the agent finds a running job at
+        # its next scan, and the analyzer counts the job from its first tick.
+        wait_running(state, agent)
         if stress:
             # Quiet ticks first: the analyzer skips the job's start-up, then needs ticks before the co-tenant.
             wait_for(lambda: _progress_span_s(col.address) >= QUIET_S, timeout=JOB_S, interval=0.5,
@@ -89,7 +95,11 @@ def _run_job(tmp: Path, *job_args: str, stress: bool = False) -> tuple[list[dict
         rows = client.query(col.address, "SELECT component, evidence, sentence FROM flags WHERE "
                             "kind = 'noisy_neighbor_variance' AND state = 'open'").rows
         assert _progress_ticks(col.address) >= 20, "the agent sampled the job's progress"
-        return [{"component": r[0], "evidence": json.loads(r[1]), "sentence": r[2]} for r in rows], stress_comms
+        results = [json.loads(line.split(" ", 1)[1]) for line in (tmp / "job.log").read_text().splitlines()
+                   if line.startswith("GPUAGENT_TRAIN_RESULT ")]
+        assert len(results) == 2, (tmp / "job.log").read_text()[-2000:]
+        flags = [{"component": r[0], "evidence": json.loads(r[1]), "sentence": r[2]} for r in rows]
+        return flags, stress_comms, results[0]["steps"]
     finally:
         for p in (job, stressor):
             if p is not None and p.poll() is None:
@@ -124,7 +134,7 @@ def _children(pid: int) -> list[int]:
 
 @needs("stress-ng")
 def test_stress_ng_co_tenant_opens_co_tenant_and_is_named(tmp_path):
-    flags, comms = _run_job(tmp_path, stress=True)
+    flags, comms, _steps = _run_job(tmp_path, stress=True)
     print(json.dumps(flags, indent=1))
     assert comms and all(c.startswith("stress-ng") for c in comms)
     (flag,) = [f for f in flags if f["component"] == "co_tenant"]
@@ -137,7 +147,7 @@ def test_stress_ng_co_tenant_opens_co_tenant_and_is_named(tmp_path):
 
 
 def test_same_job_without_co_tenant_opens_nothing(tmp_path):
-    flags, _ = _run_job(tmp_path)
+    flags, _, _steps = _run_job(tmp_path)
     assert flags == []
 
 
@@ -146,5 +156,7 @@ def test_job_with_its_own_heavy_io_phases_opens_nothing(tmp_path):
     with open(data, "wb") as f:
         for _ in range(128):
             f.write(os.urandom(1 << 20))
-    flags, _ = _run_job(tmp_path, "--read-file", str(data), "--read-mb", "128", "--read-every", "100")
+    flags, _, steps = _run_job(tmp_path, "--read-file", str(data), "--read-mb", "128", "--read-every", "100")
+    print(f"the job took {steps} steps, one I/O phase of 128 MB every 100")
+    assert steps >= 300, f"{steps} steps: fewer than 3 I/O phases (one per 100 steps) in the job"
     assert flags == []
