@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -55,7 +56,7 @@ def _progress_span_s(address: str) -> float:
 
 def _run_job(tmp: Path, *job_args: str, stress: bool = False) -> tuple[list[dict], list[str], int]:
     """Run one untracked job (and a co-tenant in its middle third); return the passive noisy flags, the
-    command names of the stress-ng processes that ran, and the steps the job took (rank 0's count)."""
+    command names of the stress-ng processes that ran, and the steps the job took (every rank takes as many)."""
     col = server.start_collector(tmp / "collector.duckdb", "127.0.0.1:0", analyze=False)
     cfg = tmp / "agent.toml"
     cfg.write_text("[jobs]\nscan_interval_s = 0.5\nend_grace_s = 2\n")
@@ -95,11 +96,12 @@ def _run_job(tmp: Path, *job_args: str, stress: bool = False) -> tuple[list[dict
         rows = client.query(col.address, "SELECT component, evidence, sentence FROM flags WHERE "
                             "kind = 'noisy_neighbor_variance' AND state = 'open'").rows
         assert _progress_ticks(col.address) >= 20, "the agent sampled the job's progress"
-        results = [json.loads(line.split(" ", 1)[1]) for line in (tmp / "job.log").read_text().splitlines()
-                   if line.startswith("GPUAGENT_TRAIN_RESULT ")]
+        # Both ranks write to the one log, so their result lines can run together: decode each after its tag.
+        text, dec = (tmp / "job.log").read_text(), json.JSONDecoder()
+        results = [dec.raw_decode(text, m.end())[0] for m in re.finditer(r"GPUAGENT_TRAIN_RESULT ", text)]
         assert len(results) == 2, (tmp / "job.log").read_text()[-2000:]
         flags = [{"component": r[0], "evidence": json.loads(r[1]), "sentence": r[2]} for r in rows]
-        return flags, stress_comms, results[0]["steps"]
+        return flags, stress_comms, min(r["steps"] for r in results)
     finally:
         for p in (job, stressor):
             if p is not None and p.poll() is None:
