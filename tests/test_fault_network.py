@@ -1,5 +1,5 @@
 """Network faults between a real agent and a real collector, each in its own namespace of the testbed
-(scripts/netns_fleet.py, with its reaper): the link down for 60 s, the bandwidth cut to 100 kbit/s,
+(scripts/netns_fleet.py, with its reaper): the link down for 25 s, the bandwidth cut to 100 kbit/s,
 connections reset mid-stream by a proxy, and a collector that vanishes without closing (every packet to
 and from it dropped). After each: exact accounting (tests/fault_helpers.py), every sample produced is
 stored exactly once or still spooled.
@@ -25,6 +25,10 @@ pytestmark = pytest.mark.slow
 
 AGENT_NODE, COLLECTOR_NODE = "n0", "n1"
 AGENT_TOML = "[collector]\nbackoff_max_s = 2.0\n"
+# The link-down fault's length. 25 s holds the 10 s ack watchdog that notices it and then 7 or more reconnect
+# attempts at the 2 s backoff cap against a dead link; benchmarks/fault_outages.py runs the same test for 60 s
+# (GPUAGENT_TEST_LINK_DOWN_S=60), the length it had in make test before 2026-12-02.
+LINK_DOWN_S = float(os.environ.get("GPUAGENT_TEST_LINK_DOWN_S", "25"))
 
 
 class Bed:
@@ -95,7 +99,7 @@ def finish(fault: str, bed: Bed, a: Agent) -> dict:
     return fig
 
 
-def test_link_down_60s(bed):
+def test_link_down(bed):
     c = bed.collector
     a = bed.agent(c.address)
     account("net_link_down_before", [a], c)
@@ -106,10 +110,11 @@ def test_link_down_60s(bed):
         wait_for(lambda: not connected(a), timeout=40, what="the agent noticing the link is down")
         detect_s = time.monotonic() - t0
         before = bed.stored(a)
-        time.sleep(max(0.0, 60.0 - (time.monotonic() - t0)))     # the fault is 60 s of link down
+        time.sleep(max(0.0, LINK_DOWN_S - (time.monotonic() - t0)))     # the fault: LINK_DOWN_S of link down
         assert bed.stored(a) == before, "batches reached the collector through a link that was down"
         during = account("net_link_down_during", [a], c)[0]
-        assert during["batches_spooled"] >= 50, during             # 60 s of 0.2 s batches waited in the spool
+        # 0.2 s batches: >= 125 were cut while the link was down, none of them acked (spooled counts the unacked)
+        assert during["batches_spooled"] >= 50, during
         assert not connected(a)
     finally:
         ip("link", "set", veth, "up")
