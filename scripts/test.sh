@@ -4,8 +4,9 @@
 #      Many tests wait (on daemons starting, timers, faults that last a fixed time), so two workers a core fill
 #      the gaps; past that the suite is CPU-bound on 2 cores and more workers only slow each test (at 6 the load
 #      reached 24). Each test owns its ports, namespaces, mounts and state dirs (docs/DEVELOPMENT.md).
-#      Each file runs on one worker (--dist loadfile), so its module fixtures are built once; the longest files
-#      start first (tests/conftest.py LONGEST_FIRST).
+#      Each file runs on one worker (--dist loadfile; tests/conftest.py SHARED_WORKER puts files that share a
+#      costly start-up on one), so its module fixtures are built once; xdist hands out the files with the most
+#      tests first (the longest first was slower: tests/conftest.py says why).
 #   2. The tests marked `alone`, one at a time, with the machine to themselves: they measure CPU shares or
 #      need a quiet machine. The list is ALONE in tests/conftest.py, the one place it is declared.
 # SHUFFLE=1 runs both parts in a random order (pytest-randomly; the seed is printed, and
