@@ -99,7 +99,7 @@ def _run_job(tmp: Path, *job_args: str, stress: bool = False) -> tuple[list[dict
         # Both ranks write to the one log, so their result lines can run together: decode each after its tag.
         text, dec = (tmp / "job.log").read_text(), json.JSONDecoder()
         results = [dec.raw_decode(text, m.end())[0] for m in re.finditer(r"GPUAGENT_TRAIN_RESULT ", text)]
-        assert len(results) == 2, (tmp / "job.log").read_text()[-2000:]
+        assert len(results) == 2, text[-2000:]
         flags = [{"component": r[0], "evidence": json.loads(r[1]), "sentence": r[2]} for r in rows]
         return flags, stress_comms, min(r["steps"] for r in results)
     finally:
