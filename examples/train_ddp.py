@@ -8,7 +8,9 @@ Run it with torchrun (2 processes on this machine)::
 on when to stop). ``--read-file PATH`` gives the loader heavy I/O phases of its own: every
 ``--read-every`` batches it reads ``--read-mb`` MB of PATH from disk (page cache dropped first).
 ``--data-sleep-ms`` slows the (synthetic) data loader on purpose, so the agent should see the
-data-wait fraction rise. ``--no-tracker`` runs the same job without the tracker (passive metrics only).
+data-wait fraction rise. ``--slow-phase A:B`` gives the job a slower phase of its own (an evaluation, a
+slow epoch): from A to B seconds into training each step also sleeps ``--slow-sleep-ms``, so the ranks use
+less CPU with nobody else to blame. ``--no-tracker`` runs the same job without the tracker (passive metrics only).
 The data is random tensors: the job exists to produce real steps, not a useful model.
 
 Each rank measures its own step times with ``time.perf_counter`` (independently of the tracker) and
@@ -82,10 +84,20 @@ def main() -> None:
     ap.add_argument("--read-mb", type=int, default=64, help="MB read per I/O phase")
     ap.add_argument("--read-every", type=int, default=200, help="batches between I/O phases")
     ap.add_argument("--data-sleep-ms", type=float, default=0.0, help="sleep before each batch (slow input)")
+    ap.add_argument("--slow-phase", default="", help="A:B: from A to B seconds into training, steps are slower")
+    ap.add_argument("--slow-sleep-ms", type=float, default=20.0, help="sleep added to each step of the slow phase")
     ap.add_argument("--name", default="train_ddp_example", help="job name reported to the agent")
     ap.add_argument("--no-tracker", action="store_true", help="run without gpuagent.jobs")
     ap.add_argument("--results-dir", default="", help="write rank<R>.json with this rank's own step times")
     args = ap.parse_args()
+    slow = (0.0, 0.0)
+    if args.slow_phase:
+        try:
+            slow = tuple(float(x) for x in args.slow_phase.split(":"))
+        except ValueError:
+            slow = ()
+        if len(slow) != 2 or not 0 <= slow[0] < slow[1]:
+            ap.error(f"--slow-phase {args.slow_phase!r}: give A:B, seconds into training with A < B (e.g. 20:30)")
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -120,6 +132,8 @@ def main() -> None:
         loss = loss_fn(model(x), y)
         loss.backward()
         opt.step()
+        if slow[0] <= time.perf_counter() - t_start < slow[1]:
+            time.sleep(args.slow_sleep_ms / 1000.0)
         if tracker is not None:
             tracker.step()
         now = time.perf_counter()

@@ -162,7 +162,8 @@ def add_events(con, rows: Iterable[tuple]) -> None:
     if not rows:
         return
     insert_rows(con, "events (ts, node_id, gpu, kind, message, value, attrs)",
-                    [[ts, node, gpu, kind, msg, float(value), json.dumps(attrs or {}, sort_keys=True)]
+                    [[ts, node, gpu, kind, msg, None if value is None else float(value),
+                      json.dumps(attrs or {}, sort_keys=True)]
                      for ts, node, gpu, kind, msg, value, attrs in rows])
 
 
@@ -288,4 +289,56 @@ def hardware_rows(node_id: str, *, start: dt.datetime, points: int = 12, step_s:
         # the node is back: the agent starts a minute before the sample that sees the links come up again
         events.append((times[mid] - dt.timedelta(seconds=60), node_id, -1, "agent_start",
                        "gpuagent started (SYNTHETIC reboot)", 0, {"synthetic": "true"}))
+    return rows, events
+
+
+def passive_job_rows(node_id: str, job_id: str, *, start: dt.datetime, seconds: float, tick_s: float = 1.0,
+                     progress: float = 130.0, source: str = "cpu_share", rng: random.Random | None = None,
+                     noise: float = 0.03, contention: tuple[float, float | None] | None = None,
+                     neighbour: str = "stress-ng-cpu", neighbour_cpu: float = 150.0, lost: float = 0.4,
+                     own_phase: tuple[float, float] | None = None, own_drop: float = 0.4,
+                     filler: str | None = None, psi_idle: float = 3.0, psi_contended: float = 60.0,
+                     ended: bool = False) -> tuple[list[tuple], list[tuple]]:
+    """SYNTHETIC agent ticks of one job seen passively (agent/job_discovery.py's series), as sample rows.
+
+    ``contention = (t0_s, t1_s)``: a co-tenant ``neighbour`` uses ``neighbour_cpu`` % of a core from t0 to t1
+    seconds (t1 None: until the end) and the job's progress falls by ``lost``; CPU pressure (PSI cpu some
+    avg10) follows the kernel's 10 s average towards ``psi_contended``. ``own_phase = (t0_s, t1_s)``: the job's
+    own slower phase (progress falls by ``own_drop``, nobody else to blame); with ``filler`` a command soaks
+    up the CPU the job left idle in that phase, which raises no pressure. Background: two small commands
+    (5-12 % of a core). ``ended``: the job ends at ``seconds`` (its last 2 s wind down, and a job_end event).
+    Returns (sample rows for add_samples, event rows for add_events)."""
+    rng = rng or random.Random(0)
+    rows: list[tuple] = []
+    lab = f"job_id={job_id}"
+    psi = psi_idle
+    decay = pow(2.718281828, -tick_s / 10.0)
+    n = int(seconds / tick_s)
+    for i in range(n):
+        s = i * tick_s
+        t = start + dt.timedelta(seconds=s)
+        p = progress * (1 + rng.gauss(0, noise))
+        others = {"sshd": 5 + 2 * rng.random(), "python3": 8 + 4 * rng.random()}
+        contended = contention is not None and contention[0] <= s < (contention[1] if contention[1] is not None
+                                                                     else float("inf"))
+        if contended:
+            p *= 1 - lost
+            others[neighbour] = neighbour_cpu * (1 + rng.gauss(0, noise))
+        if own_phase and own_phase[0] <= s < own_phase[1]:
+            p *= 1 - own_drop
+            if filler:
+                others[filler] = progress * own_drop * (1 + rng.gauss(0, noise))
+        if ended and s >= seconds - 2:
+            p *= 0.3 * rng.random()      # wind-down: the ranks tear the process group down and exit
+        psi = psi * decay + (psi_contended if contended else psi_idle) * (1 - decay)
+        rows += [(t, node_id, None, "job_progress_percent", f"{lab},source={source}", max(0.0, p)),
+                 (t, node_id, None, "job_neighbour_cpu_percent", lab, sum(others.values())),
+                 (t, node_id, None, "psi_cpu_some_avg10_percent", "", psi)]
+        rows += [(t, node_id, None, "job_neighbour_process_cpu_percent", f"{lab},comm={c},pid={1000 + k}", v)
+                 for k, (c, v) in enumerate(sorted(others.items()))]
+    events = []
+    if ended:
+        last = start + dt.timedelta(seconds=(n - 1) * tick_s)
+        events.append((last + dt.timedelta(seconds=3), node_id, None, "job_end", f"job {job_id} ended", None,
+                       {"job_id": job_id, "source": "synthetic"}))
     return rows, events

@@ -183,6 +183,7 @@ class AnalyzerConfig:
     corroboration_psi_percent: float = 10.0
     neighbour_cpu_percent: float = 25.0   # % of one core a neighbour must add over its usual level
     job_warmup_s: float = 10.0            # a passively seen job's start-up (imports, rendezvous) is not progress
+    job_winddown_s: float = 3.0           # nor is an ended job's wind-down (process-group teardown, exit)
     min_minutes: int = 10
     idle_util_percent: float = 10.0
     input_bound_util_percent: float = 70.0
@@ -586,6 +587,7 @@ class Analyzer:
             "min_runs": cfg.min_runs, "noise_k": cfg.noise_k, "min_fleet_nodes": cfg.min_fleet_nodes,
             "corr_steal": cfg.corroboration_steal_percent, "corr_psi": cfg.corroboration_psi_percent,
             "neighbour_cpu": cfg.neighbour_cpu_percent, "job_warmup_s": cfg.job_warmup_s,
+            "job_winddown_s": cfg.job_winddown_s, "psi_rise": cfg.corroboration_psi_percent / 2,
             "min_minutes": cfg.min_minutes, "idle_util": cfg.idle_util_percent,
             "input_util": cfg.input_bound_util_percent, "data_wait": cfg.data_wait_fraction,
             "iowait": cfg.iowait_percent, "cpu_busy": cfg.cpu_busy_percent, "gap_fraction": cfg.gap_fraction,

@@ -5,15 +5,21 @@
 -- An episode is a run of ticks where a series stands above its usual level (its 25th percentile over the
 -- job) by a clear margin: >= $neighbour_cpu % of a core and >= half its usual level (steal: >= $corr_steal
 -- points); up to two quiet ticks inside a run do not split it. The job's first $job_warmup_s are left out
--- (start-up: imports, rendezvous, not progress).
--- The job's progress during an episode is compared with its own progress just before and just after it
--- (each window as long as the episode, >= 10 s, without that series' episode ticks), so a slow drift of the
--- rest of the node does not count. A flag needs: >= $min_runs ticks in the episode and in each window
--- (so contention still going on is judged once ticks follow it, and a job's wind-down at its end, which
--- looks like lost progress, has nothing after it to be judged against); the series' level over
--- the reference by the margin; and progress lower than the reference by the component's threshold, and
--- lower than each side by at least half that. The job's own busy phases never count: its processes are
--- not neighbours. Neighbours are named by their share of the added CPU during the episode.
+-- (start-up: imports, rendezvous, not progress), and so are the last $job_winddown_s of a job that has ended
+-- (a job_end event, or no tick for 30 s): its wind-down looks like lost progress.
+-- An episode with >= $min_runs ticks after it (ended) is judged against the job's progress just before and
+-- just after it (each window as long as the episode, >= 10 s, without that series' episode ticks), so a slow
+-- drift of the rest of the node does not count: progress lower than the two together by the component's
+-- threshold, and lower than each side by at least half that.
+-- An episode with fewer ticks after it is still going on (or the job ended inside it): it is judged from its
+-- start against the window before it alone, so it flags while the co-tenant is still there. Progress must
+-- be lower than before by the whole threshold, and for a job measured by its CPU share, CPU pressure (PSI cpu
+-- some) must have risen in the episode: a neighbour that takes CPU from the job makes the job's threads wait,
+-- one that only fills CPU the job left idle (the job's own slower phase) does not. Once the after window is
+-- there, the before-and-after judgement takes over: a recovery keeps the flag (more sure), none closes it.
+-- Both need: >= $min_runs ticks in the episode and before it, and the series' level over the reference by
+-- the margin. The job's own busy phases never count: its processes are not neighbours. Neighbours are named
+-- by their share of the added CPU during the episode.
 
 CREATE OR REPLACE TEMP TABLE _pc_ticks AS
 WITH raw AS (
@@ -40,6 +46,9 @@ WITH raw AS (
            max(source) FILTER (WHERE metric = 'job_progress_percent') AS progress_source,
            max(value) FILTER (WHERE metric = 'job_neighbour_cpu_percent') AS neighbour_cpu
     FROM raw GROUP BY ALL
+), ended AS (
+    SELECT DISTINCT node_id, json_extract_string(attrs, '$.job_id') AS job_id
+    FROM events WHERE kind = 'job_end' AND ts > $window_start AND ts <= $now
 ), b AS (
     SELECT t.*, h.steal, h.psi_cpu, h.psi_io, h.psi_mem,
            min(t.ts) OVER (PARTITION BY t.node_id, t.job_id) AS job_first,
@@ -49,7 +58,11 @@ WITH raw AS (
     FROM t LEFT JOIN host h ON h.node_id = t.node_id AND h.ts = t.ts
     WHERE t.progress IS NOT NULL AND t.job_id <> ''
 )
-SELECT * FROM b WHERE ts >= job_first + to_microseconds(CAST($job_warmup_s * 1e6 AS BIGINT));
+SELECT b.*, (e.job_id IS NOT NULL OR b.job_last < $now - INTERVAL 30 SECOND) AS job_ended
+FROM b LEFT JOIN ended e ON e.node_id = b.node_id AND e.job_id = b.job_id
+WHERE b.ts >= b.job_first + to_microseconds(CAST($job_warmup_s * 1e6 AS BIGINT))
+  AND NOT ((e.job_id IS NOT NULL OR b.job_last < $now - INTERVAL 30 SECOND)
+           AND b.ts > b.job_last - to_microseconds(CAST($job_winddown_s * 1e6 AS BIGINT)));
 
 CREATE OR REPLACE TEMP TABLE _pc_named AS
 SELECT node_id, ts, regexp_extract(labels, '(^|,)job_id=([^,]*)', 2) AS job_id,
@@ -62,13 +75,14 @@ WHERE ts > $window_start AND ts <= $now AND metric = 'job_neighbour_process_cpu_
 CREATE OR REPLACE TEMP TABLE _pc_series AS
 WITH keys AS (SELECT DISTINCT node_id, job_id, comm FROM _pc_named),
 s AS (
-    SELECT k.node_id, k.job_id, k.ts, k.progress, k.job_last, k.dt_s, 'co_tenant' AS component, c.comm AS key,
-           coalesce(n.value, 0) AS v
+    SELECT k.node_id, k.job_id, k.ts, k.progress, k.job_ended, k.psi_cpu, k.dt_s, 'co_tenant' AS component,
+           c.comm AS key, coalesce(n.value, 0) AS v
     FROM _pc_ticks k
     JOIN keys c ON c.node_id = k.node_id AND c.job_id = k.job_id
     LEFT JOIN _pc_named n ON n.node_id = k.node_id AND n.job_id = k.job_id AND n.ts = k.ts AND n.comm = c.comm
     UNION ALL
-    SELECT node_id, job_id, ts, progress, job_last, dt_s, 'hypervisor', 'cpu steal', coalesce(steal, 0) FROM _pc_ticks
+    SELECT node_id, job_id, ts, progress, job_ended, psi_cpu, dt_s, 'hypervisor', 'cpu steal', coalesce(steal, 0)
+    FROM _pc_ticks
 ), u AS (
     SELECT *, quantile_cont(v, 0.25) OVER (PARTITION BY node_id, job_id, key) AS usual FROM s
 ), h AS (
@@ -88,7 +102,8 @@ FROM g;
 CREATE OR REPLACE TEMP TABLE _pc_episodes AS
 WITH e AS (
     SELECT node_id, job_id, component, key, island, min(ts) AS t0, max(ts) AS t1, count(*) AS n,
-           sum(dt_s) AS hit_s, avg(progress) AS p_hit, avg(v) AS v_hit, any_value(job_last) AS job_last
+           sum(dt_s) AS hit_s, avg(progress) AS p_hit, avg(v) AS v_hit, any_value(job_ended) AS job_ended,
+           max(psi_cpu) AS psi_cpu_hit_max
     FROM _pc_series WHERE hit GROUP BY ALL
     HAVING count(*) >= $min_runs
 ), r AS (
@@ -99,33 +114,48 @@ SELECT r.*,
        count(s.ts) FILTER (WHERE s.ts > r.t1) AS n_after,
        avg(s.progress) FILTER (WHERE s.ts < r.t0) AS p_before,
        avg(s.progress) FILTER (WHERE s.ts > r.t1) AS p_after,
-       avg(s.progress) AS p_ref, avg(s.v) AS v_ref
+       avg(s.progress) AS p_ref, avg(s.v) AS v_ref,
+       avg(s.v) FILTER (WHERE s.ts < r.t0) AS v_before,
+       avg(s.psi_cpu) FILTER (WHERE s.ts < r.t0) AS psi_cpu_before
 FROM r
 LEFT JOIN _pc_series s ON s.node_id = r.node_id AND s.job_id = r.job_id AND s.key = r.key AND NOT s.hit
      AND ((s.ts >= r.t0 - r.span AND s.ts < r.t0) OR (s.ts > r.t1 AND s.ts <= r.t1 + r.span))
 GROUP BY ALL;
 
 CREATE OR REPLACE TEMP TABLE _pc AS
-WITH q AS (
-    SELECT e.*, c.threshold, c.critical, 1 - e.p_hit / nullif(e.p_ref, 0) AS lost,
-           1 - e.p_hit / nullif(e.p_before, 0) AS lost_before, 1 - e.p_hit / nullif(e.p_after, 0) AS lost_after,
+WITH q0 AS (
+    SELECT e.*, c.threshold, c.critical, e.n_after < $min_runs AS open_ended,
            (SELECT max(k.progress_source) FROM _pc_ticks k WHERE k.node_id = e.node_id AND k.job_id = e.job_id)
              AS source_of_progress,
            n.cpu_cores_logical AS cpus
     FROM _pc_episodes e
     JOIN _components c ON c.kind = 'noisy_neighbor_variance' AND c.component = e.component
     LEFT JOIN nodes n ON n.node_id = e.node_id
+), q AS (
+    -- An open-ended episode has only the window before it to be compared with.
+    SELECT q0.* REPLACE (CASE WHEN open_ended THEN p_before ELSE p_ref END AS p_ref,
+                         CASE WHEN open_ended THEN v_before ELSE v_ref END AS v_ref),
+           1 - p_hit / nullif(CASE WHEN open_ended THEN p_before ELSE p_ref END, 0) AS lost,
+           1 - p_hit / nullif(p_before, 0) AS lost_before, 1 - p_hit / nullif(p_after, 0) AS lost_after
+    FROM q0
 ), ok AS (
     SELECT * FROM q
-    WHERE n_before >= $min_runs AND n_after >= $min_runs
+    WHERE n_before >= $min_runs
       AND v_hit - v_ref >= CASE component WHEN 'co_tenant' THEN greatest($neighbour_cpu, v_ref / 2) ELSE $corr_steal END
-      AND lost >= threshold AND lost_before >= threshold / 2 AND coalesce(lost_after, 1) >= threshold / 2
+      AND lost >= threshold
+      AND CASE WHEN open_ended
+               -- a CPU neighbour makes the job's threads wait: CPU pressure rises (PSI, where the node has it)
+               THEN component <> 'co_tenant' OR source_of_progress <> 'cpu_share' OR psi_cpu_hit_max IS NULL
+                    OR psi_cpu_before IS NULL OR psi_cpu_hit_max >= psi_cpu_before + $psi_rise
+               ELSE lost_before >= threshold / 2 AND coalesce(lost_after, 1) >= threshold / 2 END
       -- Steal can take from a job measured by its CPU share at most the CPU it stole: on N CPUs, s points of
       -- steal are s * N % of one core. The rise in steal must account for at least half of the CPU share the
       -- job lost, or the drop is the job's own (an I/O phase, say) that a little steal happened to overlap.
       AND NOT (component = 'hypervisor' AND source_of_progress = 'cpu_share' AND cpus IS NOT NULL
                AND (v_hit - v_ref) * cpus < 0.5 * (p_ref - p_hit))
-    QUALIFY row_number() OVER (PARTITION BY node_id, component ORDER BY lost DESC, v_hit - v_ref DESC) = 1
+    -- the episode still going on is the news; else the worst
+    QUALIFY row_number() OVER (PARTITION BY node_id, component
+                               ORDER BY open_ended DESC, lost DESC, v_hit - v_ref DESC) = 1
 ), win AS (   -- every tick of the episode and of its reference windows, for the totals and the names
     SELECT ok.node_id, ok.job_id, ok.component, k.ts, k.ts BETWEEN ok.t0 AND ok.t1 AS during,
            k.neighbour_cpu, k.steal, k.psi_cpu, k.psi_io, k.psi_mem, k.progress_source
@@ -155,6 +185,8 @@ WITH q AS (
     FROM rises
 )
 SELECT ok.*, tot.* EXCLUDE (node_id, job_id, component),
+       CASE WHEN NOT ok.open_ended THEN 'ended' WHEN ok.job_ended THEN 'until_job_end'
+            WHEN ok.n_after = 0 THEN 'ongoing' ELSE 'ended' END AS episode,
        (SELECT list({'comm': s.comm, 'pids': s.pids, 'cpu_percent_contended': round(s.cpu_hit, 1),
                      'cpu_percent_around': round(s.cpu_ref, 1), 'share_of_added_cpu': round(s.share, 3)}
                     ORDER BY s.rise DESC)[1:3]
@@ -169,25 +201,35 @@ FROM _pc_ticks CROSS JOIN (VALUES ('co_tenant'), ('hypervisor')) c(component);
 INSERT INTO _conditions
 SELECT node_id, NULL AS gpu, 'noisy_neighbor_variance' AS kind, component,
        CASE WHEN lost >= critical THEN 'critical' ELSE 'warning' END AS severity,
-       lost AS value, 'fraction' AS unit, p_ref AS baseline, 'job_progress_around_episode' AS baseline_source,
+       lost AS value, 'fraction' AS unit, p_ref AS baseline,
+       CASE WHEN open_ended THEN 'job_progress_before_episode' ELSE 'job_progress_around_episode' END AS baseline_source,
        json_object(
            'job_id', job_id, 'cause', key, 'progress_source', progress_source,
+           'episode', episode, 'judged_against', CASE WHEN open_ended THEN 'before' ELSE 'before_and_after' END,
+           'episode_start', t0, 'episode_last_tick', t1, 'progress_lost_s', round(lost * hit_s, 1),
            'progress_before', round(p_before, 1), 'progress_after', round(p_after, 1),
            'progress_contended', round(p_hit, 1), 'progress_lost_fraction', round(lost, 3),
            'contended_ticks', n, 'contended_s', round(hit_s, 1), 'reference_ticks_before', n_before,
-           'reference_ticks_after', n_after,
+           'reference_ticks_after', n_after, 'cpu_pressure_some_max_contended', psi_cpu_hit_max,
+           'cpu_pressure_some_before', round(psi_cpu_before, 1),
            'cause_level_contended', round(v_hit, 1), 'cause_level_around', round(v_ref, 1),
            'neighbour_cpu_percent_contended', round(n_hit, 1), 'neighbour_cpu_percent_around', round(n_ref, 1),
            'neighbour_cpu_margin_percent', $neighbour_cpu, 'neighbours', neighbours,
            'cpu_steal_percent', json_object('avg', steal_avg, 'max', steal_max),
            'psi_some_avg10_percent_max', json_object('cpu', psi_cpu_max, 'io', psi_io_max, 'memory', psi_mem_max)
        )::VARCHAR AS evidence,
-       'job ' || job_id || ' lost ' || printf('%.0f', lost * 100) || ' % of its progress ('
+       'job ' || job_id || CASE WHEN episode = 'ongoing' THEN ' has lost ' ELSE ' lost ' END
+       || printf('%.0f', lost * 100) || ' % of its progress ('
        || CASE progress_source WHEN 'gpu_util' THEN 'GPU utilization ' ELSE 'CPU share of its processes ' END
-       || _fmt(p_ref) || ' % around it -> ' || _fmt(p_hit) || ' %) during ' || printf('%.0f', hit_s) || ' s while '
+       || _fmt(p_ref) || CASE WHEN open_ended THEN ' % before it -> ' ELSE ' % around it -> ' END
+       || _fmt(p_hit) || ' %) '
+       || CASE episode WHEN 'ongoing' THEN 'for the last ' || printf('%.0f', hit_s) || ' s, and it goes on, while '
+                       WHEN 'until_job_end' THEN 'in its last ' || printf('%.0f', hit_s) || ' s while '
+                       ELSE 'during ' || printf('%.0f', hit_s) || ' s while ' END
        || CASE component
-              WHEN 'co_tenant' THEN key || ' used ' || printf('%.0f', v_hit) || ' % of a core (around it '
-                   || printf('%.0f', v_ref) || ' %; added CPU by command: ' || coalesce(array_to_string(list_transform(neighbours,
+              WHEN 'co_tenant' THEN key || CASE WHEN episode = 'ongoing' THEN ' uses ' ELSE ' used ' END
+                   || printf('%.0f', v_hit) || ' % of a core (' || CASE WHEN open_ended THEN 'before' ELSE 'around' END
+                   || ' it ' || printf('%.0f', v_ref) || ' %; added CPU by command: ' || coalesce(array_to_string(list_transform(neighbours,
                         x -> x.comm || ' ' || printf('%.0f', x.share_of_added_cpu * 100) || ' %'), ', '), 'unnamed')
                    || '); isolate the co-tenant (cgroup CPU limits, pinning) or move it off this node.'
               ELSE 'the hypervisor stole up to ' || printf('%.0f', steal_max)

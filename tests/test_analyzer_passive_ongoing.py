@@ -1,0 +1,114 @@
+"""Passive noisy neighbours while they are still there (issue 26): 41_noisy_neighbor_passive.sql on a real
+DuckDB file with SYNTHETIC agent ticks (sim.synthetic_rows.passive_job_rows), passes at chosen times.
+
+A job seen passively on a 2-CPU node, 1 s ticks (the agent's default), its progress the CPU share of its
+processes (130 % of a core, 3 % noise)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import random
+import re
+
+import pytest
+
+from analysis_helpers import migrated_db, run  # noqa: F401 - the con fixture
+from gpuagent.sim import synthetic_rows as S
+
+START = dt.datetime(2026, 1, 1, 11, 0)
+NODE = "synthetic-passive"
+
+
+def _job(con, **kw) -> None:
+    S.add_node(con, NODE, virtualized=False, gpu_count=0, now=START)
+    con.execute("UPDATE nodes SET cpu_cores_logical = 2 WHERE node_id = ?", [NODE])
+    rows, events = S.passive_job_rows(NODE, "job-a", start=START, rng=random.Random(7), **kw)
+    S.add_samples(con, rows)
+    S.add_events(con, events)
+
+
+def _pass(con, at_s: float) -> list[dict]:
+    """One pass at START + at_s; the open passive co_tenant flags, evidence decoded."""
+    run(con, now=START + dt.timedelta(seconds=at_s))
+    rows = con.execute("SELECT flag_id, evidence, sentence, baseline_source FROM flags WHERE state = 'open' "
+                       "AND kind = 'noisy_neighbor_variance' AND component = 'co_tenant'").fetchall()
+    return [{"flag_id": r[0], "evidence": json.loads(r[1]), "sentence": r[2], "baseline_source": r[3]} for r in rows]
+
+
+def test_flag_opens_while_the_co_tenant_is_there_and_after_evidence_keeps_it(con):
+    """Co-tenant from 60 s to 100 s of a 140 s job: no flag before it; open 10 s in, judged against the
+    minute before it and updated as it goes on; still the same flag once the job has recovered after it."""
+    _job(con, seconds=140, contention=(60, 100))
+    assert _pass(con, 55) == []
+
+    (f,) = _pass(con, 70.5)
+    ev = f["evidence"]
+    assert ev["episode"] == "ongoing" and ev["judged_against"] == "before"
+    assert f["baseline_source"] == "job_progress_before_episode"
+    assert ev["progress_lost_fraction"] == pytest.approx(0.4, abs=0.05)
+    assert ev["neighbours"][0]["comm"] == "stress-ng-cpu"
+    assert re.search(r"has lost \d+ % of its progress .* for the last \d+ s, and it goes on, while stress-ng-cpu uses",
+                     f["sentence"]), f["sentence"]
+    first = ev["contended_s"]
+
+    (g,) = _pass(con, 90.5)
+    assert g["flag_id"] == f["flag_id"], "the same flag, updated"
+    assert g["evidence"]["episode"] == "ongoing" and g["evidence"]["contended_s"] >= first + 15
+    assert g["evidence"]["progress_lost_s"] == pytest.approx(0.4 * g["evidence"]["contended_s"], rel=0.15)
+
+    (h,) = _pass(con, 102.5)      # the co-tenant left 2 s ago: not enough ticks after it to judge by yet
+    assert h["flag_id"] == f["flag_id"] and h["evidence"]["episode"] == "ended"
+    assert h["evidence"]["judged_against"] == "before"
+
+    (k,) = _pass(con, 139.5)      # the job recovered: the before-and-after judgement keeps the flag
+    assert k["flag_id"] == f["flag_id"]
+    assert k["evidence"]["episode"] == "ended" and k["evidence"]["judged_against"] == "before_and_after"
+    assert k["baseline_source"] == "job_progress_around_episode"
+    assert re.search(r" lost \d+ % .* % around it -> .* during \d+ s while stress-ng-cpu used", k["sentence"]), k["sentence"]
+
+
+def test_no_recovery_after_the_co_tenant_left_closes_the_flag(con):
+    """The job stays as slow after the co-tenant left (its own slowdown all along): the flag opened while the
+    co-tenant was there closes once the window after it shows no recovery."""
+    _job(con, seconds=140, contention=(60, 100), own_phase=(100, 140), own_drop=0.4)
+    assert len(_pass(con, 75.5)) == 1
+    assert _pass(con, 139.5) == []
+    (state,) = con.execute("SELECT state FROM flags WHERE component = 'co_tenant'").fetchone()
+    assert state == "closed"
+
+
+@pytest.mark.parametrize("filler", [None, "backup"])
+def test_the_jobs_own_slower_phase_is_not_a_neighbour(con, filler):
+    """The job slows down by itself from 60 s on and is still slow at the pass. Without anybody else nothing
+    rises; with a command that soaks up the CPU the job left idle (a nice'd backup), that command rises, but
+    the job's threads never wait for CPU (no pressure): no flag either way."""
+    _job(con, seconds=120, own_phase=(60, 120), own_drop=0.4, filler=filler)
+    assert _pass(con, 90.5) == []
+
+
+def test_a_gpu_job_is_flagged_without_pressure(con):
+    """GPU utilization as the job's progress: a CPU neighbour starves its input pipeline; pressure is not
+    required (the job's own threads may be few and wait on the GPU, not the CPU)."""
+    _job(con, seconds=120, progress=90.0, source="gpu_util", contention=(60, None), psi_contended=3.0)
+    (f,) = _pass(con, 80.5)
+    assert f["evidence"]["progress_source"] == "gpu_util" and f["evidence"]["episode"] == "ongoing"
+    assert "GPU utilization" in f["sentence"]
+
+
+def test_a_job_that_ended_inside_the_episode_is_judged_without_its_wind_down(con):
+    """The co-tenant came at 60 s and stayed until the job ended at 100 s: flagged as such, and the job's
+    last seconds (its exit) are not counted as progress lost."""
+    _job(con, seconds=100, contention=(60, None), ended=True)
+    (f,) = _pass(con, 140)
+    ev = f["evidence"]
+    assert ev["episode"] == "until_job_end" and ev["judged_against"] == "before"
+    assert ev["progress_lost_fraction"] == pytest.approx(0.4, abs=0.05), "the wind-down is left out"
+    assert "in its last" in f["sentence"]
+
+
+def test_the_next_job_starting_as_this_one_exits_is_not_blamed_for_its_wind_down(con):
+    """A command starts 6 s before the job ends (the scheduler's next job, say) and hardly slows it (5 %);
+    the job's last 2 s are its exit. Counted, the exit would look like 35 % lost to that command."""
+    _job(con, seconds=100, contention=(94, None), lost=0.05, ended=True)
+    assert _pass(con, 140) == []
