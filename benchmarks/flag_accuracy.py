@@ -29,6 +29,16 @@ sim/fleet.py; rows from sim.synthetic_rows.hardware_rows written into a real col
 negatives on ~15 % (counter resets, planned reboots with link flaps, application XIDs of one job) and
 sub-threshold noise elsewhere; one real analysis pass; recall and false-positive rate per component.
 
+noisy_neighbor_variance/co_tenant while the episode goes on (``--passive-nodes``, default 200;
+``--passive-only`` for that part alone; issue 26): SYNTHETIC ticks of one passively seen job per node
+(sim.synthetic_rows.passive_job_rows, 1 s ticks, 10 minutes) written into a real collector database: ~40 %
+with a co-tenant that arrives between minute 3 and 8 and is still there at the end, ~15 % with a slower
+phase of the job's own (half of them with a command soaking up the CPU it left idle), the rest clean. Real
+analysis passes every 60 s (the default interval). A positive is a node with the co-tenant; a hit an open
+co_tenant flag on it at the last pass; any open co_tenant flag on another node at any pass is a false
+positive. The time from the episode's start to the first pass that showed its flag is reported (median,
+max, and the share within two passes).
+
 Findings (95_findings.sql) are scored too: on each node with injected causes (each inject_* label is one
 cause), the open findings that name the node, at most 1.5 per cause; every injected cause covered by a
 finding of its kind; and a second pool, cloud-pcie, where every node carries the same H2D/D2H penalty, must
@@ -42,6 +52,7 @@ import datetime as dt
 import json
 import random
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -400,6 +411,104 @@ def hardware_accuracy(n: int, seed: int, db: Path) -> dict:
                     "real analyzer pass"}
 
 
+# ------------------------------------------------------------------------ passive co_tenant, ongoing
+
+def passive_accuracy(n: int, seed: int, db: Path) -> dict:
+    """Ongoing passive noisy-neighbour episodes on a SYNTHETIC fleet (see the module doc), scored per pass."""
+    import duckdb  # noqa: PLC0415 - collector extra
+
+    from gpuagent.collector.store import schema  # noqa: PLC0415
+
+    rng = random.Random(seed + 26)
+    start, seconds = HW_NOW - dt.timedelta(minutes=10), 600
+    con = duckdb.connect(str(db))
+    onset: dict[str, float] = {}
+    kinds: dict[str, str] = {}
+    rows_total = 0
+    try:
+        schema.migrate(con)
+        batch: list[tuple] = []
+        for i in range(n):
+            node = f"passive-{i:04d}"
+            S.add_node(con, node, virtualized=False, gpu_count=0, pool="passive", now=start,
+                       labels={"inject_passive": "1"})
+            r = rng.random()
+            kw: dict = {}
+            if r < 0.40:
+                t0 = rng.uniform(180, 480)
+                onset[node] = t0
+                kw = dict(contention=(t0, None), lost=rng.choice((0.3, 0.45, 0.6)),
+                          neighbour=rng.choice(("stress-ng-cpu", "stress-ng-cache", "ffmpeg", "java")),
+                          neighbour_cpu=rng.uniform(80, 200), psi_contended=rng.uniform(30, 80))
+                kinds[node] = "co_tenant"
+            elif r < 0.55:
+                t0 = rng.uniform(180, 480)
+                kw = dict(own_phase=(t0, t0 + rng.uniform(60, 200)), own_drop=rng.uniform(0.3, 0.7),
+                          filler="backup" if rng.random() < 0.5 else None)
+                kinds[node] = "own_phase_with_filler" if kw["filler"] else "own_phase"
+            else:
+                kinds[node] = "clean"
+            source = "gpu_util" if rng.random() < 0.3 else "cpu_share"
+            rows, _ = S.passive_job_rows(node, "job-" + node, start=start, seconds=seconds, source=source,
+                                         progress=90.0 if source == "gpu_util" else rng.uniform(100, 190),
+                                         rng=random.Random(f"{seed}-p{i}"), **kw)
+            batch += rows
+            if len(batch) > 400_000:
+                S.add_samples(con, batch)
+                rows_total += len(batch)
+                batch = []
+        S.add_samples(con, batch)
+        rows_total += len(batch)
+    finally:
+        con.close()
+    first_seen: dict[str, float] = {}
+    false_pos: set[str] = set()
+    pass_s = []
+    for k in range(3, 11):                      # passes at minutes 3..10 of the job
+        at = start + dt.timedelta(seconds=60 * k)
+        t1 = time.perf_counter()
+        A.analyze_db(db, now=at)
+        pass_s.append(time.perf_counter() - t1)
+        con = open_readonly(db)
+        try:
+            open_nodes = {r[0] for r in con.execute(
+                "SELECT node_id FROM flags WHERE state = 'open' AND kind = 'noisy_neighbor_variance' "
+                "AND component = 'co_tenant'").fetchall()}
+        finally:
+            con.close()
+        for node in open_nodes:
+            if node in onset and onset[node] < 60 * k:
+                first_seen.setdefault(node, 60 * k - onset[node])
+            else:
+                false_pos.add(node)
+    con = open_readonly(db)
+    try:
+        last_open = {r[0] for r in con.execute(
+            "SELECT node_id FROM flags WHERE state = 'open' AND kind = 'noisy_neighbor_variance' "
+            "AND component = 'co_tenant'").fetchall()}
+    finally:
+        con.close()
+    tp = sum(1 for node in onset if node in last_open)
+    negatives = [node for node in kinds if node not in onset]
+    fp = sum(1 for node in negatives if node in false_pos)
+    delays = sorted(first_seen.values())
+    by_kind = {kind: {"nodes": sum(1 for v in kinds.values() if v == kind),
+                      "false_positives": sum(1 for node, v in kinds.items() if v == kind and node in false_pos)}
+               for kind in ("own_phase", "own_phase_with_filler", "clean")}
+    return {"nodes": n, "with_co_tenant": len(onset), "recall": round(tp / len(onset), 4) if onset else None,
+            "false_positive_rate": round(fp / len(negatives), 4) if negatives else None,
+            "tp": tp, "fn": len(onset) - tp, "fp": fp, "tn": len(negatives) - fp, "negatives": by_kind,
+            "episode_start_to_flag_s": {"median": round(statistics.median(delays), 1) if delays else None,
+                                        "max": round(delays[-1], 1) if delays else None,
+                                        "within_two_passes": round(sum(d <= 120 for d in delays) / len(delays), 4)
+                                        if delays else None},
+            "analysis_interval_s": 60, "passes": len(pass_s),
+            "pass_s_median": round(statistics.median(pass_s), 2), "sample_rows": rows_total,
+            "targets_met": bool(onset) and tp / len(onset) >= 0.95 and fp / max(1, len(negatives)) <= 0.02,
+            "data": "SYNTHETIC passive job ticks (sim.synthetic_rows.passive_job_rows) in a real collector "
+                    "database; real analyzer passes every 60 s of simulated time"}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", type=int, default=200)
@@ -414,10 +523,20 @@ def main(argv=None) -> int:
     ap.add_argument("--hardware-nodes", type=int, default=1000,
                     help="nodes of the SYNTHETIC hardware-fault fleet (0: skip that part)")
     ap.add_argument("--hardware-only", action="store_true", help="score only the hardware_fault flags")
+    ap.add_argument("--passive-nodes", type=int, default=200,
+                    help="nodes of the SYNTHETIC passive-job fleet with ongoing co-tenants (0: skip that part)")
+    ap.add_argument("--passive-only", action="store_true", help="score only the ongoing passive co_tenant flags")
     args = ap.parse_args(argv)
 
     tmp = tempfile.TemporaryDirectory(prefix="gpuagent-accuracy-")
     work = Path(tmp.name)
+    passive = (passive_accuracy(args.passive_nodes, args.seed, work / "passive.duckdb")
+               if args.passive_nodes else None)
+    if args.passive_only:
+        tmp.cleanup()
+        out = {"benchmark": "flag_accuracy", "seed": args.seed, "noisy_neighbor_passive_ongoing": passive}
+        print(json.dumps(out, indent=2) if args.json else _passive_text(passive))
+        return 0
     hw = hardware_accuracy(args.hardware_nodes, args.seed, work / "hardware.duckdb") if args.hardware_nodes else None
     if args.hardware_only:
         tmp.cleanup()
@@ -460,6 +579,7 @@ def main(argv=None) -> int:
                 "batches_acked": summary.batches_acked, "wall_s": round(sim_s, 1)},
         "analysis_pass": res.run, "analyze_rpc_s": round(analyze_s, 2),
         "hardware_fault": hw,
+        "noisy_neighbor_passive_ongoing": passive,
     })
     tmp.cleanup()
     if args.json:
@@ -475,10 +595,22 @@ def main(argv=None) -> int:
               f"{f['pool_wide_injection']['scopes']}; {f['open_findings']} open findings in all")
         if hw:
             _print_hw(hw)
+        if passive:
+            print(_passive_text(passive))
         pl = out["planner"]
         print(f"planner, {pl['nodes']} nodes: {pl['one_scope']['seconds']} s in one scope "
               f"({pl['one_scope']['rounds']} rounds), {pl['by_pool']['seconds']} s by pool")
     return 0
+
+
+def _passive_text(p: dict | None) -> str:
+    if not p:
+        return "noisy_neighbor_variance/co_tenant, ongoing: skipped"
+    d = p["episode_start_to_flag_s"]
+    return (f"noisy_neighbor_variance/co_tenant, ongoing, on {p['nodes']} SYNTHETIC nodes: recall {p['recall']}, "
+            f"false-positive rate {p['false_positive_rate']} (tp {p['tp']} fn {p['fn']} fp {p['fp']} tn {p['tn']}); "
+            f"episode start to flag: median {d['median']} s, max {d['max']} s, "
+            f"{d['within_two_passes']} within two passes")
 
 
 def _print_hw(hw: dict | None) -> None:

@@ -87,13 +87,25 @@ def test_the_jobs_own_slower_phase_is_not_a_neighbour(con, filler):
     assert _pass(con, 90.5) == []
 
 
-def test_a_gpu_job_is_flagged_without_pressure(con):
-    """GPU utilization as the job's progress: a CPU neighbour starves its input pipeline; pressure is not
-    required (the job's own threads may be few and wait on the GPU, not the CPU)."""
-    _job(con, seconds=120, progress=90.0, source="gpu_util", contention=(60, None), psi_contended=3.0)
-    (f,) = _pass(con, 80.5)
+@pytest.mark.parametrize("psi_contended, flagged", [(60.0, True), (3.0, False)])
+def test_a_gpu_job_is_judged_by_its_gpu_utilization_and_cpu_pressure(con, psi_contended, flagged):
+    """GPU utilization as the job's progress: a CPU neighbour that starves its input pipeline makes its
+    threads wait for CPU (pressure rises); a drop with no pressure is the job's own."""
+    _job(con, seconds=120, progress=90.0, source="gpu_util", contention=(60, None), psi_contended=psi_contended)
+    got = _pass(con, 80.5)
+    if not flagged:
+        assert got == []
+        return
+    (f,) = got
     assert f["evidence"]["progress_source"] == "gpu_util" and f["evidence"]["episode"] == "ongoing"
     assert "GPU utilization" in f["sentence"]
+
+
+def test_an_ended_slower_phase_with_a_filler_is_not_a_neighbour_either(con):
+    """The job's own slower phase from 60 to 90 s with a command soaking up the idle CPU, judged after it
+    ended: progress was lower during than before and after, but the job's threads never waited."""
+    _job(con, seconds=140, own_phase=(60, 90), own_drop=0.4, filler="backup")
+    assert _pass(con, 139.5) == []
 
 
 def test_a_job_that_ended_inside_the_episode_is_judged_without_its_wind_down(con):

@@ -12,13 +12,13 @@
 -- drift of the rest of the node does not count: progress lower than the two together by the component's
 -- threshold, and lower than each side by at least half that.
 -- An episode with fewer ticks after it is still going on (or the job ended inside it): it is judged from its
--- start against the window before it alone, so it flags while the co-tenant is still there. Progress must
--- be lower than before by the whole threshold, and for a job measured by its CPU share, CPU pressure (PSI cpu
--- some) must have risen in the episode: a neighbour that takes CPU from the job makes the job's threads wait,
--- one that only fills CPU the job left idle (the job's own slower phase) does not. Once the after window is
--- there, the before-and-after judgement takes over: a recovery keeps the flag (more sure), none closes it.
--- Both need: >= $min_runs ticks in the episode and before it, and the series' level over the reference by
--- the margin. The job's own busy phases never count: its processes are not neighbours. Neighbours are named
+-- start against the window before it alone, so it flags while the co-tenant is still there; progress must
+-- be lower than before by the whole threshold. Once the after window is there, the before-and-after
+-- judgement takes over: a recovery keeps the flag (more sure), none closes it.
+-- Both need: >= $min_runs ticks in the episode and before it, the series' level over the reference by the
+-- margin, and (co_tenant) CPU pressure (PSI cpu some) risen in the episode by $psi_rise points: a neighbour
+-- that takes CPU from the job makes the job's threads wait, one that only fills CPU the job left idle (the
+-- job's own slower phase) does not. The job's own busy phases never count: its processes are not neighbours. Neighbours are named
 -- by their share of the added CPU during the episode.
 
 CREATE OR REPLACE TEMP TABLE _pc_ticks AS
@@ -143,11 +143,11 @@ WITH q0 AS (
     WHERE n_before >= $min_runs
       AND v_hit - v_ref >= CASE component WHEN 'co_tenant' THEN greatest($neighbour_cpu, v_ref / 2) ELSE $corr_steal END
       AND lost >= threshold
-      AND CASE WHEN open_ended
-               -- a CPU neighbour makes the job's threads wait: CPU pressure rises (PSI, where the node has it)
-               THEN component <> 'co_tenant' OR source_of_progress <> 'cpu_share' OR psi_cpu_hit_max IS NULL
-                    OR psi_cpu_before IS NULL OR psi_cpu_hit_max >= psi_cpu_before + $psi_rise
-               ELSE lost_before >= threshold / 2 AND coalesce(lost_after, 1) >= threshold / 2 END
+      AND (open_ended OR (lost_before >= threshold / 2 AND coalesce(lost_after, 1) >= threshold / 2))
+      -- A neighbour that takes CPU from the job makes the job's threads wait: CPU pressure rises (PSI, where
+      -- the node has it). One that only soaks up CPU the job left idle (its own slower phase) raises none.
+      AND (component <> 'co_tenant' OR psi_cpu_hit_max IS NULL OR psi_cpu_before IS NULL
+           OR psi_cpu_hit_max >= psi_cpu_before + $psi_rise)
       -- Steal can take from a job measured by its CPU share at most the CPU it stole: on N CPUs, s points of
       -- steal are s * N % of one core. The rise in steal must account for at least half of the CPU share the
       -- job lost, or the drop is the job's own (an I/O phase, say) that a little steal happened to overlap.
