@@ -327,6 +327,23 @@ def build_hw_fleet(n: int, seed: int) -> list[NodeSpec]:
     return fleet
 
 
+class _SampleBatches:
+    """Sample rows into the database in batches of ~400,000 (Arrow), counting them."""
+
+    def __init__(self, con) -> None:
+        self.con, self.rows, self.total = con, [], 0
+
+    def add(self, rows: list[tuple]) -> None:
+        self.rows += rows
+        if len(self.rows) > 400_000:
+            self.flush()
+
+    def flush(self) -> None:
+        S.add_samples(self.con, self.rows)
+        self.total += len(self.rows)
+        self.rows = []
+
+
 def hardware_accuracy(n: int, seed: int, db: Path) -> dict:
     """Inject hardware faults into a SYNTHETIC fleet of n nodes (sim.synthetic_rows, the contract's metric and
     event names, written into a real collector database), run one real analysis pass, and score the
@@ -341,11 +358,10 @@ def hardware_accuracy(n: int, seed: int, db: Path) -> dict:
     start = HW_NOW - dt.timedelta(minutes=55)
     con = duckdb.connect(str(db))
     t0 = time.perf_counter()
-    rows_total = 0
     expected: dict[str, tuple[str, str, int]] = {}
     try:
         schema.migrate(con)
-        batch: list[tuple] = []
+        batch = _SampleBatches(con)
         for node in fleet:
             S.add_node(con, node.hostname, virtualized=False, pool=node.pool, labels=node.labels(), now=start)
             fault, variant = S.hardware_injection(node.inject)
@@ -355,14 +371,10 @@ def hardware_accuracy(n: int, seed: int, db: Path) -> dict:
                                            at=rng.randrange(2, 12), magnitude=rng.uniform(0.5, 3.0))
             if fault in HW_COMPONENTS and variant != "app":
                 expected[node.hostname] = (fault, variant, gpu)
-            batch += rows
+            batch.add(rows)
             S.add_events(con, events)
-            if len(batch) > 400_000:
-                S.add_samples(con, batch)
-                rows_total += len(batch)
-                batch = []
-        S.add_samples(con, batch)
-        rows_total += len(batch)
+        batch.flush()
+        rows_total = batch.total
     finally:
         con.close()
     write_s = time.perf_counter() - t0
@@ -424,10 +436,9 @@ def passive_accuracy(n: int, seed: int, db: Path) -> dict:
     con = duckdb.connect(str(db))
     onset: dict[str, float] = {}
     kinds: dict[str, str] = {}
-    rows_total = 0
     try:
         schema.migrate(con)
-        batch: list[tuple] = []
+        batch = _SampleBatches(con)
         for i in range(n):
             node = f"passive-{i:04d}"
             S.add_node(con, node, virtualized=False, gpu_count=0, pool="passive", now=start,
@@ -452,13 +463,9 @@ def passive_accuracy(n: int, seed: int, db: Path) -> dict:
             rows, _ = S.passive_job_rows(node, "job-" + node, start=start, seconds=seconds, source=source,
                                          progress=90.0 if source == "gpu_util" else rng.uniform(100, 190),
                                          rng=random.Random(f"{seed}-p{i}"), **kw)
-            batch += rows
-            if len(batch) > 400_000:
-                S.add_samples(con, batch)
-                rows_total += len(batch)
-                batch = []
-        S.add_samples(con, batch)
-        rows_total += len(batch)
+            batch.add(rows)
+        batch.flush()
+        rows_total = batch.total
     finally:
         con.close()
     first_seen: dict[str, float] = {}
@@ -481,14 +488,7 @@ def passive_accuracy(n: int, seed: int, db: Path) -> dict:
                 first_seen.setdefault(node, 60 * k - onset[node])
             else:
                 false_pos.add(node)
-    con = open_readonly(db)
-    try:
-        last_open = {r[0] for r in con.execute(
-            "SELECT node_id FROM flags WHERE state = 'open' AND kind = 'noisy_neighbor_variance' "
-            "AND component = 'co_tenant'").fetchall()}
-    finally:
-        con.close()
-    tp = sum(1 for node in onset if node in last_open)
+    tp = sum(1 for node in onset if node in open_nodes)     # open at the last pass
     negatives = [node for node in kinds if node not in onset]
     fp = sum(1 for node in negatives if node in false_pos)
     delays = sorted(first_seen.values())

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import random
 from typing import Iterable, Mapping, Sequence
 
@@ -312,7 +313,7 @@ def passive_job_rows(node_id: str, job_id: str, *, start: dt.datetime, seconds: 
     rows: list[tuple] = []
     lab = f"job_id={job_id}"
     psi = psi_idle
-    decay = pow(2.718281828, -tick_s / 10.0)
+    decay = math.exp(-tick_s / 10.0)        # the kernel's avg10: a 10 s exponential average
     n = int(seconds / tick_s)
     for i in range(n):
         s = i * tick_s

@@ -78,7 +78,7 @@ class Run:
     after: list[dict] | None  # ... from a pass after the job ended (None: the job was stopped after `during`)
     comms: list[str]         # command names of the stress-ng processes that ran
     steps: int               # steps the job took (every rank takes as many); 0 when it was stopped
-    progress: list[tuple[float, float]] = ()   # (seconds since the job's first tick, its progress %) per tick
+    progress: tuple[tuple[float, float], ...] = ()   # (s since the job's first tick, progress %) per tick
 
 
 def _run_job(tmp: Path, *job_args: str, stress: list[str] | None = None, stress_s: float | None = STRESS_S,
@@ -139,7 +139,7 @@ def _run_job(tmp: Path, *job_args: str, stress: list[str] | None = None, stress_
         assert len(results) == 2, text[-2000:]
         ticks = client.query(col.address, "SELECT epoch(ts - min(ts) OVER ()), value FROM samples "
                                           "WHERE metric = 'job_progress_percent' ORDER BY ts").rows
-        return Run(during, after, comms, min(r["steps"] for r in results), [tuple(t) for t in ticks])
+        return Run(during, after, comms, min(r["steps"] for r in results), tuple(tuple(t) for t in ticks))
     finally:
         for p in (job, stressor):
             if p is not None and p.poll() is None:

@@ -181,3 +181,14 @@ def test_status_showed_live_throughput(run):
                   f"{[t for st in statuses for t in st.get('job_throughput', []) if t['job_id'] == fast_id][-3:]}")
     text = render(StatusSnapshot.from_json(both[-1]))
     assert "Training throughput" in text and fast_id in text and "0,1" in text
+
+
+@pytest.mark.parametrize("value", ["20", "30:20", "a:b"])
+def test_train_ddp_refuses_a_bad_slow_phase_in_one_sentence(value):
+    """examples/train_ddp.py --slow-phase takes A:B seconds with A < B; anything else is refused before any
+    process group starts."""
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / "train_ddp.py"), "--slow-phase", value],
+                       capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 2
+    assert f"--slow-phase {value!r}: give A:B, seconds into training with A < B" in r.stderr
+    assert "Traceback" not in r.stderr

@@ -18,8 +18,8 @@
 -- Both need: >= $min_runs ticks in the episode and before it, the series' level over the reference by the
 -- margin, and (co_tenant) CPU pressure (PSI cpu some) risen in the episode by $psi_rise points: a neighbour
 -- that takes CPU from the job makes the job's threads wait, one that only fills CPU the job left idle (the
--- job's own slower phase) does not. The job's own busy phases never count: its processes are not neighbours. Neighbours are named
--- by their share of the added CPU during the episode.
+-- job's own slower phase) does not. The job's own busy phases never count: its processes are not
+-- neighbours. Neighbours are named by their share of the added CPU during the episode.
 
 CREATE OR REPLACE TEMP TABLE _pc_ticks AS
 WITH raw AS (
@@ -57,12 +57,13 @@ WITH raw AS (
            least(coalesce(epoch(t.ts - lag(t.ts) OVER (PARTITION BY t.node_id, t.job_id ORDER BY t.ts)), 0), 10.0) AS dt_s
     FROM t LEFT JOIN host h ON h.node_id = t.node_id AND h.ts = t.ts
     WHERE t.progress IS NOT NULL AND t.job_id <> ''
+), j AS (
+    SELECT b.*, (e.job_id IS NOT NULL OR b.job_last < $now - INTERVAL 30 SECOND) AS job_ended
+    FROM b LEFT JOIN ended e ON e.node_id = b.node_id AND e.job_id = b.job_id
 )
-SELECT b.*, (e.job_id IS NOT NULL OR b.job_last < $now - INTERVAL 30 SECOND) AS job_ended
-FROM b LEFT JOIN ended e ON e.node_id = b.node_id AND e.job_id = b.job_id
-WHERE b.ts >= b.job_first + to_microseconds(CAST($job_warmup_s * 1e6 AS BIGINT))
-  AND NOT ((e.job_id IS NOT NULL OR b.job_last < $now - INTERVAL 30 SECOND)
-           AND b.ts > b.job_last - to_microseconds(CAST($job_winddown_s * 1e6 AS BIGINT)));
+SELECT * FROM j
+WHERE ts >= job_first + to_microseconds(CAST($job_warmup_s * 1e6 AS BIGINT))
+  AND NOT (job_ended AND ts > job_last - to_microseconds(CAST($job_winddown_s * 1e6 AS BIGINT)));
 
 CREATE OR REPLACE TEMP TABLE _pc_named AS
 SELECT node_id, ts, regexp_extract(labels, '(^|,)job_id=([^,]*)', 2) AS job_id,
@@ -124,7 +125,10 @@ GROUP BY ALL;
 
 CREATE OR REPLACE TEMP TABLE _pc AS
 WITH q0 AS (
-    SELECT e.*, c.threshold, c.critical, e.n_after < $min_runs AS open_ended,
+    -- An open-ended episode has only the window before it to be compared with.
+    SELECT e.* REPLACE (CASE WHEN e.n_after < $min_runs THEN e.p_before ELSE e.p_ref END AS p_ref,
+                        CASE WHEN e.n_after < $min_runs THEN e.v_before ELSE e.v_ref END AS v_ref),
+           c.threshold, c.critical, e.n_after < $min_runs AS open_ended,
            (SELECT max(k.progress_source) FROM _pc_ticks k WHERE k.node_id = e.node_id AND k.job_id = e.job_id)
              AS source_of_progress,
            n.cpu_cores_logical AS cpus
@@ -132,10 +136,7 @@ WITH q0 AS (
     JOIN _components c ON c.kind = 'noisy_neighbor_variance' AND c.component = e.component
     LEFT JOIN nodes n ON n.node_id = e.node_id
 ), q AS (
-    -- An open-ended episode has only the window before it to be compared with.
-    SELECT q0.* REPLACE (CASE WHEN open_ended THEN p_before ELSE p_ref END AS p_ref,
-                         CASE WHEN open_ended THEN v_before ELSE v_ref END AS v_ref),
-           1 - p_hit / nullif(CASE WHEN open_ended THEN p_before ELSE p_ref END, 0) AS lost,
+    SELECT *, 1 - p_hit / nullif(p_ref, 0) AS lost,
            1 - p_hit / nullif(p_before, 0) AS lost_before, 1 - p_hit / nullif(p_after, 0) AS lost_after
     FROM q0
 ), ok AS (
