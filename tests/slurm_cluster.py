@@ -126,6 +126,17 @@ class SlurmCluster:
         out = self.run("squeue", "-h", "-j", job_id, "-o", "%T", check=False).strip()
         return out or "GONE"
 
+    def cancel_all_and_wait(self, timeout: float = 30.0) -> None:
+        """Cancel every job and wait until squeue lists none: a job still completing holds its CPUs (the node
+        has os.cpu_count() of them), so the next test's jobs would wait behind it, in whatever order tests run."""
+        self.run("scancel", "--full", "-p", self.partition, check=False)
+        deadline = time.monotonic() + timeout
+        while self.run("squeue", "-h", "-o", "%i %T", check=False).strip():
+            if time.monotonic() > deadline:
+                raise AssertionError("jobs still listed 30 s after scancel: "
+                                     + self.run("squeue", "-h", "-o", "%i %T", check=False).strip())
+            time.sleep(0.1)
+
     def stop(self) -> None:
         self.run("scancel", "--full", "-p", self.partition, check=False)
         time.sleep(0.2)

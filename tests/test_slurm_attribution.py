@@ -87,6 +87,15 @@ def slurm(tmp_path_factory):
         cluster.stop()
 
 
+@pytest.fixture(autouse=True)
+def _idle_cluster(request):
+    """Each test leaves the module's cluster with no job, so no test's jobs wait behind, or mix with, another's
+    (a shuffled order once ran the array test after a job still completing: its second task never started)."""
+    yield
+    if "slurm" in request.fixturenames:
+        request.getfixturevalue("slurm").cancel_all_and_wait()
+
+
 def _job_pids(slurm: SlurmCluster, job_id: str, python_only: bool = True) -> list[int]:
     pids = [pid for pid, (j, _s) in parse_listpids(slurm.run("scontrol", "listpids", job_id, check=False)).items()
             if j == job_id]
