@@ -419,9 +419,12 @@ class Fleet:
 FABRIC_PORT = 7443
 
 
-def fabric_collector_toml(*, analyze_every: str = "1h", interval_s: float = 0.0, group_size: int = 0) -> str:
+def fabric_collector_toml(*, analyze_every: str = "1h", interval_s: float = 0.0, group_size: int = 0,
+                          answer_timeout_s: float = 3.0, run_timeout_s: float = 8.0) -> str:
     """A collector config that plans pair rounds on its own, with short runs (2 streams, 1 s each way), so a
-    4-node sweep takes seconds; ``analyze_every`` is the analyzer's pass interval ("30s", "1h"). With
+    4-node sweep takes seconds; ``analyze_every`` is the analyzer's pass interval ("30s", "1h"). An end that
+    has not answered an offer within ``answer_timeout_s``, or a run not over within ``run_timeout_s``, makes
+    the pair a skip or a timeout (the collector's defaults are 5 s and 30 s). With
     ``group_size`` each sweep is followed by a round of collective groups of that size (gloo, one rank per
     node, messages up to 1 MiB: a run is mostly torch's start-up)."""
     groups = "" if not group_size else f"""group_size = {group_size}
@@ -446,8 +449,8 @@ rtt_count = 50
 enabled = true
 interval_s = {interval_s:g}
 scope_key = "pool"
-answer_timeout_s = 3
-run_timeout_s = 8
+answer_timeout_s = {answer_timeout_s:g}
+run_timeout_s = {run_timeout_s:g}
 port_lo = 42000
 port_hi = 42100
 {groups}"""

@@ -163,9 +163,6 @@ def _cuda_available() -> bool:
 # own workers would be. This is the one place the grouping is declared; a file name means all its tests.
 ALONE = {
     "test_jobs_passive_contention.py",   # a stress-ng co-tenant must be the only outside contention
-    # the fabric sweep needs every pair to finish: its links are shaped far below what a loaded machine moves,
-    # but in the parallel part (a shuffled run, 2026-12-02) a namespaced agent still answered a pair too late
-    "test_fabric_e2e.py",
     # no tick may be skipped while four threads hammer /metrics: a claim about this machine's spare CPU
     "tests/test_agent_exporter.py::test_scrapes_do_not_disturb_the_tick_loop",
 }

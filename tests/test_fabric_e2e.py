@@ -34,6 +34,12 @@ COLLECTOR = "n4"
 # a few MB instead of hundreds (the unshaped sweep took 60 CPU-seconds).
 BASE_RATE, SLOW_RATE = "40mbit", "10mbit"
 TOKEN = "fabric-e2e-" + os.urandom(8).hex()
+# How long an agent has to answer an offer, and a pair run to end, before the collector skips the pair or
+# times it out. These tests run among the suite's other workers, where an agent in its namespace can wait
+# seconds for a core: at 3 s a sweep once lost a pair to "did not answer within 3 s" (a shuffled run,
+# 2026-12-02), and the sweep test, which needs every pair, failed by chance. What the tests prove does not
+# depend on these limits: a stopped agent's pairs end at once (its stream is gone), and a busy node refuses.
+ANSWER_S, RUN_S = 15.0, 15.0     # a run takes about 3.4 s here; a stopped agent's run waits out RUN_S
 
 def _bed_class():
     nf = load_netns_fleet()
@@ -43,7 +49,8 @@ def _bed_class():
 
         def __init__(self, fleet, tmp: Path):
             super().__init__(fleet, tmp, AGENTS, COLLECTOR, token=TOKEN,
-                             collector_toml=nf.fabric_collector_toml(analyze_every="1h", interval_s=0),
+                             collector_toml=nf.fabric_collector_toml(analyze_every="1h", interval_s=0,
+                                                                     answer_timeout_s=ANSWER_S, run_timeout_s=RUN_S),
                              agent_cmd=[sys.executable, str(ROOT / "tests" / "fabric_agent.py")],
                              agent_env=lambda name: {"GPUAGENT_TEST_JOB_FILE": str(tmp / f"{name}.job")},
                              cwd=str(ROOT))

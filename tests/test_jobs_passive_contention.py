@@ -79,6 +79,7 @@ class Run:
     comms: list[str]         # command names of the stress-ng processes that ran
     steps: int               # steps the job took (every rank takes as many); 0 when it was stopped
     progress: tuple[tuple[float, float], ...] = ()   # (s since the job's first tick, progress %) per tick
+    steal_max_percent: float = 0.0   # the most CPU steal the agent sampled while the job ran (this is a VM)
 
 
 def _run_job(tmp: Path, *job_args: str, stress: list[str] | None = None, stress_s: float | None = STRESS_S,
@@ -139,7 +140,9 @@ def _run_job(tmp: Path, *job_args: str, stress: list[str] | None = None, stress_
         assert len(results) == 2, text[-2000:]
         ticks = client.query(col.address, "SELECT epoch(ts - min(ts) OVER ()), value FROM samples "
                                           "WHERE metric = 'job_progress_percent' ORDER BY ts").rows
-        return Run(during, after, comms, min(r["steps"] for r in results), tuple(tuple(t) for t in ticks))
+        steal = client.query(col.address, "SELECT coalesce(max(value), 0) FROM samples "
+                                          "WHERE metric = 'cpu_steal_percent'").rows[0][0]
+        return Run(during, after, comms, min(r["steps"] for r in results), tuple(tuple(t) for t in ticks), steal)
     finally:
         for p in (job, stressor):
             if p is not None and p.poll() is None:
@@ -170,6 +173,22 @@ def _children(pid: int) -> list[int]:
             if int(stat[stat.rfind(")") + 2:].split()[1]) == pid:
                 out.append(int(n))
     return out
+
+
+def _nothing_blamed_on_a_neighbour(run: Run) -> None:
+    """The job's own phases open no flag. The one cause a test on a VM cannot control is the hypervisor: this
+    KVM guest's host once stole up to 37 % of the CPU during a slower phase (2026-12-02), and the analyzer
+    then flagged that steal (`hypervisor`, a different cause from a co-tenant: the job's own phase is not told
+    from steal that overlaps it, docs/FLAGS.md). Such a flag is allowed only where the agent really sampled
+    that steal; a co_tenant flag, or any flag without that steal, fails the test."""
+    flags = run.during + (run.after or [])
+    for f in flags:
+        ev = f["evidence"]
+        assert f["component"] == "hypervisor" and ev["cause"] == "cpu steal", f
+        # an episode is ticks with steal >= its usual level + 1 point (corroboration_steal_percent), all sampled
+        assert 1.0 <= ev["cpu_steal_percent"]["max"] <= run.steal_max_percent + 1e-6, (f, run.steal_max_percent)
+        print(f"flag {f['flag_id']}: the hypervisor really stole up to {run.steal_max_percent:.0f} % "
+              f"(avg {ev['cause_level_contended']:.1f} % in the episode, {ev['cause_level_around']:.1f} % around)")
 
 
 def _co_tenant_flag(flags: list[dict], comms: list[str]) -> dict:
@@ -220,7 +239,7 @@ def test_same_job_with_a_slower_phase_of_its_own_opens_nothing(tmp_path):
     slowest = min(statistics.mean(judged[i:i + 10]) for i in range(len(judged) - 10))
     print(f"median progress {statistics.median(judged):.0f} %, slowest 5 s {slowest:.0f} %")
     assert slowest <= 0.7 * statistics.median(judged)
-    assert run.during == [] and run.after == []
+    _nothing_blamed_on_a_neighbour(run)
 
 
 def test_job_with_its_own_heavy_io_phases_opens_nothing(tmp_path):
@@ -231,4 +250,4 @@ def test_job_with_its_own_heavy_io_phases_opens_nothing(tmp_path):
     run = _run_job(tmp_path, "--read-file", str(data), "--read-mb", "128", "--read-every", "100", during_span_s=30)
     print(f"the job took {run.steps} steps, one I/O phase of 128 MB every 100")
     assert run.steps >= 300, f"{run.steps} steps: fewer than 3 I/O phases (one per 100 steps) in the job"
-    assert run.during == [] and run.after == []
+    _nothing_blamed_on_a_neighbour(run)
