@@ -211,8 +211,15 @@ def test_full_sweep_measures_every_pair_within_n_minus_1_rounds(bed):
                 continue
             assert run["peer"] == (row["node_b"] if row["node_a"] == me else row["node_a"])
             assert run["role"] == ("connect" if row["node_a"] == me else "listen")
+            # Runs of earlier tests (in any order) can be among the recent ones: one that did not end ok has
+            # the figures it got (often none), the same in the status and in the table.
+            assert run["status"] == row["status"], (name, run, row)
             for k in ("send_gbits_per_s", "recv_gbits_per_s", "rtt_p50_us"):
-                assert run[k] == pytest.approx(row[k]), (name, k)
+                if row["status"] == "ok":
+                    assert run[k] == pytest.approx(row[k]), (name, k)
+                else:
+                    assert (run.get(k) is None and row[k] is None) or run.get(k) == pytest.approx(row[k]), \
+                        (name, k, run, row)
         text = subprocess.run([sys.executable, "-m", "gpuagent.agent.cli", "status", "--state-dir",
                                str(bed.tmp / name)], capture_output=True, text=True, timeout=60, cwd=ROOT).stdout
         assert f"Fabric    peers reach this node at {bed.fleet.node(name).ip}" in text
@@ -289,7 +296,17 @@ def test_a_job_on_the_gpus_keeps_fabric_traffic_off_the_node(bed):
     assert moved < 2_000_000, moved
 
 
-def test_stopping_an_agent_mid_round_gives_reasons_and_the_others_carry_on(bed):
+@pytest.fixture
+def n3_back_after(bed):
+    """The test kills n3's agent: start it again after, so tests run after it have their four nodes. (The full
+    sweep test still needs to run first in the module: it counts rounds from the planner's first sweep.)"""
+    yield
+    if bed.agents["n3"].poll() is not None:
+        bed.agents["n3"].wait()
+        bed.start_agent("n3")
+
+
+def test_stopping_an_agent_mid_round_gives_reasons_and_the_others_carry_on(bed, n3_back_after):
     n3 = bed.ids["n3"]
     t_stop = None
     end = time.monotonic() + 60
