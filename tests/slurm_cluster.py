@@ -130,12 +130,11 @@ class SlurmCluster:
         """Cancel every job and wait until squeue lists none: a job still completing holds its CPUs (the node
         has os.cpu_count() of them), so the next test's jobs would wait behind it, in whatever order tests run."""
         self.run("scancel", "--full", "-p", self.partition, check=False)
-        deadline = time.monotonic() + timeout
-        while self.run("squeue", "-h", "-o", "%i %T", check=False).strip():
-            if time.monotonic() > deadline:
-                raise AssertionError("jobs still listed 30 s after scancel: "
-                                     + self.run("squeue", "-h", "-o", "%i %T", check=False).strip())
-            time.sleep(0.1)
+        listed = lambda: self.run("squeue", "-h", "-o", "%i %T", check=False).strip()  # noqa: E731
+        try:
+            wait_for(lambda: not listed(), timeout=timeout, interval=0.1, what="squeue to list no job after scancel")
+        except AssertionError as e:
+            raise AssertionError(f"{e}; still listed: {listed()}") from None
 
     def stop(self) -> None:
         self.run("scancel", "--full", "-p", self.partition, check=False)

@@ -305,9 +305,8 @@ def test_state_dir_reset_renumbers_instead_of_losing_batches(tmp_path):
         # The renumbered batches need not go out oldest first (a shuffled run, 2026-12-02: the reset agent's
         # first batch was stored as seq 24, after 9..23), so wait for the offline window's samples themselves.
         q = f"SELECT count(*) FROM samples WHERE epoch_ns(ts) BETWEEN {offline_from} AND {offline_to}"
-        n = wait_for(lambda: c.sql(q)[0][0], timeout=60, interval=0.2,
-                     what="the samples spooled after the state reset (lost if they never come)")
-        assert n > 0
+        wait_for(lambda: c.sql(q)[0][0] > 0, timeout=60, interval=0.2,
+                 what="the samples spooled after the state reset (lost if they never come)")
         assert "spooled batches renumbered" in (tmp_path / "agent2.log").read_text()
     finally:
         stop(agent)

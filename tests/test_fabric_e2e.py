@@ -301,8 +301,7 @@ def n3_back_after(bed):
     """The test kills n3's agent: start it again after, so tests run after it have their four nodes. (The full
     sweep test still needs to run first in the module: it counts rounds from the planner's first sweep.)"""
     yield
-    if bed.agents["n3"].poll() is not None:
-        bed.agents["n3"].wait()
+    if bed.agents["n3"].poll() is not None:     # reaped: poll() waits for a process that has exited
         bed.start_agent("n3")
 
 
