@@ -13,7 +13,8 @@ slow epoch): from A to B seconds into training each step also sleeps ``--slow-sl
 less CPU with nobody else to blame. ``--no-tracker`` runs the same job without the tracker (passive metrics only).
 The data is random tensors: the job exists to produce real steps, not a useful model.
 
-Each rank measures its own step times with ``time.perf_counter`` (independently of the tracker) and
+Each rank measures its own step times with ``time.perf_counter`` (independently of the tracker, read just
+before each ``step()`` call, as the tracker reads its own clock at the start of it) and
 prints one line ``GPUAGENT_TRAIN_RESULT {json}``; ``--results-dir`` also writes ``rank<R>.json``.
 """
 
@@ -134,11 +135,14 @@ def main() -> None:
         opt.step()
         if slow[0] <= time.perf_counter() - t_start < slow[1]:
             time.sleep(args.slow_sleep_ms / 1000.0)
-        if tracker is not None:
-            tracker.step()
+        # The job's own clock is read right before step(), where the tracker reads its own: a step()
+        # call that is slow now and then (a flush preempted on a busy machine) then counts in neither
+        # measurement's step, instead of in the job's only, which moved the median on a loaded machine.
         now = time.perf_counter()
         own_steps.append(now - prev)
         prev = now
+        if tracker is not None:
+            tracker.step()
 
     result = {"rank": rank, "world_size": world, "pid": os.getpid(), "steps": len(own_steps),
               "step_median_s": statistics.median(own_steps), "step_times_s": own_steps,
