@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import math
 import re
 import threading
 import time
@@ -196,6 +197,9 @@ class AnalyzerConfig:
     fabric_runs: int = 3                # network_degraded: a link's rate is the median of its last runs
     fabric_slow_fraction: float = 0.5   # a link under this share of its pool's median is slow
     fabric_min_links: int = 3           # a node is judged once this many of its links were measured
+    # Steps that judge each node alone (Step.by_node) run in pieces of at most this many nodes: their memory
+    # is bounded by the piece, not the fleet (at 10,000 nodes one piece ran out of the 512 MB default, issue 27).
+    piece_nodes: int = 2000
     thresholds: Mapping[str, float] = field(default_factory=dict)   # "kind.component" -> threshold
     declared: tuple[DeclaredBaseline, ...] = ()
     pool_prices: Mapping[str, float] = field(default_factory=dict)
@@ -249,6 +253,8 @@ class AnalyzerConfig:
                     kwargs[name] = type(getattr(cls, name))(value)
                 except (TypeError, ValueError):
                     raise AnalyzerError(f"[analyzer] {key} must be a number, got {value!r}") from None
+        if kwargs.get("piece_nodes", 1) < 1:
+            raise AnalyzerError(f"[analyzer] piece_nodes must be at least 1, got {kwargs['piece_nodes']!r}")
         valid = {f"{c.kind}.{c.component}" for c in COMPONENTS}
         for key, value in thresholds.items():
             if key not in valid:
@@ -675,17 +681,29 @@ class Analyzer:
             con.execute(f"DROP TABLE IF EXISTS {table}")
         return result
 
+    def pieces(self, con, step: Step) -> int:
+        """How many pieces of nodes the step runs in: 1, or enough that none has over piece_nodes nodes."""
+        if not step.by_node:
+            return 1
+        nodes = con.execute("SELECT count(*) FROM nodes").fetchone()[0]
+        return max(1, math.ceil(nodes / self.config.piece_nodes))
+
     def _run_step(self, con, step: Step, params: Mapping[str, Any]) -> dict[str, int]:
-        """Run one step's statements; returns the row counts of the result columns it declares."""
+        """Run one step's statements (once per piece of nodes for a by_node step); returns the row counts of
+        the result columns it declares."""
         counts: dict[str, int] = {}
-        for stmt in self.sql[step.name]:
-            try:
-                res = _run(con, stmt, params)
-            except Exception as exc:  # a bug in our SQL: name the file so it can be found
-                raise AnalyzerError(f"analysis step {step.sql_file} failed: {exc}") from exc
-            column = res.description[0][0] if res.description else None
-            if column in step.counts:
-                counts[column] = len(res.fetchall())
+        pieces = self.pieces(con, step)
+        for piece in range(pieces):
+            piece_params = {**params, "piece": piece, "pieces": pieces}
+            for stmt in self.sql[step.name]:
+                try:
+                    res = _run(con, stmt, piece_params)
+                except Exception as exc:  # a bug in our SQL: name the file so it can be found
+                    where = f"piece {piece + 1} of {pieces} of the nodes: " if pieces > 1 else ""
+                    raise AnalyzerError(f"analysis step {step.sql_file} failed: {where}{exc}") from exc
+                column = res.description[0][0] if res.description else None
+                if column in step.counts:
+                    counts[column] = len(res.fetchall())
         missing = [name for name in step.counts if name not in counts]
         if missing:
             raise AnalyzerError(f"analysis step {step.sql_file} returned no {missing[0]!r} column")

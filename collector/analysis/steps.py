@@ -30,6 +30,12 @@ class Step:
     source: str | None = None           # ROLLUP: the raw table read by rowid window
     counts: tuple[str, ...] = ()        # result columns whose row counts the pass reports, read by name
     kind: str | None = None             # CONDITIONS: the flag kind it evaluates (kept open when the step fails)
+    # CONDITIONS: the step judges each node from that node's rows alone (plus the pass's context tables), so
+    # the analyzer runs it in pieces of at most AnalyzerConfig.piece_nodes nodes, one after another, and its
+    # memory follows the piece, not the fleet. Its SQL keeps a piece's nodes with
+    # ``hash(node_id) % $pieces = $piece`` wherever it reads rows, and only INSERTs into _conditions and
+    # _evaluated outlive a piece (its temp tables are rebuilt by the next one).
+    by_node: bool = False
 
     def __post_init__(self) -> None:
         if self.produces not in PRODUCES:
@@ -38,6 +44,8 @@ class Step:
             raise ValueError(f"step {self.name}: a source table goes with rollup steps and only with them")
         if (self.produces == CONDITIONS) != (self.kind is not None):
             raise ValueError(f"step {self.name}: a flag kind goes with conditions steps and only with them")
+        if self.by_node and self.produces != CONDITIONS:
+            raise ValueError(f"step {self.name}: only conditions steps run in pieces of nodes")
 
 
 STEPS: tuple[Step, ...] = (
@@ -54,7 +62,7 @@ STEPS: tuple[Step, ...] = (
          temp_tables=("_nn_points", "_nn_series", "_nn_fleet_local", "_nn_fleet", "_nn")),
     Step("noisy_neighbor_passive", "41_noisy_neighbor_passive.sql", CONDITIONS, kind="noisy_neighbor_variance",
          temp_tables=("_pc_ticks", "_pc_named", "_pc_series", "_pc_episodes", "_pc")),
-    Step("utilization_gap", "50_utilization_gap.sql", CONDITIONS, kind="utilization_gap",
+    Step("utilization_gap", "50_utilization_gap.sql", CONDITIONS, kind="utilization_gap", by_node=True,
          temp_tables=("_ug_minutes", "_ug_wait", "_ug", "_ug_dw", "_ug_scored", "_ug_cond")),
     Step("network_degraded", "60_network_degraded.sql", CONDITIONS, kind="network_degraded",
          temp_tables=("_nd_runs", "_nd_links", "_nd_ends", "_nd_pool", "_nd_ref", "_nd_slow", "_nd_peers",

@@ -5,6 +5,8 @@
 -- Four components: no_job, held_idle, input_bound and pod_idle (a pod holds the GPU with no process on it and
 -- it is idle: such a GPU looked free before pods were known), each as lost GPU-hours and money at the pool's
 -- price per GPU-hour.
+-- The analyzer runs this file in pieces of nodes (steps.py by_node): each reads only its piece's rows
+-- (hash(node_id) % $pieces = $piece), so memory follows the piece, not the fleet.
 -- held_idle judges a minute by SM activity where it exists, else by utilization: a GPU whose utilization
 -- counter says "busy" (a kernel was always running) while few of its SMs were busy is held-idle in effect.
 
@@ -14,18 +16,21 @@ WITH util AS (
     FROM samples_1m
     WHERE metric = 'gpu_util_percent' AND gpu IS NOT NULL AND gpu >= 0
       AND minute >= date_trunc('minute', $window_start) AND minute <= $now
+      AND hash(node_id) % $pieces = $piece
 ),
 sm AS (
     SELECT node_id, gpu, minute, sum / nullif(n, 0) AS sm_active
     FROM samples_1m
     WHERE metric = 'gpu_sm_active_percent' AND labels = '' AND gpu IS NOT NULL AND gpu >= 0
       AND minute >= date_trunc('minute', $window_start) AND minute <= $now
+      AND hash(node_id) % $pieces = $piece
 ),
 held AS (
     SELECT node_id, gpu, minute, arg_max(job_id, n) AS job_id
     FROM job_samples_1m
     WHERE gpu IS NOT NULL AND gpu >= 0
       AND minute >= date_trunc('minute', $window_start) AND minute <= $now
+      AND hash(node_id) % $pieces = $piece
     GROUP BY ALL
 ),
 pods AS (
@@ -34,6 +39,7 @@ pods AS (
     FROM samples_1m
     WHERE metric = 'gpu_pod_allocated' AND gpu IS NOT NULL AND gpu >= 0 AND labels NOT LIKE '%gpu_instance=%'
       AND minute >= date_trunc('minute', $window_start) AND minute <= $now
+      AND hash(node_id) % $pieces = $piece
     GROUP BY ALL
 ),
 host AS (
@@ -45,6 +51,7 @@ host AS (
     WHERE gpu IS NULL AND labels = ''
       AND metric IN ('cpu_iowait_percent', 'cpu_user_percent', 'cpu_system_percent')
       AND minute >= date_trunc('minute', $window_start) AND minute <= $now
+      AND hash(node_id) % $pieces = $piece
     GROUP BY ALL
 )
 SELECT u.node_id, u.gpu, u.minute, u.util, s.sm_active, coalesce(s.sm_active, u.util) AS busy,
@@ -61,6 +68,7 @@ CREATE OR REPLACE TEMP TABLE _ug_wait AS
 SELECT node_id, job_id, avg(data_wait_fraction) AS data_wait
 FROM job_steps
 WHERE ts > $window_start AND ts <= $now AND data_wait_fraction IS NOT NULL AND data_wait_fraction >= 0
+  AND hash(node_id) % $pieces = $piece
 GROUP BY ALL;
 
 CREATE OR REPLACE TEMP TABLE _ug AS
