@@ -78,7 +78,6 @@ SELECT m.node_id, m.gpu,
        count(*) FILTER (WHERE m.pod_only) AS pod_minutes,
        count(*) FILTER (WHERE m.pod_only AND m.busy < $idle_util) AS pod_idle_minutes,
        avg(m.util) FILTER (WHERE m.pod_only) AS pod_util,
-       list(DISTINCT m.pod ORDER BY m.pod) FILTER (WHERE m.pod IS NOT NULL) AS pods,
        count(*) FILTER (WHERE m.held) AS held_minutes,
        count(*) FILTER (WHERE m.held AND m.busy < $idle_util) AS held_idle_minutes,
        count(*) FILTER (WHERE m.held AND m.sm_active < $idle_util AND m.util >= $idle_util) AS busy_but_idle_minutes,
@@ -86,26 +85,37 @@ SELECT m.node_id, m.gpu,
        avg(m.sm_active) FILTER (WHERE m.held) AS held_sm_active,
        avg(m.util) FILTER (WHERE NOT m.held AND NOT m.pod_only) AS no_job_util,
        avg(m.iowait) FILTER (WHERE m.held) AS iowait,
-       avg(m.cpu_busy) FILTER (WHERE m.held) AS cpu_busy,
-       list(DISTINCT m.job_id ORDER BY m.job_id) FILTER (WHERE m.held) AS jobs
+       avg(m.cpu_busy) FILTER (WHERE m.held) AS cpu_busy
 FROM _ug_minutes m
 GROUP BY m.node_id, m.gpu
 HAVING count(*) >= $min_minutes;
 
+-- The jobs and pods of each GPU, from its distinct (GPU, job) pairs: an ordered list(DISTINCT ...) over every
+-- minute row would hold all of them in memory at once (DuckDB cannot spill ordered aggregates).
+CREATE OR REPLACE TEMP TABLE _ug_names AS
+SELECT node_id, gpu,
+       list(name ORDER BY name) FILTER (WHERE what = 'job') AS jobs,
+       list(name ORDER BY name) FILTER (WHERE what = 'pod') AS pods
+FROM (SELECT DISTINCT node_id, gpu, 'job' AS what, job_id AS name FROM _ug_minutes WHERE held
+      UNION ALL
+      SELECT DISTINCT node_id, gpu, 'pod', pod FROM _ug_minutes WHERE pod IS NOT NULL)
+GROUP BY ALL;
+
 CREATE OR REPLACE TEMP TABLE _ug_dw AS
 SELECT j.node_id, j.gpu, avg(w.data_wait) AS data_wait
-FROM (SELECT node_id, gpu, unnest(jobs) AS job_id FROM _ug) j
+FROM (SELECT DISTINCT node_id, gpu, job_id FROM _ug_minutes WHERE held) j
 JOIN _ug_wait w ON w.node_id = j.node_id AND w.job_id = j.job_id
 GROUP BY ALL;
 
 CREATE OR REPLACE TEMP TABLE _ug_scored AS
-SELECT u.*, dw.data_wait, nc.pool, nc.price_per_gpu_hour,
+SELECT u.*, nm.jobs, nm.pods, dw.data_wait, nc.pool, nc.price_per_gpu_hour,
        coalesce(u.held_minutes > 0 AND u.held_util < $input_util
                 AND (dw.data_wait >= $data_wait
                      OR (dw.data_wait IS NULL AND (u.iowait >= $iowait OR u.cpu_busy >= $cpu_busy))),
                 false) AS input_bound,
        u.held_minutes / 60.0 * coalesce(dw.data_wait, 1 - u.held_util / 100.0) AS input_bound_hours
 FROM _ug u JOIN _node_class nc ON nc.node_id = u.node_id
+LEFT JOIN _ug_names nm ON nm.node_id = u.node_id AND nm.gpu = u.gpu
 LEFT JOIN _ug_dw dw ON dw.node_id = u.node_id AND dw.gpu = u.gpu;
 
 INSERT INTO _evaluated

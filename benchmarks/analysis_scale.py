@@ -1,0 +1,221 @@
+#!/usr/bin/env python3
+"""Analysis at scale (issue 27): one analysis pass at a collector's memory limit, per step: its time, the peak
+of DuckDB's own accounted memory (``duckdb_memory()``) and of the process's RSS while it ran.
+
+Two ways to get a database:
+  * ``--sizes 1000,3000,10000`` (default): a SYNTHETIC fleet per size written straight into DuckDB with SQL
+    range() (node ids ``synthetic-*``, 8 GPUs, ``--interval-s`` GPU and host samples, job samples, job steps,
+    probe runs: analysis_speed.py's rows), one window (``--minutes``, 60) each;
+  * ``--db FILE``: a copy of an existing collector database (e.g. one ``flag_accuracy.py --db`` kept), analysed
+    as of its newest sample.
+Each pass runs in a fresh subprocess that opens the file the way the collector does (store.db.open_database
+with ``--memory-limit``, default the collector's 512MB), so one size's memory does not carry into the next.
+The JSON summary fits pass time and peak memory against nodes (least squares on log-log: the exponent, and
+the slope per 1,000 nodes of a straight line). Timings and memory are real; the fleets are synthetic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# 4 GPU series per GPU and 8 host series per node: 40 series a node, the shape of flag_accuracy.py's sim fleet
+# (24.2 M sample rows for 10,000 nodes over one hour at 60 s).
+GPU_METRICS = ("gpu_util_percent", "gpu_sm_active_percent", "gpu_power_watts", "gpu_temperature_celsius")
+HOST_METRICS = ("cpu_user_percent", "cpu_system_percent", "cpu_iowait_percent", "cpu_steal_percent",
+                "memory_used_percent", "psi_cpu_some_avg10_percent", "psi_io_some_avg10_percent", "load1")
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def build(path: Path, nodes: int, minutes: int, interval_s: int) -> dict:
+    """A SYNTHETIC fleet's window of rows at interval_s sampling: GPU_METRICS per GPU, HOST_METRICS per node."""
+    import duckdb
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from analysis_speed import add_fleet  # noqa: PLC0415 - same fleet as the speed benchmark
+    from gpuagent.collector.store import schema
+
+    con = duckdb.connect(str(path))
+    schema.migrate(con)
+    start = dt.datetime(2026, 1, 1, 0, 0)
+    add_fleet(con, nodes, 8, start)
+    t0 = time.perf_counter()
+    secs = minutes * 60
+    for first in range(0, secs, 600):
+        p = {"start": start, "first": first, "last": min(secs, first + 600), "step": interval_s, "nodes": nodes}
+        for m in GPU_METRICS:
+            con.execute(f"""INSERT INTO samples SELECT $start::TIMESTAMP + to_seconds(s), 'synthetic-' || lpad(n::VARCHAR, 5, '0'),
+                    g::SMALLINT, '{m}', '', CASE WHEN n % 10 = 0 AND g = 7 THEN 0 ELSE 75 + 20 * sin(n + g + s / 600.0) END
+                FROM range($first, $last, $step) a(s), range($nodes) b(n), range(8) c(g)""", p)
+        for m in HOST_METRICS:
+            con.execute(f"""INSERT INTO samples SELECT $start::TIMESTAMP + to_seconds(s), 'synthetic-' || lpad(n::VARCHAR, 5, '0'),
+                    NULL, '{m}', '', 5 + 10 * random() FROM range($first, $last, $step) a(s), range($nodes) b(n)""", p)
+        step_j = max(10, interval_s)
+        con.execute("""INSERT INTO job_samples (ts, node_id, job_id, pid, rank, local_rank, gpu, gpu_util_percent,
+                gpu_memory_bytes, cpu_percent, rss_bytes, read_bytes_per_s, write_bytes_per_s)
+            SELECT $start::TIMESTAMP + to_seconds(s), 'synthetic-' || lpad(n::VARCHAR, 5, '0'), 'job-' || (n // 4), 1000 + g,
+                   (n % 4) * 8 + g, g, g, 75, 1e10, 100, 1e9, 1e6, 0
+            FROM range($first, $last, $sj) a(s), range($nodes) b(n), range(8) c(g) WHERE NOT (n % 10 = 0 AND g = 7)""",
+                    {**{k: v for k, v in p.items() if k != "step"}, "sj": step_j})
+        con.execute("""INSERT INTO job_steps (ts, node_id, job_id, job_name, rank, pid, window_s, steps, step_time_p50_s,
+                step_time_p95_s, step_time_max_s, step_time_mean_s, steps_per_s, samples_per_s, tokens_per_s, data_wait_fraction)
+            SELECT $start::TIMESTAMP + to_seconds(s), 'synthetic-' || lpad(n::VARCHAR, 5, '0'), 'job-' || (n // 4), 'synthetic',
+                   (n % 4) * 8 + g, 1000 + g, 60, 120, 0.5, 0.55, 0.6, 0.5, 2, 64, 0, CASE WHEN n % 50 = 0 THEN 0.4 ELSE 0.02 END
+            FROM range($first, $last, 60) a(s), range($nodes) b(n), range(8) c(g)""",
+                    {k: v for k, v in p.items() if k != "step"})
+    rows = con.execute("SELECT count(*) FROM samples").fetchone()[0]
+    con.execute("CHECKPOINT")
+    con.close()
+    return {"sample_rows": rows, "generate_s": round(time.perf_counter() - t0, 1)}
+
+
+def one_pass(path: str, memory_limit: str, piece_nodes: int | None) -> dict:
+    """Runs in the child: one pass, sampling DuckDB's memory and RSS every 20 ms, per step."""
+    from gpuagent.collector.analysis import analyzer as A
+    from gpuagent.collector.store import db
+
+    con = db.open_database(path, memory_limit)
+    now = con.execute("SELECT max(ts) FROM samples").fetchone()[0] + dt.timedelta(seconds=1)
+    nodes = con.execute("SELECT count(*) FROM nodes").fetchone()[0]
+    cfg = A.AnalyzerConfig() if piece_nodes is None else A.AnalyzerConfig(piece_nodes=piece_nodes)
+    an = A.Analyzer(cfg)
+    current = ["rollup"]
+    peaks: dict[str, dict[str, int]] = {}
+    probe = con.cursor()
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            try:
+                mem, tmp = probe.execute("SELECT sum(memory_usage_bytes), sum(temporary_storage_bytes) "
+                                         "FROM duckdb_memory()").fetchone()
+            except Exception:  # noqa: BLE001 - a sample lost while the connection is busy closing
+                mem, tmp = 0, 0
+            p = peaks.setdefault(current[0], {"duckdb_bytes": 0, "spilled_bytes": 0, "rss_bytes": 0})
+            p["duckdb_bytes"] = max(p["duckdb_bytes"], int(mem or 0))
+            p["spilled_bytes"] = max(p["spilled_bytes"], int(tmp or 0))
+            p["rss_bytes"] = max(p["rss_bytes"], _rss_bytes())
+            time.sleep(0.02)
+
+    run_step = an._run_step
+
+    def tracked(c, step, params):
+        current[0] = step.sql_file
+        return run_step(c, step, params)
+
+    an._run_step = tracked  # the benchmark's own hook: which step the memory samples belong to
+    th = threading.Thread(target=sample, daemon=True)
+    th.start()
+    t0 = time.perf_counter()
+    error = None
+    try:
+        res = an.run_pass(con, now)
+        result = res.as_dict()
+    except Exception as exc:  # noqa: BLE001 - a pass that fails is a result here
+        error, result = str(exc).splitlines()[0], {}
+    wall = time.perf_counter() - t0
+    stop.set()
+    th.join()
+    flags = dict(con.execute("SELECT kind, count(*) FROM flags WHERE state = 'open' GROUP BY kind").fetchall())
+    con.close()
+    return {"nodes": nodes, "memory_limit": memory_limit, "pass_s": round(wall, 2), "error": error,
+            "failed_steps": result.get("failed_steps", {}), "step_s": result.get("step_s", {}),
+            "peak_duckdb_bytes": max((p["duckdb_bytes"] for p in peaks.values()), default=0),
+            "peak_rss_bytes": max((p["rss_bytes"] for p in peaks.values()), default=0),
+            "step_peaks": peaks, "open_flags_by_kind": flags}
+
+
+def _fit(xs: list[float], ys: list[float]) -> dict:
+    if len(xs) < 2 or min(ys) <= 0:
+        return {}
+    lx, ly = [math.log(x) for x in xs], [math.log(y) for y in ys]
+    mx, my = sum(lx) / len(lx), sum(ly) / len(ly)
+    exp = sum((a - mx) * (b - my) for a, b in zip(lx, ly)) / sum((a - mx) ** 2 for a in lx)
+    mxx, myy = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = sum((a - mxx) * (b - myy) for a, b in zip(xs, ys)) / sum((a - mxx) ** 2 for a in xs)
+    return {"exponent": round(exp, 3), "per_1000_nodes": round(slope * 1000, 3)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="1000,3000,10000", help="SYNTHETIC fleet sizes (nodes), comma-separated")
+    ap.add_argument("--interval-s", type=int, default=60, help="sample interval of the synthetic fleet")
+    ap.add_argument("--minutes", type=int, default=60)
+    ap.add_argument("--db", help="analyse a copy of this collector database instead of synthetic fleets")
+    ap.add_argument("--memory-limit", default="512MB", help="DuckDB memory limit, as the collector's --memory-limit")
+    ap.add_argument("--piece-nodes", type=int, help="[analyzer] piece_nodes (default: the analyzer's)")
+    ap.add_argument("--work", help="folder for the databases (default: a temporary one, removed afterwards)")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        print(json.dumps(one_pass(args.child, args.memory_limit, args.piece_nodes)))
+        return 0
+
+    tmp = None if args.work else tempfile.TemporaryDirectory(prefix="gpuagent-scale-")
+    work = Path(args.work or tmp.name)
+    work.mkdir(parents=True, exist_ok=True)
+    runs = []
+    targets: list[tuple[Path, dict]] = []
+    if args.db:
+        copy = work / "copy.duckdb"
+        shutil.copy(args.db, copy)
+        if os.path.exists(args.db + ".wal"):
+            shutil.copy(args.db + ".wal", str(copy) + ".wal")
+        targets.append((copy, {"source": args.db}))
+    else:
+        for n in (int(s) for s in args.sizes.split(",")):
+            path = work / f"synthetic-{n}.duckdb"
+            info = build(path, n, args.minutes, args.interval_s)
+            targets.append((path, {"source": "SYNTHETIC", "interval_s": args.interval_s, **info}))
+    for path, info in targets:
+        cmd = [sys.executable, __file__, "--child", str(path), "--memory-limit", args.memory_limit]
+        if args.piece_nodes:
+            cmd += ["--piece-nodes", str(args.piece_nodes)]
+        out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if out.returncode != 0:
+            runs.append({**info, "error": (out.stderr.strip().splitlines() or ["no output"])[-1]})
+        else:
+            runs.append({**info, **json.loads(out.stdout.strip().splitlines()[-1])})
+        if not args.db and not args.work:
+            path.unlink()
+        if not args.json:
+            r = runs[-1]
+            print(f"{r.get('nodes', '?')} nodes: pass {r.get('pass_s')} s, peak DuckDB "
+                  f"{r.get('peak_duckdb_bytes', 0) / 2**20:.0f} MiB, peak RSS {r.get('peak_rss_bytes', 0) / 2**20:.0f} MiB, "
+                  f"failed steps {list(r.get('failed_steps') or {}) or 'none'}{', error: ' + r['error'] if r.get('error') else ''}")
+    ok = [r for r in runs if not r.get("error") and "nodes" in r]
+    summary = {"benchmark": "analysis_scale", "memory_limit": args.memory_limit,
+               "data": "SYNTHETIC fleets (or a copy of the database given); real DuckDB passes, real timings and memory",
+               "runs": runs,
+               "fit_pass_s": _fit([r["nodes"] for r in ok], [r["pass_s"] for r in ok]),
+               "fit_peak_duckdb_bytes": _fit([r["nodes"] for r in ok], [r["peak_duckdb_bytes"] for r in ok]),
+               "fit_peak_rss_bytes": _fit([r["nodes"] for r in ok], [r["peak_rss_bytes"] for r in ok]),
+               "all_passes_complete": all(not r.get("error") and not r.get("failed_steps") for r in runs)}
+    if tmp:
+        tmp.cleanup()
+    if args.json:
+        print(json.dumps(summary, indent=2, default=str))
+    return 0 if summary["all_passes_complete"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
