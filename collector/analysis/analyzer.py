@@ -486,6 +486,23 @@ class Analyzer:
             raise AnalyzerError(str(exc).rstrip(".")) from None
         self.sql = load_sql()
 
+    def _needs_failed(self, step: Step, failed: Mapping[str, str]) -> tuple[str, str] | None:
+        """(table, step file) when the step reads a temp table of an earlier step that failed this pass."""
+        text = "\n".join(self.sql[step.name])
+        for earlier in STEPS[:STEPS.index(step)]:
+            if earlier.sql_file in failed:
+                for t in earlier.temp_tables:
+                    if re.search(rf"\b{re.escape(t)}\b", text):
+                        return t, earlier.sql_file
+        return None
+
+    def _done_with(self, step: Step) -> tuple[str, ...]:
+        """The step's temp tables that no later step's SQL names: dropped as soon as the step is done, so a
+        pass holds (in memory, or spilled) only what is still to be read, not every step's intermediates."""
+        later = [st for st in STEPS[STEPS.index(step) + 1:]]
+        text = "\n".join(stmt for st in later for stmt in self.sql[st.name])
+        return tuple(t for t in step.temp_tables if not re.search(rf"\b{re.escape(t)}\b", text))
+
     # -- rollups -----------------------------------------------------------------------------------------
 
     def rollup(self, con) -> int:
@@ -635,6 +652,9 @@ class Analyzer:
                 continue
             ts = time.perf_counter()
             try:
+                needs = self._needs_failed(step, failed)
+                if needs:
+                    raise AnalyzerError(f"not run: it reads {needs[0]} of {needs[1]}, which failed this pass")
                 if step.produces == BASELINE and self.baselines_loader is not None:
                     run_in_transaction(con, lambda c: self.baselines_loader(c, now))
                     step_s["fleet_baselines (lake)"] = time.perf_counter() - ts
@@ -642,6 +662,8 @@ class Analyzer:
                     continue
                 counts.update(run_in_transaction(con, lambda c, st=step: self._run_step(c, st, params)))
                 ran.append(step)
+                for table in self._done_with(step):
+                    con.execute(f"DROP TABLE IF EXISTS {table}")
             except Exception as exc:  # noqa: BLE001 - this step alone is rolled back; the others go on
                 failed[step.sql_file] = _step_error(step.sql_file, exc)
                 if step.kind:

@@ -63,10 +63,10 @@ STEPS: tuple[Step, ...] = (
     Step("noisy_neighbor_passive", "41_noisy_neighbor_passive.sql", CONDITIONS, kind="noisy_neighbor_variance",
          temp_tables=("_pc_ticks", "_pc_named", "_pc_series", "_pc_episodes", "_pc")),
     Step("utilization_gap", "50_utilization_gap.sql", CONDITIONS, kind="utilization_gap", by_node=True,
-         temp_tables=("_ug_minutes", "_ug_wait", "_ug", "_ug_names", "_ug_dw", "_ug_scored", "_ug_cond")),
+         temp_tables=("_ug_wait", "_ug", "_ug_dw", "_ug_scored", "_ug_cond")),
     Step("network_degraded", "60_network_degraded.sql", CONDITIONS, kind="network_degraded",
          temp_tables=("_nd_runs", "_nd_links", "_nd_ends", "_nd_pool", "_nd_ref", "_nd_slow", "_nd_peers",
-                      "_nd_node", "_nd_bad_nodes", "_nd_counts")),
+                      "_nd_node", "_nd_bad_nodes", "_nd_bad_pairs", "_nd_counts")),
     # after network_degraded: reads its _nd_runs
     Step("link_variance", "61_link_variance.sql", CONDITIONS, kind="noisy_neighbor_variance",
          temp_tables=("_lv_links", "_lv_pool", "_lv_net", "_lv")),

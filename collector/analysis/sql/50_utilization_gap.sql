@@ -10,37 +10,49 @@
 -- held_idle judges a minute by SM activity where it exists, else by utilization: a GPU whose utilization
 -- counter says "busy" (a kernel was always running) while few of its SMs were busy is held-idle in effect.
 
-CREATE OR REPLACE TEMP TABLE _ug_minutes AS
-WITH util AS (
-    SELECT node_id, gpu, minute, sum / nullif(n, 0) AS util
+-- Data-wait fraction per node and job from the step tracker (NULL when not measured).
+CREATE OR REPLACE TEMP TABLE _ug_wait AS
+SELECT node_id, job_id, avg(data_wait_fraction) AS data_wait
+FROM job_steps
+WHERE ts > $window_start AND ts <= $now AND data_wait_fraction IS NOT NULL AND data_wait_fraction >= 0
+  AND hash(node_id) % $pieces = $piece
+GROUP BY ALL;
+
+-- Per GPU over the window, straight from the joined minutes: the GPU-minutes (4.8 M at 10,000 nodes x 8
+-- GPUs x 1 h) are never a table of their own, and the jobs and pods are distinct lists, sorted after (an
+-- ordered list over every minute row would have to hold all of them in memory; DuckDB cannot spill it).
+CREATE OR REPLACE TEMP TABLE _ug AS
+-- One aggregate gives each GPU-minute's utilization, SM activity, pod and job: the rows of samples_1m and
+-- job_samples_1m side by side, grouped once (a pivot, not four scans joined: joins over every GPU-minute were
+-- the memory of this step). Utilization and SM activity are the whole-GPU series (labels ''), not MIG ones;
+-- a minute's job is the one with the most samples in it.
+WITH gpu_rows AS (
+    SELECT node_id, gpu, minute, metric, labels, sum, n, NULL::VARCHAR AS job_id
     FROM samples_1m
-    WHERE metric = 'gpu_util_percent' AND gpu IS NOT NULL AND gpu >= 0
+    WHERE gpu IS NOT NULL AND gpu >= 0
+      AND ((metric IN ('gpu_util_percent', 'gpu_sm_active_percent') AND labels = '')
+           OR (metric = 'gpu_pod_allocated' AND labels NOT LIKE '%gpu_instance=%'))
       AND minute >= date_trunc('minute', $window_start) AND minute <= $now
       AND hash(node_id) % $pieces = $piece
-),
-sm AS (
-    SELECT node_id, gpu, minute, sum / nullif(n, 0) AS sm_active
-    FROM samples_1m
-    WHERE metric = 'gpu_sm_active_percent' AND labels = '' AND gpu IS NOT NULL AND gpu >= 0
-      AND minute >= date_trunc('minute', $window_start) AND minute <= $now
-      AND hash(node_id) % $pieces = $piece
-),
-held AS (
-    SELECT node_id, gpu, minute, arg_max(job_id, n) AS job_id
+    UNION ALL
+    SELECT node_id, gpu, minute, '(job)', '', NULL, n, job_id
     FROM job_samples_1m
     WHERE gpu IS NOT NULL AND gpu >= 0
       AND minute >= date_trunc('minute', $window_start) AND minute <= $now
       AND hash(node_id) % $pieces = $piece
-    GROUP BY ALL
 ),
-pods AS (
+gpu_minutes AS (
     SELECT node_id, gpu, minute,
-           min(regexp_extract(labels, '(^|,)namespace=([^,]*)', 2) || '/' || regexp_extract(labels, '(^|,)pod=([^,]*)', 2)) AS pod
-    FROM samples_1m
-    WHERE metric = 'gpu_pod_allocated' AND gpu IS NOT NULL AND gpu >= 0 AND labels NOT LIKE '%gpu_instance=%'
-      AND minute >= date_trunc('minute', $window_start) AND minute <= $now
-      AND hash(node_id) % $pieces = $piece
-    GROUP BY ALL
+           count(*) FILTER (WHERE metric = 'gpu_util_percent') > 0 AS has_util,
+           sum(sum) FILTER (WHERE metric = 'gpu_util_percent')
+             / nullif(sum(n) FILTER (WHERE metric = 'gpu_util_percent'), 0) AS util,
+           sum(sum) FILTER (WHERE metric = 'gpu_sm_active_percent')
+             / nullif(sum(n) FILTER (WHERE metric = 'gpu_sm_active_percent'), 0) AS sm_active,
+           min(regexp_extract(labels, '(^|,)namespace=([^,]*)', 2) || '/' || regexp_extract(labels, '(^|,)pod=([^,]*)', 2))
+             FILTER (WHERE metric = 'gpu_pod_allocated') AS pod,
+           arg_max(job_id, n) FILTER (WHERE metric = '(job)') AS job_id
+    FROM gpu_rows
+    GROUP BY node_id, gpu, minute
 ),
 host AS (
     SELECT node_id, minute,
@@ -53,31 +65,22 @@ host AS (
       AND minute >= date_trunc('minute', $window_start) AND minute <= $now
       AND hash(node_id) % $pieces = $piece
     GROUP BY ALL
+),
+minutes AS (
+    SELECT u.node_id, u.gpu, u.minute, u.util, u.sm_active, coalesce(u.sm_active, u.util) AS busy,
+           u.job_id, u.job_id IS NOT NULL AS held, u.pod, u.job_id IS NULL AND u.pod IS NOT NULL AS pod_only,
+           ho.iowait, ho.cpu_busy
+    FROM gpu_minutes u
+    LEFT JOIN host ho ON ho.node_id = u.node_id AND ho.minute = u.minute
+    WHERE u.has_util
 )
-SELECT u.node_id, u.gpu, u.minute, u.util, s.sm_active, coalesce(s.sm_active, u.util) AS busy,
-       h.job_id, h.job_id IS NOT NULL AS held, p.pod, h.job_id IS NULL AND p.pod IS NOT NULL AS pod_only,
-       ho.iowait, ho.cpu_busy
-FROM util u
-LEFT JOIN sm s ON s.node_id = u.node_id AND s.gpu = u.gpu AND s.minute = u.minute
-LEFT JOIN held h ON h.node_id = u.node_id AND h.gpu = u.gpu AND h.minute = u.minute
-LEFT JOIN pods p ON p.node_id = u.node_id AND p.gpu = u.gpu AND p.minute = u.minute
-LEFT JOIN host ho ON ho.node_id = u.node_id AND ho.minute = u.minute;
-
--- Data-wait fraction per node and job from the step tracker (NULL when not measured).
-CREATE OR REPLACE TEMP TABLE _ug_wait AS
-SELECT node_id, job_id, avg(data_wait_fraction) AS data_wait
-FROM job_steps
-WHERE ts > $window_start AND ts <= $now AND data_wait_fraction IS NOT NULL AND data_wait_fraction >= 0
-  AND hash(node_id) % $pieces = $piece
-GROUP BY ALL;
-
-CREATE OR REPLACE TEMP TABLE _ug AS
 SELECT m.node_id, m.gpu,
        count(*) AS sampled_minutes,
        count(*) FILTER (WHERE NOT m.held AND NOT m.pod_only) AS no_job_minutes,
        count(*) FILTER (WHERE m.pod_only) AS pod_minutes,
        count(*) FILTER (WHERE m.pod_only AND m.busy < $idle_util) AS pod_idle_minutes,
        avg(m.util) FILTER (WHERE m.pod_only) AS pod_util,
+       list_sort(list(DISTINCT m.pod) FILTER (WHERE m.pod IS NOT NULL)) AS pods,
        count(*) FILTER (WHERE m.held) AS held_minutes,
        count(*) FILTER (WHERE m.held AND m.busy < $idle_util) AS held_idle_minutes,
        count(*) FILTER (WHERE m.held AND m.sm_active < $idle_util AND m.util >= $idle_util) AS busy_but_idle_minutes,
@@ -85,37 +88,26 @@ SELECT m.node_id, m.gpu,
        avg(m.sm_active) FILTER (WHERE m.held) AS held_sm_active,
        avg(m.util) FILTER (WHERE NOT m.held AND NOT m.pod_only) AS no_job_util,
        avg(m.iowait) FILTER (WHERE m.held) AS iowait,
-       avg(m.cpu_busy) FILTER (WHERE m.held) AS cpu_busy
-FROM _ug_minutes m
+       avg(m.cpu_busy) FILTER (WHERE m.held) AS cpu_busy,
+       list_sort(list(DISTINCT m.job_id) FILTER (WHERE m.held)) AS jobs
+FROM minutes m
 GROUP BY m.node_id, m.gpu
 HAVING count(*) >= $min_minutes;
 
--- The jobs and pods of each GPU, from its distinct (GPU, job) pairs: an ordered list(DISTINCT ...) over every
--- minute row would hold all of them in memory at once (DuckDB cannot spill ordered aggregates).
-CREATE OR REPLACE TEMP TABLE _ug_names AS
-SELECT node_id, gpu,
-       list(name ORDER BY name) FILTER (WHERE what = 'job') AS jobs,
-       list(name ORDER BY name) FILTER (WHERE what = 'pod') AS pods
-FROM (SELECT DISTINCT node_id, gpu, 'job' AS what, job_id AS name FROM _ug_minutes WHERE held
-      UNION ALL
-      SELECT DISTINCT node_id, gpu, 'pod', pod FROM _ug_minutes WHERE pod IS NOT NULL)
-GROUP BY ALL;
-
 CREATE OR REPLACE TEMP TABLE _ug_dw AS
 SELECT j.node_id, j.gpu, avg(w.data_wait) AS data_wait
-FROM (SELECT DISTINCT node_id, gpu, job_id FROM _ug_minutes WHERE held) j
+FROM (SELECT node_id, gpu, unnest(jobs) AS job_id FROM _ug) j
 JOIN _ug_wait w ON w.node_id = j.node_id AND w.job_id = j.job_id
 GROUP BY ALL;
 
 CREATE OR REPLACE TEMP TABLE _ug_scored AS
-SELECT u.*, nm.jobs, nm.pods, dw.data_wait, nc.pool, nc.price_per_gpu_hour,
+SELECT u.*, dw.data_wait, nc.pool, nc.price_per_gpu_hour,
        coalesce(u.held_minutes > 0 AND u.held_util < $input_util
                 AND (dw.data_wait >= $data_wait
                      OR (dw.data_wait IS NULL AND (u.iowait >= $iowait OR u.cpu_busy >= $cpu_busy))),
                 false) AS input_bound,
        u.held_minutes / 60.0 * coalesce(dw.data_wait, 1 - u.held_util / 100.0) AS input_bound_hours
 FROM _ug u JOIN _node_class nc ON nc.node_id = u.node_id
-LEFT JOIN _ug_names nm ON nm.node_id = u.node_id AND nm.gpu = u.gpu
 LEFT JOIN _ug_dw dw ON dw.node_id = u.node_id AND dw.gpu = u.gpu;
 
 INSERT INTO _evaluated

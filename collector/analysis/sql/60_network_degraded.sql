@@ -114,10 +114,7 @@ SELECT s.node_id, s.scope, s.params_key, coalesce(median(s.ref) FILTER (WHERE s.
        list(DISTINCT s.ref_cited) FILTER (WHERE s.ref_cited IS NOT NULL AND s.slow) AS ref_cited,
        any_value(s.pool_nodes) AS pool_nodes, count(*) AS links, count(*) FILTER (WHERE s.slow) AS slow_links,
        median(s.gbits) AS node_gbits, median(s.gbits) FILTER (WHERE s.slow) AS slow_gbits,
-       median(s.gbits) FILTER (WHERE NOT s.slow) AS ok_gbits, sum(s.runs) AS runs,
-       list({'peer': s.peer, 'gbits': round(s.gbits, 3), 'send': round(s.send, 3), 'recv': round(s.recv, 3),
-             'rtt_p50_us': round(s.rtt_p50_us, 1), 'runs': s.runs, 'slow': s.slow, 'link_mbits': s.link_mbits}
-            ORDER BY s.gbits) AS pairs
+       median(s.gbits) FILTER (WHERE NOT s.slow) AS ok_gbits, sum(s.runs) AS runs
 FROM _nd_slow s
 WHERE s.ref IS NOT NULL
 GROUP BY s.node_id, s.scope, s.params_key;
@@ -130,6 +127,19 @@ LEFT JOIN _nd_peers p ON p.node_id = n.node_id AND p.params_key = n.params_key
 WHERE n.ref IS NOT NULL AND n.links >= $fabric_min_links AND n.slow_links * 2 > n.links
 GROUP BY ALL
 HAVING count(p.peer) FILTER (WHERE p.peer_other_links > 0 AND p.peer_other_slow < 0.5) * 2 > count(p.peer);
+
+-- Each bad node's pairs for the evidence, built for those nodes only: an ordered list per node of the whole
+-- fleet held every link of every node in memory at once (DuckDB cannot spill ordered aggregates).
+CREATE OR REPLACE TEMP TABLE _nd_bad_pairs AS
+SELECT s.node_id, s.scope, s.params_key,
+       list({'peer': s.peer, 'gbits': round(s.gbits, 3), 'send': round(s.send, 3), 'recv': round(s.recv, 3),
+             'rtt_p50_us': round(s.rtt_p50_us, 1), 'runs': s.runs, 'slow': s.slow, 'link_mbits': s.link_mbits}
+            ORDER BY s.gbits) AS pairs
+FROM _nd_slow s
+SEMI JOIN _nd_bad_nodes b ON b.node_id = s.node_id AND b.scope IS NOT DISTINCT FROM s.scope
+                          AND b.params_key IS NOT DISTINCT FROM s.params_key
+WHERE s.ref IS NOT NULL
+GROUP BY s.node_id, s.scope, s.params_key;
 
 -- Failed and skipped pair runs of each node in the window: counters for the evidence.
 CREATE OR REPLACE TEMP TABLE _nd_counts AS
@@ -150,7 +160,7 @@ INSERT INTO _conditions
 SELECT b.node_id, NULL, 'network_degraded', 'node',
        CASE WHEN b.slow_gbits < 0.25 * b.ref THEN 'critical' ELSE 'warning' END,
        b.node_gbits, 'gbits_per_s', b.ref, b.ref_source,
-       json_object('pairs', b.pairs, 'links', b.links, 'slow_links', b.slow_links,
+       json_object('pairs', bp.pairs, 'links', b.links, 'slow_links', b.slow_links,
                    'node_median_gbits', round(b.node_gbits, 3), 'slow_median_gbits', round(b.slow_gbits, 3),
                    'pool', b.scope, 'pool_median_gbits', round(b.ref, 3), 'pool_nodes', b.pool_nodes,
                    'slow_fraction', b.slow_fraction, 'peers_fine_with_others', b.peers_fine,
@@ -168,6 +178,8 @@ SELECT b.node_id, NULL, 'network_degraded', 'node',
        || ') while ' || b.peers_fine::VARCHAR || ' of those peers are fine with the others: drain node '
        || coalesce(nc.hostname, b.node_id) || ' and check its NIC, cable, switch port and link speed.'
 FROM _nd_bad_nodes b
+LEFT JOIN _nd_bad_pairs bp ON bp.node_id = b.node_id AND bp.scope IS NOT DISTINCT FROM b.scope
+                          AND bp.params_key IS NOT DISTINCT FROM b.params_key
 LEFT JOIN _node_class nc ON nc.node_id = b.node_id
 LEFT JOIN _nd_counts c ON c.node_id = b.node_id
 QUALIFY row_number() OVER (PARTITION BY b.node_id ORDER BY b.slow_gbits / b.ref) = 1;
