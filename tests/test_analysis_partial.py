@@ -135,3 +135,27 @@ def test_a_failed_lake_baseline_load_closes_its_flag_once_it_loads(con):
     assert comp == "25_fleet_baselines.sql" and "lake is unreachable" in sentence
     A.Analyzer(baselines_loader=lambda c, now: 0).run_pass(con, NOW + dt.timedelta(minutes=1))
     assert _open(con, A.INCOMPLETE_KIND) == []
+
+
+def test_a_step_that_reads_a_failed_steps_table_says_so_and_its_temp_tables_are_gone(con):
+    """61_link_variance.sql reads _nd_runs of 60_network_degraded.sql: with 60 broken it is not run and says
+    why, instead of a catalog error; and the tables of the steps that ran are dropped when no later step reads them."""
+    _fleet(con)
+    an = A.Analyzer()
+    an.sql["network_degraded"] = [BROKEN]
+    seen: dict[str, set[str]] = {}
+    run_step = an._run_step
+
+    def watched(c, step, params):   # the temp tables there are when each step starts
+        seen[step.name] = {r[0] for r in c.execute("SELECT table_name FROM duckdb_tables() WHERE temporary").fetchall()}
+        return run_step(c, step, params)
+
+    an._run_step = watched
+    result = an.run_pass(con, NOW)
+    assert set(result.failed) == {"60_network_degraded.sql", "61_link_variance.sql"}
+    assert result.failed["61_link_variance.sql"] == ("not run: it reads _nd_runs of 60_network_degraded.sql, "
+                                                     "which failed this pass")
+    assert [n for n, c, _ in _open(con, "virtualization_overhead")] == ["synthetic-cloud3", "synthetic-cloud4"]
+    # When the hardware step starts, the earlier kinds' intermediates are gone; the context tables are not.
+    assert not seen["hardware_fault"] & {"_vo", "_vo_values", "_nn_points", "_ug", "_ug_wait"}, seen["hardware_fault"]
+    assert {"_node_class", "_ok_metrics"} <= seen["hardware_fault"]
