@@ -11,7 +11,9 @@ Two ways to get a database:
 Each pass runs in a fresh subprocess that opens the file the way the collector does (store.db.open_database
 with ``--memory-limit``, default the collector's 512MB), so one size's memory does not carry into the next.
 The JSON summary fits pass time and peak memory against nodes (least squares on log-log: the exponent, and
-the slope per 1,000 nodes of a straight line). Timings and memory are real; the fleets are synthetic.
+the slope per 1,000 nodes of a straight line). A synthetic fleet's pass is its first, so its rollup takes
+the whole hour at once (``rollup_s``); a collector's steady passes roll up one minute, and ``steps_s`` is
+the rest of the pass. Timings and memory are real; the fleets are synthetic.
 """
 
 from __future__ import annotations
@@ -135,9 +137,18 @@ def one_pass(path: str, memory_limit: str, piece_nodes: int | None) -> dict:
     stop.set()
     th.join()
     flags = dict(con.execute("SELECT kind, count(*) FROM flags WHERE state = 'open' GROUP BY kind").fetchall())
+    # What the steps read, table by table (not per step: DuckDB does not say which rows each statement read).
+    start = now - dt.timedelta(seconds=cfg.window_s)
+    rows_in_window = {t: con.execute(f"SELECT count(*) FROM {t} WHERE {c} > ? AND {c} <= ?", [start, now]).fetchone()[0]
+                      for t, c in (("samples_1m", "minute"), ("job_samples_1m", "minute"), ("job_steps", "ts"))}
+    pstart = now - dt.timedelta(seconds=cfg.probe_window_s)
+    rows_in_window["probe_metrics (probe window)"] = con.execute(
+        "SELECT count(*) FROM probe_metrics WHERE started_at > ? AND started_at <= ?", [pstart, now]).fetchone()[0]
     con.close()
     return {"nodes": nodes, "memory_limit": memory_limit, "pass_s": round(wall, 2), "error": error,
-            "failed_steps": result.get("failed_steps", {}), "step_s": result.get("step_s", {}),
+            "rollup_s": result.get("rollup_s"), "rollup_rows_in": result.get("rollup_rows_in"),
+            "steps_s": result.get("flags_s"), "failed_steps": result.get("failed_steps", {}),
+            "step_s": result.get("step_s", {}), "rows_in_window": rows_in_window,
             "peak_duckdb_bytes": max((p["duckdb_bytes"] for p in peaks.values()), default=0),
             "peak_rss_bytes": max((p["rss_bytes"] for p in peaks.values()), default=0),
             "step_peaks": peaks, "open_flags_by_kind": flags}
@@ -199,7 +210,8 @@ def main(argv=None) -> int:
             path.unlink()
         if not args.json:
             r = runs[-1]
-            print(f"{r.get('nodes', '?')} nodes: pass {r.get('pass_s')} s, peak DuckDB "
+            print(f"{r.get('nodes', '?')} nodes: pass {r.get('pass_s')} s (rollup {r.get('rollup_s')} s, steps "
+                  f"{r.get('steps_s')} s), peak DuckDB "
                   f"{r.get('peak_duckdb_bytes', 0) / 2**20:.0f} MiB, peak RSS {r.get('peak_rss_bytes', 0) / 2**20:.0f} MiB, "
                   f"failed steps {list(r.get('failed_steps') or {}) or 'none'}{', error: ' + r['error'] if r.get('error') else ''}")
     ok = [r for r in runs if not r.get("error") and "nodes" in r]
@@ -207,6 +219,7 @@ def main(argv=None) -> int:
                "data": "SYNTHETIC fleets (or a copy of the database given); real DuckDB passes, real timings and memory",
                "runs": runs,
                "fit_pass_s": _fit([r["nodes"] for r in ok], [r["pass_s"] for r in ok]),
+               "fit_steps_s": _fit([r["nodes"] for r in ok], [r["steps_s"] for r in ok]),
                "fit_peak_duckdb_bytes": _fit([r["nodes"] for r in ok], [r["peak_duckdb_bytes"] for r in ok]),
                "fit_peak_rss_bytes": _fit([r["nodes"] for r in ok], [r["peak_rss_bytes"] for r in ok]),
                "all_passes_complete": all(not r.get("error") and not r.get("failed_steps") for r in runs)}
