@@ -485,23 +485,25 @@ class Analyzer:
         except hardware_faults.RulesError as exc:
             raise AnalyzerError(str(exc).rstrip(".")) from None
         self.sql = load_sql()
+        # Which steps' temp tables each step's SQL names, worked out once from the SQL files.
+        tables = {t for st in STEPS for t in st.temp_tables}
+        self._reads = {st.name: {t for t in tables if re.search(rf"\b{re.escape(t)}\b", "\n".join(self.sql[st.name]))}
+                       for st in STEPS}
 
     def _needs_failed(self, step: Step, failed: Mapping[str, str]) -> tuple[str, str] | None:
         """(table, step file) when the step reads a temp table of an earlier step that failed this pass."""
-        text = "\n".join(self.sql[step.name])
         for earlier in STEPS[:STEPS.index(step)]:
             if earlier.sql_file in failed:
                 for t in earlier.temp_tables:
-                    if re.search(rf"\b{re.escape(t)}\b", text):
+                    if t in self._reads[step.name]:
                         return t, earlier.sql_file
         return None
 
     def _done_with(self, step: Step) -> tuple[str, ...]:
         """The step's temp tables that no later step's SQL names: dropped as soon as the step is done, so a
         pass holds (in memory, or spilled) only what is still to be read, not every step's intermediates."""
-        later = [st for st in STEPS[STEPS.index(step) + 1:]]
-        text = "\n".join(stmt for st in later for stmt in self.sql[st.name])
-        return tuple(t for t in step.temp_tables if not re.search(rf"\b{re.escape(t)}\b", text))
+        later = set().union(*(self._reads[st.name] for st in STEPS[STEPS.index(step) + 1:]))
+        return tuple(t for t in step.temp_tables if t not in later)
 
     # -- rollups -----------------------------------------------------------------------------------------
 
