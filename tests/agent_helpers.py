@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
+
 from conftest import free_port, wait_for  # noqa: F401  (free_port re-exported to the tests that import it from here)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,6 +59,30 @@ def wait_running(state_dir: Path, proc: subprocess.Popen, timeout: float = 30.0)
         st = read_status(state_dir)
         return st if st and st.get("pid") == proc.pid and st.get("counters", {}).get("ticks", 0) >= 1 else None
     return wait_for(ok, timeout=timeout, what="agent status file")
+
+
+def kill_tree(proc: subprocess.Popen, timeout: float = 10.0) -> None:
+    """SIGKILL a launcher started with start_new_session and every process under it, and wait for them.
+    Killing its process group is not enough for torchrun: it starts each rank in a session of its own, and
+    ranks orphaned that way went on training for their whole --duration-s, under the next test's job."""
+    if proc.poll() is not None:
+        return
+    try:
+        below = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        below = []
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    for child in below:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+    proc.wait(timeout=timeout)
+    _, alive = psutil.wait_procs(below, timeout=timeout)
+    assert not alive, f"processes still alive after SIGKILL: {alive}"
 
 
 def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:

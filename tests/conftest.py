@@ -233,7 +233,30 @@ def _nvml_reason() -> str:
     return _NVML_REASON[0]
 
 
+def _left_running() -> list[str]:
+    """Training jobs (this repo's examples/) and stress-ng processes still running: what an earlier test
+    started and failed to stop. torchrun's ranks, each in a session of its own, once outlived a killed
+    launcher and took the CPU under the next passive-contention test (a flag missed, in a shuffled run)."""
+    examples = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if any(a.startswith(examples) for a in argv) or os.path.basename(argv[0]).startswith("stress-ng"):
+            found.append(f"{pid} {' '.join(argv).strip()}")
+    return found
+
+
 def pytest_runtest_setup(item):
+    # A test that needs the machine to itself cannot start while another test's job or co-tenant still runs.
+    if "alone" in item.keywords:
+        left = _left_running()
+        assert not left, "processes an earlier test left running (it must stop them): " + "; ".join(left)
     for mark in item.iter_markers("needs_tool"):
         tools.need(*mark.args)
     if "nvml" in item.keywords:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -32,6 +31,7 @@ from gpuagent.agent.gpu_sampler import GpuSampler  # noqa: E402
 from gpuagent.agent.host_sampler import HostSampler  # noqa: E402
 from gpuagent.agent.job_discovery import JobDiscovery  # noqa: E402
 from gpuagent.common.nvml import Nvml  # noqa: E402
+from agent_helpers import kill_tree  # noqa: E402
 from nvml_emulator_fixture import H100_8GPU  # noqa: E402
 from tests.conftest import wait_for  # noqa: E402
 
@@ -122,9 +122,7 @@ def test_slowed_loader_raises_input_bound_utilization_gap(tmp_path, nvml_emulato
             assert (g, "input_bound") not in gaps, gaps[(g, "input_bound")]["sentence"]
     finally:
         for p in procs.values():
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait(timeout=10)
+            kill_tree(p)
         agent.stop()
         runner.join(timeout=30)
         col.stop()

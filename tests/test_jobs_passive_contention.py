@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import statistics
 import subprocess
 import sys
@@ -33,7 +32,7 @@ python_module_or_skip("torch")
 
 from gpuagent.collector.views import client  # noqa: E402
 from gpuagent.collector.ingest import server  # noqa: E402
-from agent_helpers import ROOT, start_agent, stop, wait_running  # noqa: E402
+from agent_helpers import ROOT, kill_tree, start_agent, stop, wait_running  # noqa: E402
 from tests.conftest import wait_for  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -63,6 +62,22 @@ def _co_tenant_ticks(address: str) -> int:
     """Ticks at which the agent named a stress-ng process among the job's neighbours."""
     return client.query(address, "SELECT count(DISTINCT ts) FROM samples WHERE metric = "
                                  "'job_neighbour_process_cpu_percent' AND labels LIKE '%comm=stress-ng%'").rows[0][0]
+
+
+def _timeline(address: str) -> str:
+    """Per tick: the job's progress, the CPU of stress-ng neighbours and CPU pressure, one line each. Printed
+    by every test (pytest shows it when one fails), so a failure says which condition the analyzer missed."""
+    rows = client.query(address, """
+        SELECT epoch(ts - min(ts) OVER ()) AS t,
+               max(value) FILTER (WHERE metric = 'job_progress_percent') AS progress,
+               sum(value) FILTER (WHERE metric = 'job_neighbour_process_cpu_percent'
+                                  AND labels LIKE '%comm=stress-ng%') AS stress_cpu,
+               max(value) FILTER (WHERE metric = 'psi_cpu_some_avg10_percent' AND labels = '') AS psi_cpu,
+               max(value) FILTER (WHERE metric = 'cpu_steal_percent' AND labels = '') AS steal
+        FROM samples GROUP BY ts HAVING progress IS NOT NULL ORDER BY ts""").rows
+    fmt = lambda v: "-" if v is None else f"{v:.0f}"   # noqa: E731
+    return "t_s progress% stress_cpu% psi_cpu% steal%\n" + "\n".join(
+        f"{t:.1f} {fmt(p)} {fmt(c)} {fmt(q)} {fmt(st)}" for t, p, c, q, st in rows)
 
 
 def _open_flags(address: str) -> list[dict]:
@@ -129,10 +144,12 @@ def _run_job(tmp: Path, *job_args: str, stress: list[str] | None = None, stress_
         assert job.poll() is None, "the job was still running at the first pass: " + (tmp / "job.log").read_text()[-2000:]
         during = _open_flags(col.address)
         if not finish:
+            print(_timeline(col.address))
             return Run(during, None, comms, 0)
         assert job.wait(timeout=JOB_S + 60) == 0, (tmp / "job.log").read_text()[-2000:]
         time.sleep(2)   # the last batches reach the collector
         after = _open_flags(col.address)
+        print(_timeline(col.address))
         assert _progress_ticks(col.address) >= 20, "the agent sampled the job's progress"
         # Both ranks write to the one log, so their result lines can run together: decode each after its tag.
         text, dec = (tmp / "job.log").read_text(), json.JSONDecoder()
@@ -145,9 +162,8 @@ def _run_job(tmp: Path, *job_args: str, stress: list[str] | None = None, stress_
         return Run(during, after, comms, min(r["steps"] for r in results), tuple(tuple(t) for t in ticks), steal)
     finally:
         for p in (job, stressor):
-            if p is not None and p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait(timeout=10)
+            if p is not None:
+                kill_tree(p)
         stop(agent)
         col.stop()
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +18,7 @@ python_module_or_skip("torch")
 
 from gpuagent.collector.views import client  # noqa: E402
 from gpuagent.collector.ingest import server
-from agent_helpers import ROOT, read_status, start_agent, stop, wait_running  # noqa: E402
+from agent_helpers import ROOT, kill_tree, read_status, start_agent, stop, wait_running  # noqa: E402
 from tests.conftest import wait_for  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -96,9 +95,7 @@ def run(tmp_path_factory):
         yield {"q": q, "results": results, "status_seen": status_seen, "state": state, "launchers": launchers}
     finally:
         for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait(timeout=10)
+            kill_tree(p)
         stop(agent)
         col.stop()
 
