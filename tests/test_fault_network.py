@@ -29,8 +29,8 @@ AGENT_TOML = "[collector]\nbackoff_max_s = 2.0\n"
 # attempts at the 2 s backoff cap against a dead link; benchmarks/fault_outages.py runs the same test for 60 s
 # (GPUAGENT_TEST_LINK_DOWN_S=60), the length it had in make test before 2026-12-02.
 LINK_DOWN_S = float(os.environ.get("GPUAGENT_TEST_LINK_DOWN_S", "20"))
-# The slow link's length: 15 s at 100 kbit/s is 1.5 s of batches every 0.2 s queued behind a shaper that
-# sends ~12 KB/s, long enough for a backlog to build and for acks to keep coming through it.
+# The slow link's length: in 15 s at 100 kbit/s (about 12 KB/s) the agent cuts a batch every 0.2 s, 75 in all,
+# enough for a backlog to queue behind the shaper while acks keep coming through it.
 SLOW_LINK_S = 15.0
 # How long the collector is gone: past the 10 s ack watchdog that must notice it, so the agent spools for
 # seconds after noticing; TCP alone would take minutes (its retransmission timeout).
