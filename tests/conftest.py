@@ -282,9 +282,10 @@ def pytest_runtest_setup(item):
 
 
 # ---------------------------------------------------------------------------------------------- CPU per test
-# GPUAGENT_TEST_CPU_LOG=FILE appends one JSON line per test: its wall time and the CPU seconds of this worker
-# and of the children it reaped meanwhile (subprocesses, their subprocesses once reaped). Tests of one worker run
-# one at a time, so the difference is that test's own CPU: what to cut when the suite is CPU-bound.
+# GPUAGENT_TEST_CPU_LOG=FILE appends one JSON line per test: its worker, start and wall time, and the CPU seconds of
+# this worker and of the children it reaped meanwhile (subprocesses, their subprocesses once reaped). Tests of one
+# worker run one at a time, so the difference is that test's own CPU: what to cut when the suite is CPU-bound.
+# The start times and workers draw the schedule: which worker was the parallel part's tail, and on what.
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):  # noqa: ARG001
     path = os.environ.get("GPUAGENT_TEST_CPU_LOG")
@@ -297,11 +298,12 @@ def pytest_runtest_protocol(item, nextitem):  # noqa: ARG001
     def cpu() -> float:
         a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
         return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
-    c0, t0 = cpu(), time.monotonic()
+    c0, t0, start = cpu(), time.monotonic(), time.time()
     yield
     with open(path, "a") as f:
         f.write(json.dumps({"test": item.nodeid, "wall_s": round(time.monotonic() - t0, 2),
-                            "cpu_s": round(cpu() - c0, 2)}) + "\n")
+                            "cpu_s": round(cpu() - c0, 2), "start": round(start, 2),
+                            "worker": os.environ.get("PYTEST_XDIST_WORKER", "-")}) + "\n")
 
 
 # ---------------------------------------------------------------------------------------------- missing tools
