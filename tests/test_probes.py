@@ -257,6 +257,24 @@ def test_collective_gloo_two_processes():
         assert r.metrics[f"busbw_gbps_{size}"] == pytest.approx(r.metrics[f"algbw_gbps_{size}"])
     assert r.metrics["busbw_gbps"] == r.metrics["busbw_gbps_1048576"]
     assert r.metrics["small_msg_latency_us"] > 0
+    assert r.env["start_method"] == "fork"        # gloo ranks inherit the imported torch
+
+
+def test_collective_worker_runs_spawned_as_nccl_ranks_start(tmp_path):
+    """NCCL ranks are spawned (CUDA does not survive a fork), which no GPU-less run of the probe exercises:
+    the same rank function, spawned on gloo, pickles its arguments and writes the result file."""
+    from gpuagent.probes import collective  # noqa: PLC0415
+    assert collective.start_method("nccl") == "spawn" and collective.start_method("gloo") == "fork"
+    out = tmp_path / "ranks.json"
+    code = ("import sys, torch.multiprocessing as mp; from gpuagent.probes import collective; "
+            "cfg = dict(backend='gloo', nprocs=2, nnodes=1, node_rank=0, master_addr='127.0.0.1', "
+            "master_port=collective.free_port(), sizes=[65536], iters=2, warmup=1, latency_bytes=8, "
+            "latency_iters=2, init_timeout_s=60.0); "
+            "mp.start_processes(collective._worker, args=(cfg, sys.argv[1]), nprocs=2, join=True, "
+            "start_method='spawn')")
+    subprocess.run([sys.executable, "-c", code, str(out)], check=True, timeout=120)
+    res = json.loads(out.read_text())
+    assert res["counts"] == {"65536": 2} and res["sizes"]["65536"] > 0 and res["latency_s"] > 0
 
 
 @pytest.mark.slow
