@@ -104,13 +104,26 @@ def _bed_class():
             changed = time.time()
             start = self.next_round() + 1     # the round in flight may have started before the change
             got = self.wait_rounds(start, 3 + extra_rounds)
-            time.sleep(3.0)                   # batch interval 1 s: the agents' rows reach the collector
+            self.wait_stored(got, changed)
             end = time.monotonic() + 60
             while every_pair and self.pairs_run_since(changed) < len(AGENTS) * (len(AGENTS) - 1) // 2:
                 assert time.monotonic() < end, f"not every pair ran after the change: {self.rounds()[-4:]}"
-                got += self.wait_rounds(self.next_round(), 1)
-                time.sleep(3.0)
+                more = self.wait_rounds(self.next_round(), 1)
+                self.wait_stored(more, changed)
+                got += more
             return got
+
+        def wait_stored(self, rounds: list, since: float, timeout: float = 30.0) -> None:
+            """Until both ends' rows of every ok pair run in ``rounds`` (started after ``since``) are in
+            link_results, which the analysis reads: the agents send them in batches, 1 s apart."""
+            want = {frozenset((a, b)) for _r, ps in rounds for a, b, st in ps if st == "ok"}
+
+            def stored() -> bool:
+                rows = self.sql("SELECT node_a, node_b, count(DISTINCT reported_by) AS ends FROM link_results "
+                                f"WHERE reported_by <> 'collector' AND started_at > make_timestamp({int(since * 1e6)}) "
+                                "GROUP BY ALL")
+                return want <= {frozenset((r["node_a"], r["node_b"])) for r in rows if r["ends"] == 2}
+            wait_for(stored, timeout=timeout, interval=0.5, what=f"both ends' rows of the runs of {rounds}")
 
         def pairs_run_since(self, t: float) -> int:
             return self.sql("SELECT count(DISTINCT least(node_a, node_b) || '|' || greatest(node_a, node_b)) AS n "
@@ -182,7 +195,7 @@ def test_full_sweep_measures_every_pair_within_n_minus_1_rounds(bed):
     for _r, ps in sweep:
         ends = [n for a, b, _ in ps for n in (a, b)]
         assert len(ends) == len(set(ends))
-    time.sleep(3.0)
+    bed.wait_stored(sweep, 0.0)
     rows = bed.sql("SELECT node_a, node_b, reported_by, send_gbits_per_s, recv_gbits_per_s, rtt_p50_us "
                    "FROM link_results WHERE status = 'ok'")
     by_link: dict[frozenset, set] = {}
@@ -328,7 +341,7 @@ def test_stopping_an_agent_mid_round_gives_reasons_and_the_others_carry_on(bed, 
     later = [(a, b, st) for r, ps in got[1:] for a, b, st in ps]
     assert all((st != "ok") if n3 in (a, b) else (st == "ok") for a, b, st in later), later
     assert any(n3 not in (a, b) for a, b, _ in later)
-    time.sleep(3.0)
-    rows = bed.sql(f"SELECT status, reason, reported_by FROM link_results WHERE status <> 'ok' "
-                   f"AND '{n3}' IN (node_a, node_b) AND reason IS NOT NULL AND reason <> ''")
-    assert rows, "no failed/skipped/timeout row with a reason for the stopped node's pair"
+    rows = wait_for(lambda: bed.sql(f"SELECT status, reason, reported_by FROM link_results WHERE status <> 'ok' "
+                                    f"AND '{n3}' IN (node_a, node_b) AND reason IS NOT NULL AND reason <> ''"),
+                    timeout=30, interval=0.5, what="a failed/skipped/timeout row with a reason for the stopped "
+                                                   "node's pair")
