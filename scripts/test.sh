@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make test`: the whole suite, in two parts.
+# `make test`: the whole suite, in two parts, after collecting it once (so the workers' collection is warm).
 #   1. Every test not marked `alone`, on TEST_WORKERS pytest-xdist workers (default 4, twice the cores here).
 #      Many tests wait (on daemons starting, timers, faults that last a fixed time), so two workers a core fill
 #      the gaps; past that the suite is CPU-bound on 2 cores and more workers only slow each test (at 6 the load
