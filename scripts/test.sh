@@ -33,8 +33,8 @@ esac
 
 start=$SECONDS
 # Collect once first, in two processes that split the files: pytest rewrites each test module's asserts and
-# caches the result in tests/__pycache__ (collecting the suite took 7.7 CPU-s cold and 2.3 warm). Without it, a
-# clean clone's workers would all rewrite every module at once. Errors here are the real run's to report.
+# caches the result in tests/__pycache__ (collecting the suite took 7.7 CPU-s cold and about 2 warm). Without
+# it, a clean clone's workers would all rewrite every module at once. Errors here are the real run's to report.
 mapfile -t files < <(ls tests/test_*.py)
 half=$(( ${#files[@]} / 2 ))
 "$PY" -m pytest --collect-only -q -p no:randomly "${files[@]:0:half}" > /dev/null 2>&1 &
