@@ -36,11 +36,17 @@ def _empty_config(tmp_path: Path) -> Path:
 
 def start_agent(tmp_path: Path, collector: str, state_dir: Path, interval: float = 1.0,
                 batch_interval: float = 1.0, extra_args: tuple[str, ...] = (), log_name: str = "agent.log",
-                **env_extra: str) -> subprocess.Popen:
+                up_longer_s: int = 0, **env_extra: str) -> subprocess.Popen:
+    """The agent as a subprocess. ``up_longer_s``: the agent sees a node up that much longer than this machine
+    (a time namespace, ``unshare --time --boottime``; needs root). A test that injects a link-down needs it
+    on a machine booted minutes ago, as CI's are: the agent's start is then a reboot
+    (common/hardware_faults.toml [reboot]), and a link down that soon after one is silenced, by design."""
     log = open(tmp_path / log_name, "ab")
     cmd = [sys.executable, "-m", "gpuagent.agent.cli", "run", "--collector", collector,
            "--state-dir", str(state_dir), "--interval", str(interval), "--batch-interval", str(batch_interval),
            *extra_args]
+    if up_longer_s:
+        cmd = ["unshare", "--time", "--boottime", str(int(up_longer_s)), *cmd]
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=agent_env(tmp_path, **env_extra),
                             cwd=ROOT)
 

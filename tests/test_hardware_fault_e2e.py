@@ -36,12 +36,17 @@ def test_a_pending_row_remap_and_a_down_nvlink_open_flags_and_close_when_they_cl
     cfg = tmp_path / "agent.toml"
     cfg.write_text("[probes]\nenabled = false\n")
     state = tmp_path / "state"
-    agent = start_agent(tmp_path, col.address, state, interval=0.5, batch_interval=0.5,
+    # A node up for a day: on a machine booted under 10 minutes ago (a fresh CI machine) the agent's start is
+    # a reboot, and the NVLink down 5 s later is silenced as a link still training (a CI run, 2026-12-03).
+    agent = start_agent(tmp_path, col.address, state, interval=0.5, batch_interval=0.5, up_longer_s=86400,
                         GPUAGENT_CONFIG=str(cfg), **emu.env_vars())
     try:
         wait_running(state, agent)
         wait_for(lambda: _latest(col.address, "gpu_remapped_rows_pending", 3) == 0.0, timeout=30, interval=0.5,
                  what="the healthy node's remap state stored")
+        (up_s,) = client.query(col.address, "SELECT epoch_ns(ts) / 1e9 - CAST(json_extract_string(attrs, "
+                                            "'$.boot_ns') AS BIGINT) / 1e9 FROM events WHERE kind = 'agent_start'").rows[0]
+        assert up_s > hardware_faults.rules().reboot_grace_s, f"the agent's start reads as a reboot ({up_s:.0f} s up)"
         client.analyze(col.address, window_s=600)
         assert _hw_flags(col.address) == {}, "a healthy emulated 8-GPU node raises no hardware flag"
 
