@@ -197,6 +197,15 @@ def start_method(backend: str) -> str:
     return "spawn" if backend == "nccl" else "fork"
 
 
+def rank_config(backend: str, nprocs: int, p: dict[str, Any], size_list: list[int]) -> dict[str, Any]:
+    """What every rank's `_worker` is given (picklable: spawned ranks receive it pickled)."""
+    return {"backend": backend, "nprocs": nprocs, "nnodes": p["nnodes"], "node_rank": p["node_rank"],
+            "master_addr": p["master_addr"], "master_port": p["master_port"] or free_port(p["master_addr"]),
+            "sizes": size_list, "iters": max(1, p["iters"]), "warmup": max(0, p["warmup"]),
+            "latency_bytes": max(4, p["latency_bytes"]), "latency_iters": max(1, p["latency_iters"]),
+            "init_timeout_s": float(p["init_timeout_s"])}
+
+
 def run(params: dict[str, Any]) -> ProbeResult:
     import torch
     import torch.multiprocessing as mp
@@ -230,11 +239,7 @@ def run(params: dict[str, Any]) -> ProbeResult:
     size_list = sizes(p["min_bytes"] or lo, p["max_bytes"] or hi, p["factor"])
     if not size_list:
         return ProbeResult("collective", "failed", "min_bytes is larger than max_bytes", p, env=env)
-    cfg = {"backend": backend, "nprocs": nprocs, "nnodes": p["nnodes"], "node_rank": p["node_rank"],
-           "master_addr": p["master_addr"], "master_port": p["master_port"] or free_port(p["master_addr"]),
-           "sizes": size_list, "iters": max(1, p["iters"]), "warmup": max(0, p["warmup"]),
-           "latency_bytes": max(4, p["latency_bytes"]), "latency_iters": max(1, p["latency_iters"]),
-           "init_timeout_s": float(p["init_timeout_s"])}
+    cfg = rank_config(backend, nprocs, p, size_list)
     env["master"] = f"{cfg['master_addr']}:{cfg['master_port']}"
     fd, out_path = tempfile.mkstemp(prefix="gpuagent-collective-", suffix=".json")
     os.close(fd)

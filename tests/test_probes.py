@@ -267,9 +267,8 @@ def test_collective_worker_runs_spawned_as_nccl_ranks_start(tmp_path):
     assert collective.start_method("nccl") == "spawn" and collective.start_method("gloo") == "fork"
     out = tmp_path / "ranks.json"
     code = ("import sys, torch.multiprocessing as mp; from gpuagent.probes import collective; "
-            "cfg = dict(backend='gloo', nprocs=2, nnodes=1, node_rank=0, master_addr='127.0.0.1', "
-            "master_port=collective.free_port(), sizes=[65536], iters=2, warmup=1, latency_bytes=8, "
-            "latency_iters=2, init_timeout_s=60.0); "
+            "p = dict(collective.SPEC.defaults, iters=2, warmup=1, latency_iters=2, init_timeout_s=60.0); "
+            "cfg = collective.rank_config('gloo', 2, p, [65536]); "
             "mp.start_processes(collective._worker, args=(cfg, sys.argv[1]), nprocs=2, join=True, "
             "start_method='spawn')")
     subprocess.run([sys.executable, "-c", code, str(out)], check=True, timeout=120)
