@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Analysis at scale (issue 27): one analysis pass at a collector's memory limit, per step: its time, the peak
-of DuckDB's own accounted memory (``duckdb_memory()``) and of the process's RSS while it ran.
+of DuckDB's own accounted memory (``duckdb_memory()``) and of the process's RSS while it ran, and the rows its
+statements scanned (DuckDB's profiler: stored tables apart from the pass's temp tables).
 
 Two ways to get a database:
   * ``--sizes 1000,3000,10000`` (default): a SYNTHETIC fleet per size written straight into DuckDB with SQL
@@ -89,12 +90,29 @@ def build(path: Path, nodes: int, minutes: int, interval_s: int) -> dict:
     return {"sample_rows": rows, "generate_s": round(time.perf_counter() - t0, 1)}
 
 
-def one_pass(path: str, memory_limit: str, piece_nodes: int | None) -> dict:
+def _count_rows_read(con, into: dict[str, int]) -> None:
+    """Add the last statement's scanned rows (DuckDB's profile of it) to ``into``: stored tables' rows apart
+    from the temp tables' (``temp`` in the scanned table's name)."""
+    try:
+        tree = json.loads(con.get_profiling_information(format="json"))
+    except Exception:  # noqa: BLE001 - a statement without a profile (a SET, a PRAGMA) read nothing
+        return
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        todo.extend(node.get("children") or [])
+        if node.get("operator_type") == "TABLE_SCAN":
+            table = str((node.get("extra_info") or {}).get("Table", ""))
+            key = "temp_rows" if table.startswith('"temp".') or table.startswith("temp.") else "stored_rows"
+            into[key] += int(node.get("operator_rows_scanned") or 0)
+
+
+def one_pass(path: str, memory_limit: str, piece_nodes: int | None, rows_read_on: bool = True) -> dict:
     """Runs in the child: one pass, sampling DuckDB's memory and RSS every 20 ms, per step."""
     from gpuagent.collector.analysis import analyzer as A
     from gpuagent.collector.store import db
 
-    con = db.open_database(path, memory_limit)
+    con = db.open_database(path, memory_limit, profile=rows_read_on)
     now = con.execute("SELECT max(ts) FROM samples").fetchone()[0] + dt.timedelta(seconds=1)
     nodes = con.execute("SELECT count(*) FROM nodes").fetchone()[0]
     cfg = A.AnalyzerConfig() if piece_nodes is None else A.AnalyzerConfig(piece_nodes=piece_nodes)
@@ -118,12 +136,24 @@ def one_pass(path: str, memory_limit: str, piece_nodes: int | None) -> dict:
             time.sleep(0.02)
 
     run_step = an._run_step
+    run_stmt = A._run
+    rows_read: dict[str, dict[str, int]] = {}
 
     def tracked(c, step, params):
         current[0] = step.sql_file
         return run_step(c, step, params)
 
-    an._run_step = tracked  # the benchmark's own hook: which step the memory samples belong to
+    def profiled(c, stmt, params):
+        res = run_stmt(c, stmt, params)
+        _count_rows_read(c, rows_read.setdefault(current[0], {"stored_rows": 0, "temp_rows": 0}))
+        return res
+
+    # The benchmark's own hooks: which step the memory samples belong to, and the rows each statement scanned
+    # (DuckDB's profiler, no output: per table scan, the rows it read; stored tables apart from the pass's temp
+    # tables). The rollup's statements count under "rollup".
+    an._run_step = tracked
+    if rows_read_on:
+        A._run = profiled
     th = threading.Thread(target=sample, daemon=True)
     th.start()
     t0 = time.perf_counter()
@@ -134,10 +164,11 @@ def one_pass(path: str, memory_limit: str, piece_nodes: int | None) -> dict:
     except Exception as exc:  # noqa: BLE001 - a pass that fails is a result here
         error, result = str(exc).splitlines()[0], {}
     wall = time.perf_counter() - t0
+    A._run = run_stmt
     stop.set()
     th.join()
     flags = dict(con.execute("SELECT kind, count(*) FROM flags WHERE state = 'open' GROUP BY kind").fetchall())
-    # What the steps read, table by table (not per step: DuckDB does not say which rows each statement read).
+    # The rows in the window, table by table: what a step reading that table whole would scan.
     start = now - dt.timedelta(seconds=cfg.window_s)
     rows_in_window = {t: con.execute(f"SELECT count(*) FROM {t} WHERE {c} > ? AND {c} <= ?", [start, now]).fetchone()[0]
                       for t, c in (("samples_1m", "minute"), ("job_samples_1m", "minute"), ("job_steps", "ts"))}
@@ -148,7 +179,7 @@ def one_pass(path: str, memory_limit: str, piece_nodes: int | None) -> dict:
     return {"nodes": nodes, "memory_limit": memory_limit, "pass_s": round(wall, 2), "error": error,
             "rollup_s": result.get("rollup_s"), "rollup_rows_in": result.get("rollup_rows_in"),
             "steps_s": result.get("flags_s"), "failed_steps": result.get("failed_steps", {}),
-            "step_s": result.get("step_s", {}), "rows_in_window": rows_in_window,
+            "step_s": result.get("step_s", {}), "rows_in_window": rows_in_window, "rows_read": rows_read,
             "peak_duckdb_bytes": max((p["duckdb_bytes"] for p in peaks.values()), default=0),
             "peak_rss_bytes": max((p["rss_bytes"] for p in peaks.values()), default=0),
             "step_peaks": peaks, "open_flags_by_kind": flags}
@@ -175,10 +206,12 @@ def main(argv=None) -> int:
     ap.add_argument("--piece-nodes", type=int, help="[analyzer] piece_nodes (default: the analyzer's)")
     ap.add_argument("--work", help="folder for the databases (default: a temporary one, removed afterwards)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--no-rows-read", action="store_true",
+                    help="leave DuckDB's profiler off (to measure what counting the rows read costs)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        print(json.dumps(one_pass(args.child, args.memory_limit, args.piece_nodes)))
+        print(json.dumps(one_pass(args.child, args.memory_limit, args.piece_nodes, not args.no_rows_read)))
         return 0
 
     tmp = None if args.work else tempfile.TemporaryDirectory(prefix="gpuagent-scale-")
@@ -201,6 +234,8 @@ def main(argv=None) -> int:
         cmd = [sys.executable, __file__, "--child", str(path), "--memory-limit", args.memory_limit]
         if args.piece_nodes:
             cmd += ["--piece-nodes", str(args.piece_nodes)]
+        if args.no_rows_read:
+            cmd += ["--no-rows-read"]
         out = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if out.returncode != 0:
             runs.append({**info, "error": (out.stderr.strip().splitlines() or ["no output"])[-1]})
@@ -214,6 +249,9 @@ def main(argv=None) -> int:
                   f"{r.get('steps_s')} s), peak DuckDB "
                   f"{r.get('peak_duckdb_bytes', 0) / 2**20:.0f} MiB, peak RSS {r.get('peak_rss_bytes', 0) / 2**20:.0f} MiB, "
                   f"failed steps {list(r.get('failed_steps') or {}) or 'none'}{', error: ' + r['error'] if r.get('error') else ''}")
+            for step, n in sorted((r.get("rows_read") or {}).items()):
+                print(f"  {step}: {(r.get('step_s') or {}).get(step, '-')} s, read {n['stored_rows']:,} stored rows "
+                      f"and {n['temp_rows']:,} temp-table rows")
     ok = [r for r in runs if not r.get("error") and "nodes" in r]
     summary = {"benchmark": "analysis_scale", "memory_limit": args.memory_limit,
                "data": "SYNTHETIC fleets (or a copy of the database given); real DuckDB passes, real timings and memory",
@@ -222,6 +260,9 @@ def main(argv=None) -> int:
                "fit_steps_s": _fit([r["nodes"] for r in ok], [r["steps_s"] for r in ok]),
                "fit_peak_duckdb_bytes": _fit([r["nodes"] for r in ok], [r["peak_duckdb_bytes"] for r in ok]),
                "fit_peak_rss_bytes": _fit([r["nodes"] for r in ok], [r["peak_rss_bytes"] for r in ok]),
+               "fit_stored_rows_read": _fit([r["nodes"] for r in ok],
+                                            [sum(v["stored_rows"] for v in r["rows_read"].values()) for r in ok])
+                                       if all(r.get("rows_read") for r in ok) else None,
                "all_passes_complete": all(not r.get("error") and not r.get("failed_steps") for r in runs)}
     if tmp:
         tmp.cleanup()

@@ -233,3 +233,21 @@ def test_sql_grammar_never_reads_or_writes_files_through_the_guard(guarded, data
     assert sorted(p.name for p in d.iterdir()) == before, f"{sql!r} created a file"
     assert con.execute("SELECT count(*) FROM ingest_log").fetchone()[0] == 1, f"{sql!r} wrote"
     assert con.execute("SELECT current_setting('enable_external_access')").fetchone()[0] is False
+
+
+def test_profiled_database_keeps_each_statements_profile_and_stays_locked(tmp_path):
+    """open_database(profile=True), as benchmarks/analysis_scale.py opens it: the last statement's profile
+    says how many rows it scanned, nothing is printed, and the settings are locked as without it."""
+    import duckdb
+
+    con = open_database(tmp_path / "p.duckdb", profile=True)
+    con.execute("CREATE TEMP TABLE t AS SELECT range AS x FROM range(1000)")
+    con.execute("SELECT count(*) FROM t WHERE x % 2 = 0").fetchall()
+    assert json.loads(con.get_profiling_information(format="json"))["cumulative_rows_scanned"] == 1000
+    with pytest.raises(duckdb.Error, match="locked"):
+        con.execute("SET enable_profiling = 'json'")
+    plain = open_database(tmp_path / "q.duckdb")
+    with pytest.raises(duckdb.Error, match="locked"):
+        plain.execute("SET enable_profiling = 'no_output'")
+    con.close()
+    plain.close()

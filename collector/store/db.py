@@ -41,11 +41,14 @@ def describe_open_error(db_path: str, exc: Exception) -> str:
     return f"cannot open the database {db_path}: {first_line(exc)}"
 
 
-def open_database(db_path: str | Path, memory_limit: str | None = None) -> duckdb.DuckDBPyConnection:
+def open_database(db_path: str | Path, memory_limit: str | None = None,
+                  profile: bool = False) -> duckdb.DuckDBPyConnection:
     """Open (creating if needed) and migrate the database, then close it to everything external.
 
     After this, no connection or cursor of this database can read or write files other than its own,
-    load extensions or change settings; the SQL guard relies on it.
+    load extensions or change settings; the SQL guard relies on it. ``profile``: this connection keeps
+    DuckDB's profile of its last statement, printed nowhere (benchmarks/analysis_scale.py reads the rows
+    each statement scanned); settings lock after it, so it cannot be turned on later.
     """
     db_path = str(db_path)
     parent = Path(db_path).expanduser().resolve().parent
@@ -65,6 +68,8 @@ def open_database(db_path: str | Path, memory_limit: str | None = None) -> duckd
         con.execute("SET preserve_insertion_order = false")
         con.execute("SET autoinstall_known_extensions = false")
         con.execute("SET autoload_known_extensions = false")
+        if profile:
+            con.execute("SET enable_profiling = 'no_output'")
         con.execute("SET enable_external_access = false")
         con.execute("SET lock_configuration = true")
     except schema.SchemaError as exc:
