@@ -262,7 +262,8 @@ class JobDiscovery:
         slurm = None
         if self.slurm is not None:
             cg = (self._read_bytes(pid, "cgroup") or b"").decode("utf-8", "replace")
-            slurm = self.slurm.lookup(pid, cg)
+            started = None if self._boot_wall_ns is None else self._boot_wall_ns() + st[1] * 1_000_000_000 // _CLK_TCK
+            slurm = self.slurm.lookup(pid, cg, started)
             if slurm == PENDING:   # Slurm's details come on a later tick: no id yet rather than a wrong one
                 p = _Proc(start=st[1], ident=None, stat=st, recheck_ns=now)
                 if same:

@@ -9,7 +9,10 @@ jobs with cgroups (proctrack/cgroup) the process's cgroup path names the job and
 A tick never waits on Slurm: a background thread runs ``scontrol`` every ``refresh_s`` (each call with a
 timeout), looks up each job it has not seen (details cached, at most ``MAX_JOBS``), and only then publishes
 the pid map; :meth:`SlurmAttribution.lookup` reads the published map and cache. A job whose details are not
-known yet is "pending": the caller asks again on a later tick, so a process never gets a wrong id first.
+known yet is "pending": the caller asks again on a later tick, so a process never gets a wrong id first. So is
+a process that started after the published listing was asked for (or before any listing, at the agent's
+start): slurmd has not been asked about it yet, and it may be a job's. This holds while listpids answers;
+when it fails, an unlisted process is nobody's job, as without Slurm.
 
 Job ids follow :mod:`gpuagent.common.job_identity`: ``slurm:<job id>``, array tasks
 ``slurm:<array job id>_<task id>``, so the tracker (which reads the environment) and discovery agree.
@@ -31,6 +34,8 @@ log = logging.getLogger("gpuagent.slurm")
 
 MAX_JOBS = 4096            # job details cached at most (the oldest looked-up go first)
 CALL_TIMEOUT_S = 5.0       # each scontrol call
+START_SLACK_NS = 50_000_000  # /proc starttime has clock-tick (10 ms) resolution: a process started just after
+                             # a listing began can read as up to a tick before it
 PENDING = "pending"        # lookup(): the pid is in a Slurm job whose details are not known yet
 
 # cgroup v1: .../slurm/uid_<uid>/job_<id>/step_<step>/...; cgroup v2: .../slurmstepd.scope/job_<id>/step_<step>/...
@@ -140,6 +145,8 @@ class SlurmAttribution:
         self.errors = 0
         self.last_error = ""
         self._logged_error = ""
+        self._listed_ns: int | None = None   # wall clock when the published listpids call began
+        self._listing_ok = True              # the latest listpids call answered (or none has failed yet)
 
     # -- background
     def start(self) -> SlurmAttribution:
@@ -173,8 +180,10 @@ class SlurmAttribution:
 
     def refresh(self) -> None:
         """One pass: the node's pids by job, then the details of jobs not seen before; then publish."""
+        asked_ns = time.time_ns()
         text = self._call(["listpids"])
         if text is None:
+            self._listing_ok = False
             return
         pids = parse_listpids(text)
         with self._mu:
@@ -183,6 +192,8 @@ class SlurmAttribution:
             self.details(job_id)
         with self._mu:
             self._pids = pids
+            self._listed_ns = asked_ns
+            self._listing_ok = True
         self.refreshes += 1
 
     def details(self, job_id: str) -> SlurmJob | None:
@@ -197,17 +208,27 @@ class SlurmAttribution:
         return job
 
     # -- the tick
-    def lookup(self, pid: int, cgroup_text: str = "") -> tuple[SlurmJob, str] | str | None:
+    def lookup(self, pid: int, cgroup_text: str = "", started_ns: int | None = None) -> tuple[SlurmJob, str] | str | None:
         """(job, step) for a pid in a Slurm job; PENDING when it is in one whose details are not known yet
-        (cgroup or listpids says so); None when Slurm does not know the pid."""
+        (cgroup or listpids says so), or when it started (``started_ns``, wall clock) after the published
+        listing was asked for; None when Slurm does not know the pid."""
         hit = job_from_cgroup(cgroup_text) if cgroup_text else None
         with self._mu:
             if hit is None:
                 hit = self._pids.get(pid)
             if hit is None:
-                return None
+                return PENDING if self._not_asked_yet(started_ns) else None
             job = self._jobs.get(hit[0])
         return (job, hit[1]) if job is not None else PENDING
+
+    def _not_asked_yet(self, started_ns: int | None) -> bool:
+        """slurmd has not been asked about a process that started then, and is answering (caller holds _mu).
+        Before the first listing: only while the background thread runs (its first call is under way)."""
+        if started_ns is None or not self._listing_ok or started_ns > time.time_ns() + START_SLACK_NS:
+            return False     # unknown or impossible start (a start in the future is not to be trusted)
+        if self._listed_ns is None:
+            return self._thread is not None and self._thread.is_alive()
+        return started_ns >= self._listed_ns - START_SLACK_NS
 
     def pids(self) -> set[int]:
         """Every pid slurmd lists in a job on this node (the latest refresh)."""

@@ -78,6 +78,35 @@ def test_a_failing_or_hanging_scontrol_never_reaches_the_tick(caplog):
     assert att2.lookup(4100) == PENDING
 
 
+def test_a_process_slurmd_was_not_asked_about_yet_is_pending_not_named_by_its_pid():
+    """A clean-clone run (2026-12-03) stored a sbatch job's GPU process as `pid:N` first: the agent's first
+    tick came before its first listpids answered. A process that started after the published listing was
+    asked for (or before any listing) is pending while listpids answers; one it did not list is nobody's."""
+    listing = {"text": "PID JOBID STEPID\n", "fail": False}
+
+    def run(args):
+        if args[0] == "listpids":
+            if listing["fail"]:
+                raise RuntimeError("slurmd is down")
+            return listing["text"]
+        return "JobId=17 JobName=train UserId=ana(1000) Partition=gpu Account=ml\n"
+
+    att = SlurmAttribution(run=run)
+    before = time.time_ns() - 10**9
+    assert att.lookup(4100, "", before) is None          # not started: nothing is being asked
+    att.refresh()                                        # lists no job
+    assert att.lookup(4100, "", before) is None          # it ran when slurmd was asked, and is not listed
+    assert att.lookup(4200, "", time.time_ns()) == PENDING   # started after the listing was asked for
+    listing["text"] = "PID JOBID STEPID\n4200 17 batch\n"
+    att.refresh()
+    job, step = att.lookup(4200, "", time.time_ns() - 10**8)
+    assert (job.gpuagent_job_id, job.name, step) == ("slurm:17", "train", "batch")
+    listing["fail"] = True
+    att.refresh()                                        # listpids fails: no verdict can come, so none waits
+    assert att.lookup(4300, "", time.time_ns()) is None
+    assert att.lookup(4300, "", None) is None and att.lookup(4300, "", time.time_ns() + 10**10) is None
+
+
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory):
     cluster = SlurmCluster(tmp_path_factory.mktemp("slurm")).start()
