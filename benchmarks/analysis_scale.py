@@ -103,8 +103,13 @@ def _count_rows_read(con, into: dict[str, int]) -> None:
         todo.extend(node.get("children") or [])
         if node.get("operator_type") == "TABLE_SCAN":
             table = str((node.get("extra_info") or {}).get("Table", ""))
-            key = "temp_rows" if table.startswith('"temp".') or table.startswith("temp.") else "stored_rows"
-            into[key] += int(node.get("operator_rows_scanned") or 0)
+            rows = int(node.get("operator_rows_scanned") or 0)
+            if table.startswith('"temp".') or table.startswith("temp."):
+                into["temp_rows"] += rows
+            else:
+                into["stored_rows"] += rows
+                name = table.rsplit(".", 1)[-1].strip('"')
+                into.setdefault("stored_by_table", {})[name] = into.get("stored_by_table", {}).get(name, 0) + rows
 
 
 def one_pass(path: str, memory_limit: str, piece_nodes: int | None, rows_read_on: bool = True) -> dict:
@@ -145,7 +150,8 @@ def one_pass(path: str, memory_limit: str, piece_nodes: int | None, rows_read_on
 
     def profiled(c, stmt, params):
         res = run_stmt(c, stmt, params)
-        _count_rows_read(c, rows_read.setdefault(current[0], {"stored_rows": 0, "temp_rows": 0}))
+        _count_rows_read(c, rows_read.setdefault(current[0], {"stored_rows": 0, "temp_rows": 0,
+                                                              "stored_by_table": {}}))
         return res
 
     # The benchmark's own hooks: which step the memory samples belong to, and the rows each statement scanned
@@ -250,8 +256,9 @@ def main(argv=None) -> int:
                   f"{r.get('peak_duckdb_bytes', 0) / 2**20:.0f} MiB, peak RSS {r.get('peak_rss_bytes', 0) / 2**20:.0f} MiB, "
                   f"failed steps {list(r.get('failed_steps') or {}) or 'none'}{', error: ' + r['error'] if r.get('error') else ''}")
             for step, n in sorted((r.get("rows_read") or {}).items()):
+                tables = ", ".join(f"{t} {v:,}" for t, v in sorted(n["stored_by_table"].items(), key=lambda kv: -kv[1]))
                 print(f"  {step}: {(r.get('step_s') or {}).get(step, '-')} s, read {n['stored_rows']:,} stored rows "
-                      f"and {n['temp_rows']:,} temp-table rows")
+                      f"({tables or 'none'}) and {n['temp_rows']:,} temp-table rows")
     ok = [r for r in runs if not r.get("error") and "nodes" in r]
     summary = {"benchmark": "analysis_scale", "memory_limit": args.memory_limit,
                "data": "SYNTHETIC fleets (or a copy of the database given); real DuckDB passes, real timings and memory",
