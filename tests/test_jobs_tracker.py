@@ -141,7 +141,11 @@ def test_ranks_whose_windows_close_in_different_ticks_add_up_in_live(receiver, s
             t.step()
         t.close()
         wait_for(lambda: receiver.records >= 5 * n, timeout=10, what=f"rank {n - 1}'s steps received")
-        receiver.flush_window(time.time_ns(), sink, closed_only=True)    # one tick per bye
+        # Ticks until this rank's bye is in: it is a datagram of its own, after the steps (a clean-clone run,
+        # 2026-12-03, ticked once between them; that tick rightly reported nothing). A tick reports only the
+        # ranks that said bye, so the two ranks still report in different ticks.
+        wait_for(lambda: (receiver.flush_window(time.time_ns(), sink, closed_only=True), len(sink.job_steps))[1] >= n,
+                 timeout=10, interval=0.05, what=f"rank {n - 1}'s window, closed by its bye")
     assert [r["rank"] for r in sink.job_steps] == [0, 1]
     (live,) = receiver.live()
     assert live["job_id"] == "torchelastic:run-two" and live["ranks"] == [0, 1]
