@@ -12,7 +12,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -33,13 +32,12 @@ from gpuagent.sim.run import SimConfig, run_sim
 from sim_helpers import FLEET_SPEC, TOKEN, fleet
 from test_lake import assert_same
 
-from tools import python_module_or_skip
+from tools import needs, python_module_or_skip
 python_module_or_skip("pyspark", reason="the lake extra (pyspark) is part of the test environment in .ci/run")
-if shutil.which("java") is None:
-    pytest.fail("Spark needs Java 17+ (.ci/run installs openjdk-17-jre-headless)", pytrace=False)
 
 # Four collectors, two sends of the fleet and a Spark start on two shared cores: minutes (~3 idle).
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+# Spark needs Java 17+: without it each test skips with a missing-tool line (fails under CI=true)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), needs("java")]
 POOLS = sorted({pool for pool, *_ in FLEET_SPEC})
 HOUR_NS = 3600 * 10**9
 
