@@ -165,11 +165,13 @@ class JobDiscovery:
     def _start_wall_ns(self, p: _Proc | None) -> int | None:
         """A process's start as wall-clock ns: /proc/<pid>/stat starttime counts clock ticks on the boot
         clock (CLOCK_BOOTTIME), so wall = now - boot clock now + starttime. None when unknown."""
-        if p is None:
-            return None
+        return None if p is None else self._start_ticks_wall_ns(p.start)
+
+    def _start_ticks_wall_ns(self, start_ticks: int) -> int | None:
+        """/proc/<pid>/stat starttime (clock ticks on the boot clock) as wall-clock ns; None when unknown."""
         if self._boot_wall_ns is None:
             return None
-        return self._boot_wall_ns() + p.start * 1_000_000_000 // _CLK_TCK
+        return self._boot_wall_ns() + start_ticks * 1_000_000_000 // _CLK_TCK
 
     def _boot_wall_clock(self) -> Callable[[], int] | None:
         """Wall-clock ns of boot: from the live boot clock for the real /proc; from ``btime`` (whole
@@ -262,8 +264,7 @@ class JobDiscovery:
         slurm = None
         if self.slurm is not None:
             cg = (self._read_bytes(pid, "cgroup") or b"").decode("utf-8", "replace")
-            started = None if self._boot_wall_ns is None else self._boot_wall_ns() + st[1] * 1_000_000_000 // _CLK_TCK
-            slurm = self.slurm.lookup(pid, cg, started)
+            slurm = self.slurm.lookup(pid, cg, self._start_ticks_wall_ns(st[1]))
             if slurm == PENDING:   # Slurm's details come on a later tick: no id yet rather than a wrong one
                 p = _Proc(start=st[1], ident=None, stat=st, recheck_ns=now)
                 if same:

@@ -31,6 +31,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 # 4 GPU series per GPU and 8 host series per node: 40 series a node, the shape of flag_accuracy.py's sim fleet
@@ -90,7 +91,7 @@ def build(path: Path, nodes: int, minutes: int, interval_s: int) -> dict:
     return {"sample_rows": rows, "generate_s": round(time.perf_counter() - t0, 1)}
 
 
-def _count_rows_read(con, into: dict[str, int]) -> None:
+def _count_rows_read(con, into: dict[str, Any]) -> None:
     """Add the last statement's scanned rows (DuckDB's profile of it) to ``into``: stored tables' rows apart
     from the temp tables' (``temp`` in the scanned table's name)."""
     try:
@@ -108,8 +109,8 @@ def _count_rows_read(con, into: dict[str, int]) -> None:
                 into["temp_rows"] += rows
             else:
                 into["stored_rows"] += rows
-                name = table.rsplit(".", 1)[-1].strip('"')
-                into.setdefault("stored_by_table", {})[name] = into.get("stored_by_table", {}).get(name, 0) + rows
+                by_table, name = into["stored_by_table"], table.rsplit(".", 1)[-1].strip('"')
+                by_table[name] = by_table.get(name, 0) + rows
 
 
 def one_pass(path: str, memory_limit: str, piece_nodes: int | None, rows_read_on: bool = True) -> dict:
@@ -142,7 +143,7 @@ def one_pass(path: str, memory_limit: str, piece_nodes: int | None, rows_read_on
 
     run_step = an._run_step
     run_stmt = A._run
-    rows_read: dict[str, dict[str, int]] = {}
+    rows_read: dict[str, dict[str, Any]] = {}
 
     def tracked(c, step, params):
         current[0] = step.sql_file
