@@ -5,8 +5,9 @@ statements scanned (DuckDB's profiler: stored tables apart from the pass's temp 
 
 Two ways to get a database:
   * ``--sizes 1000,3000,10000`` (default): a SYNTHETIC fleet per size written straight into DuckDB with SQL
-    range() (node ids ``synthetic-*``, 8 GPUs, ``--interval-s`` GPU and host samples, job samples, job steps,
-    probe runs: analysis_speed.py's rows), one window (``--minutes``, 60) each;
+    range() (node ids ``synthetic-*``, 8 GPUs, ``--interval-s`` GPU and host samples; job samples, job steps
+    and probe runs from sim/synthetic_rows.py, as analysis_speed.py writes them), one window (``--minutes``, 60)
+    each;
   * ``--db FILE``: a copy of an existing collector database (e.g. one ``flag_accuracy.py --db`` kept), analysed
     as of its newest sample.
 Each pass runs in a fresh subprocess that opens the file the way the collector does (store.db.open_database
@@ -53,14 +54,13 @@ def build(path: Path, nodes: int, minutes: int, interval_s: int) -> dict:
     """A SYNTHETIC fleet's window of rows at interval_s sampling: GPU_METRICS per GPU, HOST_METRICS per node."""
     import duckdb
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from analysis_speed import add_fleet  # noqa: PLC0415 - same fleet as the speed benchmark
     from gpuagent.collector.store import schema
+    from gpuagent.sim import synthetic_rows as S
 
     con = duckdb.connect(str(path))
     schema.migrate(con)
     start = dt.datetime(2026, 1, 1, 0, 0)
-    add_fleet(con, nodes, 8, start)
+    S.add_synthetic_fleet(con, nodes, 8, start)
     t0 = time.perf_counter()
     secs = minutes * 60
     for first in range(0, secs, 600):
@@ -72,19 +72,10 @@ def build(path: Path, nodes: int, minutes: int, interval_s: int) -> dict:
         for m in HOST_METRICS:
             con.execute(f"""INSERT INTO samples SELECT $start::TIMESTAMP + to_seconds(s), 'synthetic-' || lpad(n::VARCHAR, 5, '0'),
                     NULL, '{m}', '', 5 + 10 * random() FROM range($first, $last, $step) a(s), range($nodes) b(n)""", p)
-        step_j = max(10, interval_s)
-        con.execute("""INSERT INTO job_samples (ts, node_id, job_id, pid, rank, local_rank, gpu, gpu_util_percent,
-                gpu_memory_bytes, cpu_percent, rss_bytes, read_bytes_per_s, write_bytes_per_s)
-            SELECT $start::TIMESTAMP + to_seconds(s), 'synthetic-' || lpad(n::VARCHAR, 5, '0'), 'job-' || (n // 4), 1000 + g,
-                   (n % 4) * 8 + g, g, g, 75, 1e10, 100, 1e9, 1e6, 0
-            FROM range($first, $last, $sj) a(s), range($nodes) b(n), range(8) c(g) WHERE NOT (n % 10 = 0 AND g = 7)""",
-                    {**{k: v for k, v in p.items() if k != "step"}, "sj": step_j})
-        con.execute("""INSERT INTO job_steps (ts, node_id, job_id, job_name, rank, pid, window_s, steps, step_time_p50_s,
-                step_time_p95_s, step_time_max_s, step_time_mean_s, steps_per_s, samples_per_s, tokens_per_s, data_wait_fraction)
-            SELECT $start::TIMESTAMP + to_seconds(s), 'synthetic-' || lpad(n::VARCHAR, 5, '0'), 'job-' || (n // 4), 'synthetic',
-                   (n % 4) * 8 + g, 1000 + g, 60, 120, 0.5, 0.55, 0.6, 0.5, 2, 64, 0, CASE WHEN n % 50 = 0 THEN 0.4 ELSE 0.02 END
-            FROM range($first, $last, 60) a(s), range($nodes) b(n), range(8) c(g)""",
-                    {k: v for k, v in p.items() if k != "step"})
+        span = p["last"] - first
+        S.fill_fleet_job_rows(con, nodes=nodes, gpus=8, start=start + dt.timedelta(seconds=first), seconds=span,
+                              sample_step_s=max(10, interval_s))
+        S.fill_fleet_probe_rows(con, nodes=nodes, gpus=8, start=start, first_s=first, seconds=span)
     rows = con.execute("SELECT count(*) FROM samples").fetchone()[0]
     con.execute("CHECKPOINT")
     con.close()

@@ -30,59 +30,14 @@ from gpuagent.sim import synthetic_rows as S
 ALL_GPU_METRICS = ("gpu_util_percent", "gpu_power_watts", "gpu_temperature_celsius", "gpu_sm_clock_mhz")
 
 
-def add_fleet(con, nodes: int, gpus: int, start: dt.datetime) -> None:
-    con.execute("""
-        INSERT INTO nodes (node_id, machine_id, hostname, pool, price_per_gpu_hour, synthetic, labels, gpu_count,
-                           gpu_model, virtualized, virt_type, fingerprint, first_seen, last_seen)
-        SELECT 'synthetic-' || lpad(n::VARCHAR, 5, '0'), 'm' || n, 'synthetic-' || n,
-               CASE WHEN n % 2 = 0 THEN 'bare-metal' ELSE 'cloud-a' END, CASE WHEN n % 2 = 0 THEN 2.0 ELSE 3.5 END,
-               true, MAP {'synthetic': 'true'}, $gpus, 'NVIDIA H100 80GB HBM3', n % 2 = 1,
-               CASE WHEN n % 2 = 1 THEN 'kvm' ELSE 'none' END, '{"synthetic": true}', $start, $start
-        FROM range($nodes) t(n)""", {"nodes": nodes, "gpus": gpus, "start": start})
-    con.execute("""
-        INSERT INTO gpus (node_id, gpu, name, pcie_gen_max, pcie_width_max)
-        SELECT 'synthetic-' || lpad(n::VARCHAR, 5, '0'), g, 'NVIDIA H100 80GB HBM3', 5, 16
-        FROM range($nodes) t(n), range($gpus) u(g)""", {"nodes": nodes, "gpus": gpus})
-
-
 def add_minutes(con, *, nodes: int, gpus: int, start: dt.datetime, first_s: int, seconds: int,
                 metrics: tuple[str, ...]) -> int:
     """Append [first_s, first_s + seconds) of data: 1 s GPU samples, 10 s job samples, 60 s job steps,
     a host + pcie probe run per node every 5 minutes."""
     t0 = start + dt.timedelta(seconds=first_s)
     S.fill_gpu_fleet_samples(con, nodes=nodes, gpus=gpus, start=t0, seconds=seconds, metrics=metrics)
-    # Jobs hold every GPU except GPU 7 of every 10th node (a no_job gap to find).
-    con.execute("""
-        INSERT INTO job_samples (ts, node_id, job_id, pid, rank, local_rank, gpu, gpu_util_percent, gpu_memory_bytes,
-                                 cpu_percent, rss_bytes, read_bytes_per_s, write_bytes_per_s)
-        SELECT $t0::TIMESTAMP + to_seconds(s), 'synthetic-' || lpad(n::VARCHAR, 5, '0'), 'job-' || (n // 4), 1000 + g,
-               (n % 4) * 8 + g, g, g, 75 + 20 * sin(n + g + s / 600.0), 1e10, 100, 1e9, 1e6, 0
-        FROM range(0, $seconds, 10) a(s), range($nodes) b(n), range($gpus) c(g)
-        WHERE NOT (n % 10 = 0 AND g = 7)""", {"t0": t0, "seconds": seconds, "nodes": nodes, "gpus": gpus})
-    con.execute("""
-        INSERT INTO job_steps (ts, node_id, job_id, job_name, rank, pid, window_s, steps, step_time_p50_s,
-                               step_time_p95_s, step_time_max_s, step_time_mean_s, steps_per_s, samples_per_s,
-                               tokens_per_s, data_wait_fraction)
-        SELECT $t0::TIMESTAMP + to_seconds(s), 'synthetic-' || lpad(n::VARCHAR, 5, '0'), 'job-' || (n // 4),
-               'synthetic', (n % 4) * 8 + g, 1000 + g, 60, 120, 0.5 + 0.01 * random(), 0.55, 0.6, 0.5, 2, 64, 0,
-               CASE WHEN n % 50 = 0 THEN 0.4 ELSE 0.02 END
-        FROM range(0, $seconds, 60) a(s), range($nodes) b(n), range($gpus) c(g)""",
-                {"t0": t0, "seconds": seconds, "nodes": nodes, "gpus": gpus})
-    for s in range(first_s - first_s % 300 + (300 if first_s % 300 else 0), first_s + seconds, 300):
-        ts = start + dt.timedelta(seconds=s)
-        for probe, metric, base, per_gpu in (("host", "syscall_ns", 120.0, False), ("pcie", "h2d_gbps", 53.0, True)):
-            con.execute("""
-                INSERT INTO probe_results SELECT 'synthetic-' || lpad(n::VARCHAR, 5, '0'), $probe,
-                       CASE WHEN $per_gpu THEN g END, 'ok', NULL, '{}', 'synthetic=1', '{}', $ts, $ts, 1.0
-                FROM range($nodes) t(n), range(CASE WHEN $per_gpu THEN $gpus ELSE 1 END) u(g)""",
-                        {"probe": probe, "per_gpu": per_gpu, "ts": ts, "nodes": nodes, "gpus": gpus})
-            con.execute("""
-                INSERT INTO probe_metrics SELECT 'synthetic-' || lpad(n::VARCHAR, 5, '0'), $probe,
-                       CASE WHEN $per_gpu THEN g END, 'synthetic=1', $ts, $metric,
-                       $base * (1 + 0.02 * (random() - 0.5)) * CASE WHEN n % 2 = 1 AND n % 7 = 0 THEN 0.8 ELSE 1 END
-                FROM range($nodes) t(n), range(CASE WHEN $per_gpu THEN $gpus ELSE 1 END) u(g)""",
-                        {"probe": probe, "per_gpu": per_gpu, "ts": ts, "nodes": nodes, "gpus": gpus,
-                         "metric": metric, "base": base})
+    S.fill_fleet_job_rows(con, nodes=nodes, gpus=gpus, start=t0, seconds=seconds)
+    S.fill_fleet_probe_rows(con, nodes=nodes, gpus=gpus, start=start, first_s=first_s, seconds=seconds)
     return seconds * nodes * gpus * len(metrics)
 
 
@@ -113,7 +68,7 @@ def main(argv=None) -> int:
         con.execute(f"SET threads = {int(args.threads)}")
     schema.migrate(con)
     start = dt.datetime(2026, 1, 1, 0, 0)
-    add_fleet(con, args.nodes, args.gpus, start)
+    S.add_synthetic_fleet(con, args.nodes, args.gpus, start)
     cfg = A.AnalyzerConfig(window_s=args.minutes * 60.0)
     an = A.Analyzer(cfg)
 
