@@ -377,8 +377,11 @@ def _print_analysis(run: dict, flags: list[dict], fmt: str, truncated: bool, fin
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--max-flags", type=click.IntRange(1), default=200, show_default=True)
 @click.option("--flags", "show_flags", is_flag=True, help="List each finding's open flags under it.")
+@click.option("--wait-actions", default="30s", show_default=True,
+              help="With --target and [actions] on: how long to wait for the actions after the pass, to print them "
+                   "(0 does not wait; they still run).")
 def analyze(db_path, target, window, config_path, token, token_file, tls_ca, tls_client_cert, tls_client_key, fmt,
-            max_flags, show_flags):
+            max_flags, show_flags, wait_actions):
     """Run one analysis pass now (rollups + flags + findings) and print the open findings, worst first."""
     _check_client_cert(tls_ca, tls_client_cert, tls_client_key)
     if db_path:
@@ -411,17 +414,20 @@ def analyze(db_path, target, window, config_path, token, token_file, tls_ca, tls
         raise click.ClickException("--config applies with --db; a live collector uses its own serve --config")
     try:
         window_s = parse_duration(window) if window else 0.0
+        wait_s = 0.0 if str(wait_actions).strip() in ("0", "0s") else parse_duration(wait_actions)
     except AnalyzerError as exc:
         raise click.ClickException(str(exc)) from None
+    if not 0 <= wait_s <= 120:
+        raise click.ClickException(f"--wait-actions must be from 0 to 2m, not {wait_actions!r}")
     tok = _token(None, token_file) if token_file else _token(token, None)
     try:
         tls = {"tls_ca": tls_ca, "client_cert": tls_client_cert, "client_key": tls_client_key}
-        res = run_analyze(target, window_s, token=tok, max_flags=max_flags, **tls)
+        res = run_analyze(target, window_s, token=tok, max_flags=max_flags, wait_actions_s=wait_s, **tls)
         found = run_query(target, FINDINGS_SQL.format(limit=1000), token=tok, **tls)
     except QueryError as exc:
         raise click.ClickException(str(exc)) from None
     findings = [dict(zip(found.columns, row)) for row in found.rows]
-    _print_analysis(res.run, res.flags, fmt, res.truncated, findings, show_flags)
+    _print_analysis(res.run, res.flags, fmt, res.truncated, findings, show_flags, res.actions)
 
 
 def _act_on_db(db_path: str, config, pass_ts) -> list[dict]:

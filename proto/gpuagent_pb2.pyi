@@ -352,22 +352,26 @@ class QueryResponse(_message.Message):
     def __init__(self, columns: _Optional[_Iterable[str]] = ..., column_types: _Optional[_Iterable[str]] = ..., rows_json: _Optional[str] = ..., truncated: _Optional[bool] = ...) -> None: ...
 
 class AnalyzeRequest(_message.Message):
-    __slots__ = ("window_s", "max_flags")
+    __slots__ = ("window_s", "max_flags", "wait_actions_s")
     WINDOW_S_FIELD_NUMBER: _ClassVar[int]
     MAX_FLAGS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_ACTIONS_S_FIELD_NUMBER: _ClassVar[int]
     window_s: float
     max_flags: int
-    def __init__(self, window_s: _Optional[float] = ..., max_flags: _Optional[int] = ...) -> None: ...
+    wait_actions_s: float
+    def __init__(self, window_s: _Optional[float] = ..., max_flags: _Optional[int] = ..., wait_actions_s: _Optional[float] = ...) -> None: ...
 
 class AnalyzeResponse(_message.Message):
-    __slots__ = ("pass_json", "flags_json", "truncated")
+    __slots__ = ("pass_json", "flags_json", "truncated", "actions_json")
     PASS_JSON_FIELD_NUMBER: _ClassVar[int]
     FLAGS_JSON_FIELD_NUMBER: _ClassVar[int]
     TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    ACTIONS_JSON_FIELD_NUMBER: _ClassVar[int]
     pass_json: str
     flags_json: str
     truncated: bool
-    def __init__(self, pass_json: _Optional[str] = ..., flags_json: _Optional[str] = ..., truncated: _Optional[bool] = ...) -> None: ...
+    actions_json: str
+    def __init__(self, pass_json: _Optional[str] = ..., flags_json: _Optional[str] = ..., truncated: _Optional[bool] = ..., actions_json: _Optional[str] = ...) -> None: ...
 
 class AssignmentsRequest(_message.Message):
     __slots__ = ("node_id",)

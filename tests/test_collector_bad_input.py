@@ -183,3 +183,12 @@ def test_analyze_with_an_astronomical_window_gets_invalid_argument(env):
         stub.Analyze(pb.AnalyzeRequest(window_s=1e300), timeout=30)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "at most" in err.value.details() and "OverflowError" not in err.value.details()
+
+
+@pytest.mark.parametrize("wait", [-1.0, float("nan"), 1e9])
+def test_analyze_with_a_bad_actions_wait_gets_one_sentence(env, wait):
+    stub, _ = env
+    with pytest.raises(grpc.RpcError) as err:
+        stub.Analyze(pb.AnalyzeRequest(wait_actions_s=wait), timeout=30)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.details() == f"wait_actions_s must be from 0 to 120 seconds, not {wait:g}"

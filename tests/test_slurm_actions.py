@@ -11,6 +11,7 @@ analysis writes them. The failing and hanging scontrol are stand-in scripts name
 from __future__ import annotations
 
 import datetime as dt
+import json
 import random
 import time
 import urllib.request
@@ -188,6 +189,9 @@ def test_dry_run_changes_nothing_in_slurm_and_records_the_would_be_drain(cluster
     assert row["command"] == (f"scontrol update NodeName={cluster.node} State=DRAIN "
                               f"'Reason={row['reason']}'")
     assert row["reason"].startswith("gpuagent: hardware fault (critical, xid)")
+    # Who decided it, and under which policy entry.
+    assert row["actor"].startswith("gpuagent-collector on ") and " as " in row["actor"]
+    assert (row["rule"], alert["rule"]) == ("hardware_fault.critical = drain", "default alert")
     # The next pass decides nothing again: one row per finding and mode.
     assert Actions(ActionsConfig(enabled=True)).run_once(ConnectionDb(con)) == []
     con.close()
@@ -366,3 +370,45 @@ def test_a_hanging_scontrol_never_delays_the_analysis_pass(cluster, tmp_path):
     finally:
         handle.stop()
     assert undrained(cluster, cluster.node)
+
+
+def test_analyze_against_a_live_collector_prints_the_actions_its_pass_led_to(cluster, tmp_path):
+    """`analyze --target`: the actions run on the collector's own thread; the call waits for them (only the call,
+    not the pass) and prints one line each. With --wait-actions 0 it prints none and they still run."""
+    cfg = ActionsConfig(enabled=True, max_pool_percent=100.0, scontrol=str(cluster.scontrol_wrapper))
+    handle = server.start_collector(tmp_path / "live.duckdb", analyzer_config=A.AnalyzerConfig(interval_s=3600),
+                                    actions_config=cfg)
+    try:
+        def seed(c):
+            S.add_node(c, "node-live", virtualized=False, gpu_count=2, pool=POOL)
+            c.execute("UPDATE nodes SET hostname = ? WHERE node_id = 'node-live'", [cluster.node])
+            fault_rows(c, "node-live", utcnow() - dt.timedelta(minutes=55))
+        handle.writer.call(seed).result()
+        target = f"127.0.0.1:{handle.port}"
+        res = CliRunner().invoke(cli.main, ["analyze", "--target", target])
+        assert res.exit_code == 0, res.output
+        lines = [x for x in res.output.splitlines() if x.startswith("action ")]
+        assert any(x.startswith(f"action drain {cluster.node} [dry-run] dry-run finding ") for x in lines), res.output
+        res = CliRunner().invoke(cli.main, ["analyze", "--target", target, "--format", "json"])
+        assert res.exit_code == 0, res.output
+        # A second pass decides nothing new (one row per finding and mode).
+        assert json.loads(res.output)["actions"] == []
+        res = CliRunner().invoke(cli.main, ["analyze", "--target", target, "--wait-actions", "5m"])
+        assert res.exit_code != 0 and "--wait-actions must be from 0 to 2m, not '5m'" in res.output
+    finally:
+        handle.stop()
+    assert undrained(cluster, cluster.node)
+
+
+def test_a_nodes_slurm_node_label_names_it_where_its_hostname_does_not(cluster, tmp_path):
+    con = db_with_nodes(tmp_path / "c.duckdb", [cluster.node])
+    node = node_of(con, cluster.node)
+    con.execute("UPDATE nodes SET hostname = 'host-not-in-slurm.example', labels = MAP {'slurm_node': ?} "
+                "WHERE node_id = ?", [cluster.node, node])
+    con.execute("INSERT INTO findings (finding_key, scope, kind, node_id, pool, severity, state, first_seen, "
+                "last_seen, flags, nodes, sentence) VALUES ('k', 'node', 'hardware_fault', ?, ?, 'critical', 'open', "
+                "now(), now(), 1, 1, 'hardware fault (critical, xid) on it: XID 79 on GPU 0')", [node, POOL])
+    rows = Actions(enforce(cluster)).run_once(ConnectionDb(con))
+    assert [(r["action"], r["slurm_node"], r["outcome"]) for r in rows] == [("drain", cluster.node, "ok")]
+    assert "DRAIN" in show(cluster, cluster.node)[0]
+    con.close()

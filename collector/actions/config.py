@@ -43,7 +43,14 @@ class ActionsConfig:
 
     def action_for(self, kind: str, severity: str) -> str:
         """The policy's action for a finding: ``kind.severity`` first, then ``kind``, else alert."""
-        return self.policy.get(f"{kind}.{severity}") or self.policy.get(kind) or "alert"
+        return self.rule_for(kind, severity)[0]
+
+    def rule_for(self, kind: str, severity: str) -> tuple[str, str]:
+        """The action and the policy entry that chose it, as the ``actions.rule`` column says it."""
+        for key in (f"{kind}.{severity}", kind):
+            if key in self.policy:
+                return self.policy[key], f"{key} = {self.policy[key]}"
+        return "alert", "default alert"
 
     @classmethod
     def from_mapping(cls, table: Any) -> "ActionsConfig":

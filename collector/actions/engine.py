@@ -15,8 +15,11 @@ gpuagent set; anything else means a person changed it, and it is left as it is (
 from __future__ import annotations
 
 import datetime as dt
+import getpass
 import logging
+import os
 import queue
+import socket
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
@@ -29,7 +32,7 @@ from gpuagent.common.timeutil import utc_now
 log = logging.getLogger("gpuagent.collector.actions")
 
 COLUMNS = ("ts", "pass_ts", "node_id", "slurm_node", "pool", "action", "mode", "finding_id", "kind", "severity",
-           "reason", "command", "outcome", "detail", "slurm_state", "reason_time", "duration_s")
+           "reason", "command", "outcome", "detail", "slurm_state", "reason_time", "duration_s", "actor", "rule")
 INSERT_SQL = f"INSERT INTO actions ({', '.join(COLUMNS)}) VALUES ({', '.join('?' for _ in COLUMNS)})"
 MAX_REASON = 250        # characters of the finding's sentence kept in Slurm's Reason
 RESUME_TRIES = 3        # failed resumes of one drain before the node is left for a person (outcome gave-up)
@@ -46,7 +49,8 @@ WHERE rn = 1 AND action = 'drain'
 ORDER BY mode, slurm_node
 """
 _NEW_FINDINGS_SQL = """
-SELECT f.finding_id, f.scope, f.kind, f.node_id, coalesce(f.pool, n.pool), f.severity, f.sentence, n.hostname
+SELECT f.finding_id, f.scope, f.kind, f.node_id, coalesce(f.pool, n.pool), f.severity, f.sentence,
+       coalesce(nullif(n.labels['slurm_node'], ''), n.hostname)
 FROM findings f LEFT JOIN nodes n ON n.node_id = f.node_id
 WHERE f.state = 'open'
   AND NOT EXISTS (SELECT 1 FROM actions a WHERE a.finding_id = f.finding_id AND a.mode = ?
@@ -62,8 +66,18 @@ _FAILED_RESUMES_SQL = ("SELECT count(*) FROM actions WHERE mode = ? AND slurm_no
 COUNTS_SQL = "SELECT action, mode, outcome, count(*) FROM actions GROUP BY ALL ORDER BY ALL"
 
 
+def default_actor() -> str:
+    """Who acts: this collector's host and the OS user its scontrol runs as (Slurm records that user)."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):   # no passwd entry and no USER: the uid is still who Slurm sees
+        user = f"uid {os.getuid()}"
+    return f"gpuagent-collector on {socket.gethostname()} as {user}"
+
+
 def slurm_name(hostname: str | None, node_id: str | None) -> str:
-    """The Slurm NodeName of a collector node: its hostname's short form (node id when it has none)."""
+    """The Slurm NodeName of a collector node: its ``slurm_node`` label where the agent sets one (the query
+    puts it in ``hostname``), else its hostname's short form (node id when it has none)."""
     return (hostname or node_id or "").split(".")[0]
 
 
@@ -119,10 +133,11 @@ class Actions:
     """The policy, the breaker and the Slurm calls; ``run_once`` after each pass."""
 
     def __init__(self, config: ActionsConfig, scontrol: Scontrol | None = None,
-                 clock: Callable[[], dt.datetime] = utc_now):
+                 clock: Callable[[], dt.datetime] = utc_now, actor: str | None = None):
         self.config = config
         self.scontrol = scontrol or Scontrol(config.scontrol, config.scontrol_timeout_s)
         self.clock = clock
+        self.actor = actor or default_actor()
 
     def _now(self) -> dt.datetime:
         return self.clock().astimezone(dt.timezone.utc).replace(tzinfo=None)
@@ -134,7 +149,7 @@ class Actions:
         done: list[dict[str, Any]] = []
 
         def record(row: dict[str, Any]) -> None:
-            row = {"ts": self._now(), "pass_ts": pass_ts, "mode": mode, **row}
+            row = {"ts": self._now(), "pass_ts": pass_ts, "mode": mode, "actor": self.actor, **row}
             db.insert(row)
             done.append(row)
             (log.warning if row["action"] != "alert" or row["outcome"] != "recorded" else log.info)(
@@ -147,7 +162,7 @@ class Actions:
         for name, h in list(held.items()):
             if h.node_id in wanted:
                 continue
-            row = self._resume(db, h)
+            row = {**self._resume(db, h), "rule": "the finding it drained for closed"}
             record(row)
             if row["outcome"] != "failed":
                 del held[name]
@@ -155,8 +170,10 @@ class Actions:
         hour_ago = self._now() - dt.timedelta(hours=1)
         drains_hour = db.query(_DRAINS_SINCE_SQL, [mode, hour_ago])[0][0]
         for fid, scope, kind, node_id, pool, severity, sentence, hostname in db.query(_NEW_FINDINGS_SQL, [mode]):
-            base = {"finding_id": fid, "kind": kind, "severity": severity, "node_id": node_id, "pool": pool}
-            if scope != "node" or self.config.action_for(kind, severity) != "drain":
+            action, rule = self.config.rule_for(kind, severity)
+            base = {"finding_id": fid, "kind": kind, "severity": severity, "node_id": node_id, "pool": pool,
+                    "rule": rule}
+            if scope != "node" or action != "drain":
                 record({**base, "action": "alert", "outcome": "recorded", "reason": sentence,
                         "slurm_node": slurm_name(hostname, node_id) if node_id else None,
                         "detail": "the policy says alert" if scope == "node" else "a pool finding is only alerted"})

@@ -435,6 +435,7 @@ def start_collector(db_path: str | Path, listen: str = "127.0.0.1:0", token: str
                 ax.Actions(actions_config), ax.CollectorDb(cursor_factory, writer),
                 on_error=lambda exc: log.error("actions after a pass failed: %s", first_line(exc))).start()
             servicer.after_pass = handle.actions.notify       # on-demand Analyze passes act too
+            servicer.actions_idle = handle.actions.wait_idle
 
         def submit(fn):
             result = writer.call(fn).result()      # fn: Analyzer.run_pass, a transaction per step

@@ -27,6 +27,7 @@ from gpuagent.collector.store.nodes import InvalidNode, find_node, mark_shared_m
 from gpuagent.collector.store.writer import StorageError, Writer
 from gpuagent.collector.views import sqlguard
 from gpuagent.common.errors import first_line
+from gpuagent.common.timeutil import utc_now
 from gpuagent.proto import pb, pb_grpc
 
 if TYPE_CHECKING:
@@ -36,6 +37,7 @@ log = logging.getLogger("gpuagent.collector")
 
 _END = object()
 MAX_ANALYZE_WINDOW_S = 100 * 365.25 * 86400.0   # an Analyze window longer than this is a mistake, not a question
+MAX_WAIT_ACTIONS_S = 120.0    # an Analyze call waits at most this long for the actions after its pass
 
 
 class _StreamState:
@@ -86,6 +88,7 @@ class CollectorServicer(pb_grpc.CollectorServicer):
         self._writer = writer
         self._analyzer_config = analyzer_config
         self.after_pass = None     # called with the pass's time after an Analyze pass commits ([actions])
+        self.actions_idle = None   # wait_idle(timeout_s) of the actions thread: an Analyze call can wait for them
         self._cursor_factory = cursor_factory
         self._limits = limits
         self._options = options
@@ -352,6 +355,10 @@ class CollectorServicer(pb_grpc.CollectorServicer):
                                 f"not {request.window_s:g}")
         if request.window_s > 0:
             config = an.with_window(config, request.window_s)
+        if not math.isfinite(request.wait_actions_s) or not 0 <= request.wait_actions_s <= MAX_WAIT_ACTIONS_S:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"wait_actions_s must be from 0 to {MAX_WAIT_ACTIONS_S:.0f} seconds, "
+                                f"not {request.wait_actions_s:g}")
         limit = request.max_flags or 1000
         try:
             analyzer = an.Analyzer(config)
@@ -364,10 +371,27 @@ class CollectorServicer(pb_grpc.CollectorServicer):
         except (duckdb.Error, StorageError) as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE,
                                 f"the analysis pass failed in the database: {first_line(exc)}")
-        if self.after_pass is not None:      # only hands the actions thread a token; never waits on it
+        actions: list[dict] = []
+        if self.after_pass is not None:      # only hands the actions thread a token; the pass never waits on it
+            since = utc_now().replace(tzinfo=None)    # actions.ts is naive UTC (collector/actions/engine.py)
             self.after_pass(result.now)
+            if request.wait_actions_s > 0 and self.actions_idle is not None:
+                # The caller asked to see them: wait (this call only) until the thread is idle, then read the
+                # rows it decided after this pass committed.
+                await asyncio.get_running_loop().run_in_executor(None, self.actions_idle, request.wait_actions_s)
+                actions = await asyncio.get_running_loop().run_in_executor(
+                    self._query_pool, lambda: self._actions_since(since))
         return pb.AnalyzeResponse(pass_json=an.dumps(result.as_dict()), flags_json=an.dumps(flags[:limit]),
-                                  truncated=len(flags) > limit)
+                                  truncated=len(flags) > limit, actions_json=an.dumps(actions))
+
+    def _actions_since(self, since) -> list[dict]:
+        cur = self._cursor_factory()
+        try:
+            res = cur.execute("SELECT * FROM actions WHERE ts >= ? ORDER BY action_id", [since])
+            cols = [d[0] for d in res.description]
+            return [dict(zip(cols, r)) for r in res.fetchall()]
+        finally:
+            cur.close()
 
     # -- Fabric (collector/fabric/coordinator.py)
     async def Assignments(self, request: pb.AssignmentsRequest, context):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -110,13 +110,16 @@ class AnalyzeResult:
     run: dict          # what the pass did (analyzer.PassResult.as_dict())
     flags: list[dict]  # open flags, worst first
     truncated: bool
+    actions: list[dict] = field(default_factory=list)   # [actions] rows decided after the pass (wait_actions_s)
 
 
 def analyze(target: str, window_s: float = 0.0, token: str | None = None, max_flags: int = 0,
             timeout_s: float = 300.0, tls_ca: str | None = None, client_cert: str | None = None,
-            client_key: str | None = None) -> AnalyzeResult:
-    """Ask the live collector at ``target`` to run one analysis pass now; returns it and the open flags."""
+            client_key: str | None = None, wait_actions_s: float = 0.0) -> AnalyzeResult:
+    """Ask the live collector at ``target`` to run one analysis pass now; returns it, the open flags and (with
+    ``wait_actions_s``) the actions its [actions] decided after the pass."""
     resp = _call(target, tls_ca, "Analyze", lambda stub: stub.Analyze(
-        pb.AnalyzeRequest(window_s=window_s, max_flags=max_flags), timeout=timeout_s, metadata=bearer_metadata(token)),
-        client_cert, client_key)
-    return AnalyzeResult(json.loads(resp.pass_json or "{}"), json.loads(resp.flags_json or "[]"), resp.truncated)
+        pb.AnalyzeRequest(window_s=window_s, max_flags=max_flags, wait_actions_s=wait_actions_s),
+        timeout=timeout_s + wait_actions_s, metadata=bearer_metadata(token)), client_cert, client_key)
+    return AnalyzeResult(json.loads(resp.pass_json or "{}"), json.loads(resp.flags_json or "[]"), resp.truncated,
+                         json.loads(resp.actions_json or "[]"))

@@ -112,7 +112,7 @@ def _actions(src) -> list[dict[str, Any]]:
         return []
     return src.query("""
         SELECT epoch(ts) AS ts, coalesce(slurm_node, node_id, pool, '') AS target, action, mode, outcome, kind,
-               severity, coalesce(detail, reason, '') AS why
+               severity, coalesce(detail, reason, '') AS why, coalesce(rule, '') AS rule, coalesce(actor, '') AS actor
         FROM actions ORDER BY ts DESC, action_id DESC LIMIT 100""")
 
 
@@ -121,9 +121,10 @@ def _actions_html(rows: list[dict[str, Any]]) -> str:
         return "<p class='muted' id='no-actions'>No actions: [actions] is off, or no finding called for one.</p>"
     body = "".join("<tr class='action'>" + _td(_ts(r["ts"]), r["ts"]) + _td(str(r["target"])) + _td(str(r["action"]))
                    + _td(str(r["mode"])) + _td(str(r["outcome"])) + _td(f"{r['kind'] or ''} {r['severity'] or ''}")
-                   + _td(str(r["why"])) + "</tr>" for r in rows)
+                   + _td(str(r["why"])) + _td(str(r["rule"])) + _td(str(r["actor"])) + "</tr>" for r in rows)
     return ("<div class='scroll'><table class='sortable' id='actions-table'><thead><tr><th>when</th><th>node</th>"
-            "<th>action</th><th>mode</th><th>outcome</th><th>finding</th><th>why</th></tr></thead><tbody>"
+            "<th>action</th><th>mode</th><th>outcome</th><th>finding</th><th>why</th><th>rule</th><th>by</th>"
+            "</tr></thead><tbody>"
             + body + "</tbody></table></div>")
 
 
