@@ -124,6 +124,15 @@ def fault_rows(con, node_id, start, fault="xid"):
     S.add_events(con, events)
 
 
+def seed_live_fault(handle, slurm_node):
+    """A node named slurm_node with an XID 79 in the last hour, written through a live collector's writer."""
+    def seed(c):
+        S.add_node(c, "node-live", virtualized=False, gpu_count=2, pool=POOL)
+        c.execute("UPDATE nodes SET hostname = ? WHERE node_id = 'node-live'", [slurm_node])
+        fault_rows(c, "node-live", utcnow() - dt.timedelta(minutes=55))
+    handle.writer.call(seed).result()
+
+
 def write_config(tmp_path, text):
     path = tmp_path / "collector.toml"
     path.write_text(text)
@@ -345,11 +354,7 @@ def test_a_hanging_scontrol_never_delays_the_analysis_pass(cluster, tmp_path):
     handle = server.start_collector(tmp_path / "live.duckdb", analyzer_config=A.AnalyzerConfig(interval_s=3600),
                                     actions_config=cfg, metrics_listen="127.0.0.1:0")
     try:
-        def seed(c):
-            S.add_node(c, "node-live", virtualized=False, gpu_count=2, pool=POOL)
-            c.execute("UPDATE nodes SET hostname = ? WHERE node_id = 'node-live'", [cluster.node])
-            fault_rows(c, "node-live", utcnow() - dt.timedelta(minutes=55))
-        handle.writer.call(seed).result()
+        seed_live_fault(handle, cluster.node)
         def decided():
             return [r for r in handle.writer.call(recent_actions).result() if r["kind"] == "hardware_fault"]
         # The actions thread starts scontrol only after the pass has committed; had the pass waited for it, the
@@ -379,11 +384,7 @@ def test_analyze_against_a_live_collector_prints_the_actions_its_pass_led_to(clu
     handle = server.start_collector(tmp_path / "live.duckdb", analyzer_config=A.AnalyzerConfig(interval_s=3600),
                                     actions_config=cfg)
     try:
-        def seed(c):
-            S.add_node(c, "node-live", virtualized=False, gpu_count=2, pool=POOL)
-            c.execute("UPDATE nodes SET hostname = ? WHERE node_id = 'node-live'", [cluster.node])
-            fault_rows(c, "node-live", utcnow() - dt.timedelta(minutes=55))
-        handle.writer.call(seed).result()
+        seed_live_fault(handle, cluster.node)
         target = f"127.0.0.1:{handle.port}"
         res = CliRunner().invoke(cli.main, ["analyze", "--target", target])
         assert res.exit_code == 0, res.output
