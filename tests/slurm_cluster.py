@@ -4,7 +4,9 @@ generated slurm.conf, state and sockets in a temporary folder, ports from this x
 ProctrackType=proctrack/linuxproc and TaskPlugin=task/none: no cgroups needed, so `scontrol listpids`
 is how a job's processes are found (agent/slurm.py's fallback). Needs root (slurmd runs jobs as their
 user). Every daemon runs in the foreground with PR_SET_PDEATHSIG, so a killed test takes them along; stop()
-also cancels the jobs and kills whatever is left that carries this cluster's SLURM_CONF.
+also cancels the jobs and kills whatever is left that carries this cluster's SLURM_CONF, and when the test is
+killed a reaper of its own session (tests/slurm_reaper.py) does that for slurmstepd and the jobs, which
+outlive their slurmd.
 """
 
 from __future__ import annotations
@@ -15,10 +17,12 @@ import shlex
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 from conftest import wait_for, worker_ports
+from slurm_reaper import kill_marked, start_time
 from tools import need
 
 _PR_SET_PDEATHSIG = 1
@@ -43,6 +47,7 @@ class SlurmCluster:
         self.nodes = [self.node]
         self.conf = root / "slurm.conf"
         self.procs: list[subprocess.Popen] = []
+        self.reaper: subprocess.Popen | None = None
         lo, _ = worker_ports(5, 10)
         self.ctld_port, self.slurmd_port = lo, lo + 1
 
@@ -76,11 +81,20 @@ class SlurmCluster:
             *self._node_lines(),
             f"PartitionName={self.partition} Nodes={','.join(self.nodes)} Default=YES MaxTime=10 State=UP",
             *self.extra_conf, ""]))
+        self._start_reaper()
         self._spawn(["munged", "-F", f"--socket={sock}", f"--key-file={key}", f"--pid-file={r / 'munge' / 'pid'}",
                      f"--log-file={r / 'munge' / 'log'}", f"--seed-file={r / 'munge' / 'seed'}", "--force"])
         wait_for(sock.exists, timeout=10, what="munged's socket")
         self._start_daemons()
         return self
+
+    def _start_reaper(self) -> None:
+        env = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}   # it must not kill itself
+        self.reaper = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("slurm_reaper.py")), str(os.getpid()),
+             str(start_time(os.getpid())), str(self.conf)],
+            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True, close_fds=True)
 
     def _ctld_host(self) -> str:
         return f"{self.node}(127.0.0.1)"
@@ -149,18 +163,15 @@ class SlurmCluster:
                 p.kill()
                 p.wait(timeout=5)
         # slurmstepd and job processes outlive slurmd: they carry this cluster's SLURM_CONF
-        mark = f"SLURM_CONF={self.conf}".encode()
-        for n in os.listdir("/proc"):
-            if n.isdigit() and int(n) != os.getpid():
-                try:
-                    env = Path(f"/proc/{n}/environ").read_bytes()
-                except OSError:
-                    continue
-                if mark in env.split(b"\0"):
-                    try:
-                        os.kill(int(n), signal.SIGKILL)
-                    except OSError:
-                        pass
+        kill_marked(str(self.conf), spare=(os.getpid(),))
+        Path(str(self.conf) + ".stopped").touch()
+        if self.reaper is not None:
+            try:
+                self.reaper.wait(timeout=10)      # it leaves within a poll of seeing the marker
+            except subprocess.TimeoutExpired:
+                self.reaper.kill()
+                self.reaper.wait()
+            self.reaper = None
 
 
 def _cgroup_mounts() -> str:
