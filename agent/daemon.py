@@ -554,6 +554,7 @@ def start_job_step_receiver(agent: Agent) -> None:
     for s in agent.samplers:   # tracked processes are jobs too, under the id the receiver uses
         if hasattr(s, "tracked_pids"):
             s.tracked_pids = receiver.tracked_pids
+            receiver.scheduler_job = s.slurm_job_of    # and a tracker without a job env takes Slurm's name
     log.info("listening for training-step trackers on %s", receiver.socket_path)
     return None       # closed with the samplers
 

@@ -188,6 +188,23 @@ class JobDiscovery:
             pass
         return None
 
+    def slurm_job_of(self, pid: int) -> tuple[str, str] | str | None:
+        """(job id, job name) of a process as Slurm names it; PENDING while Slurm has not been asked about it
+        yet (agent/slurm.py); None when there is no Slurm here or the process is in no Slurm job. For the step
+        receiver: a tracker whose environment names no job gets the id its process's job_samples carry. Safe
+        from another thread (reads /proc; the Slurm cache has its own lock)."""
+        if self.slurm is None:
+            return None
+        st = self._stat(pid)
+        if st is None:
+            return None
+        cg = (self._read_bytes(pid, "cgroup") or b"").decode("utf-8", "replace")
+        hit = self.slurm.lookup(pid, cg, self._start_ticks_wall_ns(st[1]))
+        if hit is None or hit == PENDING:
+            return hit
+        job, _step = hit
+        return job.gpuagent_job_id, job.name
+
     def _stat(self, pid: int) -> tuple[int, int, int] | None:
         """(utime+stime ticks, start time ticks, parent pid) or None when the process is gone."""
         try:
@@ -358,7 +375,10 @@ class JobDiscovery:
             if p is not None and p.ident is None:
                 continue
             ident = p.ident if p is not None else identify(pid, {}, "", 0, False)
-            if pid in tracked and tracked[pid] != ident["job_id"]:
+            # A tracker's own id wins (its environment may have been set at run time), except its bare pid:
+            # Slurm's name for the process is better than that, and the receiver takes it up too.
+            if pid in tracked and tracked[pid] != ident["job_id"] and not (
+                    ident["source"] == "slurm" and tracked[pid] == f"pid:{pid}"):
                 ident = dict(ident, job_id=tracked[pid], source="tracker")
             resolved.append((pid, gpu, gutil, gmem, gi, p, ident))
         child_job = {}

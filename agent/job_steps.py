@@ -166,6 +166,10 @@ class JobStepReceiver:
         self._proc_root = proc_root
         self._own_container = own_container_id(proc_root)
         self._identity = identity or self._identity_from_proc
+        # Set by the daemon to JobDiscovery.slurm_job_of: (job id, name) of a pid as Slurm names it, for a
+        # tracker whose environment names no job (its job_steps then join its job_samples).
+        # A string (agent/slurm.py's PENDING) while Slurm has not been asked about the pid yet: its windows wait.
+        self.scheduler_job: Callable[[int], tuple[str, str] | str | None] | None = None
         self._peak_flops = peak_flops
         self._lock = threading.Lock()
         self._streams: dict[tuple[int, int], _Stream] = {}
@@ -309,6 +313,8 @@ class JobStepReceiver:
             local_rank, world_size = hello["local_rank"], hello["world_size"]
         rank = hello["rank"] if hello["rank"] >= 0 else (ident.rank if ident else -1)
         name = hello["job_name"] or (ident.job_name if ident else "")
+        if source == "process":
+            job_id, name, source = self._scheduler_named(pid, job_id, name, source)
         stream = _Stream(pid=pid, job_id=job_id, job_name=name, source=source, rank=rank,
                          local_rank=local_rank, world_size=world_size, last_seen_ns=self._clock(),
                          flops_per_step=hello.get("flops_per_step", 0.0),
@@ -320,6 +326,16 @@ class JobStepReceiver:
 
     def _identity_from_proc(self, pid: int) -> JobIdentity | None:
         return identity_for_pid(pid, self._proc_root, self._own_container)
+
+    def _scheduler_named(self, pid: int, job_id: str, name: str, source: str) -> tuple[str, str, str]:
+        """A tracker named only by its pid takes its scheduler's name for the process where there is one;
+        source "pending" while the scheduler has not been asked about it yet."""
+        hit = self.scheduler_job(pid) if self.scheduler_job is not None else None
+        if hit is None:
+            return job_id, name, "process" if source == "pending" else source
+        if isinstance(hit, str):
+            return job_id, name, "pending"
+        return hit[0], hit[1] or name, "slurm"     # Slurm's name first, as job discovery names it
 
     # ------------------------------------------------------------------ windows
 
@@ -341,6 +357,10 @@ class JobStepReceiver:
             for key, s in list(self._streams.items()):
                 if closed_only and not s.closed:
                     continue
+                if s.source in ("process", "pending"):    # Slurm's details may have come since the hello
+                    s.job_id, s.job_name, s.source = self._scheduler_named(s.pid, s.job_id, s.job_name, s.source)
+                    if s.source == "pending" and not s.closed:
+                        continue     # its records wait for the id (a window under the pid would not join)
                 if s.records:
                     ready.append((s, s.records, s.last_index, s.last_t_end_ns))
                     last = max(s.records)

@@ -368,3 +368,48 @@ def test_receiver_bounds_the_number_of_trackers(receiver, monkeypatch):
         receiver.receive(wire.encode_hello(os.getpid(), 0, 0, 1, tracker_id, "j", "n", "explicit"), os.getpid())
     assert len(receiver.tracked_pids()) == 1 and receiver.refused_streams == 2
     assert receiver.stream_count() == 3
+
+
+def test_a_tracker_named_only_by_its_pid_waits_for_and_takes_the_schedulers_name(sock_path, monkeypatch):
+    """A tracker whose environment names no job (a Slurm job run under env -i): its windows wait while Slurm has
+    not been asked about the pid yet, then carry Slurm's id, the id job discovery gives its job_samples."""
+    from gpuagent.agent.slurm import PENDING
+    from gpuagent.common.job_identity import JobIdentity
+
+    for k in ("GPUAGENT_JOB_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "RANK"):
+        monkeypatch.delenv(k, raising=False)
+    answer = {"now": PENDING}
+    r = JobStepReceiver(sock_path, window_s=60.0,
+                        identity=lambda pid: JobIdentity(f"pid:{pid}", "process", "", -1, -1, 0)).start()
+    r.scheduler_job = lambda pid: answer["now"]
+    t = track(name="", socket_path=sock_path, flush_interval_s=10.0)
+    try:
+        for _ in range(6):
+            t.step()
+        t.flush()
+        wait_for(lambda: r.records >= 6, timeout=10, what="6 step records received")
+        sink = ListSink()
+        assert r.flush_window(time.time_ns(), sink) == 0, "a window went out under the bare pid"
+        answer["now"] = ("slurm:41", "pretrain-7b")
+        assert r.flush_window(time.time_ns(), sink) == 1
+        (row,) = sink.job_steps
+        assert (row["job_id"], row["job_name"], row["steps"]) == ("slurm:41", "pretrain-7b", 6)
+        assert r.tracked_pids() == {os.getpid(): "slurm:41"}
+    finally:
+        t.close()
+        r.close()
+    # No scheduler knows the pid: it stays the process's own job, and its windows are not held.
+    r = JobStepReceiver(sock_path, window_s=60.0,
+                        identity=lambda pid: JobIdentity(f"pid:{pid}", "process", "", -1, -1, 0)).start()
+    r.scheduler_job = lambda pid: None
+    t = track(name="plain", socket_path=sock_path, flush_interval_s=10.0)
+    try:
+        t.step()
+        t.flush()
+        wait_for(lambda: r.records >= 1, timeout=10, what="a step record received")
+        sink = ListSink()
+        assert r.flush_window(time.time_ns(), sink) == 1
+        assert sink.job_steps[0]["job_id"] == f"pid:{os.getpid()}"
+    finally:
+        t.close()
+        r.close()

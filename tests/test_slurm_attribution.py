@@ -229,6 +229,23 @@ def test_the_agent_names_a_slurm_job_on_an_emulated_gpu(slurm, nvml_emulator, tm
         r = CliRunner().invoke(collector_cli.main, ["report", "--target", col.address, "--out", str(html)])
         assert r.exit_code == 0, r.output
         assert f"<td>{slurm.partition}</td><td data-sort" in html.read_text().split("id='jobs-by-partition'")[1]
+
+        # A tracked job whose environment names no job (env -i): its step windows carry Slurm's id too, so
+        # job_steps joins job_samples; neither falls back to the process's pid.
+        tracked_id = slurm.sbatch(
+            f"exec env -i PATH=/usr/bin:/bin GPUAGENT_JOBS_SOCKET={tmp_path / 'jobs.sock'} {sys.executable} -c "
+            "\"import time; from gpuagent.jobs.tracker import Tracker; t = Tracker(cuda=False)\n"
+            "for _ in range(2400): time.sleep(0.05); t.step()\"\n", "-J", "tracked-no-env")
+        [tpid] = wait_for(lambda: _job_pids(slurm, tracked_id), timeout=20, what="the tracked job's process")
+        assert b"SLURM_JOB_ID" not in open(f"/proc/{tpid}/environ", "rb").read()
+        emu.add_process(3, tpid, 4 << 30)       # on GPU 3 (SYNTHETIC): on a GPU node, jobs are GPU jobs
+        q = (f"SELECT DISTINCT job_id FROM job_steps WHERE pid = {tpid} UNION ALL SELECT DISTINCT 'samples ' || "
+             f"job_id FROM job_samples WHERE pid = {tpid}")
+        def both_named():
+            got = sorted(r[0] for r in client.query(col.address, q).rows)
+            return got if len(got) >= 2 else None
+        got = wait_for(both_named, timeout=40, interval=0.5, what="the tracked job's steps and samples")
+        assert got == [f"samples slurm:{tracked_id}", f"slurm:{tracked_id}"], got
     finally:
         stop(agent)
         col.stop()
