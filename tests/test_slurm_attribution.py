@@ -11,11 +11,12 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 
 import pytest
 from click.testing import CliRunner
 
-from agent_helpers import start_agent, stop, wait_running
+from agent_helpers import free_port, start_agent, stop, wait_running
 from conftest import wait_for
 from gpuagent.agent.job_discovery import JobDiscovery
 from gpuagent.agent.sampling import ListSink
@@ -199,7 +200,9 @@ def test_the_agent_names_a_slurm_job_on_an_emulated_gpu(slurm, nvml_emulator, tm
     col = server.start_collector(tmp_path / "c.duckdb", "127.0.0.1:0", analyze=False)
     state = tmp_path / "state"
     cfg = tmp_path / "agent.toml"
-    cfg.write_text("[jobs]\nslurm = \"on\"\nslurm_refresh_s = 0.5\n")
+    port = free_port()
+    cfg.write_text(f"[jobs]\nslurm = \"on\"\nslurm_refresh_s = 0.5\n[exporter]\nlisten = \"127.0.0.1:{port}\"\n"
+                   "job_labels = \"hpc_job\"\n")
     agent = start_agent(tmp_path, col.address, state, interval=0.5, batch_interval=0.5, GPUAGENT_CONFIG=str(cfg),
                         SLURM_CONF=str(slurm.conf), **emu.env_vars())
     try:
@@ -216,6 +219,18 @@ def test_the_agent_names_a_slurm_job_on_an_emulated_gpu(slurm, nvml_emulator, tm
         out = wait_for(status_shows, timeout=10, interval=0.5, what="gpuagent status showing the Slurm job")
         line = next(ln for ln in out.splitlines() if f"slurm:{job_id}" in ln)
         assert line.split()[:2] == [f"slurm:{job_id}", "finetune"], out
+        # /metrics names the job as Slurm does: dcgm-exporter's hpc_job label on the held GPU's series, and
+        # the job-info series that joins GPUs with jobs.
+        def scraped():
+            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+            return text if f'hpc_job="slurm:{job_id}"' in text else None
+        text = wait_for(scraped, timeout=15, interval=0.5, what="/metrics with the Slurm job's hpc_job label")
+        util = [ln for ln in text.splitlines()
+                if ln.startswith("DCGM_FI_DEV_GPU_UTIL{") and f'hpc_job="slurm:{job_id}"' in ln]
+        assert [ln.split('gpu="')[1].split('"')[0] for ln in util] == ["2"], util
+        info = [ln for ln in text.splitlines() if ln.startswith("gpuagent_gpu_job_info{")]
+        assert any('gpu="2"' in ln and f'job_id="slurm:{job_id}"' in ln and 'job_name="finetune"' in ln
+                   for ln in info), info
         # compare --by partition on the live collector: the job's partition, its GPU held for > 0 h
         def by_partition():
             r = CliRunner().invoke(collector_cli.main, ["compare", "--by", "partition", "--target", col.address,
@@ -257,3 +272,45 @@ def test_compare_by_partition_refuses_a_lake_in_one_sentence(tmp_path):
     assert r.exit_code != 0
     assert r.output.strip().splitlines() == [
         "Error: --by partition reads one collector (--db or --target); --lake goes with --by pool"]
+
+
+def test_a_job_on_two_nodes_counts_once_by_account_and_by_partition(tmp_path):
+    """Slurm's job id joins a job across nodes: one jobs row per node, one job in its account and partition,
+    the GPU-hours of both nodes. SYNTHETIC rows in a real collector database, read by `compare --by`."""
+    import datetime as dt
+
+    import duckdb
+
+    from gpuagent.collector.store import schema
+    from gpuagent.sim import synthetic_rows as S
+
+    db = tmp_path / "c.duckdb"
+    con = duckdb.connect(str(db))
+    schema.migrate(con)
+    end = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None, microsecond=0)
+    start = end - dt.timedelta(hours=1)
+    for node, job, account, partition in (("synthetic-a", "slurm:77", "llm", "h100"),
+                                          ("synthetic-b", "slurm:77", "llm", "h100"),
+                                          ("synthetic-c", "slurm:78", "vision", "h100")):
+        S.add_node(con, node, virtualized=False, gpu_count=2)
+        con.execute("INSERT INTO jobs (node_id, job_id, job_name, source, first_seen, last_seen, account, "
+                    "partition_name) VALUES (?, ?, 'synthetic', 'slurm', ?, ?, ?, ?)",
+                    [node, job, start, end, account, partition])
+        S.add_job_samples(con, [(start + dt.timedelta(minutes=m), node, job, g, 50.0 + 25 * g)
+                                for m in range(61) for g in (0, 1)])
+    con.close()
+
+    def rows(by):
+        r = CliRunner().invoke(collector_cli.main, ["compare", "--by", by, "--db", str(db), "--format", "json"])
+        assert r.exit_code == 0, r.output
+        return {x["group"]: x for x in json.loads(r.output)["rows"]}
+
+    acc = rows("account")
+    assert set(acc) == {"llm", "vision"}
+    assert (acc["llm"]["jobs"], acc["llm"]["nodes"]) == (1, 2)
+    assert acc["llm"]["gpu_hours"] == pytest.approx(4.0)        # 2 nodes x 2 GPUs x 1 h
+    assert (acc["vision"]["jobs"], acc["vision"]["nodes"], acc["vision"]["gpu_hours"]) == (1, 1, pytest.approx(2.0))
+    assert acc["llm"]["mean_gpu_util_percent"] == pytest.approx(62.5)
+    part = rows("partition")
+    assert list(part) == ["h100"] and (part["h100"]["jobs"], part["h100"]["nodes"]) == (2, 3)
+    assert part["h100"]["gpu_hours"] == pytest.approx(6.0)

@@ -16,7 +16,8 @@ import io
 import json
 from typing import Any
 
-from gpuagent.collector.views.compare import CompareError, has_table, open_source, parse_window, resolve_window
+from gpuagent.collector.views.compare import (DUCKDB, CompareError, Window, has_table, open_source, parse_window,
+                                              resolve_window)
 
 GROUPS = {"partition": "partition_name", "account": "account"}
 NONE = "(none)"
@@ -30,6 +31,11 @@ def jobs_by(src, by: str, window_s: float = 86400.0) -> list[dict[str, Any]]:
     if not has_table(src, "jobs") or not has_table(src, "job_samples"):
         return []
     w = resolve_window(src, window_s)
+    # The window ends at the newest row of any kind, job samples included: a collector that only saw jobs
+    # (no GPU series yet) still has them to group.
+    newest_job = src.query("SELECT epoch(max(ts)) AS t FROM job_samples")[0]["t"]
+    if newest_job is not None and (w is None or float(newest_job) >= w.end):
+        w = Window(float(newest_job) - window_s, float(newest_job) + 1e-6, window_s, w.dialect if w else DUCKDB)
     if w is None:
         return []
     col = GROUPS[by]
