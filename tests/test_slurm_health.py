@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
-from agent_helpers import start_agent, stop, wait_running
+from agent_helpers import read_status, start_agent, stop, wait_running
 from conftest import wait_for
 from gpuagent.agent.slurm import parse_listpids
 from slurm_cluster import SlurmCluster
@@ -213,20 +213,9 @@ def test_epilog_records_the_job_on_its_gpu(node):
     cluster, emu, state, root = node
     _healthy(cluster, emu, root)
     job = cluster.sbatch(SLEEPER.format(n=40), "-J", "short")
-    def python_pid():
-        pids = [p for p, (j, _s) in parse_listpids(cluster.run("scontrol", "listpids", job, check=False)).items()
-                if j == job and _cmd(p).startswith(sys.executable)]
-        return pids[0] if pids else None
-    pid = wait_for(python_pid, timeout=20, interval=0.1, what="the job's python process")
+    pid = _job_python_pid(cluster, job)
     emu.add_process(2, pid, 4 << 30, sm_util_percent=60)          # SYNTHETIC: the job holds GPU 2
-    path = state / "slurm-epilog.jsonl"
-    def record():
-        for line in path.read_text().splitlines() if path.exists() else []:
-            r = json.loads(line)
-            if r["slurm_job_id"] == job:
-                return r
-        return None
-    rec = wait_for(record, timeout=30, interval=0.2, what="the epilog's line")
+    rec = _epilog_line(state, job)
     emu.remove_process(pid)
     assert (rec["job_id"], rec["source"], rec["partition"], rec["user"]) == (f"slurm:{job}", "agent",
                                                                           cluster.partition, "root")
@@ -235,6 +224,46 @@ def test_epilog_records_the_job_on_its_gpu(node):
     assert 1.0 <= rec["duration_s"] <= 10.0, rec
     assert rec["gpu_hours"] == pytest.approx(rec["duration_s"] / 3600, rel=1e-3)
     assert rec["faults"] == [] and rec["account"] is None, rec
+
+
+def test_epilog_records_the_faults_the_job_met(node):
+    """An application XID on the job's GPU while it runs: the agent ties it to the job, and the epilog's line
+    lists it among the faults the job met (XID 13 is a warning: no drain, the job runs to its end)."""
+    cluster, emu, state, root = node
+    _healthy(cluster, emu, root)
+    job = cluster.sbatch(SLEEPER.format(n=60), "-J", "meets-xid")
+    pid = _job_python_pid(cluster, job)
+    emu.add_process(2, pid, 4 << 30, sm_util_percent=40)          # SYNTHETIC: the job holds GPU 2
+    def agent_sees_job():
+        st = read_status(state) or {}
+        return any(j.get("job_id") == f"slurm:{job}" and j.get("gpu") == 2 for j in st.get("jobs", []))
+    wait_for(agent_sees_job, timeout=20, interval=0.2, what="the agent's status showing the job on GPU 2")
+    emu.inject_xid(2, 13)
+    rec = _epilog_line(state, job)
+    emu.remove_process(pid)
+    met = [f for f in rec["faults"] if f.get("event") == "xid"]
+    assert [(f["gpu"], f["value"]) for f in met] == [(2, 13)], rec["faults"]
+    assert "13" in met[0]["message"], met
+    assert "DRAIN" not in _show(cluster, "node", cluster.node).get("State", "")
+
+
+def _job_python_pid(cluster: SlurmCluster, job: str) -> int:
+    def python_pid():
+        pids = [p for p, (j, _s) in parse_listpids(cluster.run("scontrol", "listpids", job, check=False)).items()
+                if j == job and _cmd(p).startswith(sys.executable)]
+        return pids[0] if pids else None
+    return wait_for(python_pid, timeout=20, interval=0.1, what="the job's python process")
+
+
+def _epilog_line(state: Path, job: str) -> dict:
+    path = state / "slurm-epilog.jsonl"
+    def record():
+        for line in path.read_text().splitlines() if path.exists() else []:
+            r = json.loads(line)
+            if r["slurm_job_id"] == job:
+                return r
+        return None
+    return wait_for(record, timeout=40, interval=0.2, what="the epilog's line")
 
 
 def _slurm_ts(text: str) -> float:
