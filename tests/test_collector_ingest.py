@@ -268,3 +268,25 @@ def test_in_flight_bound_makes_streams_wait_but_loses_nothing(tmp_path):
         assert all(results[n] == list(range(1, 11)) for n in ids)
         assert h.writer.stats["samples"] == 4 * 10 * 600
         assert h.writer.stats["groups"] == 40     # the bound admits one batch at a time
+
+
+def test_re_registering_changed_gpus_updates_them_and_unchanged_ones_are_left_alone(tmp_path):
+    """Register skips the gpus upsert when a reconnecting agent sends the same GPUs (it scanned the whole gpus
+    table every time); the rows stay as they were, and a changed GPU (PCIe downtrained to gen 4, a GPU gone) is
+    still written at once."""
+    from gpuagent.collector.store import schema
+    from gpuagent.collector.store.nodes import register_node
+
+    con = duckdb.connect(str(tmp_path / "r.duckdb"))
+    schema.migrate(con)
+    node = register_node(con, node_info(gpus=3))
+    gpus = "SELECT gpu, pcie_gen_current, uuid FROM gpus WHERE node_id = ? ORDER BY gpu"
+    before = con.execute(gpus, [node]).fetchall()
+    assert [r[1] for r in before] == [5, 5, 5]
+    assert register_node(con, node_info(gpus=3)) == node
+    assert con.execute(gpus, [node]).fetchall() == before
+    changed = node_info(gpus=2)
+    changed.gpus[1].pcie_gen_current = 4
+    assert register_node(con, changed) == node
+    assert con.execute(gpus, [node]).fetchall() == [(0, 5, before[0][2]), (1, 4, before[1][2])]
+    con.close()
