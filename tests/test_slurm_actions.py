@@ -413,3 +413,26 @@ def test_a_nodes_slurm_node_label_names_it_where_its_hostname_does_not(cluster, 
     assert [(r["action"], r["slurm_node"], r["outcome"]) for r in rows] == [("drain", cluster.node, "ok")]
     assert "DRAIN" in show(cluster, cluster.node)[0]
     con.close()
+
+
+def test_a_finding_the_breaker_held_back_is_drained_once_there_is_room(cluster, tmp_path):
+    """max_nodes = 1 with two faulted nodes: the second is alerted (skipped-breaker), passes while the first
+    stays drained write nothing more, and once the first's finding closes and it is resumed, the second is
+    drained in the same run."""
+    first, second = cluster.nodes[:2]
+    con = db_with_nodes(tmp_path / "c.duckdb", [first, second])
+    actions = Actions(enforce(cluster, max_nodes=1))
+    fid = add_finding(con, first)
+    add_finding(con, second)
+    rows = actions.run_once(ConnectionDb(con))
+    assert [(r["action"], r["slurm_node"], r["outcome"]) for r in rows] == [
+        ("drain", first, "ok"), ("alert", second, "skipped-breaker")]
+    assert actions.run_once(ConnectionDb(con)) == []          # still held back: no new row
+    assert "DRAIN" not in show(cluster, second)[0]
+    close_finding(con, fid)
+    rows = actions.run_once(ConnectionDb(con))
+    assert [(r["action"], r["slurm_node"], r["outcome"]) for r in rows] == [
+        ("resume", first, "ok"), ("drain", second, "ok")]
+    assert "DRAIN" in show(cluster, second)[0] and undrained(cluster, first)
+    assert actions.run_once(ConnectionDb(con)) == []
+    con.close()

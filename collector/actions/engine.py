@@ -50,11 +50,13 @@ ORDER BY mode, slurm_node
 """
 _NEW_FINDINGS_SQL = """
 SELECT f.finding_id, f.scope, f.kind, f.node_id, coalesce(f.pool, n.pool), f.severity, f.sentence,
-       coalesce(nullif(n.labels['slurm_node'], ''), n.hostname)
+       coalesce(nullif(n.labels['slurm_node'], ''), n.hostname),
+       EXISTS (SELECT 1 FROM actions a WHERE a.finding_id = f.finding_id AND a.mode = $mode
+               AND a.outcome = 'skipped-breaker') AS held_back
 FROM findings f LEFT JOIN nodes n ON n.node_id = f.node_id
 WHERE f.state = 'open'
-  AND NOT EXISTS (SELECT 1 FROM actions a WHERE a.finding_id = f.finding_id AND a.mode = ?
-                  AND a.action IN ('drain', 'alert'))
+  AND NOT EXISTS (SELECT 1 FROM actions a WHERE a.finding_id = f.finding_id AND a.mode = $mode
+                  AND a.action IN ('drain', 'alert') AND a.outcome <> 'skipped-breaker')
 ORDER BY CASE f.severity WHEN 'critical' THEN 0 WHEN 'warning' THEN 1 ELSE 2 END, f.first_seen, f.finding_id
 """
 _OPEN_NODE_FINDINGS_SQL = "SELECT node_id, kind, severity FROM findings WHERE state = 'open' AND scope = 'node'"
@@ -82,7 +84,7 @@ def slurm_name(hostname: str | None, node_id: str | None) -> str:
 
 
 class Db(Protocol):
-    def query(self, sql: str, params: list | None = None) -> list[tuple]: ...
+    def query(self, sql: str, params: list | dict | None = None) -> list[tuple]: ...
     def insert(self, row: dict[str, Any]) -> None: ...
 
 
@@ -169,8 +171,11 @@ class Actions:
         pools = {p: n for p, n in db.query(_POOL_SIZES_SQL)}
         hour_ago = self._now() - dt.timedelta(hours=1)
         drains_hour = db.query(_DRAINS_SINCE_SQL, [mode, hour_ago])[0][0]
-        for fid, scope, kind, node_id, pool, severity, sentence, hostname in db.query(_NEW_FINDINGS_SQL, [mode]):
+        for fid, scope, kind, node_id, pool, severity, sentence, hostname, held_back in db.query(
+                _NEW_FINDINGS_SQL, {"mode": mode}):
             action, rule = self.config.rule_for(kind, severity)
+            if held_back and (scope != "node" or action != "drain"):
+                continue     # alerted already, when the breaker held it back; the policy no longer drains it
             base = {"finding_id": fid, "kind": kind, "severity": severity, "node_id": node_id, "pool": pool,
                     "rule": rule}
             if scope != "node" or action != "drain":
@@ -188,7 +193,9 @@ class Actions:
                 continue
             bound = self._breaker(held, pools, (pool or ""), drains_hour)
             if bound:
-                record({**base, "action": "alert", "outcome": "skipped-breaker", "detail": bound})
+                # Held back: alerted once; decided again each pass and drained once the breaker has room.
+                if not held_back:
+                    record({**base, "action": "alert", "outcome": "skipped-breaker", "detail": bound})
                 continue
             row = self._drain(base)
             record(row)
