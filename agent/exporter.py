@@ -248,7 +248,8 @@ HEALTH_COUNTERS: list[tuple[str, str, str, Callable[[GpuStatus], float | None], 
 ]
 # Clock-event durations: DCGM's DCGM_FI_DEV_CLOCKS_EVENT_REASON_*_NS fields (1420-1424, dcgm_fields.h), in no
 # dcgm-exporter CSV; nanoseconds, typed counter (NVML's cumulative NVML_FI_DEV_CLOCKS_EVENT_REASON_* counters).
-# HW_SLOWDOWN has no DCGM field: it is only gpuagent_gpu_clock_event_duration_seconds_total{reason="hw_slowdown"}.
+# HW_SLOWDOWN has no NVML duration nor DCGM field: the agent counts it from the sampled clock-event mask
+# (gpu_clock_event_sampled_seconds_total, for the collector and the health check; not exported here).
 CLOCK_EVENT_FIELDS = {"sw_power_cap": ("SW_POWER_CAP", "Throttling to not exceed currently set power limits"),
                       "sync_boost": ("SYNC_BOOST", "Throttling to match minimum possible clock across Sync Boost Group"),
                       "sw_thermal": ("SW_THERM_SLOWDOWN", "Throttling to keep GPU and memory below their max operating temperature"),

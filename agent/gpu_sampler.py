@@ -147,6 +147,8 @@ class GpuSampler:
         self._nvlink_bad: dict[int, dict[int, dict[str, int]]] = {}  # GPU -> the links with a non-zero error count
         self._fields_off: dict[int, set[int]] = {}       # GPU -> health field ids that answered NOT_SUPPORTED
         self._clock_s: dict[int, dict[str, float]] = {}   # GPU -> reason -> clock-event seconds (last read)
+        # GPU -> (last tick's ns, HW_SLOWDOWN bit then, seconds counted so far): NVML has no duration for it
+        self._hw_slowdown: dict[int, tuple[int, bool, float]] = {}
         self._bus_ids: dict[int, str] = {}               # GPU -> PCI bus id, kernel form ("0000:18:00.0")
         self._proc_last_seen_us: dict[int, int] = {}
         self._event_set: Any = None
@@ -470,6 +472,8 @@ class GpuSampler:
                 put("gpu_throttle_active", 1, {"reason": name})
             cur["throttle_reasons"] = names
             self._throttle_event(i, frozenset(names), int(mask), ts, sink)
+            put("gpu_clock_event_sampled_seconds_total", self._hw_slowdown_seconds(i, "hw_slowdown" in names, ts),
+                {"reason": "hw_slowdown"})
 
         put("gpu_pcie_link_gen", q("nvmlDeviceGetCurrPcieLinkGeneration", h, gpu=i))
         put("gpu_pcie_link_width", q("nvmlDeviceGetCurrPcieLinkWidth", h, gpu=i))
@@ -566,6 +570,17 @@ class GpuSampler:
         CUDA 14 drivers only the new one)."""
         return self.nvml.query_first((("nvmlDeviceGetCurrentClocksEventReasons", (h,)),
                                       ("nvmlDeviceGetCurrentClocksThrottleReasons", (h,))), gpu=i)
+
+    def _hw_slowdown_seconds(self, i: int, active: bool, ts: int) -> float:
+        """Seconds of HW_SLOWDOWN as the ticks saw it: nvml.h has clock-event duration fields for power cap,
+        sync boost, SW/HW thermal and power brake (NVML_FI_DEV_CLOCKS_EVENT_REASON_*), none for HW_SLOWDOWN,
+        so the gap between two ticks that both saw its bit set counts (at most 10 s: a longer gap is not
+        known to have held). A counter from the agent's start; a restart resets it."""
+        prev_ts, prev_active, total = self._hw_slowdown.get(i, (ts, False, 0.0))
+        if active and prev_active and ts > prev_ts:
+            total += min(ts - prev_ts, 10_000_000_000) / 1e9
+        self._hw_slowdown[i] = (ts, active, total)
+        return total
 
     def _throttle_event(self, i: int, names: frozenset[str], mask: int, ts: int, sink) -> None:
         relevant = names - {"gpu_idle"}

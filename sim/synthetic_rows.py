@@ -306,7 +306,10 @@ def hardware_rows(node_id: str, *, start: dt.datetime, points: int = 12, step_s:
         for reason in ("sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake", "sync_boost"):
             want = {"": "hw_thermal", "power_brake": "hw_power_brake"}.get(variant)
             share = min(0.9, 0.4 * mag) if hit and fault == "clocks" and reason == want else (0.3 if reason == "sw_power_cap" else 0.0)
-            counter(g, "gpu_clock_event_duration_seconds_total", f"reason={reason}", rng.randrange(0, 100),
+            # NVML keeps no HW_SLOWDOWN duration; the agent counts it from the sampled mask (agent/gpu_sampler.py)
+            metric = ("gpu_clock_event_sampled_seconds_total" if reason == "hw_slowdown"
+                      else "gpu_clock_event_duration_seconds_total")
+            counter(g, metric, f"reason={reason}", rng.randrange(0, 100),
                     {i: share * step_s for i in range(1, points)} if share else {})
     if fault == "xid":
         t = times[mid]

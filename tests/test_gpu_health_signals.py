@@ -280,3 +280,30 @@ def test_the_emulator_answers_the_health_entry_points_as_nvml_h_documents_them(n
                                               pynvml.NVML_AGGREGATE_ECC) == 11
     assert pynvml.nvmlDeviceGetNvLinkErrorCounter(h, 17, pynvml.NVML_NVLINK_ERROR_DL_RECOVERY) == 4
     assert pynvml.nvmlDeviceGetViolationStatus(h, pynvml.NVML_PERF_POLICY_THERMAL).violationTime == 3_000_000_000
+
+
+def test_hw_slowdown_seconds_are_counted_from_the_sampled_mask(nvml_emulator):
+    """NVML keeps no HW_SLOWDOWN duration: the sampler counts the gaps between ticks that both saw the bit set
+    (capped at 10 s a gap), and nothing while it is clear."""
+    from gpuagent.agent.gpu_sampler import GpuSampler
+    from gpuagent.agent.sampling import ListSink
+    from gpuagent.common.nvml import Nvml
+
+    emu = nvml_emulator()
+    s = GpuSampler(Nvml())
+    def tick(ts_s):
+        sink = ListSink()
+        s.sample(int(ts_s * 1e9), sink)
+        got = [r for r in sink.samples if r.metric == "gpu_clock_event_sampled_seconds_total" and r.gpu == 1]
+        assert [dict(r.labels) for r in got] == [{"reason": "hw_slowdown"}]
+        return got[0].value
+    emu.set_throttle(1, 0)
+    assert tick(1000.0) == 0.0 and tick(1001.0) == 0.0
+    emu.set_throttle(1, 0x8)                       # HW_SLOWDOWN set from here on
+    assert tick(1002.0) == 0.0                     # the first tick that sees it: not known to have held yet
+    assert tick(1003.0) == pytest.approx(1.0)
+    assert tick(1005.5) == pytest.approx(3.5)
+    assert tick(1100.0) == pytest.approx(13.5)     # a 94.5 s gap counts 10 s at most
+    emu.set_throttle(1, 0)
+    assert tick(1101.0) == pytest.approx(13.5)
+    s.close()

@@ -60,8 +60,9 @@ def healthy_node() -> dict[tuple[str, int, tuple[tuple[str, str], ...]], float]:
             out[("gpu_nvlink_link_up", g, (("link", link),))] = 1.0
             for c in ("crc_flit", "crc_data", "replay", "recovery"):
                 out[("gpu_nvlink_errors_total", g, (("counter", c), ("link", link)))] = 0.0
-        for r in ("sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake", "sync_boost"):
+        for r in ("sw_power_cap", "sw_thermal", "hw_thermal", "hw_power_brake", "sync_boost"):
             out[("gpu_clock_event_duration_seconds_total", g, (("reason", r),))] = 10.0
+        out[("gpu_clock_event_sampled_seconds_total", g, (("reason", "hw_slowdown"),))] = 10.0
     ib = (("device", "mlx5_0"), ("link_layer", "InfiniBand"), ("port", "1"))
     out[("ib_port_state", -1, ib)] = 4.0
     out[("ib_port_phys_state", -1, ib)] = 5.0
@@ -127,7 +128,7 @@ CASES = [
     ("retired_pages", {GPU("gpu_retired_pages_pending", 1): 1.0}, {}, (), "retired_pages_pending", "GPU 1"),
     ("nvlink", {GPU("gpu_nvlink_link_up", 0, link="1"): 0.0}, {}, (), "nvlink_down", "GPU 0 NVLink 1"),
     ("pcie_link", {GPU("gpu_pcie_link_gen", 1): 3.0}, {}, (), "pcie_gen_below_max", "GPU 1"),
-    ("clocks", {GPU("gpu_clock_event_duration_seconds_total", 0, reason="hw_slowdown"): 10.0 + 0.5 * WINDOW}, {}, (),
+    ("clocks", {GPU("gpu_clock_event_sampled_seconds_total", 0, reason="hw_slowdown"): 10.0 + 0.5 * WINDOW}, {}, (),
      "clocks_hw_slowdown", "GPU 0"),
     ("ib_port_state", {IB_STATE: 1.0}, {}, (), "ib_port_not_active", "mlx5_0 port 1"),
     ("ib_port_errors", {IB("symbol_error"): 5.0 + 60}, {}, (), "ib_symbol_error", "mlx5_0 port 1"),
