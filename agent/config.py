@@ -87,6 +87,9 @@ class HardwareConfig:
     ethernet: bool = True              # /sys/class/net carrier changes and link speed
     sys_root: str = "/sys"
     sysfs_interval_s: float = 10.0     # sysfs is read this often; the kernel log every tick
+    # (device name or fnmatch pattern, the Mb/s its link should run at), in file order: a manifest for
+    # eth_speed_below_max
+    ethernet_speed_mbps: tuple[tuple[str, int], ...] = ()
 
 
 def _check_hardware(table: dict[str, Any], src: str) -> HardwareConfig:
@@ -101,6 +104,17 @@ def _check_hardware(table: dict[str, Any], src: str) -> HardwareConfig:
             kw[k] = _as_bool(v, name, src)
         elif k == "sysfs_interval_s":
             kw[k] = _as_float(v, name, src, minimum=1, maximum=3600)
+        elif k == "ethernet_speed_mbps":
+            if not isinstance(v, dict):
+                raise ConfigError(f"{_where(src, name)} must be a table of device name or pattern = Mb/s, "
+                                  f"such as {{ \"ens*\" = 200000 }}.")
+            speeds = {}
+            for dev, mbps in v.items():
+                if not str(dev).strip() or isinstance(mbps, bool) or not isinstance(mbps, int) or mbps <= 0:
+                    raise ConfigError(f"{_where(src, name)}: {dev!r} = {mbps!r} must name a device or pattern and "
+                                      f"a speed in whole Mb/s above 0, such as \"ens*\" = 200000.")
+                speeds[str(dev)] = mbps
+            kw[k] = tuple(speeds.items())
         else:
             s = _as_str(v, name, src).strip()
             if not s:

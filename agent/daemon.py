@@ -492,7 +492,8 @@ def hardware_sampler(cfg: AgentConfig, gpu: Any = None) -> Sampler | None:
     ledger = XidLedger(bus_for_gpu)
     sampler = HwHostSampler(sys_root=hw.sys_root, kmsg_path=hw.kmsg_path, state_dir=cfg.state_dir, kmsg=hw.kmsg,
                             infiniband=hw.infiniband, ethernet=hw.ethernet, sysfs_every_s=hw.sysfs_interval_s,
-                            nvml_seen=ledger.seen, gpu_for_bus=lambda b: gpu_buses().get(bus_key(b)))
+                            nvml_seen=ledger.seen, gpu_for_bus=lambda b: gpu_buses().get(bus_key(b)),
+                            ethernet_speed_mbps=dict(hw.ethernet_speed_mbps))
     sampler.xid_ledger = ledger
     return sampler
 

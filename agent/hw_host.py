@@ -39,13 +39,16 @@ read with an error (e.g. EINVAL on RoCE): it is skipped. The file list is cached
 
 **Ethernet** (Documentation/ABI/testing/sysfs-class-net): ``carrier_changes`` (link up/down transitions since
 the device was registered), ``speed`` in Mb/s (-1 or EINVAL while the link is down). Virtual devices
-(under /sys/devices/virtual/net) and lo are skipped. ``net_link_speed_max_mbps`` is not reported: the supported
-modes need the ETHTOOL_GLINKSETTINGS ioctl and the kernel's link-mode table, which this module does not carry.
+(under /sys/devices/virtual/net) and lo are skipped. ``net_link_speed_max_mbps`` is the speed the operator says
+the link should run at (``[hardware] ethernet_speed_mbps``, a manifest, as fleet checks compare PCIe links
+with one); without it none is sent. The NIC's own supported maximum would need the ETHTOOL_GLINKSETTINGS ioctl
+and the kernel's link-mode table, which this module does not carry.
 """
 
 from __future__ import annotations
 
 import errno
+import fnmatch
 import json
 import logging
 import os
@@ -492,9 +495,19 @@ class EthLinks(_Listed):
     """net_carrier_changes_total and net_link_speed_mbps from /sys/class/net (physical devices only)."""
 
     def __init__(self, sys_root: str = "/sys", guard: SourceGuard | None = None, relist_s: float = SYSFS_RELIST_S,
-                 skip: str = r"^lo$") -> None:
+                 skip: str = r"^lo$", expected_mbps: Mapping[str, int] | None = None) -> None:
         super().__init__(os.path.join(sys_root, "class/net"), guard, relist_s)
         self._skip = re.compile(skip) if skip else None
+        # [hardware] ethernet_speed_mbps: the speed each link should run at (a device name or fnmatch
+        # pattern -> Mb/s), the operator's manifest; sent as net_link_speed_max_mbps. The NIC's own maximum
+        # needs the ETHTOOL_GLINKSETTINGS ioctl and the kernel's link-mode table, which the agent does not read.
+        self._expected = dict(expected_mbps or {})
+
+    def expected_for(self, device: str) -> int | None:
+        """The manifest's speed for a device: its exact name first, then the first matching pattern."""
+        if device in self._expected:
+            return self._expected[device]
+        return next((v for pat, v in self._expected.items() if fnmatch.fnmatchcase(device, pat)), None)
 
     def _list(self) -> list[tuple[str, str]]:
         out = []
@@ -526,6 +539,9 @@ class EthLinks(_Listed):
                     continue
                 if speed > 0:                                  # -1 (SPEED_UNKNOWN): no value
                     put("net_link_speed_mbps", speed, lab)
+                    expected = self.expected_for(name)
+                    if expected is not None:
+                        put("net_link_speed_max_mbps", expected, lab)
 
 
 # ---------------------------------------------------------------- the sampler
@@ -545,12 +561,13 @@ class HwHostSampler:
                  ethernet: bool = True, sysfs_every_s: float = 10.0, holdback_s: float = 5.0,
                  nvml_seen: Callable[[int, str, int], bool] | None = None,
                  gpu_for_bus: Callable[[str], int | None] | None = None,
-                 kmsg_read: Callable[[int, int], bytes] = os.read) -> None:
+                 kmsg_read: Callable[[int, int], bytes] = os.read,
+                 ethernet_speed_mbps: Mapping[str, int] | None = None) -> None:
         self.guard = SourceGuard("hw_host")
         self.kmsg = KmsgReader(kmsg_path, state_dir, proc_root, self.guard, kmsg_read) \
             if kmsg and kmsg_path else None
         self.ib = IbPorts(sys_root, self.guard) if infiniband else None
-        self.eth = EthLinks(sys_root, self.guard) if ethernet else None
+        self.eth = EthLinks(sys_root, self.guard, expected_mbps=ethernet_speed_mbps) if ethernet else None
         self.sysfs_every_ns = int(sysfs_every_s * 1e9)
         self.holdback_ns = int(holdback_s * 1e9)
         self.nvml_seen = nvml_seen or (lambda _x, _b, _t: False)

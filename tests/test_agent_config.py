@@ -91,6 +91,9 @@ def test_config_file_from_env_and_token_file(tmp_path):
     ("[jobs]\nstep_listener = \"maybe\"\n", {}, "jobs.step_listener (from config file"),
     ("[jobs]\nkubernetes = \"maybe\"\n", {}, "jobs.kubernetes (from config file"),
     ("[jobs]\nkubernetes_refresh_s = 0\n", {}, "jobs.kubernetes_refresh_s (from config file"),
+    ("[hardware]\nethernet_speed_mbps = 100000\n", {}, "hardware.ethernet_speed_mbps (from config file"),
+    ("[hardware]\nethernet_speed_mbps = { \"ens*\" = \"fast\" }\n", {}, "'ens*' = 'fast' must name a device"),
+    ("[hardware]\nethernet_speed_mbps = { \"ens*\" = 0 }\n", {}, "in whole Mb/s above 0"),
     ("", {"GPUAGENT_INTERVAL": "soon"}, "agent.interval_s (from environment GPUAGENT_INTERVAL)"),
     ("", {"GPUAGENT_LABELS": "justtext"}, "GPUAGENT_LABELS"),
 ])
@@ -101,6 +104,12 @@ def test_bad_config_is_one_sentence_naming_the_key(tmp_path, text, env, needle):
     msg = str(ei.value)
     assert needle in msg
     assert "\n" not in msg and msg.endswith(".")
+
+
+def test_hardware_ethernet_speed_manifest_is_read(tmp_path):
+    cfg = load_config(_toml(tmp_path, '[hardware]\nethernet_speed_mbps = { "ens*" = 200000, eno1 = 1000 }\n'), env={})
+    assert dict(cfg.hardware.ethernet_speed_mbps) == {"ens*": 200000, "eno1": 1000}
+    assert dict(map(tuple, cfg.to_dict()["hardware"]["ethernet_speed_mbps"])) == {"ens*": 200000, "eno1": 1000}
 
 
 def test_probes_and_jobs_are_typed_once_with_one_boolean_parser(tmp_path):

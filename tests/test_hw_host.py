@@ -262,6 +262,18 @@ def test_ethernet_carrier_changes_and_speed_physical_only(tmp_path):
                    ("net_carrier_changes_total", "eth1"): 8}          # link down: no speed; veth and lo skipped
 
 
+def test_ethernet_expected_speeds_from_the_manifest(tmp_path):
+    """[hardware] ethernet_speed_mbps: exact names win over patterns; a device it does not name gets no maximum."""
+    sys_root = tmp_path / "sys"
+    for name, speed in (("ens1f0", "100000"), ("ens1f1", "200000"), ("eno1", "1000")):
+        _netdev(sys_root, name, f"pci0000:00/0000:00:0{len(name)}.{name[-1]}", carrier_changes="1", speed=speed)
+    out = {}
+    EthLinks(str(sys_root), expected_mbps={"ens*": 200000, "ens1f1": 400000}).sample(
+        lambda m, v, lab: out.__setitem__((m, lab["device"]), v))
+    maxes = {d: v for (m, d), v in out.items() if m == "net_link_speed_max_mbps"}
+    assert maxes == {"ens1f0": 200000, "ens1f1": 400000}
+
+
 def test_sysfs_is_read_on_its_own_interval(tmp_path):
     sys_root = tmp_path / "sys"
     _port(sys_root, "mlx5_0", "1")
