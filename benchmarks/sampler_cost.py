@@ -28,6 +28,10 @@ node in the same run. A tick never calls scontrol; the background refresh is mea
 CPU plus the scontrol children's, per refresh, and per second at the default ``slurm_refresh_s`` of 2 s).
 Without root or the Slurm binaries the case says why it did not run.
 
+``agent_tick_8_gpus_8_ib_ports``: the agent's whole tick (every sampler into the real batcher, batches into the
+spool, status.json with the hardware-health judgement) on that emulated node with 8 SYNTHETIC IB ports, with
+the hardware-health sources and judgement of issue 23 and without them, in the same run (_whole_tick_case).
+
 ``hw_host_8_ib_ports``: agent/hw_host.py's HwHostSampler over a SYNTHETIC sysfs tree with 8 InfiniBand ports
 (mlx5_0..7 port 1, the kernel's standard counters and hw_counters) and an empty kernel-log file, with its
 default sysfs interval (10 s: one tick in ten reads sysfs) and reading sysfs every tick, against the host
@@ -146,6 +150,55 @@ def _hw_host_case(ticks: int, sink, host_alone: dict[str, float]) -> dict[str, o
         res[f"ratio_{name}_to_host_sampler"] = round(res[name]["cpu_median_us"] / host_alone["cpu_median_us"], 3)
         res[f"ratio_{name}_mean_to_host_sampler_mean"] = round(res[name]["cpu_mean_us"] / host_alone["cpu_mean_us"], 3)
     res["host_sampler_alone"] = host_alone
+    return res
+
+
+def _whole_tick_case(ticks: int, emu) -> dict[str, object]:
+    """The agent's whole tick (``Agent.tick``: every sampler into the real batcher, batch cuts into the spool,
+    status.json with its health judgement) on the emulated 8-GPU node with 8 IB ports, with the hardware-health
+    sources of issue 23 and without them, in the same run. Without = no hw_host sampler, the GPU sampler's
+    health reads only at its first tick (``health_every`` past the run), and the health judgement replaced by an
+    empty section (``daemon.health_status`` stubbed for that case only): what a tick cost before the issue."""
+    import tempfile
+
+    from gpuagent.agent import daemon
+    from gpuagent.agent.config import load_config
+    from gpuagent.agent.gpu_sampler import _HEALTH_EVERY, GpuSampler
+    from gpuagent.agent.host_sampler import HostSampler
+    from gpuagent.agent.hw_host import HwHostSampler
+    from gpuagent.agent.job_discovery import JobDiscovery
+    from gpuagent.agent.status import HealthStatus
+    from gpuagent.common.nvml import Nvml
+
+    root = Path(tempfile.mkdtemp(prefix="sampler-cost-tick-"))
+    sysfs = _ib_sysfs(root / "sys")
+    kmsg = root / "kmsg"
+    kmsg.write_text("")
+    res: dict[str, object] = {"gpus": 8, "ib_ports": 8, "data": "SYNTHETIC (NVML emulator, sysfs fixture tree)"}
+    real_health = daemon.health_status
+    for name, with_health in (("without_hardware_health", False), ("with_hardware_health", True)):
+        cfg = load_config(None, env={}, state_dir=str(root / f"state-{name}"), collector="127.0.0.1:9")
+        gpu = GpuSampler(Nvml(), health_every=_HEALTH_EVERY if with_health else 10**9)
+        samplers = [HostSampler(), gpu, JobDiscovery(scan_interval_s=5.0)]
+        if with_health:
+            samplers.append(HwHostSampler(sys_root=str(sysfs), proc_root="/proc", kmsg_path=str(kmsg),
+                                          state_dir=None, holdback_s=0.0))
+        agent = daemon.Agent(cfg, samplers=samplers, node_info=daemon.build_node_info(cfg, samplers))
+        if not with_health:
+            daemon.health_status = lambda *a, **k: HealthStatus(checked_ns=0, window_s=0.0, faults=[], readings=[],
+                                                                events=[], checked=[], not_checked=[], error=None)
+        try:
+            res[name] = _measure(lambda _ts, agent=agent: (emu.advance(1.0), agent.tick()), ticks)
+        finally:
+            daemon.health_status = real_health
+            for smp in samplers:
+                close = getattr(smp, "close", None)
+                if close:
+                    close()
+    res["added_cpu_us_per_tick"] = round(res["with_hardware_health"]["cpu_mean_us"]
+                                         - res["without_hardware_health"]["cpu_mean_us"], 1)
+    res["ratio_with_to_without_mean"] = round(res["with_hardware_health"]["cpu_mean_us"]
+                                              / res["without_hardware_health"]["cpu_mean_us"], 3)
     return res
 
 
@@ -310,6 +363,7 @@ def main() -> int:
             k.kill()
             k.wait()
     out["hw_host_8_ib_ports"] = _hw_host_case(args.ticks, sink, out["host"])
+    out["agent_tick_8_gpus_8_ib_ports"] = _whole_tick_case(args.ticks, emu)
     if args.slurm_steps > 0:
         out["jobs_slurm_steps"] = _slurm_case(args.ticks, args.slurm_steps, sink)
     hwm, torch_loaded = rss.stdout.split()
