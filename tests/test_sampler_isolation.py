@@ -170,33 +170,51 @@ def _write(p: Path, text: str) -> None:
     p.write_text(text)
 
 
-def _sys_tree(root: Path, ib_state: str = "4: ACTIVE\n", carrier: str = "2\n") -> None:
+def _sys_tree(root: Path) -> None:
     for dev in ("mlx5_0", "mlx5_1"):
         port = root / "class/infiniband" / dev / "ports/1"
-        _write(port / "state", ib_state if dev == "mlx5_0" else "4: ACTIVE\n")
+        _write(port / "state", "4: ACTIVE\n")
         _write(port / "phys_state", "5: LinkUp\n")
         _write(port / "rate", "200 Gb/sec (4X HDR)\n")
         _write(port / "link_layer", "InfiniBand\n")
         _write(port / "counters/symbol_error", "0\n")
         _write(port / "counters/link_downed", "1\n")
+        _write(port / "hw_counters/out_of_buffer", "0\n")
     for name in ("eth0", "eth1"):
         dev = root / "devices/pci0000:00/0000:00:03.0/net" / name
-        _write(dev / "carrier_changes", carrier if name == "eth0" else "4\n")
+        _write(dev / "carrier_changes", "2\n" if name == "eth0" else "4\n")
         _write(dev / "speed", "100000\n")
         (root / "class/net").mkdir(parents=True, exist_ok=True)
         os.symlink(os.path.relpath(dev, root / "class/net"), root / "class/net" / name)
 
 
-@pytest.mark.parametrize("bad", ["ib_state", "carrier"])
-def test_a_bad_sysfs_value_costs_only_its_own_series(tmp_path, bad):
+# (file under mlx5_0's port 1 or eth0's device, bad text, the one series it costs, the source that counts it)
+BAD_SYSFS = [
+    ("ib:state", "ACTIVE-ish", ("ib_port_state", "mlx5_0", None), "infiniband"),
+    ("ib:phys_state", "LinkUp-ish", ("ib_port_phys_state", "mlx5_0", None), "infiniband"),
+    ("ib:rate", "fast Gb/sec", ("ib_port_rate_gbps", "mlx5_0", None), "infiniband"),
+    ("ib:counters/symbol_error", "0x1f", ("ib_port_errors_total", "mlx5_0", "symbol_error"), "infiniband"),
+    ("ib:hw_counters/out_of_buffer", "n/a", ("ib_port_errors_total", "mlx5_0", "out_of_buffer"), "infiniband"),
+    ("eth:carrier_changes", "lots", ("net_carrier_changes_total", "eth0", None), "ethernet"),
+    ("eth:speed", "fast", ("net_link_speed_mbps", "eth0", None), "ethernet"),
+]
+
+
+@pytest.mark.parametrize("rel, text, lost, source", BAD_SYSFS, ids=[b[0] for b in BAD_SYSFS])
+def test_a_bad_sysfs_value_costs_only_its_own_series(tmp_path, rel, text, lost, source):
     sys_root = tmp_path / "sys"
-    _sys_tree(sys_root, **({"ib_state": "ACTIVE-ish\n"} if bad == "ib_state" else {"carrier": "lots\n"}))
+    _sys_tree(sys_root)
+    where, name = rel.split(":")
+    base = (sys_root / "class/infiniband/mlx5_0/ports/1" if where == "ib"
+            else sys_root / "devices/pci0000:00/0000:00:03.0/net/eth0")
     s = HwHostSampler(sys_root=str(sys_root), kmsg=False)
-    sink = ListSink()
-    s.sample(1000 * SEC, sink)
-    got = {(x.metric, dict(x.labels).get("device")) for x in sink.samples}
-    lost = ("ib_port_state", "mlx5_0") if bad == "ib_state" else ("net_carrier_changes_total", "eth0")
-    assert lost not in got
-    assert {("ib_port_state", "mlx5_1"), ("ib_port_phys_state", "mlx5_0"), ("ib_port_errors_total", "mlx5_0"),
-            ("net_carrier_changes_total", "eth1"), ("net_link_speed_mbps", "eth0")} <= got
-    assert s.guard.bad_lines == {"infiniband" if bad == "ib_state" else "ethernet": 1}
+    def tick(k):
+        sink = ListSink()
+        s.sample(k * 10 * SEC, sink)
+        return {(x.metric, dict(x.labels).get("device"), dict(x.labels).get("counter")) for x in sink.samples}
+    clean = tick(100)
+    assert lost in clean
+    _write(base / name, text + "\n")
+    got = tick(101)
+    assert got == clean - {lost}, (sorted(clean - got), sorted(got - clean))
+    assert s.guard.bad_lines == {source: 1}
