@@ -198,7 +198,11 @@ def test_sql_and_node_faults_agree_on_the_same_rows(fleet):
 
 # ------------------------------------------------------------------------------ corroboration, job cost
 
-def test_a_slow_link_names_the_end_with_ib_symbol_errors(con):
+@pytest.mark.parametrize("fault, variant, words", [
+    ("ib_port", "symbol", "mlx5_0 port 1 symbol errors +"),
+    ("eth_link", "", "eth0 carrier changes (link flaps) +4"),       # the link flapped
+])
+def test_a_slow_link_names_the_end_with_port_errors(con, fault, variant, words):
     import itertools  # noqa: PLC0415
     nodes = [f"p-n{i}" for i in range(4)]
     times = [NOW - dt.timedelta(minutes=10 * k + 1) for k in range(3)]
@@ -207,14 +211,15 @@ def test_a_slow_link_names_the_end_with_ib_symbol_errors(con):
     for a, b in itertools.combinations(nodes, 2):
         rate = 3.0 if {a, b} == {"p-n1", "p-n3"} else 9.4
         S.add_link_runs(con, a, b, [rate] * 3, times)
-    add(con, "p-n3", "ib_port", "symbol", gpus=1)
+    add(con, "p-n3", fault, variant, gpus=1)
     add(con, "p-n1", None, "", background=False, gpus=1)
     run(con)
     link = con.execute("SELECT evidence, sentence FROM flags WHERE kind = 'network_degraded' AND component = 'link' "
                        "AND state = 'open'").fetchall()
     assert len(link) == 1
     ev, sentence = json.loads(link[0][0]), link[0][1]
-    assert "Port errors at the p-n3 end (mlx5_0 port 1 symbol errors" in sentence
+    assert "Port errors at the p-n3 end (" in sentence and words in sentence, sentence
+    assert "port  " not in sentence, sentence
     assert ev["endpoint_port_errors"]["p-n3"] and ev["endpoint_port_errors"].get("p-n1") is None
 
 
@@ -232,6 +237,25 @@ def test_a_fault_on_a_jobs_gpu_says_what_it_cost_the_job(con):
     assert ev["job"] == "synthetic-job-7" and ev["step_time_before_s"] == pytest.approx(0.5)
     assert ev["step_time_after_s"] == pytest.approx(0.8)
     assert "it cost job synthetic-job-7: step time 0.50 s before, 0.80 s after (+60 %)" in f["sentence"]
+
+
+def test_a_fault_on_an_untracked_jobs_gpu_says_what_it_cost_its_progress(con):
+    """No tracker, so no step times: the job's passive progress (job_progress_percent, its processes' GPU
+    utilization here) before and after the fault's first sample says what it cost."""
+    node = "synthetic-hw-job-passive"
+    S.add_node(con, node, virtualized=False, gpu_count=1)
+    rows, _ = add(con, node, "ecc", "", gpus=1)
+    t0 = sorted({r[0] for r in rows})[6]
+    ticks = [START + dt.timedelta(minutes=m) for m in range(0, 55, 5)]
+    S.add_job_samples(con, [(t, node, "synthetic-job-8", 0, 95.0) for t in ticks])
+    S.add_samples(con, [(t, node, None, "job_progress_percent", "job_id=synthetic-job-8,source=gpu_util",
+                         90.0 if t < t0 else 45.0) for t in ticks])
+    run(con)
+    (f,) = hw_flags(con)
+    ev = json.loads(f["evidence"])
+    assert ev["job"] == "synthetic-job-8" and ev["step_time_before_s"] is None
+    assert (ev["progress_before_percent"], ev["progress_after_percent"]) == (pytest.approx(90.0), pytest.approx(45.0))
+    assert "it cost job synthetic-job-8: progress 90 % before, 45 % after" in f["sentence"]
 
 
 # ------------------------------------------------------------------------------ the rules themselves

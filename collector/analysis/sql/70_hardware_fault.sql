@@ -300,8 +300,10 @@ FROM _hw;
 -- Corroboration: a slow fabric link whose end shows IB port errors or link flaps in the window says which end.
 CREATE OR REPLACE TEMP TABLE _hw_port_noise AS
 SELECT s.node_id,
-       string_agg(DISTINCT regexp_extract(s.labels, '(^|,)device=([^,]*)', 2) || ' port '
-                  || regexp_extract(s.labels, '(^|,)port=([^,]*)', 2) || ' ' || r.sentence
+       string_agg(DISTINCT regexp_extract(s.labels, '(^|,)device=([^,]*)', 2)
+                  -- an Ethernet device has no port label: "eth0 carrier changes", not "eth0 port  carrier ..."
+                  || coalesce(' port ' || nullif(regexp_extract(s.labels, '(^|,)port=([^,]*)', 2), ''), '')
+                  || ' ' || r.sentence
                   || ' +' || _fmt(s.increase), '; ') AS what,
        sum(s.increase) AS increase
 FROM _hw_series s JOIN _hw_rules r ON r.name = s.name
