@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import threading
+import time
 
 import duckdb
 import grpc
@@ -289,4 +290,45 @@ def test_re_registering_changed_gpus_updates_them_and_unchanged_ones_are_left_al
     changed.gpus[1].pcie_gen_current = 4
     assert register_node(con, changed) == node
     assert con.execute(gpus, [node]).fetchall() == [(0, 5, before[0][2]), (1, 4, before[1][2])]
+    con.close()
+
+
+def test_nodes_last_seen_is_each_nodes_newest_commit_written_once_an_interval(tmp_path):
+    """The writer keeps each node's newest commit time and writes them in one UPDATE per touch interval (an
+    UPDATE per commit scanned ``nodes`` every time); each node gets its own time, not the touch's."""
+    from concurrent.futures import Future
+
+    from gpuagent.collector.ingest.validate import prepare_batch
+    from gpuagent.collector.store import schema
+    from gpuagent.collector.store.nodes import register_node
+    from gpuagent.collector.store.writer import Writer
+
+    con = duckdb.connect(str(tmp_path / "w.duckdb"))
+    schema.migrate(con)
+    a, b = register_node(con, node_info("a", "m-a")), register_node(con, node_info("b", "m-b"))
+    con.execute("UPDATE nodes SET last_seen = TIMESTAMP '2000-01-01'")
+    writer = Writer(con, node_touch_interval_s=0.5)
+
+    def store(node, seq):
+        done: Future = Future()
+        writer.submit(prepare_batch(sample_batch(node, seq)), lambda ack, exc: done.set_result(exc))
+        assert done.result(timeout=30) is None
+
+    def seen():
+        return dict(writer.call(lambda c: c.execute("SELECT node_id, last_seen FROM nodes").fetchall()).result())
+
+    try:
+        store(a, 1)                       # the first commit touches at once
+        first = seen()
+        assert first[a].year > 2000 and first[b].year == 2000
+        store(b, 1)                       # within the interval: held back ...
+        assert seen()[b].year == 2000
+        time.sleep(0.6)
+        store(a, 2)                       # ... and written with the next touch, at its own commit time
+        after = seen()
+        assert first[a] < after[a] and first[a] <= after[b] < after[a]
+        store(b, 2)                       # held back again: stopping the writer writes it
+    finally:
+        writer.stop()
+    assert con.execute("SELECT last_seen FROM nodes WHERE node_id = ?", [b]).fetchone()[0] > after[b]
     con.close()

@@ -22,6 +22,7 @@ before the checkpoint failed is acknowledged as a duplicate, not stored twice.
 from __future__ import annotations
 
 import bisect
+import datetime as dt
 import logging
 import os
 import queue
@@ -203,6 +204,9 @@ class _CallItem:
 
 
 _STOP = object()
+# Each node's newest commit time into nodes.last_seen, for a list of nodes at once.
+_TOUCH_SQL = ("UPDATE nodes SET last_seen = v.ts FROM (SELECT unnest(?) AS node_id, unnest(?) AS ts) v "
+              "WHERE nodes.node_id = v.node_id")
 
 
 class SeqSet:
@@ -338,7 +342,11 @@ class Writer:
         self._group_max_batches = group_max_batches
         self._node_touch_interval_s = node_touch_interval_s
         self._seqs: dict[str, SeqSet] = {}
-        self._touched: dict[str, float] = {}
+        # nodes.last_seen: the nodes that committed since the last touch, written in one UPDATE at most every
+        # node_touch_interval_s. An UPDATE per commit (the nodes of that group) cost a scan of ``nodes`` each
+        # time: 23 % of the collector's CPU while 30,000 synthetic nodes streamed (py-spy, 2026-12-03).
+        self._untouched: dict[str, dt.datetime] = {}     # node -> the time of its newest commit
+        self._touch_due = 0.0
         rows = con.execute("SELECT node_id, machine_id, hostname FROM nodes").fetchall()
         self.known_nodes: set[str] = {r[0] for r in rows}
         # node_id -> (machine_id, hostname), for the stream claims (identity.py); updated at Register.
@@ -397,6 +405,7 @@ class Writer:
             else:
                 item = self._q.get()
             if item is _STOP:
+                self._touch_now()
                 return
             if self.closed_reason is not None and self.fatal is None and time.monotonic() >= self._reopen_at:
                 self._try_reopen()
@@ -419,6 +428,16 @@ class Writer:
                 group.append(nxt)
                 n += nxt.prepared.n_samples
             self._store_group(group)
+
+    def _touch_now(self) -> None:
+        """At stop: the nodes.last_seen still held back (a failure only loses those few seconds' precision)."""
+        if not self._untouched or self.closed_reason is not None:
+            return
+        try:
+            self._con.execute(_TOUCH_SQL, [list(self._untouched), list(self._untouched.values())])
+            self._untouched.clear()
+        except duckdb.Error as exc:
+            log.warning("could not write the nodes' last_seen at stop: %s", first_line(exc))
 
     def _run_call(self, item: _CallItem) -> None:
         if not item.future.set_running_or_notify_cancel():
@@ -463,7 +482,6 @@ class Writer:
         self._con = con
         # Re-read what the old connection may have held wrongly: a commit can reach the WAL and then fail.
         self._seqs.clear()
-        self._touched.clear()
         rows = con.execute("SELECT node_id, machine_id, hostname FROM nodes").fetchall()
         self.known_nodes.update(r[0] for r in rows)
         self.node_identity.update({r[0]: (r[1], r[2]) for r in rows})
@@ -590,13 +608,16 @@ class Writer:
             registered.append(log_decl.view)
             con.execute(log_decl.insert_sql)
             mono = time.monotonic()
-            stale = sorted({it.prepared.node_id for it in items
-                            if mono - self._touched.get(it.prepared.node_id, -1e9) >= self._node_touch_interval_s})
-            if stale:
-                con.execute("UPDATE nodes SET last_seen = ? WHERE node_id IN (SELECT unnest(?))", [now, stale])
+            touch = None
+            if mono >= self._touch_due:
+                touch = {**self._untouched, **{it.prepared.node_id: now for it in items}}
+                con.execute(_TOUCH_SQL, [list(touch), list(touch.values())])
             con.execute("COMMIT")
-            for node in stale:
-                self._touched[node] = mono
+            if touch is not None:
+                self._untouched.clear()
+                self._touch_due = mono + self._node_touch_interval_s
+            else:
+                self._untouched.update((it.prepared.node_id, now) for it in items)
             if self.space is not None:
                 self.space.committed(size)
         except BaseException:
