@@ -147,8 +147,9 @@ class GpuSampler:
         self._nvlink_bad: dict[int, dict[int, dict[str, int]]] = {}  # GPU -> the links with a non-zero error count
         self._fields_off: dict[int, set[int]] = {}       # GPU -> health field ids that answered NOT_SUPPORTED
         self._clock_s: dict[int, dict[str, float]] = {}   # GPU -> reason -> clock-event seconds (last read)
-        # GPU -> (last tick's ns, HW_SLOWDOWN bit then, seconds counted so far): NVML has no duration for it
-        self._hw_slowdown: dict[int, tuple[int, bool, float]] = {}
+        # GPU -> (last tick's ns, HW_SLOWDOWN bit then, seconds counted so far, the gap before that tick):
+        # NVML has no duration for it
+        self._hw_slowdown: dict[int, tuple[int, bool, float, int]] = {}
         self._bus_ids: dict[int, str] = {}               # GPU -> PCI bus id, kernel form ("0000:18:00.0")
         self._proc_last_seen_us: dict[int, int] = {}
         self._event_set: Any = None
@@ -574,12 +575,16 @@ class GpuSampler:
     def _hw_slowdown_seconds(self, i: int, active: bool, ts: int) -> float:
         """Seconds of HW_SLOWDOWN as the ticks saw it: nvml.h has clock-event duration fields for power cap,
         sync boost, SW/HW thermal and power brake (NVML_FI_DEV_CLOCKS_EVENT_REASON_*), none for HW_SLOWDOWN,
-        so the gap between two ticks that both saw its bit set counts (at most 10 s: a longer gap is not
-        known to have held). A counter from the agent's start; a restart resets it."""
-        prev_ts, prev_active, total = self._hw_slowdown.get(i, (ts, False, 0.0))
-        if active and prev_active and ts > prev_ts:
-            total += min(ts - prev_ts, 10_000_000_000) / 1e9
-        self._hw_slowdown[i] = (ts, active, total)
+        so the gap between two ticks that both saw its bit set counts: at most 10 s or three times the gap
+        before it, whichever is longer (a tick late by far, after a stall, is not known to have held; a
+        steady interval of minutes still counts). A counter from the agent's start; a restart resets it.
+        The driver sets HW_SLOWDOWN together with HW thermal or power-brake slowdown, so on those both the
+        hw_slowdown and the hw_thermal (or hw_power_brake) rules can hold, in one clocks flag."""
+        prev_ts, prev_active, total, prev_gap = self._hw_slowdown.get(i, (ts, False, 0.0, 0))
+        gap = ts - prev_ts
+        if active and prev_active and gap > 0:
+            total += min(gap, max(10_000_000_000, 3 * prev_gap)) / 1e9
+        self._hw_slowdown[i] = (ts, active, total, max(gap, 0))
         return total
 
     def _throttle_event(self, i: int, names: frozenset[str], mask: int, ts: int, sink) -> None:

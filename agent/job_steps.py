@@ -38,6 +38,7 @@ from gpuagent.jobs import wire
 _UCRED = struct.Struct("iII")          # struct ucred: pid, uid, gid
 _MAX_RECORDS_PER_WINDOW = 100_000       # per tracker; beyond it a window keeps the first ones
 _FORGET_AFTER_WINDOWS = 12
+_PENDING_WINDOWS = 3                    # a tracker's windows wait this many for Slurm's name, then go out under its pid
 _MAX_STREAMS = 4096                     # trackers kept at once: a local flood cannot grow memory without bound
 
 
@@ -64,6 +65,7 @@ class _Stream:
     closed: bool = False                          # the tracker said bye: report and forget it
     flops_per_step: float = 0.0                   # declared model FLOPs (0: not declared)
     flops_per_token: float = 0.0
+    pending_windows: int = 0                      # windows it waited for the scheduler's name ("pending")
 
 
 def _percentile(sorted_values: list[float], q: float) -> float:
@@ -313,7 +315,7 @@ class JobStepReceiver:
             local_rank, world_size = hello["local_rank"], hello["world_size"]
         rank = hello["rank"] if hello["rank"] >= 0 else (ident.rank if ident else -1)
         name = hello["job_name"] or (ident.job_name if ident else "")
-        if source == "process":
+        if source == "process" and job_id == f"pid:{pid}":
             job_id, name, source = self._scheduler_named(pid, job_id, name, source)
         stream = _Stream(pid=pid, job_id=job_id, job_name=name, source=source, rank=rank,
                          local_rank=local_rank, world_size=world_size, last_seen_ns=self._clock(),
@@ -357,10 +359,14 @@ class JobStepReceiver:
             for key, s in list(self._streams.items()):
                 if closed_only and not s.closed:
                     continue
-                if s.source in ("process", "pending"):    # Slurm's details may have come since the hello
+                if s.source in ("process", "pending") and s.job_id == f"pid:{s.pid}":
+                    # Slurm's details may have come since the hello
                     s.job_id, s.job_name, s.source = self._scheduler_named(s.pid, s.job_id, s.job_name, s.source)
-                    if s.source == "pending" and not s.closed:
-                        continue     # its records wait for the id (a window under the pid would not join)
+                    if s.source == "pending":
+                        s.pending_windows += 1
+                        if s.pending_windows <= _PENDING_WINDOWS and not s.closed:
+                            continue     # its records wait for the id (a window under the pid would not join)
+                        s.source = "process"   # waited long enough (slurmctld down?): the pid's own job, as before
                 if s.records:
                     ready.append((s, s.records, s.last_index, s.last_t_end_ns))
                     last = max(s.records)

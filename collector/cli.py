@@ -7,6 +7,7 @@ Each command parses its options, calls one library function and turns domain err
 from __future__ import annotations
 
 import logging
+import re
 import os
 import signal
 import sys
@@ -321,14 +322,14 @@ def _flag_line(f: dict) -> str:
 
 
 def _print_analysis(run: dict, flags: list[dict], fmt: str, truncated: bool, findings: list[dict],
-                    show_flags: bool, actions: list[dict] | None = None) -> None:
+                    show_flags: bool, actions: list[dict] | None = None, actions_pending: bool = False) -> None:
     """Findings first, worst first; with ``show_flags`` each finding's open flags under it; then one line per
     action ([actions]) the pass led to."""
     import json
 
     if fmt == "json":
         click.echo(json.dumps({"pass": run, "open_findings": findings, "open_flags": flags, "truncated": truncated,
-                               "actions": actions or []}, default=str))
+                               "actions": actions or [], "actions_pending": actions_pending}, default=str))
         return
     click.echo(f"analysis pass at {run['now']}: rolled up {run['rollup_rows_in']} new raw rows in "
                f"{run['rollup_s']:.2f} s, flags in {run['flags_s']:.2f} s; {run['conditions']} conditions, "
@@ -414,7 +415,8 @@ def analyze(db_path, target, window, config_path, token, token_file, tls_ca, tls
         raise click.ClickException("--config applies with --db; a live collector uses its own serve --config")
     try:
         window_s = parse_duration(window) if window else 0.0
-        wait_s = 0.0 if str(wait_actions).strip() in ("0", "0s") else parse_duration(wait_actions)
+        wait_s = 0.0 if re.fullmatch(r"\s*0+(\.0*)?\s*(ms|s|m|h|d)?\s*", str(wait_actions)) else \
+            parse_duration(wait_actions)
     except AnalyzerError as exc:
         raise click.ClickException(str(exc)) from None
     if not 0 <= wait_s <= 120:
@@ -427,7 +429,10 @@ def analyze(db_path, target, window, config_path, token, token_file, tls_ca, tls
     except QueryError as exc:
         raise click.ClickException(str(exc)) from None
     findings = [dict(zip(found.columns, row)) for row in found.rows]
-    _print_analysis(res.run, res.flags, fmt, res.truncated, findings, show_flags, res.actions)
+    _print_analysis(res.run, res.flags, fmt, res.truncated, findings, show_flags, res.actions, res.actions_pending)
+    if res.actions_pending and fmt == "text":
+        click.echo(f"(the collector's actions were still running after {wait_actions}; more may follow: "
+                   "SELECT * FROM actions ORDER BY action_id DESC)")
 
 
 def _act_on_db(db_path: str, config, pass_ts) -> list[dict]:

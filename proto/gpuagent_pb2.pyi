@@ -362,16 +362,18 @@ class AnalyzeRequest(_message.Message):
     def __init__(self, window_s: _Optional[float] = ..., max_flags: _Optional[int] = ..., wait_actions_s: _Optional[float] = ...) -> None: ...
 
 class AnalyzeResponse(_message.Message):
-    __slots__ = ("pass_json", "flags_json", "truncated", "actions_json")
+    __slots__ = ("pass_json", "flags_json", "truncated", "actions_json", "actions_pending")
     PASS_JSON_FIELD_NUMBER: _ClassVar[int]
     FLAGS_JSON_FIELD_NUMBER: _ClassVar[int]
     TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     ACTIONS_JSON_FIELD_NUMBER: _ClassVar[int]
+    ACTIONS_PENDING_FIELD_NUMBER: _ClassVar[int]
     pass_json: str
     flags_json: str
     truncated: bool
     actions_json: str
-    def __init__(self, pass_json: _Optional[str] = ..., flags_json: _Optional[str] = ..., truncated: _Optional[bool] = ..., actions_json: _Optional[str] = ...) -> None: ...
+    actions_pending: bool
+    def __init__(self, pass_json: _Optional[str] = ..., flags_json: _Optional[str] = ..., truncated: _Optional[bool] = ..., actions_json: _Optional[str] = ..., actions_pending: _Optional[bool] = ...) -> None: ...
 
 class AssignmentsRequest(_message.Message):
     __slots__ = ("node_id",)

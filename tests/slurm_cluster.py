@@ -89,6 +89,7 @@ class SlurmCluster:
         return self
 
     def _start_reaper(self) -> None:
+        Path(str(self.conf) + ".stopped").unlink(missing_ok=True)         # a cluster started again in this root
         env = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}   # it must not kill itself
         self.reaper = subprocess.Popen(
             [sys.executable, str(Path(__file__).with_name("slurm_reaper.py")), str(os.getpid()),

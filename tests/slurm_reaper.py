@@ -21,12 +21,14 @@ POLL_S = 0.5
 
 
 def start_time(pid: int) -> int | None:
-    """The process's start (clock ticks since boot, /proc/PID/stat field 22), or None once it is gone."""
+    """The process's start (clock ticks since boot, /proc/PID/stat field 22), or None once it is gone or a
+    zombie (killed, its parent has not reaped it yet)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
+    fields = stat.rsplit(")", 1)[1].split()
+    return None if fields[0] == "Z" else int(fields[19])
 
 
 def kill_marked(conf: str, spare: tuple[int, ...] = ()) -> list[int]:

@@ -303,7 +303,8 @@ def test_hw_slowdown_seconds_are_counted_from_the_sampled_mask(nvml_emulator):
     assert tick(1002.0) == 0.0                     # the first tick that sees it: not known to have held yet
     assert tick(1003.0) == pytest.approx(1.0)
     assert tick(1005.5) == pytest.approx(3.5)
-    assert tick(1100.0) == pytest.approx(13.5)     # a 94.5 s gap counts 10 s at most
+    assert tick(1100.0) == pytest.approx(13.5)     # a 94.5 s gap after a 2.5 s one counts 10 s at most
+    assert tick(1200.0) == pytest.approx(113.5)    # a steady 100 s interval counts whole
     emu.set_throttle(1, 0)
-    assert tick(1101.0) == pytest.approx(13.5)
+    assert tick(1201.0) == pytest.approx(113.5)
     s.close()

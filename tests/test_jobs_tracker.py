@@ -370,24 +370,38 @@ def test_receiver_bounds_the_number_of_trackers(receiver, monkeypatch):
     assert receiver.stream_count() == 3
 
 
+def _pid_named_receiver(sock_path, scheduler):
+    """A receiver whose /proc view names every sender by its pid, asking ``scheduler`` for a better name."""
+    from gpuagent.common.job_identity import JobIdentity
+
+    r = JobStepReceiver(sock_path, window_s=60.0,
+                        identity=lambda pid: JobIdentity(f"pid:{pid}", "process", "", -1, -1, 0)).start()
+    r.scheduler_job = scheduler
+    return r
+
+
+def _steps(t, r, n: int, total: int) -> None:
+    """``n`` steps of tracker ``t``, sent, and received by ``r`` (``total`` records so far)."""
+    for _ in range(n):
+        t.step()
+    t.flush()
+    wait_for(lambda: r.records >= total, timeout=10, what=f"{total} step records received")
+
+
 def test_a_tracker_named_only_by_its_pid_waits_for_and_takes_the_schedulers_name(sock_path, monkeypatch):
     """A tracker whose environment names no job (a Slurm job run under env -i): its windows wait while Slurm has
-    not been asked about the pid yet, then carry Slurm's id, the id job discovery gives its job_samples."""
+    not been asked about the pid yet, then carry Slurm's id, the id job discovery gives its job_samples; Slurm
+    never answering holds them three windows at most; a tracker that named its job keeps its name."""
+    from gpuagent.agent import job_steps
     from gpuagent.agent.slurm import PENDING
-    from gpuagent.common.job_identity import JobIdentity
 
     for k in ("GPUAGENT_JOB_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "RANK"):
         monkeypatch.delenv(k, raising=False)
     answer = {"now": PENDING}
-    r = JobStepReceiver(sock_path, window_s=60.0,
-                        identity=lambda pid: JobIdentity(f"pid:{pid}", "process", "", -1, -1, 0)).start()
-    r.scheduler_job = lambda pid: answer["now"]
+    r = _pid_named_receiver(sock_path, lambda pid: answer["now"])
     t = track(name="", socket_path=sock_path, flush_interval_s=10.0)
     try:
-        for _ in range(6):
-            t.step()
-        t.flush()
-        wait_for(lambda: r.records >= 6, timeout=10, what="6 step records received")
+        _steps(t, r, 6, 6)
         sink = ListSink()
         assert r.flush_window(time.time_ns(), sink) == 0, "a window went out under the bare pid"
         answer["now"] = ("slurm:41", "pretrain-7b")
@@ -398,15 +412,38 @@ def test_a_tracker_named_only_by_its_pid_waits_for_and_takes_the_schedulers_name
     finally:
         t.close()
         r.close()
+    # Slurm never answers for it (slurmctld down): the windows wait three times, then go out under the pid.
+    r = _pid_named_receiver(sock_path, lambda pid: PENDING)
+    t = track(name="", socket_path=sock_path, flush_interval_s=10.0)
+    try:
+        _steps(t, r, 1, 1)
+        sink = ListSink()
+        assert [r.flush_window(time.time_ns(), sink) for _ in range(job_steps._PENDING_WINDOWS + 1)] == \
+            [0] * job_steps._PENDING_WINDOWS + [1]
+        assert sink.job_steps[0]["job_id"] == f"pid:{os.getpid()}"
+        _steps(t, r, 1, 2)
+        assert r.flush_window(time.time_ns(), sink) == 1      # no more waiting
+    finally:
+        t.close()
+        r.close()
+    # A tracker that named its job itself keeps its name, whatever Slurm says of its process.
+    monkeypatch.setenv("GPUAGENT_JOB_ID", "my-run")
+    r = _pid_named_receiver(sock_path, lambda pid: ("slurm:41", "pretrain-7b"))
+    t = track(name="mine", socket_path=sock_path, flush_interval_s=10.0)
+    try:
+        _steps(t, r, 1, 1)
+        sink = ListSink()
+        assert r.flush_window(time.time_ns(), sink) == 1
+        assert sink.job_steps[0]["job_id"] == "my-run"
+    finally:
+        t.close()
+        r.close()
+    monkeypatch.delenv("GPUAGENT_JOB_ID")
     # No scheduler knows the pid: it stays the process's own job, and its windows are not held.
-    r = JobStepReceiver(sock_path, window_s=60.0,
-                        identity=lambda pid: JobIdentity(f"pid:{pid}", "process", "", -1, -1, 0)).start()
-    r.scheduler_job = lambda pid: None
+    r = _pid_named_receiver(sock_path, lambda pid: None)
     t = track(name="plain", socket_path=sock_path, flush_interval_s=10.0)
     try:
-        t.step()
-        t.flush()
-        wait_for(lambda: r.records >= 1, timeout=10, what="a step record received")
+        _steps(t, r, 1, 1)
         sink = ListSink()
         assert r.flush_window(time.time_ns(), sink) == 1
         assert sink.job_steps[0]["job_id"] == f"pid:{os.getpid()}"

@@ -380,25 +380,58 @@ def test_a_hanging_scontrol_never_delays_the_analysis_pass(cluster, tmp_path):
 def test_analyze_against_a_live_collector_prints_the_actions_its_pass_led_to(cluster, tmp_path):
     """`analyze --target`: the actions run on the collector's own thread; the call waits for them (only the call,
     not the pass) and prints one line each. With --wait-actions 0 it prints none and they still run."""
-    cfg = ActionsConfig(enabled=True, max_pool_percent=100.0, scontrol=str(cluster.scontrol_wrapper))
+    cfg = ActionsConfig(enabled=True, max_nodes=5, max_pool_percent=100.0, scontrol=str(cluster.scontrol_wrapper))
     handle = server.start_collector(tmp_path / "live.duckdb", analyzer_config=A.AnalyzerConfig(interval_s=3600),
                                     actions_config=cfg)
     try:
         seed_live_fault(handle, cluster.node)
         target = f"127.0.0.1:{handle.port}"
+        res = CliRunner().invoke(cli.main, ["analyze", "--target", target, "--wait-actions", "0"])
+        assert res.exit_code == 0, res.output
+        assert not [x for x in res.output.splitlines() if x.startswith("action ")], res.output
+        assert handle.actions.wait_idle(30)
+        drains = [r for r in handle.writer.call(recent_actions).result() if r["action"] == "drain"]
+        assert [(r["slurm_node"], r["outcome"]) for r in drains] == [(cluster.node, "dry-run")]   # it ran anyway
+
+        def seed_second(c):   # a second node's fault: the next pass has a new drain to decide
+            S.add_node(c, "node-live-2", virtualized=False, gpu_count=2, pool=POOL)
+            c.execute("UPDATE nodes SET hostname = ? WHERE node_id = 'node-live-2'", [cluster.nodes[1]])
+            fault_rows(c, "node-live-2", utcnow() - dt.timedelta(minutes=55))
+        handle.writer.call(seed_second).result()
         res = CliRunner().invoke(cli.main, ["analyze", "--target", target])
         assert res.exit_code == 0, res.output
         lines = [x for x in res.output.splitlines() if x.startswith("action ")]
-        assert any(x.startswith(f"action drain {cluster.node} [dry-run] dry-run finding ") for x in lines), res.output
+        assert any(x.startswith(f"action drain {cluster.nodes[1]} [dry-run] dry-run finding ") for x in lines), \
+            res.output
+        assert not any(f" {cluster.node} " in x for x in lines), "an earlier pass's action was printed again"
         res = CliRunner().invoke(cli.main, ["analyze", "--target", target, "--format", "json"])
         assert res.exit_code == 0, res.output
-        # A second pass decides nothing new (one row per finding and mode).
-        assert json.loads(res.output)["actions"] == []
+        out = json.loads(res.output)
+        assert out["actions"] == [] and out["actions_pending"] is False      # nothing new to decide
+        for zero in ("0s", "0.0", "0m"):
+            res = CliRunner().invoke(cli.main, ["analyze", "--target", target, "--wait-actions", zero])
+            assert res.exit_code == 0, (zero, res.output)
         res = CliRunner().invoke(cli.main, ["analyze", "--target", target, "--wait-actions", "5m"])
         assert res.exit_code != 0 and "--wait-actions must be from 0 to 2m, not '5m'" in res.output
     finally:
         handle.stop()
     assert undrained(cluster, cluster.node)
+
+
+def test_action_times_are_utc_on_a_host_that_is_not(cluster, tmp_path, monkeypatch):
+    """The actions table keeps naive UTC; a host in another zone must not shift the rows (astimezone() read the
+    naive UTC clock as local time: nine hours off in Tokyo)."""
+    monkeypatch.setenv("TZ", "Asia/Tokyo")
+    time.tzset()
+    try:
+        con = db_with_nodes(tmp_path / "c.duckdb", [cluster.node])
+        add_finding(con, cluster.node)
+        (row,) = Actions(ActionsConfig(enabled=True, max_pool_percent=100.0)).run_once(ConnectionDb(con))
+        assert abs((row["ts"] - utcnow()).total_seconds()) < 60, row["ts"]
+        con.close()
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
 
 
 def test_a_nodes_slurm_node_label_names_it_where_its_hostname_does_not(cluster, tmp_path):

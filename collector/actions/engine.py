@@ -15,9 +15,9 @@ gpuagent set; anything else means a person changed it, and it is left as it is (
 from __future__ import annotations
 
 import datetime as dt
-import getpass
 import logging
 import os
+import pwd
 import queue
 import socket
 import threading
@@ -50,7 +50,7 @@ ORDER BY mode, slurm_node
 """
 _NEW_FINDINGS_SQL = """
 SELECT f.finding_id, f.scope, f.kind, f.node_id, coalesce(f.pool, n.pool), f.severity, f.sentence,
-       coalesce(nullif(n.labels['slurm_node'], ''), n.hostname),
+       nullif(n.labels['slurm_node'], '') AS slurm_label, n.hostname,
        EXISTS (SELECT 1 FROM actions a WHERE a.finding_id = f.finding_id AND a.mode = $mode
                AND a.outcome = 'skipped-breaker') AS held_back
 FROM findings f LEFT JOIN nodes n ON n.node_id = f.node_id
@@ -59,7 +59,8 @@ WHERE f.state = 'open'
                   AND a.action IN ('drain', 'alert') AND a.outcome <> 'skipped-breaker')
 ORDER BY CASE f.severity WHEN 'critical' THEN 0 WHEN 'warning' THEN 1 ELSE 2 END, f.first_seen, f.finding_id
 """
-_OPEN_NODE_FINDINGS_SQL = "SELECT node_id, kind, severity FROM findings WHERE state = 'open' AND scope = 'node'"
+_OPEN_NODE_FINDINGS_SQL = ("SELECT node_id, kind, severity, finding_id FROM findings "
+                           "WHERE state = 'open' AND scope = 'node'")
 _POOL_SIZES_SQL = "SELECT coalesce(pool, ''), count(*) FROM nodes GROUP BY 1"
 _DRAINS_SINCE_SQL = ("SELECT count(*) FROM actions WHERE mode = ? AND action = 'drain' "
                      "AND outcome IN ('ok', 'dry-run') AND ts >= ?")
@@ -69,17 +70,21 @@ COUNTS_SQL = "SELECT action, mode, outcome, count(*) FROM actions GROUP BY ALL O
 
 
 def default_actor() -> str:
-    """Who acts: this collector's host and the OS user its scontrol runs as (Slurm records that user)."""
+    """Who acts: this collector's host and the OS user its scontrol runs as (Slurm records that user): the
+    effective uid's name, not $USER, which the environment can set to anything."""
+    uid = os.geteuid()
     try:
-        user = getpass.getuser()
-    except (KeyError, OSError):   # no passwd entry and no USER: the uid is still who Slurm sees
-        user = f"uid {os.getuid()}"
+        user = pwd.getpwuid(uid).pw_name
+    except KeyError:              # no passwd entry: the uid is still who Slurm sees
+        user = f"uid {uid}"
     return f"gpuagent-collector on {socket.gethostname()} as {user}"
 
 
-def slurm_name(hostname: str | None, node_id: str | None) -> str:
-    """The Slurm NodeName of a collector node: its ``slurm_node`` label where the agent sets one (the query
-    puts it in ``hostname``), else its hostname's short form (node id when it has none)."""
+def slurm_name(hostname: str | None, node_id: str | None, label: str | None = None) -> str:
+    """The Slurm NodeName of a collector node: its ``slurm_node`` label as given, where the agent sets one;
+    else its hostname's short form (node id when it has none)."""
+    if label:
+        return label
     return (hostname or node_id or "").split(".")[0]
 
 
@@ -142,7 +147,10 @@ class Actions:
         self.actor = actor or default_actor()
 
     def _now(self) -> dt.datetime:
-        return self.clock().astimezone(dt.timezone.utc).replace(tzinfo=None)
+        """Naive UTC, as the actions table keeps it. A naive clock value is UTC already (timeutil.utc_now);
+        astimezone() would read it as local time and shift every row by the host's offset from UTC."""
+        t = self.clock()
+        return t if t.tzinfo is None else t.astimezone(dt.timezone.utc).replace(tzinfo=None)
 
     def run_once(self, db: Db, pass_ts: dt.datetime | None = None) -> list[dict[str, Any]]:
         """Resume what no open finding needs drained any more, then decide every new finding. Returns the rows
@@ -159,19 +167,22 @@ class Actions:
 
         held = {r[1]: _Held(r[1], r[2], r[3] or "", r[4], r[5], r[6], r[7])
                 for r in db.query(DRAINED_SQL) if r[0] == mode}
-        wanted = {node for node, kind, sev in db.query(_OPEN_NODE_FINDINGS_SQL)
-                  if self.config.action_for(kind, sev) == "drain"}
+        open_findings = db.query(_OPEN_NODE_FINDINGS_SQL)
+        wanted = {node for node, kind, sev, _fid in open_findings if self.config.action_for(kind, sev) == "drain"}
+        still_open = {fid for _n, _k, _s, fid in open_findings}
         for name, h in list(held.items()):
             if h.node_id in wanted:
                 continue
-            row = {**self._resume(db, h), "rule": "the finding it drained for closed"}
+            why = ("the policy no longer drains for the finding it drained for" if h.finding_id in still_open
+                   else "the finding it drained for closed")
+            row = {**self._resume(db, h, why), "rule": why}
             record(row)
             if row["outcome"] != "failed":
                 del held[name]
         pools = {p: n for p, n in db.query(_POOL_SIZES_SQL)}
         hour_ago = self._now() - dt.timedelta(hours=1)
         drains_hour = db.query(_DRAINS_SINCE_SQL, [mode, hour_ago])[0][0]
-        for fid, scope, kind, node_id, pool, severity, sentence, hostname, held_back in db.query(
+        for fid, scope, kind, node_id, pool, severity, sentence, label, hostname, held_back in db.query(
                 _NEW_FINDINGS_SQL, {"mode": mode}):
             action, rule = self.config.rule_for(kind, severity)
             if held_back and (scope != "node" or action != "drain"):
@@ -180,10 +191,10 @@ class Actions:
                     "rule": rule}
             if scope != "node" or action != "drain":
                 record({**base, "action": "alert", "outcome": "recorded", "reason": sentence,
-                        "slurm_node": slurm_name(hostname, node_id) if node_id else None,
+                        "slurm_node": slurm_name(hostname, node_id, label) if node_id else None,
                         "detail": "the policy says alert" if scope == "node" else "a pool finding is only alerted"})
                 continue
-            name = slurm_name(hostname, node_id)
+            name = slurm_name(hostname, node_id, label)
             reason = self.reason(sentence)
             base.update(slurm_node=name, reason=reason,
                         command=self.scontrol.command(*Scontrol.drain_args(name, reason)))
@@ -254,7 +265,7 @@ class Actions:
             row["detail"] = f"drained, but reading the node back failed: {after_res.error}"
         return row
 
-    def _resume(self, db: Db, h: _Held) -> dict[str, Any]:
+    def _resume(self, db: Db, h: _Held, why: str = "the finding it drained for closed") -> dict[str, Any]:
         base = {"action": "resume", "node_id": h.node_id, "slurm_node": h.slurm_node, "pool": h.pool or None,
                 "finding_id": h.finding_id, "reason": h.reason,
                 "command": self.scontrol.command(*Scontrol.resume_args(h.slurm_node))}
@@ -274,7 +285,7 @@ class Actions:
                     "detail": f"{changed} since gpuagent drained it: left as it is"}
         run = self.scontrol.run(*Scontrol.resume_args(h.slurm_node))
         return {**base, "outcome": "ok" if run.ok else "failed", "slurm_state": node.state,
-                "duration_s": res.seconds + run.seconds, "detail": run.error or "the finding closed"}
+                "duration_s": res.seconds + run.seconds, "detail": run.error or why}
 
     @staticmethod
     def _changed(h: _Held, node: NodeState) -> str | None:

@@ -27,7 +27,6 @@ from gpuagent.collector.store.nodes import InvalidNode, find_node, mark_shared_m
 from gpuagent.collector.store.writer import StorageError, Writer
 from gpuagent.collector.views import sqlguard
 from gpuagent.common.errors import first_line
-from gpuagent.common.timeutil import utc_now
 from gpuagent.proto import pb, pb_grpc
 
 if TYPE_CHECKING:
@@ -95,6 +94,8 @@ class CollectorServicer(pb_grpc.CollectorServicer):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._budget = InflightBudget(options.max_inflight_samples)
         self._query_pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="gpuagent-query")
+        # Analyze calls that wait for the actions (up to MAX_WAIT_ACTIONS_S each) hold these threads, not the loop's
+        self._wait_pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="gpuagent-wait")
         self.claims = NodeClaims(takeover_idle_s=options.stream_takeover_idle_s)
         self._refusals_logged: set[tuple[str, str | None]] = set()
         self.refusals: collections.Counter = collections.Counter()   # refused requests by cause
@@ -124,6 +125,7 @@ class CollectorServicer(pb_grpc.CollectorServicer):
 
     def close(self) -> None:
         self._query_pool.shutdown(wait=False, cancel_futures=True)
+        self._wait_pool.shutdown(wait=False, cancel_futures=True)
 
     # -- Register
     async def Register(self, request: pb.RegisterRequest, context):
@@ -372,22 +374,32 @@ class CollectorServicer(pb_grpc.CollectorServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE,
                                 f"the analysis pass failed in the database: {first_line(exc)}")
         actions: list[dict] = []
+        pending = False
         if self.after_pass is not None:      # only hands the actions thread a token; the pass never waits on it
-            since = utc_now().replace(tzinfo=None)    # actions.ts is naive UTC (collector/actions/engine.py)
+            loop = asyncio.get_running_loop()
+            watermark = await loop.run_in_executor(self._query_pool, self._last_action_id)
             self.after_pass(result.now)
             if request.wait_actions_s > 0 and self.actions_idle is not None:
-                # The caller asked to see them: wait (this call only) until the thread is idle, then read the
-                # rows it decided after this pass committed.
-                await asyncio.get_running_loop().run_in_executor(None, self.actions_idle, request.wait_actions_s)
-                actions = await asyncio.get_running_loop().run_in_executor(
-                    self._query_pool, lambda: self._actions_since(since))
+                # The caller asked to see them: wait (this call only, on a pool of its own) until the thread is
+                # idle, then read the rows it wrote after this pass committed.
+                idle = await loop.run_in_executor(self._wait_pool, self.actions_idle, request.wait_actions_s)
+                pending = not idle
+                actions = await loop.run_in_executor(self._query_pool, lambda: self._actions_after(watermark))
         return pb.AnalyzeResponse(pass_json=an.dumps(result.as_dict()), flags_json=an.dumps(flags[:limit]),
-                                  truncated=len(flags) > limit, actions_json=an.dumps(actions))
+                                  truncated=len(flags) > limit, actions_json=an.dumps(actions),
+                                  actions_pending=pending)
 
-    def _actions_since(self, since) -> list[dict]:
+    def _last_action_id(self) -> int:
         cur = self._cursor_factory()
         try:
-            res = cur.execute("SELECT * FROM actions WHERE ts >= ? ORDER BY action_id", [since])
+            return cur.execute("SELECT coalesce(max(action_id), 0) FROM actions").fetchone()[0]
+        finally:
+            cur.close()
+
+    def _actions_after(self, action_id: int) -> list[dict]:
+        cur = self._cursor_factory()
+        try:
+            res = cur.execute("SELECT * FROM actions WHERE action_id > ? ORDER BY action_id", [action_id])
             cols = [d[0] for d in res.description]
             return [dict(zip(cols, r)) for r in res.fetchall()]
         finally:

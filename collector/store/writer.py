@@ -205,8 +205,8 @@ class _CallItem:
 
 _STOP = object()
 # Each node's newest commit time into nodes.last_seen, for a list of nodes at once.
-_TOUCH_SQL = ("UPDATE nodes SET last_seen = v.ts FROM (SELECT unnest(?) AS node_id, unnest(?) AS ts) v "
-              "WHERE nodes.node_id = v.node_id")
+_TOUCH_SQL = ("UPDATE nodes SET last_seen = greatest(nodes.last_seen, v.ts) "      # a Register since may be newer
+              "FROM (SELECT unnest(?) AS node_id, unnest(?) AS ts) v WHERE nodes.node_id = v.node_id")
 
 
 class SeqSet:

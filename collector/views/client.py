@@ -111,6 +111,7 @@ class AnalyzeResult:
     flags: list[dict]  # open flags, worst first
     truncated: bool
     actions: list[dict] = field(default_factory=list)   # [actions] rows decided after the pass (wait_actions_s)
+    actions_pending: bool = False                         # the wait ran out: more may follow
 
 
 def analyze(target: str, window_s: float = 0.0, token: str | None = None, max_flags: int = 0,
@@ -122,4 +123,4 @@ def analyze(target: str, window_s: float = 0.0, token: str | None = None, max_fl
         pb.AnalyzeRequest(window_s=window_s, max_flags=max_flags, wait_actions_s=wait_actions_s),
         timeout=timeout_s + wait_actions_s, metadata=bearer_metadata(token)), client_cert, client_key)
     return AnalyzeResult(json.loads(resp.pass_json or "{}"), json.loads(resp.flags_json or "[]"), resp.truncated,
-                         json.loads(resp.actions_json or "[]"))
+                         json.loads(resp.actions_json or "[]"), resp.actions_pending)
