@@ -526,7 +526,16 @@ def main(argv=None) -> int:
     ap.add_argument("--passive-nodes", type=int, default=200,
                     help="nodes of the SYNTHETIC passive-job fleet with ongoing co-tenants (0: skip that part)")
     ap.add_argument("--passive-only", action="store_true", help="score only the ongoing passive co_tenant flags")
+    ap.add_argument("--score-db", metavar="FILE",
+                    help="no simulation: one analysis pass on a database an earlier run kept (--db), as the "
+                         "collector's analyze_db runs it (its memory limit), over all of its samples, then score it")
+    ap.add_argument("--analyze-timeout-s", type=float, default=3600.0,
+                    help="how long the Analyze call may take (a 30,000-node pass ran past the client's 300 s)")
     args = ap.parse_args(argv)
+    if args.score_db:
+        out = score_kept_db(Path(args.score_db))
+        print(json.dumps(out, indent=2) if args.json else json.dumps(out["kinds"], indent=1))
+        return 0
 
     tmp = tempfile.TemporaryDirectory(prefix="gpuagent-accuracy-")
     work = Path(tmp.name)
@@ -561,7 +570,8 @@ def main(argv=None) -> int:
         # The simulated hour ends when the simulator started (its rows are stamped up to then), and ingest of a
         # large fleet takes many minutes of real time: the window reaches back over both, so the pass sees the
         # whole simulated hour (a 10,000-node hour took 19 min to ingest; a 1 h window missed its first 20 min).
-        res = remote_analyze(target, window_s=args.sim_hours * 3600.0 + sim_s + 60.0, max_flags=1)
+        res = remote_analyze(target, window_s=args.sim_hours * 3600.0 + sim_s + 60.0, max_flags=1,
+                             timeout_s=args.analyze_timeout_s)
         analyze_s = time.perf_counter() - t1
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -604,6 +614,31 @@ def main(argv=None) -> int:
         print(f"planner, {pl['nodes']} nodes: {pl['one_scope']['seconds']} s in one scope "
               f"({pl['one_scope']['rounds']} rounds), {pl['by_pool']['seconds']} s by pool")
     return 0
+
+
+def score_kept_db(db: Path) -> dict:
+    """One pass on a kept database and its scores: the window covers every sample it holds (ending at the
+    newest), as the benchmark's own pass would; the pass's time, the process's peak RSS and DuckDB's accounted
+    memory at the end are reported with it."""
+    import resource  # noqa: PLC0415
+
+    with open_readonly(str(db)) as con:
+        first, last = con.execute("SELECT min(ts), max(ts) FROM samples").fetchone()
+        counts = con.execute("SELECT (SELECT count(*) FROM nodes), (SELECT count(*) FROM samples), "
+                             "(SELECT count(*) FROM probe_results)").fetchone()
+    window_s = (last - first).total_seconds() + 60.0
+    config = A.with_window(A.AnalyzerConfig(), window_s)
+    t = time.perf_counter()
+    res = A.analyze_db(db, config, now=last + dt.timedelta(seconds=1))
+    pass_s = time.perf_counter() - t
+    out = score(db)
+    out["findings"] = score_findings(db)
+    out.update({"benchmark": "flag_accuracy", "mode": "score_kept_db", "db": str(db),
+                "data": "SYNTHETIC fleet kept from an earlier run (gpuagent-sim over the real protocol); real analyzer",
+                "nodes": counts[0], "sample_rows": counts[1], "probe_results": counts[2],
+                "window_s": round(window_s, 1), "analysis_pass": res.as_dict(), "pass_wall_s": round(pass_s, 1),
+                "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024})
+    return out
 
 
 def _passive_text(p: dict | None) -> str:

@@ -378,11 +378,13 @@ def _print_analysis(run: dict, flags: list[dict], fmt: str, truncated: bool, fin
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--max-flags", type=click.IntRange(1), default=200, show_default=True)
 @click.option("--flags", "show_flags", is_flag=True, help="List each finding's open flags under it.")
+@click.option("--memory-limit", default="512MB", show_default=True,
+              help="With --db: DuckDB's memory limit for the pass, as serve's (steps spill beyond it).")
 @click.option("--wait-actions", default="30s", show_default=True,
               help="With --target and [actions] on: how long to wait for the actions after the pass, to print them "
                    "(0 does not wait; they still run).")
 def analyze(db_path, target, window, config_path, token, token_file, tls_ca, tls_client_cert, tls_client_key, fmt,
-            max_flags, show_flags, wait_actions):
+            max_flags, show_flags, memory_limit, wait_actions):
     """Run one analysis pass now (rollups + flags + findings) and print the open findings, worst first."""
     _check_client_cert(tls_ca, tls_client_cert, tls_client_key)
     if db_path:
@@ -397,7 +399,7 @@ def analyze(db_path, target, window, config_path, token, token_file, tls_ca, tls
             loader = LakeBaselineLoader(lake_config.path)
         actions_config = _actions_config(config_path)
         try:
-            result = analyze_db(db_path, config, baselines_loader=loader)
+            result = analyze_db(db_path, config, baselines_loader=loader, memory_limit=memory_limit)
             flags = open_flags_in(db_path, max_flags + 1)
             findings = open_findings_in(db_path)
         except AnalyzerError as exc:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from pathlib import Path
 
 import grpc
 import pytest
@@ -251,3 +252,23 @@ def test_profiled_database_keeps_each_statements_profile_and_stays_locked(tmp_pa
         plain.execute("SET enable_profiling = 'no_output'")
     con.close()
     plain.close()
+
+
+def test_opening_a_database_clears_the_spill_files_a_killed_process_left_and_sets_the_memory_limit(tmp_path):
+    """A process killed in a pass that spilled leaves DuckDB's temp files in <db>.tmp (15 GB after a 30,000-node
+    pass); the next process to hold the lock removes them. Other files there are left alone. Every opener gets
+    the collector's memory limit unless it asks for another (DuckDB's own default is 80 % of RAM)."""
+    db = tmp_path / "c.duckdb"
+    open_database(db).close()
+    spill = Path(str(db) + ".tmp")
+    spill.mkdir(exist_ok=True)
+    for name in ("duckdb_temp_storage_DEFAULT-0.tmp", "duckdb_temp_block-4611686018427388032.block"):
+        (spill / name).write_bytes(b"\0" * 4096)
+    (spill / "operator-notes.txt").write_text("not DuckDB's\n")
+    con = open_database(db)
+    assert sorted(p.name for p in spill.iterdir()) == ["operator-notes.txt"]
+    assert con.execute("SELECT current_setting('memory_limit')").fetchone()[0] in ("488.2 MiB", "512.0 MB")
+    con.close()
+    con = open_database(db, "1GB")
+    assert con.execute("SELECT current_setting('memory_limit')").fetchone()[0] in ("953.6 MiB", "1.0 GB")
+    con.close()
