@@ -6,8 +6,9 @@ statements scanned (DuckDB's profiler: stored tables apart from the pass's temp 
 Two ways to get a database:
   * ``--sizes 1000,3000,10000`` (default): a SYNTHETIC fleet per size written straight into DuckDB with SQL
     range() (node ids ``synthetic-*``, 8 GPUs, ``--interval-s`` GPU and host samples; job samples, job steps
-    and probe runs from sim/synthetic_rows.py, as analysis_speed.py writes them), one window (``--minutes``, 60)
-    each;
+    and probe runs from sim/synthetic_rows.py, as analysis_speed.py writes them, and two full pair-wise
+    net_pair sweeps of racks of 50 nodes an hour, as flag_accuracy.py's fabric sweeps), one window
+    (``--minutes``, 60) each;
   * ``--db FILE``: a copy of an existing collector database (e.g. one ``flag_accuracy.py --db`` kept), analysed
     as of its newest sample.
 Each pass runs in a fresh subprocess that opens the file the way the collector does (store.db.open_database
@@ -76,6 +77,7 @@ def build(path: Path, nodes: int, minutes: int, interval_s: int) -> dict:
         S.fill_fleet_job_rows(con, nodes=nodes, gpus=8, start=start + dt.timedelta(seconds=first), seconds=span,
                               sample_step_s=max(10, interval_s))
         S.fill_fleet_probe_rows(con, nodes=nodes, gpus=8, start=start, first_s=first, seconds=span)
+        S.fill_fleet_link_rows(con, nodes=nodes, start=start, first_s=first, seconds=span)
     rows = con.execute("SELECT count(*) FROM samples").fetchone()[0]
     con.execute("CHECKPOINT")
     con.close()
@@ -173,6 +175,8 @@ def one_pass(path: str, memory_limit: str, piece_nodes: int | None, rows_read_on
     pstart = now - dt.timedelta(seconds=cfg.probe_window_s)
     rows_in_window["probe_metrics (probe window)"] = con.execute(
         "SELECT count(*) FROM probe_metrics WHERE started_at > ? AND started_at <= ?", [pstart, now]).fetchone()[0]
+    rows_in_window["link_results (probe window)"] = con.execute(
+        "SELECT count(*) FROM link_results WHERE started_at > ? AND started_at <= ?", [pstart, now]).fetchone()[0]
     con.close()
     return {"nodes": nodes, "memory_limit": memory_limit, "pass_s": round(wall, 2), "error": error,
             "rollup_s": result.get("rollup_s"), "rollup_rows_in": result.get("rollup_rows_in"),

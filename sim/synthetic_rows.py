@@ -176,6 +176,33 @@ def fill_fleet_probe_rows(con, *, nodes: int, gpus: int, start: dt.datetime, fir
                         {**p, "metric": metric, "base": base})
 
 
+def fill_fleet_link_rows(con, *, nodes: int, start: dt.datetime, first_s: int, seconds: int, rack: int = 50,
+                         sweep_every_s: int = 1800) -> None:
+    """SYNTHETIC full pair-wise net_pair sweeps within racks of ``rack`` consecutive nodes of an
+    add_synthetic_fleet fleet, one sweep on each ``sweep_every_s`` mark (offset by half of it) inside
+    [first_s, first_s + seconds): every pair of a rack once a sweep, reported by both ends, as agents do (the
+    shape of flag_accuracy.py's sweeps, whose racks are 50 nodes). Every 50th node (n % 50 == 7) is a bad
+    node: its links read 30 % of the others' 90 Gbit/s on a 100 GbE line."""
+    half = sweep_every_s // 2
+    first_mark = first_s - (first_s - half) % sweep_every_s
+    if first_mark < first_s:
+        first_mark += sweep_every_s
+    for s in range(first_mark, first_s + seconds, sweep_every_s):
+        p = {"ts": start + dt.timedelta(seconds=s), "nodes": nodes, "rack": rack, "sweep": s}
+        con.execute("""
+            INSERT INTO link_results (pair_id, node_a, node_b, probe, params_key, send_gbits_per_s,
+                                      recv_gbits_per_s, rtt_p50_us, rtt_p99_us, started_at, ended_at, status,
+                                      reason, reported_by, nic_speed_mbits)
+            SELECT 'synthetic-' || i || '-' || j || '-' || $sweep, a, b, 'net_pair', 'synthetic=1', g, g, 50, 100,
+                   $ts::TIMESTAMP + to_seconds((i % $rack) * 2), $ts::TIMESTAMP + to_seconds((i % $rack) * 2 + 3),
+                   'ok', NULL, CASE WHEN e = 0 THEN a ELSE b END, 100000
+            FROM (SELECT i, i + k AS j, 'synthetic-' || lpad(i::VARCHAR, 5, '0') AS a,
+                         'synthetic-' || lpad((i + k)::VARCHAR, 5, '0') AS b,
+                         (90 + (hash(i, i + k, $sweep) % 1000) / 1000.0) * CASE WHEN i % 50 = 7 OR (i + k) % 50 = 7 THEN 0.3 ELSE 1 END AS g
+                  FROM range($nodes) t(i), range(1, $rack) u(k)
+                  WHERE i + k < $nodes AND (i + k) // $rack = i // $rack), range(2) v(e)""", p)
+
+
 def add_link_runs(con, node_a: str, node_b: str, gbits: Sequence[float], times: Sequence[dt.datetime], *,
                   rtt_p50_us: float = 50.0, params_key: str = "synthetic=1", status: str = "ok",
                   reason: str | None = None, both_ends: bool = True,
