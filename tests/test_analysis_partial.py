@@ -138,11 +138,12 @@ def test_a_failed_lake_baseline_load_closes_its_flag_once_it_loads(con):
 
 
 def test_a_step_that_reads_a_failed_steps_table_says_so_and_its_temp_tables_are_gone(con):
-    """61_link_variance.sql reads _nd_runs of 60_network_degraded.sql: with 60 broken it is not run and says
-    why, instead of a catalog error; and the tables of the steps that ran are dropped when no later step reads them."""
+    """60_network_degraded.sql and 61_link_variance.sql read _nd_links and _nd_runs of 59_network_links.sql:
+    with 59 broken they are not run and say why, instead of a catalog error; and the tables of the steps that
+    ran are dropped when no later step reads them."""
     _fleet(con)
     an = A.Analyzer()
-    an.sql["network_degraded"] = [BROKEN]
+    an.sql["network_links"] = [BROKEN]
     seen: dict[str, set[str]] = {}
     run_step = an._run_step
 
@@ -152,8 +153,10 @@ def test_a_step_that_reads_a_failed_steps_table_says_so_and_its_temp_tables_are_
 
     an._run_step = watched
     result = an.run_pass(con, NOW)
-    assert set(result.failed) == {"60_network_degraded.sql", "61_link_variance.sql"}
-    assert result.failed["61_link_variance.sql"] == ("not run: it reads _nd_runs of 60_network_degraded.sql, "
+    assert set(result.failed) == {"59_network_links.sql", "60_network_degraded.sql", "61_link_variance.sql"}
+    assert result.failed["60_network_degraded.sql"] == ("not run: it reads _nd_links of 59_network_links.sql, "
+                                                        "which failed this pass")
+    assert result.failed["61_link_variance.sql"] == ("not run: it reads _nd_runs of 59_network_links.sql, "
                                                      "which failed this pass")
     assert [n for n, c, _ in _open(con, "virtualization_overhead")] == ["synthetic-cloud3", "synthetic-cloud4"]
     # When the hardware step starts, the earlier kinds' intermediates are gone; the context tables are not.

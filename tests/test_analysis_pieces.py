@@ -40,17 +40,19 @@ def _fleet(con) -> None:
     S.add_job_steps(con, steps)
 
 
-def _pass(path, piece_nodes: int):
+def _pass(path, piece_nodes: int, fill=None, step_name: str = "utilization_gap",
+          spread_sql: str = "SELECT count(DISTINCT hash(node_id) % {pieces}) FROM nodes"):
+    """One pass over a new file of ``fill``'s rows: (result, pieces of the step, how many pieces the rows
+    really spread over, the open flags)."""
     con = duckdb.connect(str(path))
     schema.migrate(con)
-    _fleet(con)
+    (fill or _fleet)(con)
     an = A.Analyzer(A.AnalyzerConfig(piece_nodes=piece_nodes))
-    step = next(s for s in STEPS if s.name == "utilization_gap")
-    pieces = an.pieces(con, step)
+    pieces = an.pieces(con, next(s for s in STEPS if s.name == step_name))
     result = an.run_pass(con, NOW)
-    rows = con.execute("SELECT node_id, gpu, kind, component, severity, value, evidence, sentence FROM flags "
-                       "WHERE state = 'open' ORDER BY ALL").fetchall()
-    spread = con.execute(f"SELECT count(DISTINCT hash(node_id) % {pieces}) FROM nodes").fetchone()[0]
+    rows = con.execute("SELECT node_id, gpu, kind, component, severity, value, baseline, evidence, sentence "
+                       "FROM flags WHERE state = 'open' ORDER BY ALL").fetchall()
+    spread = con.execute(spread_sql.format(pieces=pieces)).fetchone()[0]
     con.close()
     return result, pieces, spread, rows
 
@@ -67,6 +69,82 @@ def test_utilization_gap_in_pieces_of_two_nodes_equals_one_pass_over_all(tmp_pat
     assert got == expected
 
 
-def test_piece_nodes_below_one_is_refused():
-    with pytest.raises(A.AnalyzerError, match="piece_nodes must be at least 1"):
-        A.AnalyzerConfig.from_mapping({"analyzer": {"piece_nodes": 0}})
+def _mesh(con) -> None:
+    """Eight nodes in one pool, every pair probed 8 times: p-n3 is slow on every link (a bad node), the link
+    p-n0/p-n5 is slow alone (a bad link) and p-n1/p-n6 swings between full rate and a third (link variance)."""
+    nodes = [f"p-n{i}" for i in range(8)]
+    for n in nodes:
+        S.add_node(con, n, virtualized=False, pool="p")
+    times = [NOW - dt.timedelta(minutes=5 * k + 1) for k in range(8)]
+    for i, a in enumerate(nodes):
+        for b in nodes[i + 1:]:
+            noise = [1 + 0.01 * ((i * 7 + k) % 5 - 2) for k in range(8)]
+            if "p-n3" in (a, b):
+                rates = [2.8 * x for x in noise]
+            elif (a, b) == ("p-n0", "p-n5"):
+                rates = [2.0 * x for x in noise]
+            elif (a, b) == ("p-n1", "p-n6"):
+                rates = [9.4 if k % 2 else 3.0 for k in range(8)]
+            else:
+                rates = [9.4 * x for x in noise]
+            S.add_link_runs(con, a, b, rates, times)
+
+
+def _network_pass(path, piece_nodes: int):
+    return _pass(path, piece_nodes, _mesh, "network_links",
+                 "SELECT count(DISTINCT hash(least(node_a, node_b)) % {pieces}) FROM link_results")
+
+
+def test_network_links_in_pieces_equal_one_pass_over_all(tmp_path):
+    whole, one, _, expected = _network_pass(tmp_path / "whole.duckdb", piece_nodes=2000)
+    split, four, spread, got = _network_pass(tmp_path / "pieces.duckdb", piece_nodes=2)
+    assert (one, four) == (1, 4)
+    assert spread >= 3, "the links' lower ends spread over most of the 4 pieces, so the pieces really split them"
+    assert whole.failed == {} and split.failed == {}
+    found = {(r[2], r[3]) for r in expected}
+    assert {("network_degraded", "node"), ("network_degraded", "link")} <= found, found
+    assert any(r[2] == "noisy_neighbor_variance" for r in expected), "the swinging link's variance is found"
+    assert any(r[2] == "network_degraded" and r[0] == "p-n3" for r in expected)
+    assert _floats_to_12_digits(got) == _floats_to_12_digits(expected)
+
+
+def _floats_to_12_digits(rows):
+    """A standard deviation summed in another row order differs in the 17th digit; nothing else may differ."""
+    return [tuple(float(f"{v:.12g}") if isinstance(v, float) else v for v in r) for r in rows]
+
+
+def _samples(con) -> None:
+    """Two nodes, two GPUs, 10 minutes at 5 s: 480 rows whose minutes the chunks below cut in the middle."""
+    rows = []
+    for node in ("synthetic-r0", "synthetic-r1"):
+        S.add_node(con, node, virtualized=False, gpu_count=2, pool="bm")
+        for s in range(0, 600, 5):
+            t = NOW - dt.timedelta(seconds=600 - s)
+            for g in range(2):
+                rows.append((t, node, g, "gpu_util_percent", "", float((s * 7 + g * 13) % 101)))
+                rows.append((t, node, g, "gpu_energy_joules_total", "", 1000.0 + s * 300 + g))
+    S.add_samples(con, rows)
+
+
+def _rollup(path, chunk_rows: int):
+    con = duckdb.connect(str(path))
+    schema.migrate(con)
+    _samples(con)
+    rows_in = A.Analyzer(A.AnalyzerConfig(rollup_chunk_rows=chunk_rows)).rollup(con)
+    table = con.execute("SELECT * FROM samples_1m ORDER BY ALL").fetchall()
+    con.close()
+    return rows_in, table
+
+
+def test_rollup_in_chunks_of_seven_rows_equals_one_chunk(tmp_path):
+    n_one, one = _rollup(tmp_path / "one.duckdb", 5_000_000)
+    n_small, small = _rollup(tmp_path / "chunks.duckdb", 7)
+    assert n_one == n_small >= 480
+    assert len(one) == 2 * 2 * 2 * 10, "a row per node, GPU, metric and minute"
+    assert small == one
+
+
+@pytest.mark.parametrize("key", ["piece_nodes", "rollup_chunk_rows"])
+def test_pieces_and_chunks_below_one_are_refused(key):
+    with pytest.raises(A.AnalyzerError, match=f"^\\[analyzer\\] {key} must be at least 1, got 0$"):
+        A.AnalyzerConfig.from_mapping({"analyzer": {key: 0}})

@@ -15,7 +15,7 @@ from gpuagent.collector.store import schema
 from gpuagent.sim import synthetic_rows as S
 
 NOW = dt.datetime(2026, 1, 1, 12, 0)
-_TEMP = re.compile(r"CREATE\s+OR\s+REPLACE\s+TEMP\s+TABLE\s+(\w+)", re.IGNORECASE)
+_TEMP = re.compile(r"CREATE\s+(?:OR\s+REPLACE\s+)?TEMP\s+TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?(\w+)", re.IGNORECASE)
 
 
 def _sql(step: St.Step) -> str:

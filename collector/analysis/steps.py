@@ -30,11 +30,14 @@ class Step:
     source: str | None = None           # ROLLUP: the raw table read by rowid window
     counts: tuple[str, ...] = ()        # result columns whose row counts the pass reports, read by name
     kind: str | None = None             # CONDITIONS: the flag kind it evaluates (kept open when the step fails)
-    # CONDITIONS: the step judges each node from that node's rows alone (plus the pass's context tables), so
-    # the analyzer runs it in pieces of at most AnalyzerConfig.piece_nodes nodes, one after another, and its
-    # memory follows the piece, not the fleet. Its SQL keeps a piece's nodes with
-    # ``hash(node_id) % $pieces = $piece`` wherever it reads rows, and only INSERTs into _conditions and
-    # _evaluated outlive a piece (its temp tables are rebuilt by the next one).
+    # The analyzer runs the step in pieces of at most AnalyzerConfig.piece_nodes nodes, one after another, so
+    # its memory follows the piece, not the fleet. Its SQL keeps a piece's rows with
+    # ``hash(<node id>) % $pieces = $piece`` wherever it reads rows, and the analyzer drops its temp tables
+    # before the first piece.
+    #   CONDITIONS: the step judges each node from that node's rows alone (plus the pass's context tables);
+    #     only INSERTs into _conditions and _evaluated outlive a piece (its temp tables are rebuilt by the next).
+    #   CONTEXT: each piece appends its rows to the step's tables (CREATE TEMP TABLE IF NOT EXISTS ... LIMIT 0,
+    #     then INSERT), so the tables come out as from one statement over all nodes.
     by_node: bool = False
 
     def __post_init__(self) -> None:
@@ -44,8 +47,8 @@ class Step:
             raise ValueError(f"step {self.name}: a source table goes with rollup steps and only with them")
         if (self.produces == CONDITIONS) != (self.kind is not None):
             raise ValueError(f"step {self.name}: a flag kind goes with conditions steps and only with them")
-        if self.by_node and self.produces != CONDITIONS:
-            raise ValueError(f"step {self.name}: only conditions steps run in pieces of nodes")
+        if self.by_node and self.produces not in (CONDITIONS, CONTEXT):
+            raise ValueError(f"step {self.name}: only conditions and context steps run in pieces of nodes")
 
 
 STEPS: tuple[Step, ...] = (
@@ -64,10 +67,14 @@ STEPS: tuple[Step, ...] = (
          temp_tables=("_pc_ticks", "_pc_named", "_pc_series", "_pc_episodes", "_pc")),
     Step("utilization_gap", "50_utilization_gap.sql", CONDITIONS, kind="utilization_gap", by_node=True,
          temp_tables=("_ug_wait", "_ug", "_ug_dw", "_ug_scored", "_ug_cond")),
+    # in pieces of links (each with its lower node id): the per-link window and medians of 30,000 nodes'
+    # sweeps did not fit 512 MB in one statement
+    Step("network_links", "59_network_links.sql", CONTEXT, by_node=True,
+         temp_tables=("_nd_runs", "_nd_links", "_nd_runs_piece", "_nd_links_piece")),
     Step("network_degraded", "60_network_degraded.sql", CONDITIONS, kind="network_degraded",
-         temp_tables=("_nd_runs", "_nd_links", "_nd_ends", "_nd_pool", "_nd_ref", "_nd_slow", "_nd_peers",
+         temp_tables=("_nd_ends", "_nd_pool", "_nd_ref", "_nd_slow", "_nd_peers",
                       "_nd_node", "_nd_bad_nodes", "_nd_bad_pairs", "_nd_counts")),
-    # after network_degraded: reads its _nd_runs
+    # after network_links: reads its _nd_runs
     Step("link_variance", "61_link_variance.sql", CONDITIONS, kind="noisy_neighbor_variance",
          temp_tables=("_lv_links", "_lv_pool", "_lv_net", "_lv")),
     # after network_degraded: adds endpoint port errors to its link conditions; rules: common/hardware_faults.toml

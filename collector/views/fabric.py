@@ -6,7 +6,7 @@ within the window, scoped and capped as the collector config's [fabric] says (de
 coordinator plans the nodes holding an Assignments stream at that moment, which this cannot see, so the
 plan shown is the one those nodes would get.
 
-A link's rate is the slower of its two directions (Gbit/s), as in 60_network_degraded.sql; "slow" is under
+A link's rate is the slower of its two directions (Gbit/s), as in 59_network_links.sql; "slow" is under
 ``slow_fraction`` x the median of the per-node medians of its pool.
 """
 

@@ -1,6 +1,5 @@
--- network_degraded: which node or link of the fabric is slow, from the pair runs in link_results.
--- A run's rate is the slower of its two directions (least(send, recv), Gbit/s); a link's rate is the median
--- of its last $fabric_runs ok runs in the probe window (per probe settings, params_key). Baselines, in order:
+-- network_degraded: which node or link of the fabric is slow, from the links of 59_network_links.sql
+-- (_nd_links: a link's rate is the median of its last $fabric_runs ok pair runs). Baselines, in order:
 -- the same pool's median of per-node medians (each node's median over its links, so one bad node cannot
 -- drag the reference down), then a declared value ([[baselines.declared]] component net_pair_gbits), then a
 -- cited reference row of that component for the link's line rate (each end reports its NIC's rate; a link's
@@ -10,36 +9,6 @@
 --   node: more than half of a node's measured links are slow while most of those peers are fine with
 --         their other peers -> the node (NIC, cable, switch port, host) is the common factor;
 --   link: a slow link neither of whose ends is a degraded node -> that path alone.
-
-CREATE OR REPLACE TEMP TABLE _nd_runs AS
-SELECT least(node_a, node_b) AS a, greatest(node_a, node_b) AS b, coalesce(params_key, '') AS params_key,
-       started_at, least(send_gbits_per_s, recv_gbits_per_s) AS gbits, send_gbits_per_s AS send,
-       recv_gbits_per_s AS recv, rtt_p50_us, rtt_p99_us,
-       min(nic_speed_mbits) OVER (PARTITION BY coalesce(pair_id, node_a || '|' || node_b || started_at::VARCHAR))
-           AS link_mbits
-FROM link_results
-WHERE probe = 'net_pair' AND status = 'ok' AND send_gbits_per_s IS NOT NULL AND recv_gbits_per_s IS NOT NULL
-  AND isfinite(send_gbits_per_s) AND isfinite(recv_gbits_per_s)
-  AND started_at > $probe_window_start AND started_at <= $now
--- both ends report each run: keep one row per run
-QUALIFY row_number() OVER (PARTITION BY coalesce(pair_id, node_a || '|' || node_b || started_at::VARCHAR)
-                           ORDER BY (reported_by = node_a) DESC, reported_by) = 1;
-
-CREATE OR REPLACE TEMP TABLE _nd_links AS
-WITH recent AS (
-    SELECT *, row_number() OVER (PARTITION BY a, b, params_key ORDER BY started_at DESC) AS rn FROM _nd_runs
-)
-SELECT r.a, r.b, r.params_key,
-       CASE WHEN coalesce(ca.pool, '') = coalesce(cb.pool, '') THEN coalesce(ca.pool, '')
-            ELSE coalesce(ca.pool, '') || ' x ' || coalesce(cb.pool, '') END AS scope,
-       median(r.gbits) AS gbits, median(r.send) AS send, median(r.recv) AS recv,
-       median(r.rtt_p50_us) AS rtt_p50_us, median(r.rtt_p99_us) AS rtt_p99_us, count(*) AS runs,
-       max(r.started_at) AS last_at, min(r.link_mbits) AS link_mbits
-FROM recent r
-LEFT JOIN _node_class ca ON ca.node_id = r.a
-LEFT JOIN _node_class cb ON cb.node_id = r.b
-WHERE r.rn <= $fabric_runs
-GROUP BY ALL;
 
 -- Each link seen from both of its ends.
 CREATE OR REPLACE TEMP TABLE _nd_ends AS
@@ -134,7 +103,7 @@ CREATE OR REPLACE TEMP TABLE _nd_bad_pairs AS
 SELECT s.node_id, s.scope, s.params_key,
        list({'peer': s.peer, 'gbits': round(s.gbits, 3), 'send': round(s.send, 3), 'recv': round(s.recv, 3),
              'rtt_p50_us': round(s.rtt_p50_us, 1), 'runs': s.runs, 'slow': s.slow, 'link_mbits': s.link_mbits}
-            ORDER BY s.gbits) AS pairs
+            ORDER BY s.gbits, s.peer) AS pairs
 FROM _nd_slow s
 SEMI JOIN _nd_bad_nodes b ON b.node_id = s.node_id AND b.scope IS NOT DISTINCT FROM s.scope
                           AND b.params_key IS NOT DISTINCT FROM s.params_key
@@ -182,7 +151,7 @@ LEFT JOIN _nd_bad_pairs bp ON bp.node_id = b.node_id AND bp.scope IS NOT DISTINC
                           AND bp.params_key IS NOT DISTINCT FROM b.params_key
 LEFT JOIN _node_class nc ON nc.node_id = b.node_id
 LEFT JOIN _nd_counts c ON c.node_id = b.node_id
-QUALIFY row_number() OVER (PARTITION BY b.node_id ORDER BY b.slow_gbits / b.ref) = 1;
+QUALIFY row_number() OVER (PARTITION BY b.node_id ORDER BY b.slow_gbits / b.ref, b.scope, b.params_key) = 1;
 
 INSERT INTO _conditions
 SELECT l.a, NULL, 'network_degraded', 'link',
@@ -216,4 +185,4 @@ LEFT JOIN _node_class ca ON ca.node_id = l.a
 LEFT JOIN _node_class cb ON cb.node_id = l.b
 WHERE NOT EXISTS (SELECT 1 FROM _nd_bad_nodes x WHERE x.node_id IN (l.a, l.b))
 -- the flags table keys a flag by node: the lower node id carries its worst slow link, the others are counted
-QUALIFY row_number() OVER (PARTITION BY l.a ORDER BY l.gbits / s.ref) = 1;
+QUALIFY row_number() OVER (PARTITION BY l.a ORDER BY l.gbits / s.ref, l.b, l.params_key) = 1;

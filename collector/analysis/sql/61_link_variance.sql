@@ -1,5 +1,5 @@
 -- noisy_neighbor_variance, component link: the spread of one fabric link's runs over the probe window (from
--- _nd_runs of 60_network_degraded.sql: one row per run, rate = the slower direction). CV = stddev / mean of
+-- _nd_runs of 59_network_links.sql: one row per run, rate = the slower direction). CV = stddev / mean of
 -- the link's ok runs (same settings); flag when CV >= the component threshold AND CV >= $noise_k x the median
 -- link CV of its pool (needs $min_fleet_nodes other links there). A steady slow link is network_degraded's;
 -- this is the link that is fine at times and not at others: shared, congested or lossy. The evidence carries
@@ -84,4 +84,4 @@ SELECT a, NULL, 'noisy_neighbor_variance', 'link',
                     || 'traffic on its switch ports or an oversubscribed uplink between them.' END
 FROM _lv
 WHERE cv >= threshold AND peers_ok AND cv >= $noise_k * pool_cv
-QUALIFY row_number() OVER (PARTITION BY a ORDER BY cv DESC) = 1;
+QUALIFY row_number() OVER (PARTITION BY a ORDER BY cv DESC, b, params_key) = 1;
