@@ -384,6 +384,18 @@ def _run(con, stmt: str, params: Mapping[str, Any]):
     return con.execute(stmt, used) if used else con.execute(stmt)
 
 
+_PIECE = re.compile(r"\$(pieces|piece)\b")
+
+
+def _piece_literals(stmt: str, piece: int, pieces: int) -> str:
+    """A piece's statement with ``$piece`` and ``$pieces`` written in as integer literals: DuckDB pushes
+    ``hash(node_id) % 15 = 3`` into the table scan, but not the same filter with parameters, and then every
+    piece paid for the whole fleet's rows (a 200-node piece of 2,000 nodes: 3.9 s with parameters, 0.3 s
+    with literals). Both are integers the analyzer computed, so nothing from outside enters the SQL text."""
+    values = {"piece": int(piece), "pieces": int(pieces)}
+    return _PIECE.sub(lambda m: str(values[m.group(1)]), stmt)
+
+
 # ----------------------------------------------------------------------------------------------- analyzer
 
 @dataclass(frozen=True)
@@ -742,10 +754,9 @@ class Analyzer:
             for table in step.temp_tables:
                 con.execute(f"DROP TABLE IF EXISTS {table}")
         for piece in range(pieces):
-            piece_params = {**params, "piece": piece, "pieces": pieces}
             for stmt in self.sql[step.name]:
                 try:
-                    res = _run(con, stmt, piece_params)
+                    res = _run(con, _piece_literals(stmt, piece, pieces) if step.by_node else stmt, params)
                 except Exception as exc:  # a bug in our SQL: name the file so it can be found
                     where = f"piece {piece + 1} of {pieces} of the nodes: " if pieces > 1 else ""
                     raise AnalyzerError(f"analysis step {step.sql_file} failed: {where}{exc}") from exc
