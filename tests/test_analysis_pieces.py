@@ -148,3 +148,9 @@ def test_rollup_in_chunks_of_seven_rows_equals_one_chunk(tmp_path):
 def test_pieces_and_chunks_below_one_are_refused(key):
     with pytest.raises(A.AnalyzerError, match=f"^\\[analyzer\\] {key} must be at least 1, got 0$"):
         A.AnalyzerConfig.from_mapping({"analyzer": {key: 0}})
+
+
+def test_a_pieces_statement_gets_its_piece_as_literals_and_keeps_other_parameters():
+    stmt = "SELECT * FROM t WHERE hash(node_id) % $pieces = $piece AND x = $piece_nodes AND ts <= $now"
+    assert A._piece_literals(stmt, 3, 15) == ("SELECT * FROM t WHERE hash(node_id) % 15 = 3 AND x = $piece_nodes "
+                                              "AND ts <= $now")
