@@ -49,7 +49,12 @@ label ``job_id``; the analyzer's noisy_neighbor_variance co_tenant/hypervisor co
 - ``job_neighbour_cpu_percent``: CPU (% of one core) used by every process that is not the job's (not
   in its process trees, not in its container or pod cgroup) and not this agent's;
 - ``job_neighbour_process_cpu_percent`` (labels ``comm``, ``pid``): the top five of those processes
-  that used at least ``NEIGHBOUR_NAMED_MIN`` %, so the flag can name them.
+  that used at least ``NEIGHBOUR_NAMED_MIN`` %, so the flag can name them;
+- ``job_neighbour_process_io_bytes_per_s`` (labels ``comm``, ``pid``): the top five commands outside the
+  job by storage I/O (``read_bytes`` + ``write_bytes`` of /proc/<pid>/io: what reached the block layer, not
+  page-cache hits) that moved at least ``NEIGHBOUR_IO_NAMED_MIN`` bytes/s, so a disk neighbour that takes
+  little CPU (a backup, a checkpoint copy, fio) is seen too. /proc/<pid>/io is read only for processes that
+  ran in the tick (a process that used no CPU issued no I/O) and needs root or the same user.
 """
 
 from __future__ import annotations
@@ -68,6 +73,7 @@ RECHECK_S = 2.0
 _POD_KEYS = ("pod", "namespace", "container")     # job sample attrs from the kubelet (agent/kubelet.py)
 NEIGHBOUR_NAMED_MIN = 5.0   # % of one core: below this a neighbour is not worth naming
 NEIGHBOUR_TOP = 5
+NEIGHBOUR_IO_NAMED_MIN = 1_000_000   # bytes/s: below this a disk neighbour is not worth naming
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -130,6 +136,20 @@ class _Job:
     gpus: set[int] = field(default_factory=set)
 
 
+def _by_command(values: dict[int, float], excluded: set[int], comm: dict[int, str]) -> dict[str, list]:
+    """Per-process values summed per command name, leaving out ``excluded`` pids: eight stress-ng workers at
+    8 % each are one 64 % neighbour. Each entry: [total, processes, pid of the largest, its value]."""
+    out: dict[str, list] = {}
+    for p, v in values.items():
+        if p not in excluded:
+            e = out.setdefault(comm.get(p, "?"), [0.0, 0, p, 0.0])
+            e[0] += v
+            e[1] += 1
+            if v > e[3]:
+                e[2], e[3] = p, v
+    return out
+
+
 class JobDiscovery:
     """Sampler (agent/sampling.py) that emits JobSamples and job_start/job_end events."""
 
@@ -157,6 +177,9 @@ class JobDiscovery:
         self.tracked_pids: Callable[[], dict[int, str]] | None = None
         # Every process's last (start, cpu ticks, time) for the neighbour CPU shares.
         self._all_cpu: dict[int, tuple[int, int, float]] = {}
+        # Its last (start, storage bytes read + written) for the neighbour I/O rates.
+        self._all_io: dict[int, tuple[int, int]] = {}
+        self._last_contention_t: float | None = None
         # Set by the daemon where Slurm runs: names a Slurm job's processes without their environment.
         self.slurm: SlurmAttribution | None = None
         self.pods: Any = None        # agent/kubelet.PodResources (also read by the GPU sampler), or None
@@ -513,6 +536,8 @@ class JobDiscovery:
         """Per job: its progress, and the CPU used by everything outside it (see the module doc)."""
         if not job_pids:
             self._all_cpu.clear()
+            self._all_io.clear()
+            self._last_contention_t = None
             return
         try:
             names = [int(n) for n in os.listdir(self.proc) if n.isdigit()]
@@ -538,6 +563,9 @@ class JobDiscovery:
             prev = self._all_cpu.get(pid)
             if prev is not None and prev[0] == start and t > prev[2]:
                 cpu[pid] = max(0, ticks - prev[1]) / _CLK_TCK / (t - prev[2]) * 100.0
+        dt_s = t - self._last_contention_t if self._last_contention_t is not None else None
+        io_rate = self._io_rates(seen, cpu, dt_s)
+        self._last_contention_t = t
         self._all_cpu = seen
 
         def tree(roots: set[int]) -> set[int]:
@@ -572,22 +600,38 @@ class JobDiscovery:
             else:
                 sink.add("job_progress_percent", sum(cpu.get(p, 0.0) for p in mine),
                          labels=dict(lab, source="cpu_share"), ts_ns=ts_ns)
-            # Summed per command name: eight stress-ng workers at 8 % each are one 64 % neighbour.
-            by_comm: dict[str, list] = {}
-            for p, v in cpu.items():
-                if p not in mine and p not in agent:
-                    e = by_comm.setdefault(comm.get(p, "?"), [0.0, 0, p, 0.0])
-                    e[0] += v
-                    e[1] += 1
-                    if v > e[3]:
-                        e[2], e[3] = p, v
+            outside = mine | agent
+            by_comm = _by_command(cpu, outside, comm)
             sink.add("job_neighbour_cpu_percent", sum(e[0] for e in by_comm.values()), labels=lab, ts_ns=ts_ns)
-            top = sorted(by_comm.items(), key=lambda kv: kv[1][0], reverse=True)[:NEIGHBOUR_TOP]
-            for name, (v, n, pid, _) in top:
-                if v < NEIGHBOUR_NAMED_MIN:
-                    break
-                sink.add("job_neighbour_process_cpu_percent", v,
-                         labels=dict(lab, comm=name, pid=str(pid), processes=str(n)), ts_ns=ts_ns)
+            for metric, per_comm, least in (("job_neighbour_process_cpu_percent", by_comm, NEIGHBOUR_NAMED_MIN),
+                                            ("job_neighbour_process_io_bytes_per_s",
+                                             _by_command(io_rate, outside, comm), NEIGHBOUR_IO_NAMED_MIN)):
+                top = sorted(per_comm.items(), key=lambda kv: kv[1][0], reverse=True)[:NEIGHBOUR_TOP]
+                for name, (v, n, pid, _) in top:
+                    if v < least:
+                        break
+                    sink.add(metric, v, labels=dict(lab, comm=name, pid=str(pid), processes=str(n)), ts_ns=ts_ns)
+
+    def _io_rates(self, seen: dict[int, tuple[int, int, float]], cpu: dict[int, float],
+                  dt_s: float | None) -> dict[int, float]:
+        """Storage bytes/s per process since the last tick, for the processes that ran in it (a process that
+        used no CPU issued no I/O, and its last reading stays valid). The first reading of a process gives
+        no rate, as for CPU."""
+        rates: dict[int, float] = {}
+        kept = {pid: v for pid, v in self._all_io.items() if pid in seen and seen[pid][0] == v[0]}
+        for pid, share in cpu.items():
+            if share <= 0:
+                continue
+            io = self._io(pid)
+            if io is None:
+                continue
+            total = io[0] + io[1]
+            prev = kept.get(pid)
+            if prev is not None and dt_s:
+                rates[pid] = max(0, total - prev[1]) / dt_s
+            kept[pid] = (seen[pid][0], total)
+        self._all_io = kept
+        return rates
 
     def _usage(self, pid: int, p: _Proc | None, t: float) -> tuple[float, float, float, float]:
         if p is None:

@@ -388,7 +388,8 @@ def passive_job_rows(node_id: str, job_id: str, *, start: dt.datetime, seconds: 
                      neighbour: str = "stress-ng-cpu", neighbour_cpu: float = 150.0, lost: float = 0.4,
                      own_phase: tuple[float, float] | None = None, own_drop: float = 0.4,
                      filler: str | None = None, psi_idle: float = 3.0, psi_contended: float = 60.0,
-                     ended: bool = False) -> tuple[list[tuple], list[tuple]]:
+                     ended: bool = False, neighbour_io_mb_per_s: float | None = None,
+                     own_io_phase: tuple[float, float] | None = None) -> tuple[list[tuple], list[tuple]]:
     """SYNTHETIC agent ticks of one job seen passively (agent/job_discovery.py's series), as sample rows.
 
     ``contention = (t0_s, t1_s)``: a co-tenant ``neighbour`` uses ``neighbour_cpu`` % of a core from t0 to t1
@@ -396,12 +397,16 @@ def passive_job_rows(node_id: str, job_id: str, *, start: dt.datetime, seconds: 
     avg10) follows the kernel's 10 s average towards ``psi_contended``. ``own_phase = (t0_s, t1_s)``: the job's
     own slower phase (progress falls by ``own_drop``, nobody else to blame); with ``filler`` a command soaks
     up the CPU the job left idle in that phase, which raises no pressure. Background: two small commands
-    (5-12 % of a core). ``ended``: the job ends at ``seconds`` (its last 2 s wind down, and a job_end event).
+    (5-12 % of a core) and one steady disk writer (1.5-2 MB/s). ``ended``: the job ends at ``seconds`` (its last 2 s wind down, and a job_end event).
+    ``neighbour_io_mb_per_s``: the co-tenant is a disk neighbour instead: during the contention it reads and
+    writes that many MB/s (job_neighbour_process_io_bytes_per_s) with little CPU (15 % of a core), and I/O
+    pressure (PSI io some) rises in place of CPU pressure. ``own_io_phase = (t0_s, t1_s)``: the job's own I/O
+    phase: its progress falls by ``own_drop`` and I/O pressure rises, with no neighbour's I/O.
     Returns (sample rows for add_samples, event rows for add_events)."""
     rng = rng or random.Random(0)
     rows: list[tuple] = []
     lab = f"job_id={job_id}"
-    psi = psi_idle
+    psi = psi_io = psi_idle
     decay = math.exp(-tick_s / 10.0)        # the kernel's avg10: a 10 s exponential average
     n = int(seconds / tick_s)
     for i in range(n):
@@ -411,21 +416,33 @@ def passive_job_rows(node_id: str, job_id: str, *, start: dt.datetime, seconds: 
         others = {"sshd": 5 + 2 * rng.random(), "python3": 8 + 4 * rng.random()}
         contended = contention is not None and contention[0] <= s < (contention[1] if contention[1] is not None
                                                                      else float("inf"))
+        disk = {"systemd-journal": 1.5 + 0.5 * rng.random()}     # MB/s: a steady writer of its own
         if contended:
             p *= 1 - lost
-            others[neighbour] = neighbour_cpu * (1 + rng.gauss(0, noise))
-        if own_phase and own_phase[0] <= s < own_phase[1]:
+            if neighbour_io_mb_per_s is None:
+                others[neighbour] = neighbour_cpu * (1 + rng.gauss(0, noise))
+            else:
+                others[neighbour] = 15 * (1 + rng.gauss(0, noise))
+                disk[neighbour] = neighbour_io_mb_per_s * (1 + rng.gauss(0, noise))
+        own_io = own_io_phase is not None and own_io_phase[0] <= s < own_io_phase[1]
+        if (own_phase and own_phase[0] <= s < own_phase[1]) or own_io:
             p *= 1 - own_drop
             if filler:
                 others[filler] = progress * own_drop * (1 + rng.gauss(0, noise))
         if ended and s >= seconds - 2:
             p *= 0.3 * rng.random()      # wind-down: the ranks tear the process group down and exit
-        psi = psi * decay + (psi_contended if contended else psi_idle) * (1 - decay)
+        cpu_wait = contended and neighbour_io_mb_per_s is None
+        io_wait = own_io or (contended and neighbour_io_mb_per_s is not None)
+        psi = psi * decay + (psi_contended if cpu_wait else psi_idle) * (1 - decay)
+        psi_io = psi_io * decay + (psi_contended if io_wait else psi_idle) * (1 - decay)
         rows += [(t, node_id, None, "job_progress_percent", f"{lab},source={source}", max(0.0, p)),
                  (t, node_id, None, "job_neighbour_cpu_percent", lab, sum(others.values())),
-                 (t, node_id, None, "psi_cpu_some_avg10_percent", "", psi)]
+                 (t, node_id, None, "psi_cpu_some_avg10_percent", "", psi),
+                 (t, node_id, None, "psi_io_some_avg10_percent", "", psi_io)]
         rows += [(t, node_id, None, "job_neighbour_process_cpu_percent", f"{lab},comm={c},pid={1000 + k}", v)
                  for k, (c, v) in enumerate(sorted(others.items()))]
+        rows += [(t, node_id, None, "job_neighbour_process_io_bytes_per_s", f"{lab},comm={c},pid={2000 + k}",
+                  v * 1e6) for k, (c, v) in enumerate(sorted(disk.items()))]
     events = []
     if ended:
         last = start + dt.timedelta(seconds=(n - 1) * tick_s)

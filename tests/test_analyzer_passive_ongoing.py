@@ -124,3 +124,33 @@ def test_the_next_job_starting_as_this_one_exits_is_not_blamed_for_its_wind_down
     the job's last 2 s are its exit. Counted, the exit would look like 35 % lost to that command."""
     _job(con, seconds=100, contention=(94, None), lost=0.05, ended=True)
     assert _pass(con, 140) == []
+
+
+def test_a_disk_neighbour_is_flagged_while_there_by_its_io_and_named(con):
+    """A co-tenant that takes little CPU but reads and writes 300 MB/s from 60 s on, still there at the pass:
+    the job's progress falls and its tasks wait on I/O (PSI io). Flagged as a disk neighbour, named by its
+    share of the added disk I/O; the steady journal writer is not blamed."""
+    _job(con, seconds=120, contention=(60, None), neighbour="fio", neighbour_io_mb_per_s=300.0)
+    (f,) = _pass(con, 80.5)
+    ev = f["evidence"]
+    assert ev["resource"] == "io" and ev["neighbour_unit"] == "MB/s" and ev["cause"] == "fio disk I/O"
+    assert ev["episode"] == "ongoing" and ev["progress_lost_fraction"] == pytest.approx(0.4, abs=0.05)
+    assert [n["comm"] for n in ev["neighbours"]] == ["fio"]
+    assert ev["neighbours"][0]["contended"] == pytest.approx(300, rel=0.1)
+    assert re.search(r"has lost \d+ % .* and it goes on, while fio reads and writes \d+ MB/s on the disks "
+                     r"\(before it \d+ MB/s; added disk I/O by command: fio 100 %\); limit the co-tenant's I/O",
+                     f["sentence"]), f["sentence"]
+
+
+def test_a_disk_neighbour_without_io_pressure_is_not_blamed(con):
+    """The same disk co-tenant, but the job's tasks never wait on I/O (no PSI io rise): its drop is its own."""
+    _job(con, seconds=120, contention=(60, None), neighbour="fio", neighbour_io_mb_per_s=300.0,
+         psi_contended=3.0)
+    assert _pass(con, 80.5) == []
+
+
+def test_the_jobs_own_io_phase_is_not_a_neighbour(con):
+    """The job's own I/O phase from 60 s on (a checkpoint, say): its progress falls and I/O pressure rises,
+    but nobody outside it moves more bytes: no flag."""
+    _job(con, seconds=120, own_io_phase=(60, 120), own_drop=0.4)
+    assert _pass(con, 90.5) == []

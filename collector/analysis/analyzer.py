@@ -183,6 +183,7 @@ class AnalyzerConfig:
     corroboration_steal_percent: float = 1.0
     corroboration_psi_percent: float = 10.0
     neighbour_cpu_percent: float = 25.0   # % of one core a neighbour must add over its usual level
+    neighbour_io_mb_per_s: float = 20.0   # MB/s of disk I/O a neighbour must add over its usual level
     job_warmup_s: float = 10.0            # a passively seen job's start-up (imports, rendezvous) is not progress
     job_winddown_s: float = 3.0           # nor is an ended job's wind-down (process-group teardown, exit)
     min_minutes: int = 10
@@ -642,7 +643,8 @@ class Analyzer:
             "theoretical_threshold": cfg.theoretical_threshold_percent, "vo_z": cfg.significance_z,
             "min_runs": cfg.min_runs, "noise_k": cfg.noise_k, "min_fleet_nodes": cfg.min_fleet_nodes,
             "corr_steal": cfg.corroboration_steal_percent, "corr_psi": cfg.corroboration_psi_percent,
-            "neighbour_cpu": cfg.neighbour_cpu_percent, "job_warmup_s": cfg.job_warmup_s,
+            "neighbour_cpu": cfg.neighbour_cpu_percent, "neighbour_io": cfg.neighbour_io_mb_per_s,
+            "job_warmup_s": cfg.job_warmup_s,
             "job_winddown_s": cfg.job_winddown_s, "psi_rise": cfg.corroboration_psi_percent / 2,
             "min_minutes": cfg.min_minutes, "idle_util": cfg.idle_util_percent,
             "input_util": cfg.input_bound_util_percent, "data_wait": cfg.data_wait_fraction,

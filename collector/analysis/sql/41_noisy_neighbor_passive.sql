@@ -1,10 +1,11 @@
 -- noisy_neighbor_variance for jobs seen only passively (no tracker): components co_tenant and hypervisor.
 -- Per agent tick and job (agent/job_discovery.py): the job's progress (GPU util, else the CPU share of its
--- own processes), the CPU of each command outside the job (workers summed per command name), and the
--- node's CPU steal. Each command (and steal) is one contention series.
+-- own processes), the CPU and the storage I/O of each command outside the job (workers summed per command
+-- name), and the node's CPU steal. Each command's CPU, each command's disk I/O and steal is one contention
+-- series (resource cpu, io, steal).
 -- An episode is a run of ticks where a series stands above its usual level (its 25th percentile over the
--- job) by a clear margin: >= $neighbour_cpu % of a core and >= half its usual level (steal: >= $corr_steal
--- points); up to two quiet ticks inside a run do not split it. The job's first $job_warmup_s are left out
+-- job) by a clear margin: >= $neighbour_cpu % of a core (disk I/O: >= $neighbour_io MB/s) and >= half its
+-- usual level (steal: >= $corr_steal points); up to two quiet ticks inside a run do not split it. The job's first $job_warmup_s are left out
 -- (start-up: imports, rendezvous, not progress), and so are the last $job_winddown_s of a job that has ended
 -- (a job_end event, or no tick for 30 s): its wind-down looks like lost progress.
 -- An episode with >= $min_runs ticks after it (ended) is judged against the job's progress just before and
@@ -16,10 +17,11 @@
 -- be lower than before by the whole threshold. Once the after window is there, the before-and-after
 -- judgement takes over: a recovery keeps the flag (more sure), none closes it.
 -- Both need: >= $min_runs ticks in the episode and before it, the series' level over the reference by the
--- margin, and (co_tenant) CPU pressure (PSI cpu some) risen in the episode by $psi_rise points: a neighbour
--- that takes CPU from the job makes the job's threads wait, one that only fills CPU the job left idle (the
--- job's own slower phase) does not. The job's own busy phases never count: its processes are not
--- neighbours. Neighbours are named by their share of the added CPU during the episode.
+-- margin, and (co_tenant) pressure risen in the episode by $psi_rise points, CPU pressure (PSI cpu some)
+-- for a CPU neighbour and I/O pressure (PSI io some) for a disk one: a neighbour that takes CPU or the disk
+-- from the job makes the job's tasks wait; one that only fills CPU the job left idle (the job's own slower
+-- phase) does not. The job's own busy or I/O phases never count: its processes are not neighbours.
+-- Neighbours are named by their share of the added CPU (or disk I/O) during the episode.
 
 CREATE OR REPLACE TEMP TABLE _pc_ticks AS
 WITH raw AS (
@@ -65,30 +67,39 @@ SELECT * FROM j
 WHERE ts >= job_first + to_microseconds(CAST($job_warmup_s * 1e6 AS BIGINT))
   AND NOT (job_ended AND ts > job_last - to_microseconds(CAST($job_winddown_s * 1e6 AS BIGINT)));
 
+-- value: % of one core (cpu) or MB/s read and written (io)
 CREATE OR REPLACE TEMP TABLE _pc_named AS
 SELECT node_id, ts, regexp_extract(labels, '(^|,)job_id=([^,]*)', 2) AS job_id,
+       CASE metric WHEN 'job_neighbour_process_cpu_percent' THEN 'cpu' ELSE 'io' END AS resource,
        regexp_extract(labels, '(^|,)comm=([^,]*)', 2) AS comm,
-       regexp_extract(labels, '(^|,)pid=([^,]*)', 2) AS pid, value
+       regexp_extract(labels, '(^|,)pid=([^,]*)', 2) AS pid,
+       CASE metric WHEN 'job_neighbour_process_cpu_percent' THEN value ELSE value / 1e6 END AS value
 FROM samples
-WHERE ts > $window_start AND ts <= $now AND metric = 'job_neighbour_process_cpu_percent';
+WHERE ts > $window_start AND ts <= $now
+  AND metric IN ('job_neighbour_process_cpu_percent', 'job_neighbour_process_io_bytes_per_s');
 
--- One row per job tick and series: every named command (0 in ticks where it was not named) and steal.
+-- One row per job tick and series: every named command's CPU and disk I/O (0 in ticks where it was not
+-- named) and steal. A command's disk series is keyed "<command> disk I/O".
 CREATE OR REPLACE TEMP TABLE _pc_series AS
-WITH keys AS (SELECT DISTINCT node_id, job_id, comm FROM _pc_named),
+WITH keys AS (SELECT DISTINCT node_id, job_id, resource, comm FROM _pc_named),
 s AS (
-    SELECT k.node_id, k.job_id, k.ts, k.progress, k.job_ended, k.psi_cpu, k.dt_s, 'co_tenant' AS component,
-           c.comm AS key, coalesce(n.value, 0) AS v
+    SELECT k.node_id, k.job_id, k.ts, k.progress, k.job_ended, k.psi_cpu, k.psi_io, k.dt_s,
+           'co_tenant' AS component, c.resource, c.comm AS comm,
+           CASE c.resource WHEN 'io' THEN c.comm || ' disk I/O' ELSE c.comm END AS key, coalesce(n.value, 0) AS v
     FROM _pc_ticks k
     JOIN keys c ON c.node_id = k.node_id AND c.job_id = k.job_id
-    LEFT JOIN _pc_named n ON n.node_id = k.node_id AND n.job_id = k.job_id AND n.ts = k.ts AND n.comm = c.comm
+    LEFT JOIN _pc_named n ON n.node_id = k.node_id AND n.job_id = k.job_id AND n.ts = k.ts
+                         AND n.resource = c.resource AND n.comm = c.comm
     UNION ALL
-    SELECT node_id, job_id, ts, progress, job_ended, psi_cpu, dt_s, 'hypervisor', 'cpu steal', coalesce(steal, 0)
+    SELECT node_id, job_id, ts, progress, job_ended, psi_cpu, psi_io, dt_s, 'hypervisor', 'steal', NULL,
+           'cpu steal', coalesce(steal, 0)
     FROM _pc_ticks
 ), u AS (
     SELECT *, quantile_cont(v, 0.25) OVER (PARTITION BY node_id, job_id, key) AS usual FROM s
 ), h AS (
-    SELECT *, v >= usual + CASE component WHEN 'co_tenant' THEN greatest($neighbour_cpu, usual / 2)
-                                          ELSE $corr_steal END AS raw_hit
+    SELECT *, v >= usual + CASE resource WHEN 'cpu' THEN greatest($neighbour_cpu, usual / 2)
+                                         WHEN 'io' THEN greatest($neighbour_io, usual / 2)
+                                         ELSE $corr_steal END AS raw_hit
     FROM u
 ), g AS (
     -- up to two quiet ticks between contended ones do not end the episode
@@ -102,9 +113,9 @@ FROM g;
 
 CREATE OR REPLACE TEMP TABLE _pc_episodes AS
 WITH e AS (
-    SELECT node_id, job_id, component, key, island, min(ts) AS t0, max(ts) AS t1, count(*) AS n,
+    SELECT node_id, job_id, component, resource, comm, key, island, min(ts) AS t0, max(ts) AS t1, count(*) AS n,
            sum(dt_s) AS hit_s, avg(progress) AS p_hit, avg(v) AS v_hit, any_value(job_ended) AS job_ended,
-           max(psi_cpu) AS psi_cpu_hit_max
+           max(psi_cpu) AS psi_cpu_hit_max, max(psi_io) AS psi_io_hit_max
     FROM _pc_series WHERE hit GROUP BY ALL
     HAVING count(*) >= $min_runs
 ), r AS (
@@ -117,7 +128,8 @@ SELECT r.*,
        avg(s.progress) FILTER (WHERE s.ts > r.t1) AS p_after,
        avg(s.progress) AS p_ref, avg(s.v) AS v_ref,
        avg(s.v) FILTER (WHERE s.ts < r.t0) AS v_before,
-       avg(s.psi_cpu) FILTER (WHERE s.ts < r.t0) AS psi_cpu_before
+       avg(s.psi_cpu) FILTER (WHERE s.ts < r.t0) AS psi_cpu_before,
+       avg(s.psi_io) FILTER (WHERE s.ts < r.t0) AS psi_io_before
 FROM r
 LEFT JOIN _pc_series s ON s.node_id = r.node_id AND s.job_id = r.job_id AND s.key = r.key AND NOT s.hit
      AND ((s.ts >= r.t0 - r.span AND s.ts < r.t0) OR (s.ts > r.t1 AND s.ts <= r.t1 + r.span))
@@ -142,13 +154,17 @@ WITH q0 AS (
 ), ok AS (
     SELECT * FROM q
     WHERE n_before >= $min_runs
-      AND v_hit - v_ref >= CASE component WHEN 'co_tenant' THEN greatest($neighbour_cpu, v_ref / 2) ELSE $corr_steal END
+      AND v_hit - v_ref >= CASE resource WHEN 'cpu' THEN greatest($neighbour_cpu, v_ref / 2)
+                                         WHEN 'io' THEN greatest($neighbour_io, v_ref / 2) ELSE $corr_steal END
       AND lost >= threshold
       AND (open_ended OR (lost_before >= threshold / 2 AND coalesce(lost_after, 1) >= threshold / 2))
       -- A neighbour that takes CPU from the job makes the job's threads wait: CPU pressure rises (PSI, where
       -- the node has it). One that only soaks up CPU the job left idle (its own slower phase) raises none.
-      AND (component <> 'co_tenant' OR psi_cpu_hit_max IS NULL OR psi_cpu_before IS NULL
+      -- A disk neighbour that slows the job's I/O makes its tasks wait on I/O: I/O pressure rises.
+      AND (resource <> 'cpu' OR psi_cpu_hit_max IS NULL OR psi_cpu_before IS NULL
            OR psi_cpu_hit_max >= psi_cpu_before + $psi_rise)
+      AND (resource <> 'io' OR psi_io_hit_max IS NULL OR psi_io_before IS NULL
+           OR psi_io_hit_max >= psi_io_before + $psi_rise)
       -- Steal can take from a job measured by its CPU share at most the CPU it stole: on N CPUs, s points of
       -- steal are s * N % of one core. The rise in steal must account for at least half of the CPU share the
       -- job lost, or the drop is the job's own (an I/O phase, say) that a little steal happened to overlap.
@@ -156,9 +172,9 @@ WITH q0 AS (
                AND (v_hit - v_ref) * cpus < 0.5 * (p_ref - p_hit))
     -- the episode still going on is the news; else the worst
     QUALIFY row_number() OVER (PARTITION BY node_id, component
-                               ORDER BY open_ended DESC, lost DESC, v_hit - v_ref DESC) = 1
+                               ORDER BY open_ended DESC, lost DESC, v_hit - v_ref DESC, key) = 1
 ), win AS (   -- every tick of the episode and of its reference windows, for the totals and the names
-    SELECT ok.node_id, ok.job_id, ok.component, k.ts, k.ts BETWEEN ok.t0 AND ok.t1 AS during,
+    SELECT ok.node_id, ok.job_id, ok.component, ok.resource, k.ts, k.ts BETWEEN ok.t0 AND ok.t1 AS during,
            k.neighbour_cpu, k.steal, k.psi_cpu, k.psi_io, k.psi_mem, k.progress_source
     FROM ok JOIN _pc_ticks k ON k.node_id = ok.node_id AND k.job_id = ok.job_id
      AND k.ts >= ok.t0 - ok.span AND k.ts <= ok.t1 + ok.span
@@ -170,16 +186,17 @@ WITH q0 AS (
            max(psi_mem) FILTER (WHERE during) AS psi_mem_max,
            count(*) FILTER (WHERE during) AS n_during, count(*) FILTER (WHERE NOT during) AS n_around
     FROM win GROUP BY ALL
-), per_comm AS (
+), per_comm AS (   -- the commands' use of the episode's resource (CPU for steal)
     SELECT w.node_id, w.job_id, w.component, n.comm,
            list(DISTINCT n.pid) FILTER (WHERE w.during) AS pids,
            coalesce(sum(n.value) FILTER (WHERE w.during), 0) AS s_hit,
            coalesce(sum(n.value) FILTER (WHERE NOT w.during), 0) AS s_ref
     FROM win w JOIN _pc_named n ON n.node_id = w.node_id AND n.job_id = w.job_id AND n.ts = w.ts
+                               AND n.resource = CASE w.resource WHEN 'io' THEN 'io' ELSE 'cpu' END
     GROUP BY ALL
 ), rises AS (
     SELECT p.*, p.s_hit / t.n_during - p.s_ref / nullif(t.n_around, 0) AS rise,
-           p.s_hit / t.n_during AS cpu_hit, coalesce(p.s_ref / nullif(t.n_around, 0), 0) AS cpu_ref
+           p.s_hit / t.n_during AS level_hit, coalesce(p.s_ref / nullif(t.n_around, 0), 0) AS level_ref
     FROM per_comm p JOIN tot t USING (node_id, job_id, component)
 ), shares AS (
     SELECT *, rise / sum(rise) FILTER (WHERE rise > 0) OVER (PARTITION BY node_id, job_id, component) AS share
@@ -188,9 +205,9 @@ WITH q0 AS (
 SELECT ok.*, tot.* EXCLUDE (node_id, job_id, component),
        CASE WHEN NOT ok.open_ended THEN 'ended' WHEN ok.job_ended THEN 'until_job_end'
             WHEN ok.n_after = 0 THEN 'ongoing' ELSE 'ended' END AS episode,
-       (SELECT list({'comm': s.comm, 'pids': s.pids, 'cpu_percent_contended': round(s.cpu_hit, 1),
-                     'cpu_percent_around': round(s.cpu_ref, 1), 'share_of_added_cpu': round(s.share, 3)}
-                    ORDER BY s.rise DESC)[1:3]
+       (SELECT list({'comm': s.comm, 'pids': s.pids, 'contended': round(s.level_hit, 1),
+                     'around': round(s.level_ref, 1), 'share_of_added': round(s.share, 3)}
+                    ORDER BY s.rise DESC, s.comm)[1:3]
         FROM shares s WHERE s.node_id = ok.node_id AND s.job_id = ok.job_id AND s.component = ok.component
           AND s.rise > 0) AS neighbours
 FROM ok JOIN tot USING (node_id, job_id, component);
@@ -205,7 +222,9 @@ SELECT node_id, NULL AS gpu, 'noisy_neighbor_variance' AS kind, component,
        lost AS value, 'fraction' AS unit, p_ref AS baseline,
        CASE WHEN open_ended THEN 'job_progress_before_episode' ELSE 'job_progress_around_episode' END AS baseline_source,
        json_object(
-           'job_id', job_id, 'cause', key, 'progress_source', progress_source,
+           'job_id', job_id, 'cause', key, 'resource', resource,
+           'neighbour_unit', CASE resource WHEN 'io' THEN 'MB/s' ELSE 'percent_of_a_core' END,
+           'progress_source', progress_source,
            'episode', episode, 'judged_against', CASE WHEN open_ended THEN 'before' ELSE 'before_and_after' END,
            'episode_start', t0, 'episode_last_tick', t1, 'progress_lost_s', round(lost * hit_s, 1),
            'progress_before', round(p_before, 1), 'progress_after', round(p_after, 1),
@@ -228,11 +247,18 @@ SELECT node_id, NULL AS gpu, 'noisy_neighbor_variance' AS kind, component,
                        WHEN 'until_job_end' THEN 'in its last ' || printf('%.0f', hit_s) || ' s while '
                        ELSE 'during ' || printf('%.0f', hit_s) || ' s while ' END
        || CASE component
-              WHEN 'co_tenant' THEN key || CASE WHEN episode = 'ongoing' THEN ' uses ' ELSE ' used ' END
+              WHEN 'co_tenant' THEN CASE resource WHEN 'io' THEN
+                   comm || CASE WHEN episode = 'ongoing' THEN ' reads and writes ' ELSE ' read and wrote ' END
+                   || printf('%.0f', v_hit) || ' MB/s on the disks (' || CASE WHEN open_ended THEN 'before' ELSE 'around' END
+                   || ' it ' || printf('%.0f', v_ref) || ' MB/s; added disk I/O by command: ' || coalesce(array_to_string(list_transform(neighbours,
+                        x -> x.comm || ' ' || printf('%.0f', x.share_of_added * 100) || ' %'), ', '), 'unnamed')
+                   || '); limit the co-tenant''s I/O (cgroup io.max), give it a disk of its own or move it off this node.'
+                   ELSE
+                   key || CASE WHEN episode = 'ongoing' THEN ' uses ' ELSE ' used ' END
                    || printf('%.0f', v_hit) || ' % of a core (' || CASE WHEN open_ended THEN 'before' ELSE 'around' END
                    || ' it ' || printf('%.0f', v_ref) || ' %; added CPU by command: ' || coalesce(array_to_string(list_transform(neighbours,
-                        x -> x.comm || ' ' || printf('%.0f', x.share_of_added_cpu * 100) || ' %'), ', '), 'unnamed')
-                   || '); isolate the co-tenant (cgroup CPU limits, pinning) or move it off this node.'
+                        x -> x.comm || ' ' || printf('%.0f', x.share_of_added * 100) || ' %'), ', '), 'unnamed')
+                   || '); isolate the co-tenant (cgroup CPU limits, pinning) or move it off this node.' END
               ELSE 'the hypervisor stole up to ' || printf('%.0f', steal_max)
                    || ' % of the CPU; ask for dedicated vCPUs or move the job.' END
        AS sentence
