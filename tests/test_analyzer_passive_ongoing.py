@@ -154,3 +154,11 @@ def test_the_jobs_own_io_phase_is_not_a_neighbour(con):
     but nobody outside it moves more bytes: no flag."""
     _job(con, seconds=120, own_io_phase=(60, 120), own_drop=0.4)
     assert _pass(con, 90.5) == []
+
+
+@pytest.mark.parametrize("key, value", [("neighbour_io_mb_per_s", 0), ("neighbour_io_mb_per_s", -5.0),
+                                        ("neighbour_cpu_percent", float("nan"))])
+def test_a_neighbour_margin_that_is_not_positive_is_refused(key, value):
+    from gpuagent.collector.analysis import analyzer as A
+    with pytest.raises(A.AnalyzerError, match=f"^\\[analyzer\\] {key} must be a positive number, got "):
+        A.AnalyzerConfig.from_mapping({"analyzer": {key: value}})

@@ -259,6 +259,10 @@ class AnalyzerConfig:
         for name in ("piece_nodes", "rollup_chunk_rows"):
             if kwargs.get(name, 1) < 1:
                 raise AnalyzerError(f"[analyzer] {name} must be at least 1, got {kwargs[name]!r}")
+        for name in ("neighbour_cpu_percent", "neighbour_io_mb_per_s"):
+            # a margin of 0 or less would make every tick of every command an episode
+            if name in kwargs and not (math.isfinite(kwargs[name]) and kwargs[name] > 0):
+                raise AnalyzerError(f"[analyzer] {name} must be a positive number, got {section[name]!r}")
         valid = {f"{c.kind}.{c.component}" for c in COMPONENTS}
         for key, value in thresholds.items():
             if key not in valid:
