@@ -247,7 +247,7 @@ class AnalyzerConfig:
                 name = key + "_s"
             if name not in known:
                 raise AnalyzerError(f"unknown [analyzer] setting {key!r}")
-            if name.endswith("_s"):
+            if name.endswith("_s") and not name.endswith("_per_s"):     # a duration, not a rate
                 kwargs[name] = parse_duration(value)
             elif name == "reference_path":
                 kwargs[name] = str(value)
