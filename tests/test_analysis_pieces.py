@@ -154,3 +154,36 @@ def test_a_pieces_statement_gets_its_piece_as_literals_and_keeps_other_parameter
     stmt = "SELECT * FROM t WHERE hash(node_id) % $pieces = $piece AND x = $piece_nodes AND ts <= $now"
     assert A._piece_literals(stmt, 3, 15) == ("SELECT * FROM t WHERE hash(node_id) % 15 = 3 AND x = $piece_nodes "
                                               "AND ts <= $now")
+
+
+def test_virtualization_overhead_in_pieces_equals_one_pass_over_all(tmp_path):
+    """30_virtualization_overhead.sql judges each node's probe runs against the stored fleet baselines: in
+    pieces of 5 nodes of a 42-node SYNTHETIC fleet (every 7th cloud node's probes 20 % low) the flags are the
+    same as in one piece. One file, copied, so both passes read the same (random) probe values."""
+    import shutil
+    src = tmp_path / "fleet.duckdb"
+    con = duckdb.connect(str(src))
+    schema.migrate(con)
+    start = NOW - dt.timedelta(hours=1)
+    S.add_synthetic_fleet(con, 42, 2, start)
+    S.fill_fleet_probe_rows(con, nodes=42, gpus=2, start=start, first_s=0, seconds=3600)
+    con.close()
+    got = {}
+    for piece_nodes in (2000, 5):
+        path = tmp_path / f"p{piece_nodes}.duckdb"
+        shutil.copy(src, path)
+        con = duckdb.connect(str(path))
+        an = A.Analyzer(A.AnalyzerConfig(piece_nodes=piece_nodes))
+        pieces = an.pieces(con, next(s for s in STEPS if s.name == "virtualization_overhead"))
+        result = an.run_pass(con, NOW)
+        assert result.failed == {}
+        got[pieces] = con.execute("SELECT node_id, gpu, component, severity, value, baseline, evidence, sentence "
+                                  "FROM flags WHERE state = 'open' AND kind = 'virtualization_overhead' "
+                                  "ORDER BY ALL").fetchall()
+        if pieces > 1:
+            spread = con.execute(f"SELECT count(DISTINCT hash(node_id) % {pieces}) FROM nodes").fetchone()[0]
+        con.close()
+    assert set(got) == {1, 9} and spread >= 7
+    flagged = {r[0] for r in got[1] if r[3] in ("warning", "critical")}
+    assert flagged == {f"synthetic-{n:05d}" for n in range(42) if n % 2 == 1 and n % 7 == 0}, flagged
+    assert _floats_to_12_digits(got[9]) == _floats_to_12_digits(got[1])
