@@ -1,6 +1,6 @@
 -- Incremental 1-minute rollup of samples.
--- Reads only the raw rows appended since the last pass (rowid in ($lo, $hi]; DuckDB prunes row groups on
--- rowid, so this never scans older samples), aggregates them per minute and series, and merges them into
+-- Reads only the raw rows appended since the last pass (rowid in ($lo, $hi]; DuckDB skips the row groups
+-- outside the range, so the time follows the new rows, not the table, though its profiler counts them all), aggregates them per minute and series, and merges them into
 -- samples_1m: n, sum, min and max are mergeable, so a minute that was partly rolled up before (or a late
 -- batch for an old minute) comes out exactly as a full GROUP BY over the raw rows would.
 -- $dmin/$dmax bound the minutes touched so the merge reads only those rollup row groups.
