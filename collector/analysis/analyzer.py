@@ -456,6 +456,14 @@ def watermark_of(con, source: str) -> tuple[int, int, int | None]:
     return hi, int(count), (_row_key(con, source, hi) if hi >= 0 else None)
 
 
+def _rowid_span(con, source: str, lo: int, hi: int) -> tuple[Any, Any, int]:
+    """(first minute, last minute, rows) of the rows of ``source`` with rowid in (lo, hi]."""
+    dmin, dmax, n = con.execute(
+        f"SELECT date_trunc('minute', min(ts)), date_trunc('minute', max(ts)), count(*) "
+        f"FROM {source} WHERE rowid > $lo AND rowid <= $hi", {"lo": lo, "hi": hi}).fetchone()
+    return dmin, dmax, int(n)
+
+
 def set_watermark(con, source: str, hi: int, count: int, key: int | None) -> None:
     con.execute("INSERT OR REPLACE INTO rollup_watermarks (source, last_rowid, updated_at, last_count, last_key) "
                 "VALUES (?, ?, ?, ?, ?)", [source, hi, utc_now(), count, key])
@@ -535,12 +543,7 @@ class Analyzer:
             source = step.source
             hi, count, key = watermark_of(con, source)
             lo = rolled_up_rowid(con, source, hi, count)
-            bounds = None
-            if lo is not None:
-                bounds = con.execute(
-                    f"SELECT date_trunc('minute', min(ts)), date_trunc('minute', max(ts)), count(*) "
-                    f"FROM {source} WHERE rowid > $lo AND rowid <= $hi", {"lo": lo, "hi": hi}).fetchone()
-            if lo is None or bounds[2] != hi - lo:
+            if lo is None or _rowid_span(con, source, lo, hi)[2] != hi - lo:
                 # Rows went that were never rolled up, or the watermark is from before this scheme: rebuild
                 # the minutes the raw table still holds; older rollup minutes (past raw retention) stay.
                 log.warning("rollup of %s: the watermark does not match the table; rebuilding the minutes "
@@ -548,11 +551,7 @@ class Analyzer:
                 con.execute(f"DELETE FROM {source}_1m WHERE minute >= "
                             f"(SELECT date_trunc('minute', min(ts)) FROM {source})")
                 lo = -1
-                bounds = con.execute(
-                    f"SELECT date_trunc('minute', min(ts)), date_trunc('minute', max(ts)), count(*) "
-                    f"FROM {source} WHERE rowid <= $hi", {"hi": hi}).fetchone()
-            if bounds[2]:
-                total += self._rollup_chunks(con, step, lo, hi)
+            total += self._rollup_chunks(con, step, lo, hi)
             set_watermark(con, source, hi, count, key)
         return total
 
@@ -564,14 +563,12 @@ class Analyzer:
         total = 0
         for c_lo in range(lo, hi, self.config.rollup_chunk_rows):
             c_hi = min(hi, c_lo + self.config.rollup_chunk_rows)
-            dmin, dmax, n = con.execute(
-                f"SELECT date_trunc('minute', min(ts)), date_trunc('minute', max(ts)), count(*) "
-                f"FROM {step.source} WHERE rowid > $lo AND rowid <= $hi", {"lo": c_lo, "hi": c_hi}).fetchone()
+            dmin, dmax, n = _rowid_span(con, step.source, c_lo, c_hi)
             if n:
                 params = {"lo": c_lo, "hi": c_hi, "dmin": dmin, "dmax": dmax}
                 for stmt in self.sql[step.name]:
                     _run(con, stmt, params)
-                total += int(n)
+                total += n
         return total
 
     # -- flags -------------------------------------------------------------------------------------------
