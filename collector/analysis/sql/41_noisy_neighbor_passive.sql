@@ -5,9 +5,10 @@
 -- series (resource cpu, io, steal).
 -- An episode is a run of ticks where a series stands above its usual level (its 25th percentile over the
 -- job) by a clear margin: >= $neighbour_cpu % of a core (disk I/O: >= $neighbour_io MB/s) and >= half its
--- usual level (steal: >= $corr_steal points); up to two quiet ticks inside a run do not split it. The job's first $job_warmup_s are left out
--- (start-up: imports, rendezvous, not progress), and so are the last $job_winddown_s of a job that has ended
--- (a job_end event, or no tick for 30 s): its wind-down looks like lost progress.
+-- usual level (steal: >= $corr_steal points); up to two quiet ticks inside a run do not split it. The job's
+-- first $job_warmup_s are left out (start-up: imports, rendezvous, not progress), and so are the last
+-- $job_winddown_s of a job that has ended (a job_end event, or no tick for 30 s): its wind-down looks like
+-- lost progress.
 -- An episode with >= $min_runs ticks after it (ended) is judged against the job's progress just before and
 -- just after it (each window as long as the episode, >= 10 s, without that series' episode ticks), so a slow
 -- drift of the rest of the node does not count: progress lower than the two together by the component's
@@ -247,18 +248,19 @@ SELECT node_id, NULL AS gpu, 'noisy_neighbor_variance' AS kind, component,
                        WHEN 'until_job_end' THEN 'in its last ' || printf('%.0f', hit_s) || ' s while '
                        ELSE 'during ' || printf('%.0f', hit_s) || ' s while ' END
        || CASE component
-              WHEN 'co_tenant' THEN CASE resource WHEN 'io' THEN
-                   comm || CASE WHEN episode = 'ongoing' THEN ' reads and writes ' ELSE ' read and wrote ' END
-                   || printf('%.0f', v_hit) || ' MB/s on the disks (' || CASE WHEN open_ended THEN 'before' ELSE 'around' END
-                   || ' it ' || printf('%.0f', v_ref) || ' MB/s; added disk I/O by command: ' || coalesce(array_to_string(list_transform(neighbours,
+              -- one sentence for both resources, in a core's percent (CPU) or MB/s (disk I/O)
+              WHEN 'co_tenant' THEN comm
+                   || CASE WHEN resource = 'io' AND episode = 'ongoing' THEN ' reads and writes '
+                           WHEN resource = 'io' THEN ' read and wrote '
+                           WHEN episode = 'ongoing' THEN ' uses ' ELSE ' used ' END
+                   || printf('%.0f', v_hit) || CASE resource WHEN 'io' THEN ' MB/s on the disks (' ELSE ' % of a core (' END
+                   || CASE WHEN open_ended THEN 'before' ELSE 'around' END || ' it ' || printf('%.0f', v_ref)
+                   || CASE resource WHEN 'io' THEN ' MB/s; added disk I/O by command: ' ELSE ' %; added CPU by command: ' END
+                   || coalesce(array_to_string(list_transform(neighbours,
                         x -> x.comm || ' ' || printf('%.0f', x.share_of_added * 100) || ' %'), ', '), 'unnamed')
-                   || '); limit the co-tenant''s I/O (cgroup io.max), give it a disk of its own or move it off this node.'
-                   ELSE
-                   key || CASE WHEN episode = 'ongoing' THEN ' uses ' ELSE ' used ' END
-                   || printf('%.0f', v_hit) || ' % of a core (' || CASE WHEN open_ended THEN 'before' ELSE 'around' END
-                   || ' it ' || printf('%.0f', v_ref) || ' %; added CPU by command: ' || coalesce(array_to_string(list_transform(neighbours,
-                        x -> x.comm || ' ' || printf('%.0f', x.share_of_added * 100) || ' %'), ', '), 'unnamed')
-                   || '); isolate the co-tenant (cgroup CPU limits, pinning) or move it off this node.' END
+                   || CASE resource
+                        WHEN 'io' THEN '); limit the co-tenant''s I/O (cgroup io.max), give it a disk of its own or move it off this node.'
+                        ELSE '); isolate the co-tenant (cgroup CPU limits, pinning) or move it off this node.' END
               ELSE 'the hypervisor stole up to ' || printf('%.0f', steal_max)
                    || ' % of the CPU; ask for dedicated vCPUs or move the job.' END
        AS sentence
