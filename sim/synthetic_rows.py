@@ -397,7 +397,8 @@ def passive_job_rows(node_id: str, job_id: str, *, start: dt.datetime, seconds: 
     avg10) follows the kernel's 10 s average towards ``psi_contended``. ``own_phase = (t0_s, t1_s)``: the job's
     own slower phase (progress falls by ``own_drop``, nobody else to blame); with ``filler`` a command soaks
     up the CPU the job left idle in that phase, which raises no pressure. Background: two small commands
-    (5-12 % of a core) and one steady disk writer (1.5-2 MB/s). ``ended``: the job ends at ``seconds`` (its last 2 s wind down, and a job_end event).
+    (5-12 % of a core) and one steady disk writer (1.5-2 MB/s). ``ended``: the job ends at ``seconds`` (its
+    last 2 s wind down, and a job_end event).
     ``neighbour_io_mb_per_s``: the co-tenant is a disk neighbour instead: during the contention it reads and
     writes that many MB/s (job_neighbour_process_io_bytes_per_s) with little CPU (15 % of a core), and I/O
     pressure (PSI io some) rises in place of CPU pressure. ``own_io_phase = (t0_s, t1_s)``: the job's own I/O

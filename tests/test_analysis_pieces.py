@@ -4,6 +4,7 @@ piece. Real DuckDB files with SYNTHETIC rows: the same fleet is analysed once wh
 from __future__ import annotations
 
 import datetime as dt
+import shutil
 
 import duckdb
 import pytest
@@ -41,12 +42,15 @@ def _fleet(con) -> None:
 
 
 def _pass(path, piece_nodes: int, fill=None, step_name: str = "utilization_gap",
-          spread_sql: str = "SELECT count(DISTINCT hash(node_id) % {pieces}) FROM nodes"):
-    """One pass over a new file of ``fill``'s rows: (result, pieces of the step, how many pieces the rows
-    really spread over, the open flags)."""
+          spread_sql: str = "SELECT count(DISTINCT hash(node_id) % {pieces}) FROM nodes", src=None):
+    """One pass over a new file of ``fill``'s rows (or a copy of the file ``src``): (result, pieces of the
+    step, how many pieces the rows really spread over, the open flags)."""
+    if src is not None:
+        shutil.copy(src, path)
     con = duckdb.connect(str(path))
-    schema.migrate(con)
-    (fill or _fleet)(con)
+    if src is None:
+        schema.migrate(con)
+        (fill or _fleet)(con)
     an = A.Analyzer(A.AnalyzerConfig(piece_nodes=piece_nodes))
     pieces = an.pieces(con, next(s for s in STEPS if s.name == step_name))
     result = an.run_pass(con, NOW)
@@ -160,7 +164,6 @@ def test_virtualization_overhead_in_pieces_equals_one_pass_over_all(tmp_path):
     """30_virtualization_overhead.sql judges each node's probe runs against the stored fleet baselines: in
     pieces of 5 nodes of a 42-node SYNTHETIC fleet (every 7th cloud node's probes 20 % low) the flags are the
     same as in one piece. One file, copied, so both passes read the same (random) probe values."""
-    import shutil
     src = tmp_path / "fleet.duckdb"
     con = duckdb.connect(str(src))
     schema.migrate(con)
@@ -168,22 +171,11 @@ def test_virtualization_overhead_in_pieces_equals_one_pass_over_all(tmp_path):
     S.add_synthetic_fleet(con, 42, 2, start)
     S.fill_fleet_probe_rows(con, nodes=42, gpus=2, start=start, first_s=0, seconds=3600)
     con.close()
-    got = {}
-    for piece_nodes in (2000, 5):
-        path = tmp_path / f"p{piece_nodes}.duckdb"
-        shutil.copy(src, path)
-        con = duckdb.connect(str(path))
-        an = A.Analyzer(A.AnalyzerConfig(piece_nodes=piece_nodes))
-        pieces = an.pieces(con, next(s for s in STEPS if s.name == "virtualization_overhead"))
-        result = an.run_pass(con, NOW)
-        assert result.failed == {}
-        got[pieces] = con.execute("SELECT node_id, gpu, component, severity, value, baseline, evidence, sentence "
-                                  "FROM flags WHERE state = 'open' AND kind = 'virtualization_overhead' "
-                                  "ORDER BY ALL").fetchall()
-        if pieces > 1:
-            spread = con.execute(f"SELECT count(DISTINCT hash(node_id) % {pieces}) FROM nodes").fetchone()[0]
-        con.close()
-    assert set(got) == {1, 9} and spread >= 7
-    flagged = {r[0] for r in got[1] if r[3] in ("warning", "critical")}
+    whole, one, _, all_expected = _pass(tmp_path / "whole.duckdb", 2000, step_name="virtualization_overhead", src=src)
+    split, nine, spread, all_got = _pass(tmp_path / "pieces.duckdb", 5, step_name="virtualization_overhead", src=src)
+    assert (one, nine) == (1, 9) and spread >= 7
+    assert whole.failed == {} and split.failed == {}
+    expected, got = ([r for r in rows if r[2] == "virtualization_overhead"] for rows in (all_expected, all_got))
+    flagged = {r[0] for r in expected if r[4] in ("warning", "critical")}
     assert flagged == {f"synthetic-{n:05d}" for n in range(42) if n % 2 == 1 and n % 7 == 0}, flagged
-    assert _floats_to_12_digits(got[9]) == _floats_to_12_digits(got[1])
+    assert _floats_to_12_digits(got) == _floats_to_12_digits(expected)
