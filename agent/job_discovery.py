@@ -55,6 +55,14 @@ label ``job_id``; the analyzer's noisy_neighbor_variance co_tenant/hypervisor co
   page-cache hits) that moved at least ``NEIGHBOUR_IO_NAMED_MIN`` bytes/s, so a disk neighbour that takes
   little CPU (a backup, a checkpoint copy, fio) is seen too. /proc/<pid>/io is read only for processes that
   ran in the tick (a process that used no CPU issued no I/O) and needs root or the same user.
+- ``job_neighbour_process_net_bytes_per_s`` (labels ``comm``, ``pid``): the top five commands outside the
+  job by TCP bytes sent (acked) and received on connections that leave the node (agent/tcp_sockets.py:
+  sock_diag, the socket's owner from /proc/<pid>/fd, looked up only for sockets that moved bytes and only
+  among processes that ran in the tick), at least ``NEIGHBOUR_NET_NAMED_MIN`` bytes/s, so a network
+  neighbour (a backup upload, a dataset sync, another job's traffic) is seen;
+- ``job_tcp_srtt_ms``: the mean smoothed RTT of the job's own TCP connections that left the node and moved
+  bytes in the tick: the job's "network pressure", which rises when a neighbour fills the link they share
+  (packets queue). Connections inside the node (loopback) count for neither.
 """
 
 from __future__ import annotations
@@ -66,6 +74,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from gpuagent.agent.config import JobRules
+from gpuagent.agent.tcp_sockets import TcpSocketsUnavailable, socket_inodes, tcp_connections
 from gpuagent.common.job_identity import cgroup_ids, job_identity, own_container_id
 from gpuagent.agent.slurm import PENDING, SlurmAttribution
 
@@ -74,6 +83,9 @@ _POD_KEYS = ("pod", "namespace", "container")     # job sample attrs from the ku
 NEIGHBOUR_NAMED_MIN = 5.0   # % of one core: below this a neighbour is not worth naming
 NEIGHBOUR_TOP = 5
 NEIGHBOUR_IO_NAMED_MIN = 1_000_000   # bytes/s: below this a disk neighbour is not worth naming
+NEIGHBOUR_NET_NAMED_MIN = 1_000_000  # bytes/s: below this a network neighbour is not worth naming
+SOCKET_OWNER_RETRY_S = 30.0   # a socket with no owner found (a kernel socket, another user's) is sought again then
+NET_RETRY_S = 60.0            # sock_diag failed: asked again after this
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -179,6 +191,12 @@ class JobDiscovery:
         self._all_cpu: dict[int, tuple[int, int, float]] = {}
         # Its last (start, storage bytes read + written) for the neighbour I/O rates.
         self._all_io: dict[int, tuple[int, int]] = {}
+        # TCP connections: bytes at the last tick by socket cookie; owner pid by inode; inodes whose owner
+        # was not found, with when to look again; when sock_diag may be asked again after it failed.
+        self._sock_bytes: dict[int, int] = {}
+        self._sock_owner: dict[int, int] = {}
+        self._sock_unowned: dict[int, float] = {}
+        self._net_retry_t = 0.0
         self._last_contention_t: float | None = None
         # Set by the daemon where Slurm runs: names a Slurm job's processes without their environment.
         self.slurm: SlurmAttribution | None = None
@@ -537,6 +555,7 @@ class JobDiscovery:
         if not job_pids:
             self._all_cpu.clear()
             self._all_io.clear()
+            self._sock_bytes.clear()
             self._last_contention_t = None
             return
         try:
@@ -565,6 +584,7 @@ class JobDiscovery:
                 cpu[pid] = max(0, ticks - prev[1]) / _CLK_TCK / (t - prev[2]) * 100.0
         dt_s = t - self._last_contention_t if self._last_contention_t is not None else None
         io_rate = self._io_rates(seen, cpu, dt_s)
+        net_rate, net_rtt = self._net_rates(seen, cpu, t, dt_s)
         self._last_contention_t = t
         self._all_cpu = seen
 
@@ -603,9 +623,14 @@ class JobDiscovery:
             outside = mine | agent
             by_comm = _by_command(cpu, outside, comm)
             sink.add("job_neighbour_cpu_percent", sum(e[0] for e in by_comm.values()), labels=lab, ts_ns=ts_ns)
+            rtts = [r for p in mine for r in net_rtt.get(p, ())]
+            if rtts:
+                sink.add("job_tcp_srtt_ms", sum(rtts) / len(rtts) / 1000.0, labels=lab, ts_ns=ts_ns)
             for metric, per_comm, least in (("job_neighbour_process_cpu_percent", by_comm, NEIGHBOUR_NAMED_MIN),
                                             ("job_neighbour_process_io_bytes_per_s",
-                                             _by_command(io_rate, outside, comm), NEIGHBOUR_IO_NAMED_MIN)):
+                                             _by_command(io_rate, outside, comm), NEIGHBOUR_IO_NAMED_MIN),
+                                            ("job_neighbour_process_net_bytes_per_s",
+                                             _by_command(net_rate, outside, comm), NEIGHBOUR_NET_NAMED_MIN)):
                 top = sorted(per_comm.items(), key=lambda kv: kv[1][0], reverse=True)[:NEIGHBOUR_TOP]
                 for name, (v, n, pid, _) in top:
                     if v < least:
@@ -632,6 +657,59 @@ class JobDiscovery:
             kept[pid] = (seen[pid][0], total)
         self._all_io = kept
         return rates
+
+    def _net_rates(self, seen: dict[int, tuple[int, int, float]], cpu: dict[int, float], t: float,
+                   dt_s: float | None) -> tuple[dict[int, float], dict[int, list[int]]]:
+        """TCP bytes/s per process on connections that leave the node, and the smoothed RTTs (us) of the
+        connections that moved bytes, per process. A socket's owner is sought only when it moved bytes and
+        is not known yet, the processes that ran most in the tick first; one not found (a kernel socket,
+        another user's process) is sought again after SOCKET_OWNER_RETRY_S. A connection's first reading
+        gives no rate, as for CPU.
+        Empty when sock_diag cannot be asked (then again after NET_RETRY_S)."""
+        if t < self._net_retry_t:
+            return {}, {}
+        try:
+            conns = tcp_connections()
+        except TcpSocketsUnavailable:
+            self._net_retry_t = t + NET_RETRY_S
+            self._sock_bytes.clear()
+            return {}, {}
+        moved: list[tuple[int, int, int]] = []     # (inode, bytes since the last tick, srtt)
+        now_bytes: dict[int, int] = {}
+        for c in conns:
+            if c.local:
+                continue
+            now_bytes[c.cookie] = c.bytes_total
+            prev = self._sock_bytes.get(c.cookie)
+            if prev is not None and c.bytes_total > prev:
+                moved.append((c.inode, c.bytes_total - prev, c.srtt_us))
+        self._sock_bytes = now_bytes
+        live = {c.inode for c in conns}
+        self._sock_owner = {i: p for i, p in self._sock_owner.items() if i in live}
+        self._sock_unowned = {i: r for i, r in self._sock_unowned.items() if i in live}
+        wanted = {m[0] for m in moved if m[0] not in self._sock_owner and self._sock_unowned.get(m[0], 0) <= t}
+        if wanted:
+            # the busiest first; a process that sends a little now and then may have run for less than a
+            # clock tick, so the rest are searched after them
+            order = sorted(seen, key=lambda p: cpu.get(p, 1.0), reverse=True)
+            for pid in order:
+                if not wanted:
+                    break
+                for inode in socket_inodes(self.proc, pid) & wanted:
+                    self._sock_owner[inode] = pid
+                    wanted.discard(inode)
+            for inode in wanted:
+                self._sock_unowned[inode] = t + SOCKET_OWNER_RETRY_S
+        rates: dict[int, float] = {}
+        rtts: dict[int, list[int]] = {}
+        for inode, delta, srtt in moved:
+            pid = self._sock_owner.get(inode)
+            if pid is None:
+                continue
+            if dt_s:
+                rates[pid] = rates.get(pid, 0.0) + delta / dt_s
+            rtts.setdefault(pid, []).append(srtt)
+        return rates, rtts
 
     def _usage(self, pid: int, p: _Proc | None, t: float) -> tuple[float, float, float, float]:
         if p is None:

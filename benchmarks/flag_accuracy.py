@@ -33,9 +33,11 @@ noisy_neighbor_variance/co_tenant while the episode goes on (``--passive-nodes``
 ``--passive-only`` for that part alone; issue 26): SYNTHETIC ticks of one passively seen job per node
 (sim.synthetic_rows.passive_job_rows, 1 s ticks, 10 minutes) written into a real collector database: ~40 %
 with a co-tenant that arrives between minute 3 and 8 and is still there at the end (a quarter of them disk
-neighbours: little CPU, 80-400 MB/s of disk I/O, I/O pressure), ~10 % with a slower phase of the job's own
-(half of them with a command soaking up the CPU it left idle), ~5 % with an I/O phase of its own, the rest
-clean. Real
+neighbours: little CPU, 80-400 MB/s of disk I/O, I/O pressure; a sixth network neighbours: 30-300 MB/s off the
+node, the job's own connections' RTT from 0.2 ms to 2-20 ms), ~10 % with a slower phase of the job's own
+(half of them with a command soaking up the CPU it left idle), ~2.5 % with an I/O phase of its own, ~2.5 % with
+a network phase of its own (its RTT rises, nobody else's bytes), the rest clean; a third of the jobs without a
+network neighbour have no connections off the node (no RTT). Real
 analysis passes every 60 s (the default interval). A positive is a node with the co-tenant; a hit an open
 co_tenant flag on it at the last pass; any open co_tenant flag on another node at any pass is a false
 positive. The time from the episode's start to the first pass that showed its flag is reported (median,
@@ -458,6 +460,10 @@ def passive_accuracy(n: int, seed: int, db: Path) -> dict:
                     kw.update(neighbour=rng.choice(("fio", "rsync", "tar")),
                               neighbour_io_mb_per_s=rng.uniform(80, 400))
                     kinds[node] = "co_tenant_disk"
+                elif r < 0.1667:    # a sixth take the network: the job's packets queue behind theirs
+                    kw.update(neighbour=rng.choice(("rclone", "aws", "iperf3", "nccl-tests")),
+                              neighbour_net_mb_per_s=rng.uniform(30, 300), rtt_contended_ms=rng.uniform(2, 20))
+                    kinds[node] = "co_tenant_net"
             elif r < 0.55:
                 t0 = rng.uniform(180, 480)
                 phase = (t0, t0 + rng.uniform(60, 200))
@@ -465,11 +471,16 @@ def passive_accuracy(n: int, seed: int, db: Path) -> dict:
                     kw = dict(own_phase=phase, own_drop=rng.uniform(0.3, 0.7),
                               filler="backup" if rng.random() < 0.5 else None)
                     kinds[node] = "own_phase_with_filler" if kw["filler"] else "own_phase"
-                else:               # its own I/O phase (a checkpoint): I/O pressure rises, nobody else's I/O
+                elif r < 0.525:     # its own I/O phase (a checkpoint): I/O pressure rises, nobody else's I/O
                     kw = dict(own_io_phase=phase, own_drop=rng.uniform(0.3, 0.7))
                     kinds[node] = "own_io_phase"
+                else:               # its own network phase (a shard download): its RTT rises, nobody else's bytes
+                    kw = dict(own_net_phase=phase, own_drop=rng.uniform(0.3, 0.7), rtt_contended_ms=rng.uniform(2, 20))
+                    kinds[node] = "own_net_phase"
             else:
                 kinds[node] = "clean"
+            if kinds[node] not in ("co_tenant_net", "own_net_phase") and rng.random() < 1 / 3:
+                kw["rtt_ms"] = None     # a job with no connections off the node
             source = "gpu_util" if rng.random() < 0.3 else "cpu_share"
             rows, _ = S.passive_job_rows(node, "job-" + node, start=start, seconds=seconds, source=source,
                                          progress=90.0 if source == "gpu_util" else rng.uniform(100, 190),
@@ -505,11 +516,14 @@ def passive_accuracy(n: int, seed: int, db: Path) -> dict:
     delays = sorted(first_seen.values())
     by_kind = {kind: {"nodes": sum(1 for v in kinds.values() if v == kind),
                       "false_positives": sum(1 for node, v in kinds.items() if v == kind and node in false_pos)}
-               for kind in ("own_phase", "own_phase_with_filler", "own_io_phase", "clean")}
+               for kind in ("own_phase", "own_phase_with_filler", "own_io_phase", "own_net_phase", "clean")}
     disk = [node for node, v in kinds.items() if v == "co_tenant_disk"]
     disk_tp = sum(1 for node in disk if node in open_nodes)
+    net = [node for node, v in kinds.items() if v == "co_tenant_net"]
+    net_tp = sum(1 for node in net if node in open_nodes)
     return {"nodes": n, "with_co_tenant": len(onset), "recall": round(tp / len(onset), 4) if onset else None,
             "with_disk_co_tenant": len(disk), "recall_disk": round(disk_tp / len(disk), 4) if disk else None,
+            "with_network_co_tenant": len(net), "recall_network": round(net_tp / len(net), 4) if net else None,
             "false_positive_rate": round(fp / len(negatives), 4) if negatives else None,
             "tp": tp, "fn": len(onset) - tp, "fp": fp, "tn": len(negatives) - fp, "negatives": by_kind,
             "episode_start_to_flag_s": {"median": round(statistics.median(delays), 1) if delays else None,

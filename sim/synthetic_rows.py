@@ -389,7 +389,9 @@ def passive_job_rows(node_id: str, job_id: str, *, start: dt.datetime, seconds: 
                      own_phase: tuple[float, float] | None = None, own_drop: float = 0.4,
                      filler: str | None = None, psi_idle: float = 3.0, psi_contended: float = 60.0,
                      ended: bool = False, neighbour_io_mb_per_s: float | None = None,
-                     own_io_phase: tuple[float, float] | None = None) -> tuple[list[tuple], list[tuple]]:
+                     own_io_phase: tuple[float, float] | None = None, neighbour_net_mb_per_s: float | None = None,
+                     own_net_phase: tuple[float, float] | None = None, rtt_ms: float | None = 0.2,
+                     rtt_contended_ms: float = 8.0) -> tuple[list[tuple], list[tuple]]:
     """SYNTHETIC agent ticks of one job seen passively (agent/job_discovery.py's series), as sample rows.
 
     ``contention = (t0_s, t1_s)``: a co-tenant ``neighbour`` uses ``neighbour_cpu`` % of a core from t0 to t1
@@ -403,6 +405,11 @@ def passive_job_rows(node_id: str, job_id: str, *, start: dt.datetime, seconds: 
     writes that many MB/s (job_neighbour_process_io_bytes_per_s) with little CPU (15 % of a core), and I/O
     pressure (PSI io some) rises in place of CPU pressure. ``own_io_phase = (t0_s, t1_s)``: the job's own I/O
     phase: its progress falls by ``own_drop`` and I/O pressure rises, with no neighbour's I/O.
+    ``neighbour_net_mb_per_s``: the co-tenant is a network neighbour instead: during the contention it sends
+    and receives that many MB/s off the node (job_neighbour_process_net_bytes_per_s) with little CPU, and the
+    RTT of the job's own connections (job_tcp_srtt_ms, ``rtt_ms`` otherwise; None: the job has no connections
+    off the node) rises to ``rtt_contended_ms``. ``own_net_phase = (t0_s, t1_s)``: the job's own network phase
+    (a dataset shard download): its progress falls by ``own_drop`` and its RTT rises, with no neighbour's bytes.
     Returns (sample rows for add_samples, event rows for add_events)."""
     rng = rng or random.Random(0)
     rows: list[tuple] = []
@@ -418,21 +425,30 @@ def passive_job_rows(node_id: str, job_id: str, *, start: dt.datetime, seconds: 
         contended = contention is not None and contention[0] <= s < (contention[1] if contention[1] is not None
                                                                      else float("inf"))
         disk = {"systemd-journal": 1.5 + 0.5 * rng.random()}     # MB/s: a steady writer of its own
+        net = {"node_exporter": 1.0 + 0.5 * rng.random()}         # MB/s off the node: scrapes, ssh
+        rtt = None if rtt_ms is None else rtt_ms * (1 + 0.2 * rng.random())
         if contended:
             p *= 1 - lost
-            if neighbour_io_mb_per_s is None:
-                others[neighbour] = neighbour_cpu * (1 + rng.gauss(0, noise))
-            else:
+            if neighbour_io_mb_per_s is not None:
                 others[neighbour] = 15 * (1 + rng.gauss(0, noise))
                 disk[neighbour] = neighbour_io_mb_per_s * (1 + rng.gauss(0, noise))
+            elif neighbour_net_mb_per_s is not None:
+                others[neighbour] = 15 * (1 + rng.gauss(0, noise))
+                net[neighbour] = neighbour_net_mb_per_s * (1 + rng.gauss(0, noise))
+                rtt = None if rtt is None else rtt_contended_ms * (1 + 0.2 * rng.random())
+            else:
+                others[neighbour] = neighbour_cpu * (1 + rng.gauss(0, noise))
         own_io = own_io_phase is not None and own_io_phase[0] <= s < own_io_phase[1]
-        if (own_phase and own_phase[0] <= s < own_phase[1]) or own_io:
+        own_net = own_net_phase is not None and own_net_phase[0] <= s < own_net_phase[1]
+        if own_net and rtt is not None:
+            rtt = rtt_contended_ms * (1 + 0.2 * rng.random())
+        if (own_phase and own_phase[0] <= s < own_phase[1]) or own_io or own_net:
             p *= 1 - own_drop
             if filler:
                 others[filler] = progress * own_drop * (1 + rng.gauss(0, noise))
         if ended and s >= seconds - 2:
             p *= 0.3 * rng.random()      # wind-down: the ranks tear the process group down and exit
-        cpu_wait = contended and neighbour_io_mb_per_s is None
+        cpu_wait = contended and neighbour_io_mb_per_s is None and neighbour_net_mb_per_s is None
         io_wait = own_io or (contended and neighbour_io_mb_per_s is not None)
         psi = psi * decay + (psi_contended if cpu_wait else psi_idle) * (1 - decay)
         psi_io = psi_io * decay + (psi_contended if io_wait else psi_idle) * (1 - decay)
@@ -444,6 +460,10 @@ def passive_job_rows(node_id: str, job_id: str, *, start: dt.datetime, seconds: 
                  for k, (c, v) in enumerate(sorted(others.items()))]
         rows += [(t, node_id, None, "job_neighbour_process_io_bytes_per_s", f"{lab},comm={c},pid={2000 + k}",
                   v * 1e6) for k, (c, v) in enumerate(sorted(disk.items()))]
+        rows += [(t, node_id, None, "job_neighbour_process_net_bytes_per_s", f"{lab},comm={c},pid={3000 + k}",
+                  v * 1e6) for k, (c, v) in enumerate(sorted(net.items()))]
+        if rtt is not None:
+            rows.append((t, node_id, None, "job_tcp_srtt_ms", lab, rtt))
     events = []
     if ended:
         last = start + dt.timedelta(seconds=(n - 1) * tick_s)

@@ -156,9 +156,51 @@ def test_the_jobs_own_io_phase_is_not_a_neighbour(con):
     assert _pass(con, 90.5) == []
 
 
+def test_a_network_neighbour_is_flagged_while_there_by_its_bytes_and_the_jobs_rtt(con):
+    """A co-tenant that sends and receives 80 MB/s off the node from 60 s on, still there at the pass: the
+    job's progress falls and its own connections' RTT rises (its packets queue behind the neighbour's).
+    Flagged as a network neighbour, named by its share of the added traffic; the steady scraper is not."""
+    _job(con, seconds=120, contention=(60, None), neighbour="rsync", neighbour_net_mb_per_s=80.0)
+    (f,) = _pass(con, 80.5)
+    ev = f["evidence"]
+    assert ev["resource"] == "net" and ev["neighbour_unit"] == "MB/s" and ev["cause"] == "rsync network"
+    assert ev["episode"] == "ongoing" and ev["progress_lost_fraction"] == pytest.approx(0.4, abs=0.05)
+    assert [n["comm"] for n in ev["neighbours"]] == ["rsync"]
+    assert ev["neighbours"][0]["contended"] == pytest.approx(80, rel=0.1)
+    assert ev["job_tcp_srtt_ms"]["contended"] >= 4 * ev["job_tcp_srtt_ms"]["before"]
+    assert re.search(r"has lost \d+ % .* and it goes on, while rsync sends and receives \d+ MB/s off the node "
+                     r"\(before it \d+ MB/s; added network traffic by command: rsync 100 %\); the job's connections "
+                     r"waited [\d.]+ ms \(RTT\) against [\d.]+ ms before; limit the co-tenant's bandwidth",
+                     f["sentence"]), f["sentence"]
+
+
+@pytest.mark.parametrize("rtt_ms, rtt_contended_ms", [(0.2, 0.25), (None, 8.0)],
+                         ids=["rtt-unchanged", "no-connections-off-the-node"])
+def test_a_network_neighbour_is_not_blamed_without_the_jobs_rtt_rising(con, rtt_ms, rtt_contended_ms):
+    """The same network co-tenant, but the job's own connections do not queue behind it (their RTT stays),
+    or the job has no connections off the node at all: its drop is its own, not the network's."""
+    _job(con, seconds=120, contention=(60, None), neighbour="rsync", neighbour_net_mb_per_s=80.0,
+         rtt_ms=rtt_ms, rtt_contended_ms=rtt_contended_ms)
+    assert _pass(con, 80.5) == []
+
+
+def test_the_jobs_own_network_phase_is_not_a_neighbour(con):
+    """The job downloads its next dataset shard from 60 s on: its progress falls and its RTT rises (its own
+    packets queue), but nobody outside it moves more bytes: no flag."""
+    _job(con, seconds=120, own_net_phase=(60, 120), own_drop=0.4)
+    assert _pass(con, 90.5) == []
+
+
 @pytest.mark.parametrize("key, value", [("neighbour_io_mb_per_s", 0), ("neighbour_io_mb_per_s", -5.0),
-                                        ("neighbour_cpu_percent", float("nan"))])
+                                        ("neighbour_cpu_percent", float("nan")), ("neighbour_net_mb_per_s", 0)])
 def test_a_neighbour_margin_that_is_not_positive_is_refused(key, value):
     from gpuagent.collector.analysis import analyzer as A
     with pytest.raises(A.AnalyzerError, match=f"^\\[analyzer\\] {key} must be a positive number, got "):
         A.AnalyzerConfig.from_mapping({"analyzer": {key: value}})
+
+
+@pytest.mark.parametrize("value", [1, 0.5, float("inf")])
+def test_an_rtt_rise_that_is_no_rise_is_refused(value):
+    from gpuagent.collector.analysis import analyzer as A
+    with pytest.raises(A.AnalyzerError, match=r"^\[analyzer\] neighbour_rtt_rise must be a number greater than 1, "):
+        A.AnalyzerConfig.from_mapping({"analyzer": {"neighbour_rtt_rise": value}})

@@ -1,10 +1,12 @@
 -- noisy_neighbor_variance for jobs seen only passively (no tracker): components co_tenant and hypervisor.
 -- Per agent tick and job (agent/job_discovery.py): the job's progress (GPU util, else the CPU share of its
--- own processes), the CPU and the storage I/O of each command outside the job (workers summed per command
--- name), and the node's CPU steal. Each command's CPU, each command's disk I/O and steal is one contention
--- series (resource cpu, io, steal).
+-- own processes), the CPU, the storage I/O and the TCP bytes off the node of each command outside the job
+-- (workers summed per command name), the RTT of the job's own connections off the node, and the node's CPU
+-- steal. Each command's CPU, disk I/O and network bytes, and steal, is one contention series (resource cpu,
+-- io, net, steal).
 -- An episode is a run of ticks where a series stands above its usual level (its 25th percentile over the
--- job) by a clear margin: >= $neighbour_cpu % of a core (disk I/O: >= $neighbour_io MB/s) and >= half its
+-- job) by a clear margin: >= $neighbour_cpu % of a core (disk I/O: >= $neighbour_io MB/s, network:
+-- >= $neighbour_net MB/s) and >= half its
 -- usual level (steal: >= $corr_steal points); up to two quiet ticks inside a run do not split it. The job's
 -- first $job_warmup_s are left out (start-up: imports, rendezvous, not progress), and so are the last
 -- $job_winddown_s of a job that has ended (a job_end event, or no tick for 30 s): its wind-down looks like
@@ -21,7 +23,10 @@
 -- margin, and (co_tenant) pressure risen in the episode by $psi_rise points, CPU pressure (PSI cpu some)
 -- for a CPU neighbour and I/O pressure (PSI io some) for a disk one: a neighbour that takes CPU or the disk
 -- from the job makes the job's tasks wait; one that only fills CPU the job left idle (the job's own slower
--- phase) does not. The job's own busy or I/O phases never count: its processes are not neighbours.
+-- phase) does not. A network neighbour needs the RTT of the job's own connections off the node risen
+-- $rtt_rise-fold: one that fills a link the job uses makes the job's packets queue behind its own; a job
+-- with no connections off the node cannot lose to one. The job's own busy, I/O or network phases never
+-- count: its processes are not neighbours.
 -- Neighbours are named by their share of the added CPU (or disk I/O) during the episode.
 
 CREATE OR REPLACE TEMP TABLE _pc_ticks AS
@@ -31,7 +36,7 @@ WITH raw AS (
            regexp_extract(labels, '(^|,)source=([^,]*)', 2) AS source
     FROM samples
     WHERE ts > $window_start AND ts <= $now
-      AND metric IN ('job_progress_percent', 'job_neighbour_cpu_percent')
+      AND metric IN ('job_progress_percent', 'job_neighbour_cpu_percent', 'job_tcp_srtt_ms')
 ), host AS (
     SELECT node_id, ts,
            max(value) FILTER (WHERE metric = 'cpu_steal_percent') AS steal,
@@ -47,7 +52,8 @@ WITH raw AS (
     SELECT node_id, job_id, ts,
            max(value) FILTER (WHERE metric = 'job_progress_percent') AS progress,
            max(source) FILTER (WHERE metric = 'job_progress_percent') AS progress_source,
-           max(value) FILTER (WHERE metric = 'job_neighbour_cpu_percent') AS neighbour_cpu
+           max(value) FILTER (WHERE metric = 'job_neighbour_cpu_percent') AS neighbour_cpu,
+           max(value) FILTER (WHERE metric = 'job_tcp_srtt_ms') AS rtt
     FROM raw GROUP BY ALL
 ), ended AS (
     SELECT DISTINCT node_id, json_extract_string(attrs, '$.job_id') AS job_id
@@ -68,31 +74,35 @@ SELECT * FROM j
 WHERE ts >= job_first + to_microseconds(CAST($job_warmup_s * 1e6 AS BIGINT))
   AND NOT (job_ended AND ts > job_last - to_microseconds(CAST($job_winddown_s * 1e6 AS BIGINT)));
 
--- value: % of one core (cpu) or MB/s read and written (io)
+-- value: % of one core (cpu), MB/s read and written (io) or MB/s sent and received off the node (net)
 CREATE OR REPLACE TEMP TABLE _pc_named AS
 SELECT node_id, ts, regexp_extract(labels, '(^|,)job_id=([^,]*)', 2) AS job_id,
-       CASE metric WHEN 'job_neighbour_process_cpu_percent' THEN 'cpu' ELSE 'io' END AS resource,
+       CASE metric WHEN 'job_neighbour_process_cpu_percent' THEN 'cpu'
+                   WHEN 'job_neighbour_process_io_bytes_per_s' THEN 'io' ELSE 'net' END AS resource,
        regexp_extract(labels, '(^|,)comm=([^,]*)', 2) AS comm,
        regexp_extract(labels, '(^|,)pid=([^,]*)', 2) AS pid,
        CASE metric WHEN 'job_neighbour_process_cpu_percent' THEN value ELSE value / 1e6 END AS value
 FROM samples
 WHERE ts > $window_start AND ts <= $now
-  AND metric IN ('job_neighbour_process_cpu_percent', 'job_neighbour_process_io_bytes_per_s');
+  AND metric IN ('job_neighbour_process_cpu_percent', 'job_neighbour_process_io_bytes_per_s',
+                 'job_neighbour_process_net_bytes_per_s');
 
--- One row per job tick and series: every named command's CPU and disk I/O (0 in ticks where it was not
--- named) and steal. A command's disk series is keyed "<command> disk I/O".
+-- One row per job tick and series: every named command's CPU, disk I/O and network bytes (0 in ticks where
+-- it was not named) and steal. A command's disk series is keyed "<command> disk I/O", its network series
+-- "<command> network".
 CREATE OR REPLACE TEMP TABLE _pc_series AS
 WITH keys AS (SELECT DISTINCT node_id, job_id, resource, comm FROM _pc_named),
 s AS (
-    SELECT k.node_id, k.job_id, k.ts, k.progress, k.job_ended, k.psi_cpu, k.psi_io, k.dt_s,
+    SELECT k.node_id, k.job_id, k.ts, k.progress, k.job_ended, k.psi_cpu, k.psi_io, k.rtt, k.dt_s,
            'co_tenant' AS component, c.resource, c.comm AS comm,
-           CASE c.resource WHEN 'io' THEN c.comm || ' disk I/O' ELSE c.comm END AS key, coalesce(n.value, 0) AS v
+           CASE c.resource WHEN 'io' THEN c.comm || ' disk I/O' WHEN 'net' THEN c.comm || ' network'
+                           ELSE c.comm END AS key, coalesce(n.value, 0) AS v
     FROM _pc_ticks k
     JOIN keys c ON c.node_id = k.node_id AND c.job_id = k.job_id
     LEFT JOIN _pc_named n ON n.node_id = k.node_id AND n.job_id = k.job_id AND n.ts = k.ts
                          AND n.resource = c.resource AND n.comm = c.comm
     UNION ALL
-    SELECT node_id, job_id, ts, progress, job_ended, psi_cpu, psi_io, dt_s, 'hypervisor', 'steal', NULL,
+    SELECT node_id, job_id, ts, progress, job_ended, psi_cpu, psi_io, rtt, dt_s, 'hypervisor', 'steal', NULL,
            'cpu steal', coalesce(steal, 0)
     FROM _pc_ticks
 ), u AS (
@@ -100,6 +110,7 @@ s AS (
 ), h AS (
     SELECT *, v >= usual + CASE resource WHEN 'cpu' THEN greatest($neighbour_cpu, usual / 2)
                                          WHEN 'io' THEN greatest($neighbour_io, usual / 2)
+                                         WHEN 'net' THEN greatest($neighbour_net, usual / 2)
                                          ELSE $corr_steal END AS raw_hit
     FROM u
 ), g AS (
@@ -116,7 +127,7 @@ CREATE OR REPLACE TEMP TABLE _pc_episodes AS
 WITH e AS (
     SELECT node_id, job_id, component, resource, comm, key, island, min(ts) AS t0, max(ts) AS t1, count(*) AS n,
            sum(dt_s) AS hit_s, avg(progress) AS p_hit, avg(v) AS v_hit, any_value(job_ended) AS job_ended,
-           max(psi_cpu) AS psi_cpu_hit_max, max(psi_io) AS psi_io_hit_max
+           max(psi_cpu) AS psi_cpu_hit_max, max(psi_io) AS psi_io_hit_max, median(rtt) AS rtt_hit
     FROM _pc_series WHERE hit GROUP BY ALL
     HAVING count(*) >= $min_runs
 ), r AS (
@@ -130,7 +141,8 @@ SELECT r.*,
        avg(s.progress) AS p_ref, avg(s.v) AS v_ref,
        avg(s.v) FILTER (WHERE s.ts < r.t0) AS v_before,
        avg(s.psi_cpu) FILTER (WHERE s.ts < r.t0) AS psi_cpu_before,
-       avg(s.psi_io) FILTER (WHERE s.ts < r.t0) AS psi_io_before
+       avg(s.psi_io) FILTER (WHERE s.ts < r.t0) AS psi_io_before,
+       median(s.rtt) FILTER (WHERE s.ts < r.t0) AS rtt_before
 FROM r
 LEFT JOIN _pc_series s ON s.node_id = r.node_id AND s.job_id = r.job_id AND s.key = r.key AND NOT s.hit
      AND ((s.ts >= r.t0 - r.span AND s.ts < r.t0) OR (s.ts > r.t1 AND s.ts <= r.t1 + r.span))
@@ -156,7 +168,8 @@ WITH q0 AS (
     SELECT * FROM q
     WHERE n_before >= $min_runs
       AND v_hit - v_ref >= CASE resource WHEN 'cpu' THEN greatest($neighbour_cpu, v_ref / 2)
-                                         WHEN 'io' THEN greatest($neighbour_io, v_ref / 2) ELSE $corr_steal END
+                                         WHEN 'io' THEN greatest($neighbour_io, v_ref / 2)
+                                         WHEN 'net' THEN greatest($neighbour_net, v_ref / 2) ELSE $corr_steal END
       AND lost >= threshold
       AND (open_ended OR (lost_before >= threshold / 2 AND coalesce(lost_after, 1) >= threshold / 2))
       -- A neighbour that takes CPU from the job makes the job's threads wait: CPU pressure rises (PSI, where
@@ -166,6 +179,9 @@ WITH q0 AS (
            OR psi_cpu_hit_max >= psi_cpu_before + $psi_rise)
       AND (resource <> 'io' OR psi_io_hit_max IS NULL OR psi_io_before IS NULL
            OR psi_io_hit_max >= psi_io_before + $psi_rise)
+      -- A network neighbour that takes a link from the job makes the job's packets queue: the RTT of its
+      -- connections off the node rises. Without such connections (RTT unknown) the job cannot lose to one.
+      AND (resource <> 'net' OR rtt_hit >= rtt_before * $rtt_rise)
       -- Steal can take from a job measured by its CPU share at most the CPU it stole: on N CPUs, s points of
       -- steal are s * N % of one core. The rise in steal must account for at least half of the CPU share the
       -- job lost, or the drop is the job's own (an I/O phase, say) that a little steal happened to overlap.
@@ -193,7 +209,7 @@ WITH q0 AS (
            coalesce(sum(n.value) FILTER (WHERE w.during), 0) AS s_hit,
            coalesce(sum(n.value) FILTER (WHERE NOT w.during), 0) AS s_ref
     FROM win w JOIN _pc_named n ON n.node_id = w.node_id AND n.job_id = w.job_id AND n.ts = w.ts
-                               AND n.resource = CASE w.resource WHEN 'io' THEN 'io' ELSE 'cpu' END
+                               AND n.resource = CASE WHEN w.resource IN ('io', 'net') THEN w.resource ELSE 'cpu' END
     GROUP BY ALL
 ), rises AS (
     SELECT p.*, p.s_hit / t.n_during - p.s_ref / nullif(t.n_around, 0) AS rise,
@@ -224,7 +240,7 @@ SELECT node_id, NULL AS gpu, 'noisy_neighbor_variance' AS kind, component,
        CASE WHEN open_ended THEN 'job_progress_before_episode' ELSE 'job_progress_around_episode' END AS baseline_source,
        json_object(
            'job_id', job_id, 'cause', key, 'resource', resource,
-           'neighbour_unit', CASE resource WHEN 'io' THEN 'MB/s' ELSE 'percent_of_a_core' END,
+           'neighbour_unit', CASE WHEN resource IN ('io', 'net') THEN 'MB/s' ELSE 'percent_of_a_core' END,
            'progress_source', progress_source,
            'episode', episode, 'judged_against', CASE WHEN open_ended THEN 'before' ELSE 'before_and_after' END,
            'episode_start', t0, 'episode_last_tick', t1, 'progress_lost_s', round(lost * hit_s, 1),
@@ -237,7 +253,8 @@ SELECT node_id, NULL AS gpu, 'noisy_neighbor_variance' AS kind, component,
            'neighbour_cpu_percent_contended', round(n_hit, 1), 'neighbour_cpu_percent_around', round(n_ref, 1),
            'neighbour_cpu_margin_percent', $neighbour_cpu, 'neighbours', neighbours,
            'cpu_steal_percent', json_object('avg', steal_avg, 'max', steal_max),
-           'psi_some_avg10_percent_max', json_object('cpu', psi_cpu_max, 'io', psi_io_max, 'memory', psi_mem_max)
+           'psi_some_avg10_percent_max', json_object('cpu', psi_cpu_max, 'io', psi_io_max, 'memory', psi_mem_max),
+           'job_tcp_srtt_ms', json_object('before', round(rtt_before, 3), 'contended', round(rtt_hit, 3))
        )::VARCHAR AS evidence,
        'job ' || job_id || CASE WHEN episode = 'ongoing' THEN ' has lost ' ELSE ' lost ' END
        || printf('%.0f', lost * 100) || ' % of its progress ('
@@ -252,14 +269,22 @@ SELECT node_id, NULL AS gpu, 'noisy_neighbor_variance' AS kind, component,
               WHEN 'co_tenant' THEN comm
                    || CASE WHEN resource = 'io' AND episode = 'ongoing' THEN ' reads and writes '
                            WHEN resource = 'io' THEN ' read and wrote '
+                           WHEN resource = 'net' AND episode = 'ongoing' THEN ' sends and receives '
+                           WHEN resource = 'net' THEN ' sent and received '
                            WHEN episode = 'ongoing' THEN ' uses ' ELSE ' used ' END
-                   || printf('%.0f', v_hit) || CASE resource WHEN 'io' THEN ' MB/s on the disks (' ELSE ' % of a core (' END
+                   || printf('%.0f', v_hit) || CASE resource WHEN 'io' THEN ' MB/s on the disks ('
+                                                             WHEN 'net' THEN ' MB/s off the node ('
+                                                             ELSE ' % of a core (' END
                    || CASE WHEN open_ended THEN 'before' ELSE 'around' END || ' it ' || printf('%.0f', v_ref)
-                   || CASE resource WHEN 'io' THEN ' MB/s; added disk I/O by command: ' ELSE ' %; added CPU by command: ' END
+                   || CASE resource WHEN 'io' THEN ' MB/s; added disk I/O by command: '
+                                    WHEN 'net' THEN ' MB/s; added network traffic by command: '
+                                    ELSE ' %; added CPU by command: ' END
                    || coalesce(array_to_string(list_transform(neighbours,
                         x -> x.comm || ' ' || printf('%.0f', x.share_of_added * 100) || ' %'), ', '), 'unnamed')
                    || CASE resource
                         WHEN 'io' THEN '); limit the co-tenant''s I/O (cgroup io.max), give it a disk of its own or move it off this node.'
+                        WHEN 'net' THEN '); the job''s connections waited ' || printf('%.1f', rtt_hit) || ' ms (RTT) against '
+                             || printf('%.1f', rtt_before) || ' ms before; limit the co-tenant''s bandwidth (tc), give it a NIC of its own or move it off this node.'
                         ELSE '); isolate the co-tenant (cgroup CPU limits, pinning) or move it off this node.' END
               ELSE 'the hypervisor stole up to ' || printf('%.0f', steal_max)
                    || ' % of the CPU; ask for dedicated vCPUs or move the job.' END

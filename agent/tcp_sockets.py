@@ -1,0 +1,142 @@
+"""TCP connections' byte counters and RTT from the kernel's sock_diag netlink interface (what `ss -ti` reads).
+
+Why: Linux keeps no per-process network byte counters, but it keeps them per TCP socket (``tcp_info``:
+bytes acked, bytes received, smoothed RTT), and a socket's inode names the process holding it in
+/proc/<pid>/fd. That is enough to say which command outside a job moves the bytes on the node's links, and
+whether the job's own connections slowed (their RTT rose) while it did, without eBPF.
+
+Only established IPv4 and IPv6 connections, only the agent's own network namespace (the host's, for the
+systemd service). A connection whose other end is in the same dump (the reversed address pair) never leaves
+the node (loopback, or a local address): it is marked ``local``, since it loads the CPU, not a link.
+No privileges are needed for the dump; /proc/<pid>/fd needs root or the same user.
+
+Layouts: ``struct inet_diag_req_v2``, ``struct inet_diag_msg`` (linux/inet_diag.h) and ``struct tcp_info``
+(linux/tcp.h: ``tcpi_rtt`` at byte 68, ``tcpi_bytes_acked`` at 120, ``tcpi_bytes_received`` at 128, since
+Linux 4.1/4.2; shorter records carry no byte counts and are skipped)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+from dataclasses import dataclass
+
+NETLINK_SOCK_DIAG = 4
+SOCK_DIAG_BY_FAMILY = 20
+NLM_F_REQUEST, NLM_F_DUMP = 0x1, 0x300
+NLMSG_ERROR, NLMSG_DONE = 2, 3
+INET_DIAG_INFO = 2
+TCP_ESTABLISHED = 1
+_NLMSG = struct.Struct("=IHHII")           # len, type, flags, seq, pid
+_MSG_LEN = 72                              # struct inet_diag_msg
+_TCPI_RTT, _TCPI_ACKED, _TCPI_RECEIVED = 68, 120, 128
+
+
+@dataclass(frozen=True)
+class TcpConn:
+    cookie: int          # the kernel's id of the socket, unique while the machine runs
+    inode: int           # the socket inode, as /proc/<pid>/fd shows it: socket:[inode]
+    bytes_total: int     # bytes acked (sent) + bytes received, since the connection opened
+    srtt_us: int         # smoothed round-trip time, microseconds
+    local: bool          # the other end is in this network namespace too: the bytes never leave the node
+
+
+class TcpSocketsUnavailable(Exception):
+    """sock_diag cannot be asked here (no netlink, a kernel without inet_diag, a seccomp filter)."""
+
+
+def _request(family: int, seq: int) -> bytes:
+    req = struct.pack("=BBBBI48x", family, socket.IPPROTO_TCP, 1 << (INET_DIAG_INFO - 1), 0, 1 << TCP_ESTABLISHED)
+    return _NLMSG.pack(_NLMSG.size + len(req), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, seq, 0) + req
+
+
+def _parse(family: int, payload: bytes, out: list[tuple]) -> None:
+    """One inet_diag_msg and its attributes -> (cookie, inode, total, srtt, src, sport, dst, dport)."""
+    if len(payload) < _MSG_LEN:
+        return
+    sport, dport = struct.unpack_from("!HH", payload, 4)
+    alen = 4 if family == socket.AF_INET else 16
+    src, dst = payload[8:8 + alen], payload[24:24 + alen]
+    cookie = struct.unpack_from("=Q", payload, 44)[0]
+    inode = struct.unpack_from("=I", payload, 68)[0]
+    off = _MSG_LEN
+    while off + 4 <= len(payload):
+        rta_len, rta_type = struct.unpack_from("=HH", payload, off)
+        if rta_len < 4:
+            break
+        if rta_type == INET_DIAG_INFO and rta_len - 4 >= _TCPI_RECEIVED + 8:
+            info = off + 4
+            rtt = struct.unpack_from("=I", payload, info + _TCPI_RTT)[0]
+            acked, received = struct.unpack_from("=QQ", payload, info + _TCPI_ACKED)
+            out.append((cookie, inode, acked + received, rtt, src, sport, dst, dport))
+            return
+        off += (rta_len + 3) & ~3
+
+
+def _dump(family: int) -> list[tuple]:
+    try:
+        s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_SOCK_DIAG)
+    except (OSError, AttributeError) as e:
+        raise TcpSocketsUnavailable(f"sock_diag netlink socket: {e}") from None
+    out: list[tuple] = []
+    try:
+        s.sendto(_request(family, 1), (0, 0))
+        while True:
+            data = s.recv(1 << 16)
+            if not data:
+                return out
+            off = 0
+            while off + _NLMSG.size <= len(data):
+                length, kind, _flags, _seq, _pid = _NLMSG.unpack_from(data, off)
+                if length < _NLMSG.size:
+                    return out
+                if kind == NLMSG_DONE:
+                    return out
+                if kind == NLMSG_ERROR:
+                    err = -struct.unpack_from("=i", data, off + _NLMSG.size)[0]
+                    if err:
+                        raise TcpSocketsUnavailable(f"sock_diag: {os.strerror(err)}")
+                    return out
+                if kind == SOCK_DIAG_BY_FAMILY:
+                    _parse(family, data[off + _NLMSG.size:off + length], out)
+                off += (length + 3) & ~3
+    except OSError as e:
+        raise TcpSocketsUnavailable(f"sock_diag: {e}") from None
+    finally:
+        s.close()
+
+
+def tcp_connections() -> list[TcpConn]:
+    """Every established TCP connection of this network namespace (IPv4 and IPv6)."""
+    rows: list[tuple] = []
+    for family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            rows += _dump(family)
+        except TcpSocketsUnavailable:
+            if family == socket.AF_INET:
+                raise
+            # a kernel without IPv6 answers the second dump with an error: IPv4 alone then
+    ends = {(r[4], r[5], r[6], r[7]) for r in rows}
+    return [TcpConn(cookie=r[0], inode=r[1], bytes_total=r[2], srtt_us=r[3], local=(r[6], r[7], r[4], r[5]) in ends)
+            for r in rows]
+
+
+def socket_inodes(proc_root: str, pid: int) -> set[int]:
+    """The socket inodes a process holds (its /proc/<pid>/fd links ``socket:[N]``); empty when unreadable."""
+    out: set[int] = set()
+    fd_dir = f"{proc_root}/{pid}/fd"
+    try:
+        names = os.listdir(fd_dir)
+    except OSError:
+        return out
+    for name in names:
+        try:
+            target = os.readlink(f"{fd_dir}/{name}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            try:
+                out.add(int(target[8:-1]))
+            except ValueError:
+                pass
+    return out

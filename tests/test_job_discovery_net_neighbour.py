@@ -1,0 +1,141 @@
+"""Network neighbours of a passively seen job (issue 26): job discovery names the commands outside the job that
+move TCP bytes off the node (sock_diag + /proc/<pid>/fd), never the job's own connections, and reports the
+job's own connections' RTT, which rises when a neighbour fills the link they share.
+
+Real parts: two network namespaces (scripts/netns_fleet.py) with node n0's link shaped by tbf to 40 Mbit/s; a job
+process in n0 streaming a steady 150 kB/s to a sink in n1; a real iperf3 from n0 to n1 starting mid-run; job
+discovery ticking inside n0 (sock_diag answers for its own network namespace only)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+import pytest
+
+from fabric_helpers import netns_fleet  # noqa: F401 - the fixture
+from gpuagent.agent import tcp_sockets
+from gpuagent.agent.job_discovery import NEIGHBOUR_NET_NAMED_MIN
+
+JOB = "torchelastic:net-neighbour-test"
+PORT_SINK, PORT_IPERF = 47001, 47002
+
+SINK = f"""
+import socket
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", {PORT_SINK})); s.listen()
+c, _ = s.accept()
+while c.recv(1 << 16):
+    pass
+"""
+
+# the job: a steady 150 kB/s of its own to n1 (a parameter server, a checkpoint stream)
+JOB_CODE = """
+import socket, sys, time
+for _ in range(100):
+    try:
+        c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=2); break
+    except OSError:
+        time.sleep(0.1)
+chunk = b"x" * 15000
+while True:
+    c.sendall(chunk); time.sleep(0.1)
+"""
+
+# job discovery inside n0, one JSON line a tick
+SAMPLER = """
+import json, sys, time
+from gpuagent.agent.job_discovery import JobDiscovery
+from gpuagent.agent.sampling import ListSink, now_ns
+jd = JobDiscovery(scan_interval_s=0, end_grace_s=60)
+end = time.monotonic() + float(sys.argv[1])
+while time.monotonic() < end:
+    sink = ListSink()
+    t0 = time.monotonic()
+    jd.sample(now_ns(), sink)
+    print(json.dumps({"t": time.time(), "cost_s": time.monotonic() - t0,
+                      "samples": [[s.metric, dict(s.labels), s.value] for s in sink.samples
+                                  if s.metric.startswith(("job_neighbour_process_net", "job_tcp_srtt"))]}),
+          flush=True)
+    time.sleep(max(0.0, 0.5 - (time.monotonic() - t0)))
+"""
+
+
+def test_a_loopback_connection_is_local_and_its_bytes_are_counted():
+    """sock_diag through the real kernel: both ends of a loopback connection are in the dump, marked local,
+    and the bytes moved are there (acked + received), found under the inodes this process holds."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    c = socket.create_connection(srv.getsockname())
+    a, _ = srv.accept()
+    try:
+        c.sendall(b"y" * 300_000)
+        got = 0
+        while got < 300_000:
+            got += len(a.recv(1 << 16))
+        mine = tcp_sockets.socket_inodes("/proc", os.getpid())
+        conns = [x for x in tcp_sockets.tcp_connections() if x.inode in mine]
+        assert len(conns) == 2, conns
+        assert all(x.local for x in conns)
+        assert sorted(x.bytes_total for x in conns)[-1] >= 300_000
+    finally:
+        for s in (c, a, srv):
+            s.close()
+
+
+@pytest.mark.skipif(shutil.which("iperf3") is None, reason="needs iperf3 (scripts/install-test-deps.sh)")
+def test_a_network_neighbour_is_named_by_its_bytes_and_the_jobs_rtt_rises(netns_fleet, procs):  # noqa: F811
+    fleet = netns_fleet(2)
+    fleet.throttle_node("n0", "40mbit")
+    n1 = fleet.node("n1").ip
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCHELASTIC_RUN_ID", "RANK", "LOCAL_RANK",
+                                                            "SLURM_JOB_ID", "GPUAGENT_JOB_ID")}
+    procs.append(fleet.popen("n1", [sys.executable, "-c", SINK], env=env))
+    procs.append(fleet.popen("n1", ["iperf3", "-s", "-p", str(PORT_IPERF)], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL))
+    job = fleet.popen("n0", [sys.executable, "-c", JOB_CODE, n1, str(PORT_SINK)],
+                      env=dict(env, TORCHELASTIC_RUN_ID="net-neighbour-test", RANK="0"))
+    procs.append(job)
+    sampler = fleet.popen("n0", [sys.executable, "-c", SAMPLER, "16"], env=env, stdout=subprocess.PIPE,
+                          text=True)
+    procs.append(sampler)
+    ticks: list[dict] = []
+    iperf = None
+    t_start = time.monotonic()
+    for line in sampler.stdout:
+        ticks.append(json.loads(line))
+        if iperf is None and time.monotonic() - t_start >= 7:
+            # not a child of the sampler (the agent's own children are never neighbours)
+            iperf = fleet.popen("n0", ["iperf3", "-c", n1, "-p", str(PORT_IPERF), "-t", "20"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            procs.append(iperf)
+            t_iperf = time.time()
+    assert sampler.wait(timeout=30) == 0
+    assert job.poll() is None and iperf is not None
+
+    def rows(metric: str, before: bool) -> list:
+        return [(lab, v) for tk in ticks if (tk["t"] < t_iperf) == before
+                for m, lab, v in tk["samples"] if m == metric and lab.get("job_id") == JOB]
+
+    named_during = [(lab, v) for lab, v in rows("job_neighbour_process_net_bytes_per_s", False)
+                    if lab["comm"] == "iperf3"]
+    assert len(named_during) >= 3, ticks[-3:]
+    assert all(v >= NEIGHBOUR_NET_NAMED_MIN for _, v in named_during)
+    assert statistics.median(v for _, v in named_during) <= 40e6 / 8 * 1.2, "no more than the shaped link"
+    every = rows("job_neighbour_process_net_bytes_per_s", True) + rows("job_neighbour_process_net_bytes_per_s", False)
+    assert not [lab for lab, _ in every if lab["pid"] == str(job.pid)], "the job's own connection is its own"
+    assert not [lab for lab, _ in rows("job_neighbour_process_net_bytes_per_s", True) if lab["comm"] == "iperf3"]
+
+    rtt_before = [v for _, v in rows("job_tcp_srtt_ms", True)]
+    rtt_during = [v for _, v in rows("job_tcp_srtt_ms", False)][2:]   # the queue fills within the first ticks
+    assert len(rtt_before) >= 5 and len(rtt_during) >= 5, (rtt_before, rtt_during)
+    # the tbf queue (50 ms of latency) holds the job's packets behind iperf3's
+    assert statistics.median(rtt_during) >= 3 * statistics.median(rtt_before) + 5, (rtt_before, rtt_during)
+
