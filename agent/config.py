@@ -155,6 +155,9 @@ class JobsConfig:
     scan_interval_s: float = 5.0        # /proc scan for rule-matched processes
     end_grace_s: float = 3.0            # a job unseen this long has ended
     orphan_grace_s: float = 30.0        # a rule-matched process naming no job waits this long
+    # TCP connections (network neighbours, agent/tcp_sockets.py) are read this often; ticks between reuse the
+    # last rates: each sock_diag dump walks the kernel's whole connection table (~1 ms here, even when empty)
+    net_interval_s: float = 5.0
     step_listener: bool = True
     step_socket: str = ""               # "" = $GPUAGENT_JOBS_SOCKET or /run/gpuagent/jobs.sock
     step_window_s: float | None = None  # None = the batch interval
@@ -486,7 +489,7 @@ def _check_labels(labels: Mapping[str, Any], src: str) -> dict[str, str]:
 
 # [jobs] keys and the kind of value each takes; the rule keys go into JobRules, the others into JobsConfig.
 JOBS_KEYS = {"cmdline_regex": list, "env_keys": list, "env_argv0_regex": str, "scan_interval_s": float,
-             "end_grace_s": float, "orphan_grace_s": float, "step_listener": bool, "step_socket": str, "step_window_s": float,
+             "end_grace_s": float, "orphan_grace_s": float, "net_interval_s": float, "step_listener": bool, "step_socket": str, "step_window_s": float,
              "slurm": str, "slurm_refresh_s": float, "kubernetes": str, "kubernetes_socket": str,
              "kubernetes_refresh_s": float}
 _RULE_KEYS = {f.name for f in fields(JobRules)}

@@ -451,7 +451,8 @@ def default_samplers(cfg: AgentConfig) -> list[Sampler]:
     gpu = GpuSampler()
     jobs = cfg.jobs
     discovery = JobDiscovery(gpu_sampler=gpu, rules=jobs.rules, scan_interval_s=jobs.scan_interval_s,
-                             end_grace_s=jobs.end_grace_s, orphan_grace_s=jobs.orphan_grace_s)
+                             end_grace_s=jobs.end_grace_s, orphan_grace_s=jobs.orphan_grace_s,
+                             net_interval_s=jobs.net_interval_s)
     if jobs.slurm == "on" or (jobs.slurm == "auto" and slurm_present()):
         discovery.slurm = SlurmAttribution(jobs.slurm_refresh_s).start()
     if jobs.kubernetes == "on" or (jobs.kubernetes == "auto" and socket_present(jobs.kubernetes_socket)):

@@ -168,7 +168,8 @@ class JobDiscovery:
     name = "jobs"
 
     def __init__(self, gpu_sampler: Any = None, rules: JobRules | None = None, proc_root: str = "/proc",
-                 scan_interval_s: float = 5.0, end_grace_s: float = 3.0, orphan_grace_s: float = 30.0) -> None:
+                 scan_interval_s: float = 5.0, end_grace_s: float = 3.0, orphan_grace_s: float = 30.0,
+                 net_interval_s: float = 5.0) -> None:
         self.gpu = gpu_sampler
         self.rules = rules or JobRules()
         self._cmd_res = [re.compile(p) for p in self.rules.cmdline_regex]
@@ -177,6 +178,7 @@ class JobDiscovery:
         self.scan_interval_ns = int(scan_interval_s * 1e9)
         self.end_grace_ns = int(end_grace_s * 1e9)
         self.orphan_grace_ns = int(orphan_grace_s * 1e9)
+        self.net_interval_s = net_interval_s
         self._first_seen: dict[int, int] = {}
         self._procs: dict[int, _Proc] = {}
         self._rule_pids: set[int] = set()
@@ -197,6 +199,7 @@ class JobDiscovery:
         self._sock_owner: dict[int, int] = {}
         self._sock_unowned: dict[int, float] = {}
         self._net_retry_t = 0.0
+        self._net_last: tuple[float, dict[int, float], dict[int, list[int]]] | None = None   # (t, rates, rtts)
         self._last_contention_t: float | None = None
         # Set by the daemon where Slurm runs: names a Slurm job's processes without their environment.
         self.slurm: SlurmAttribution | None = None
@@ -556,6 +559,7 @@ class JobDiscovery:
             self._all_cpu.clear()
             self._all_io.clear()
             self._sock_bytes.clear()
+            self._net_last = None
             self._last_contention_t = None
             return
         try:
@@ -584,7 +588,7 @@ class JobDiscovery:
                 cpu[pid] = max(0, ticks - prev[1]) / _CLK_TCK / (t - prev[2]) * 100.0
         dt_s = t - self._last_contention_t if self._last_contention_t is not None else None
         io_rate = self._io_rates(seen, cpu, dt_s)
-        net_rate, net_rtt = self._net_rates(seen, cpu, t, dt_s)
+        net_rate, net_rtt = self._net_rates(seen, cpu, t)
         self._last_contention_t = t
         self._all_cpu = seen
 
@@ -658,14 +662,18 @@ class JobDiscovery:
         self._all_io = kept
         return rates
 
-    def _net_rates(self, seen: dict[int, tuple[int, int, float]], cpu: dict[int, float], t: float,
-                   dt_s: float | None) -> tuple[dict[int, float], dict[int, list[int]]]:
+    def _net_rates(self, seen: dict[int, tuple[int, int, float]], cpu: dict[int, float],
+                   t: float) -> tuple[dict[int, float], dict[int, list[int]]]:
         """TCP bytes/s per process on connections that leave the node, and the smoothed RTTs (us) of the
         connections that moved bytes, per process. A socket's owner is sought only when it moved bytes and
         is not known yet, the processes that ran most in the tick first; one not found (a kernel socket,
         another user's process) is sought again after SOCKET_OWNER_RETRY_S. A connection's first reading
-        gives no rate, as for CPU.
+        gives no rate, as for CPU. Read every ``net_interval_s``: the rates are over that interval, and the
+        ticks between reuse them (a dump costs the kernel a walk of its whole connection table).
         Empty when sock_diag cannot be asked (then again after NET_RETRY_S)."""
+        last = self._net_last
+        if last is not None and 0 <= t - last[0] < self.net_interval_s:
+            return last[1], last[2]
         if t < self._net_retry_t:
             return {}, {}
         try:
@@ -673,7 +681,9 @@ class JobDiscovery:
         except TcpSocketsUnavailable:
             self._net_retry_t = t + NET_RETRY_S
             self._sock_bytes.clear()
+            self._net_last = None
             return {}, {}
+        dt_s = t - last[0] if last is not None and t > last[0] else None
         moved: list[tuple[int, int, int]] = []     # (inode, bytes since the last tick, srtt)
         now_bytes: dict[int, int] = {}
         for c in conns:
@@ -709,6 +719,7 @@ class JobDiscovery:
             if dt_s:
                 rates[pid] = rates.get(pid, 0.0) + delta / dt_s
             rtts.setdefault(pid, []).append(srtt)
+        self._net_last = (t, rates, rtts)
         return rates, rtts
 
     def _usage(self, pid: int, p: _Proc | None, t: float) -> tuple[float, float, float, float]:

@@ -32,6 +32,14 @@ Without root or the Slurm binaries the case says why it did not run.
 spool, status.json with the hardware-health judgement) on that emulated node with 8 SYNTHETIC IB ports, with
 the hardware-health sources and judgement of issue 23 and without them, in the same run (_whole_tick_case).
 
+``jobs_tcp_sockets``: job discovery's network-neighbour reads (agent/tcp_sockets.py: a sock_diag dump of the
+established TCP connections every ``[jobs] net_interval_s``, 5 s by default, and every tick) on and stubbed off,
+in the same run, with ``--tcp-connections`` busy
+loopback connections open (each end a socket in the dump: the dump's parse is what grows with connections; a
+loopback connection never needs its owner looked up), and the worst case of the owner lookup apart: one read
+of every process's /proc/<pid>/fd, which a tick does only when a socket that moved bytes has no known owner
+(at most every 30 s for one that never gets one).
+
 ``hw_host_8_ib_ports``: agent/hw_host.py's HwHostSampler over a SYNTHETIC sysfs tree with 8 InfiniBand ports
 (mlx5_0..7 port 1, the kernel's standard counters and hw_counters) and an empty kernel-log file, with its
 default sysfs interval (10 s: one tick in ten reads sysfs) and reading sysfs every tick, against the host
@@ -273,11 +281,67 @@ def _slurm_case(ticks: int, steps: int, sink) -> dict[str, object]:
         cluster.stop()
 
 
+def _tcp_sockets_case(ticks: int, conns: int, sink) -> dict[str, object]:
+    """JobDiscovery with the sock_diag reads on and stubbed off, ``conns`` loopback connections moving bytes."""
+    import socket
+    import threading
+
+    from gpuagent.agent import job_discovery as jdmod
+    from gpuagent.agent.tcp_sockets import socket_inodes, tcp_connections
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(conns)
+    pairs = []
+    for _ in range(conns):
+        c = socket.create_connection(srv.getsockname())
+        pairs.append((c, srv.accept()[0]))
+    stop = threading.Event()
+
+    def churn():      # every connection moves a few bytes between ticks
+        while not stop.is_set():
+            for c, a in pairs:
+                c.send(b"x" * 512)
+                a.recv(4096)
+            time.sleep(0.05)
+
+    th = threading.Thread(target=churn, daemon=True)
+    th.start()
+    try:
+        real = jdmod.tcp_connections
+        jdmod.tcp_connections = lambda: []      # off first, so neither side gets the other's warm caches
+        try:
+            off = jdmod.JobDiscovery(scan_interval_s=5.0)
+            res_off = _measure(lambda ts: off.sample(ts, sink), ticks)
+        finally:
+            jdmod.tcp_connections = real
+        on = jdmod.JobDiscovery(scan_interval_s=5.0)
+        res_on = _measure(lambda ts: on.sample(ts, sink), ticks)
+        every = jdmod.JobDiscovery(scan_interval_s=5.0, net_interval_s=1.0)
+        res_every = _measure(lambda ts: every.sample(ts, sink), ticks)
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+        scan = _measure(lambda ts: [socket_inodes("/proc", p) for p in pids], 20)
+        return {"sockets_in_dump": len(tcp_connections()), "sock_diag_every_5s": res_on,
+                "sock_diag_every_tick": res_every, "sock_diag_off": res_off,
+                "added_cpu_us_per_tick": round(res_on["cpu_mean_us"] - res_off["cpu_mean_us"], 1),
+                "added_cpu_us_per_tick_reading_every_tick": round(res_every["cpu_mean_us"] - res_off["cpu_mean_us"], 1),
+                "ratio_on_to_off": round(res_on["cpu_mean_us"] / res_off["cpu_mean_us"], 3),
+                "owner_lookup_every_process_cpu_median_us": scan["cpu_median_us"], "processes": len(pids)}
+    finally:
+        stop.set()
+        th.join()
+        for c, a in pairs:
+            c.close()
+            a.close()
+        srv.close()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ticks", type=int, default=200, help="sample() calls per case")
     ap.add_argument("--jobs", type=int, default=4, help="job processes to spawn for job discovery")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--tcp-connections", type=int, default=64, help="loopback TCP connections for jobs_tcp_sockets")
     ap.add_argument("--slurm-steps", type=int, default=100, help="Slurm job steps on the node (0: skip the Slurm case)")
     args = ap.parse_args()
 
@@ -356,6 +420,7 @@ def main() -> int:
         out["jobs_rule_mode"] = _measure(lambda ts: jd.sample(ts, sink), args.ticks)
         out["jobs_rule_mode"]["processes_in_proc"] = len([p for p in os.listdir("/proc") if p.isdigit()])
         out["jobs_rule_mode"]["job_processes_found"] = sum(len(j["pids"]) for j in jd.active_jobs())
+        out["jobs_tcp_sockets"] = _tcp_sockets_case(args.ticks, args.tcp_connections, sink)
         rss = subprocess.run([sys.executable, "-c", _RSS_CHILD, str(args.ticks), str(ROOT / "tests")],
                              capture_output=True, text=True, timeout=300, env=rss_env)
     finally:

@@ -53,7 +53,7 @@ SAMPLER = """
 import json, sys, time
 from gpuagent.agent.job_discovery import JobDiscovery
 from gpuagent.agent.sampling import ListSink, now_ns
-jd = JobDiscovery(scan_interval_s=0, end_grace_s=60)
+jd = JobDiscovery(scan_interval_s=0, end_grace_s=60, net_interval_s=1.0)   # connections read every other tick
 end = time.monotonic() + float(sys.argv[1])
 while time.monotonic() < end:
     sink = ListSink()
