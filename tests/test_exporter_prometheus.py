@@ -2,8 +2,9 @@
 real pynvml over the NVML emulator, gpuagent.sim.nvml_emulator; SYNTHETIC nodes from tests/data) every
 second, for issue 22's must-shows:
 
-- every expression of NVIDIA's dcgm-exporter Grafana dashboard returns data, for a MIG GPU too, under the
-  names before 4.9.0 and (translated, below) under the 4.10 names;
+- every expression of NVIDIA's dcgm-exporter Grafana dashboard (its 8 panels and its 2 template variables)
+  returns data, for a MIG GPU too, under the names before 4.9.0 and (translated, below) under the 4.10 names;
+  and so does each GPU panel of gpuagent's packaged dashboard on an agent of either generation alone;
 - Prometheus records the 25 default metrics with the CSV's types (/api/v1/metadata);
 - ``increase(DCGM_FI_DEV_XID_ERRORS[5m]) > 0`` fires after an injected XID (and why, with dcgm-exporter's
   err_code/err_msg labels, it needs the labels dropped first);
@@ -17,6 +18,7 @@ shipped [exporter] settings), "plain" (err labels off; the 1-GPU vGPU fixture, t
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -24,7 +26,7 @@ import urllib.parse
 import urllib.request
 
 import pytest
-from agent_helpers import free_port
+from agent_helpers import ROOT, free_port
 from conftest import wait_for
 from exporter_helpers import EmulatedAgent, not_dcgm_lints, promtool_problems
 from nvml_emulator_fixture import A10_VGPU, H100_8GPU, nvml_emulator  # noqa: F401  (the fixture)
@@ -46,6 +48,8 @@ DCGM_DASHBOARD = [
     ("GPU Framebuffer Mem Used", 'DCGM_FI_DEV_FB_USED{instance=~"$instance", gpu=~"$gpu"}'),
     ("Tensor Core Utilization", 'DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{instance=~"$instance", gpu=~"$gpu"}'),
 ]
+# Its two template variables (Grafana's label_values(metric, label): the label's values on the metric's series).
+DCGM_DASHBOARD_VARIABLES = [("instance", "DCGM_FI_DEV_GPU_TEMP"), ("gpu", "DCGM_FI_DEV_GPU_TEMP")]
 # The same panels under the 4.10 names, translated here by gpuagent (NVIDIA's 4.10 dashboard was not at
 # hand): 4.9.0's renames, and its units where the dashboard scaled (SM clock in Hz already).
 DCGM_DASHBOARD_410 = [
@@ -58,6 +62,21 @@ DCGM_DASHBOARD_410 = [
      .replace("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{", "DCGM_FI_PROF_TENSOR_UTIL_RATIO{"))
     for title, expr in DCGM_DASHBOARD]
 JOB_ID = "exporter-split-test"
+# gpuagent's own dashboard (packaging/grafana): its panels on the agent's GPU series, written for both generations
+PACKAGED = ROOT / "packaging" / "grafana" / "gpuagent.json"
+
+
+def packaged_gpu_panels() -> list[tuple[str, str]]:
+    doc = json.loads(PACKAGED.read_text())
+    return [(p["title"], t["expr"]) for p in doc["panels"] for t in p.get("targets", ())
+            if "DCGM_FI_" in t["expr"]]
+
+
+def only_job(expr: str, job: str) -> str:
+    """The expression with every series selector of the agent's (DCGM_FI_*, gpuagent_gpu_*) limited to one
+    scrape job, so each naming generation's half of an `a or b` is tried on its own agent."""
+    return re.sub(r"\b((?:DCGM_FI|gpuagent_gpu)_[A-Za-z0-9_]+)(\{)?",
+                  lambda m: f'{m[1]}{{job="{job}"' + (", " if m[2] else "}"), expr)
 
 
 class Prom:
@@ -145,6 +164,23 @@ def test_dcgm_dashboard_types_xid_jobs_and_promtool_against_a_real_prometheus(se
             for gpu in (".*", str(MIG_GPU)):
                 got = prom.query(_filled(expr, job, gpu))
                 assert got, (job, title, gpu, _filled(expr, job, gpu))
+    for job, temp in (("defaults", "DCGM_FI_DEV_GPU_TEMP"), ("v410", "DCGM_FI_DEV_GPU_TEMP_CELSIUS")):
+        for label, metric in DCGM_DASHBOARD_VARIABLES:
+            values = prom.get(f"/api/v1/label/{label}/values", **{"match[]": f'{temp}{{job="{job}"}}'})
+            assert values and (label != "gpu" or set(values) == {str(i) for i in range(8)}), (job, metric, values)
+    # gpuagent's packaged dashboard: each GPU panel returns data from an agent of either generation alone
+    panels = packaged_gpu_panels()
+    assert len(panels) >= 6
+    for job in ("defaults", "v410"):
+        for title, expr in panels:
+            if "gpuagent_gpu_job_info" not in expr:       # the job panel: below, while a job runs
+                assert prom.query(only_job(expr, job)), (job, title, only_job(expr, job))
+    # hpc_job labels (v410): the MIG GPU has a job in each instance, so two power series; the sum counts it once
+    assert len(prom.query(f'DCGM_FI_DEV_BOARD_POWER_WATTS{{job="v410", gpu="{MIG_GPU}"}}')) == 2
+    power_panel = next(expr for title, expr in panels if title == "GPU power")
+    diff = prom.query(f'({only_job(power_panel, "v410")}) - on (instance) sum by (instance) '
+                      '(max by (instance, gpu) (DCGM_FI_DEV_BOARD_POWER_WATTS{job="v410"}))')
+    assert len(diff) == 1 and abs(float(diff[0]["value"][1])) < 1e-6, diff
     mig_fb = prom.query(f'DCGM_FI_DEV_FB_USED{{job="defaults", gpu="{MIG_GPU}"}}')
     assert sorted((r["metric"]["GPU_I_ID"], r["metric"]["GPU_I_PROFILE"]) for r in mig_fb) == [
         ("1", "3g.40gb"), ("2", "3g.40gb")]
@@ -201,6 +237,13 @@ def test_dcgm_dashboard_types_xid_jobs_and_promtool_against_a_real_prometheus(se
     assert got[0]["value"][1] == power2
     wait_for(lambda: prom.query(f'DCGM_FI_DEV_BOARD_POWER_WATTS{{job="v410", hpc_job="{JOB_ID}"}}'), timeout=30,
              interval=0.5, what="the hpc_job series on the v410 agent")
+    for title, expr in packaged_gpu_panels():
+        if "gpuagent_gpu_job_info" in expr:
+            for job in ("defaults", "v410"):
+                got = wait_for(lambda expr=expr, job=job: [r for r in prom.query(only_job(expr, job))
+                                                           if r["metric"].get("job_id") == JOB_ID],
+                               timeout=30, interval=0.5, what=f"the packaged panel {title!r} on {job}")
+                assert len(got) == 1, (job, title, got)
     for agent in (a, v410):
         agent.emu.remove_process(child.pid)
     wait_for(lambda: not prom.query(f'gpuagent_gpu_job_info{{job="defaults", job_id="{JOB_ID}"}}') and
