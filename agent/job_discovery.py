@@ -61,8 +61,12 @@ label ``job_id``; the analyzer's noisy_neighbor_variance co_tenant/hypervisor co
   among processes that ran in the tick), at least ``NEIGHBOUR_NET_NAMED_MIN`` bytes/s, so a network
   neighbour (a backup upload, a dataset sync, another job's traffic) is seen;
 - ``job_tcp_srtt_ms``: the mean smoothed RTT of the job's own TCP connections that left the node and moved
-  bytes in the tick: the job's "network pressure", which rises when a neighbour fills the link they share
-  (packets queue). Connections inside the node (loopback) count for neither.
+  bytes in the tick, and ``job_tcp_busy_send_rate_bytes_per_s``: the bytes they sent (acked) per second of
+  having data waiting to be sent (tcp_info busy time, summed over the connections). Together the job's
+  "network pressure": a neighbour that fills a link the job uses makes its packets queue (RTT up) and, where
+  the job itself fills the link so that its queue was full already, halves what it gets while it has data
+  to send (busy rate down); the job's own quieter phase lowers neither. Connections inside the node
+  (loopback) count for none of these series.
 """
 
 from __future__ import annotations
@@ -86,6 +90,7 @@ NEIGHBOUR_IO_NAMED_MIN = 1_000_000   # bytes/s: below this a disk neighbour is n
 NEIGHBOUR_NET_NAMED_MIN = 1_000_000  # bytes/s: below this a network neighbour is not worth naming
 SOCKET_OWNER_RETRY_S = 30.0   # a socket with no owner found (a kernel socket, another user's) is sought again then
 NET_RETRY_S = 60.0            # sock_diag failed: asked again after this
+BUSY_MIN_S = 0.01             # less busy sending than this in an interval: too little to give a job's busy rate
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -132,6 +137,14 @@ class _Proc:
     stat: tuple[int, int, int] | None = None   # the latest /proc/<pid>/stat read (reused within a tick)
     adopted: dict[str, Any] | None = None      # a launcher's identity taken from the workers it started
     recheck_ns: int = 0                        # monotonic time of the one re-identification (0: done)
+
+
+@dataclass
+class _NetRead:
+    """One read of the TCP connections that leave the node, per owning process (see _net_rates)."""
+    rates: dict[int, float] = field(default_factory=dict)             # bytes/s sent (acked) + received
+    rtts: dict[int, list[int]] = field(default_factory=dict)          # smoothed RTTs, us
+    busy: dict[int, tuple[int, int]] = field(default_factory=dict)    # (bytes acked, us busy sending)
 
 
 @dataclass
@@ -193,13 +206,14 @@ class JobDiscovery:
         self._all_cpu: dict[int, tuple[int, int, float]] = {}
         # Its last (start, storage bytes read + written) for the neighbour I/O rates.
         self._all_io: dict[int, tuple[int, int]] = {}
-        # TCP connections: bytes at the last tick by socket cookie; owner pid by inode; inodes whose owner
-        # was not found, with when to look again; when sock_diag may be asked again after it failed.
-        self._sock_bytes: dict[int, int] = {}
+        # TCP connections: (bytes, bytes acked, busy us) at the last read by socket cookie; owner pid by
+        # inode; inodes whose owner was not found, with when to look again; when sock_diag may be asked
+        # again after it failed.
+        self._sock_bytes: dict[int, tuple[int, int, int]] = {}
         self._sock_owner: dict[int, int] = {}
         self._sock_unowned: dict[int, float] = {}
         self._net_retry_t = 0.0
-        self._net_last: tuple[float, dict[int, float], dict[int, list[int]]] | None = None   # (t, rates, rtts)
+        self._net_last: tuple[float, _NetRead] | None = None
         self._last_contention_t: float | None = None
         # Set by the daemon where Slurm runs: names a Slurm job's processes without their environment.
         self.slurm: SlurmAttribution | None = None
@@ -588,7 +602,7 @@ class JobDiscovery:
                 cpu[pid] = max(0, ticks - prev[1]) / _CLK_TCK / (t - prev[2]) * 100.0
         dt_s = t - self._last_contention_t if self._last_contention_t is not None else None
         io_rate = self._io_rates(seen, cpu, dt_s)
-        net_rate, net_rtt = self._net_rates(seen, cpu, t)
+        net = self._net_rates(seen, cpu, t)
         self._last_contention_t = t
         self._all_cpu = seen
 
@@ -627,14 +641,18 @@ class JobDiscovery:
             outside = mine | agent
             by_comm = _by_command(cpu, outside, comm)
             sink.add("job_neighbour_cpu_percent", sum(e[0] for e in by_comm.values()), labels=lab, ts_ns=ts_ns)
-            rtts = [r for p in mine for r in net_rtt.get(p, ())]
+            rtts = [r for p in mine for r in net.rtts.get(p, ())]
             if rtts:
                 sink.add("job_tcp_srtt_ms", sum(rtts) / len(rtts) / 1000.0, labels=lab, ts_ns=ts_ns)
+            busy = [net.busy[p] for p in mine if p in net.busy]
+            sent, busy_us = sum(b[0] for b in busy), sum(b[1] for b in busy)
+            if busy_us >= BUSY_MIN_S * 1e6:
+                sink.add("job_tcp_busy_send_rate_bytes_per_s", sent / (busy_us / 1e6), labels=lab, ts_ns=ts_ns)
             for metric, per_comm, least in (("job_neighbour_process_cpu_percent", by_comm, NEIGHBOUR_NAMED_MIN),
                                             ("job_neighbour_process_io_bytes_per_s",
                                              _by_command(io_rate, outside, comm), NEIGHBOUR_IO_NAMED_MIN),
                                             ("job_neighbour_process_net_bytes_per_s",
-                                             _by_command(net_rate, outside, comm), NEIGHBOUR_NET_NAMED_MIN)):
+                                             _by_command(net.rates, outside, comm), NEIGHBOUR_NET_NAMED_MIN)):
                 top = sorted(per_comm.items(), key=lambda kv: kv[1][0], reverse=True)[:NEIGHBOUR_TOP]
                 for name, (v, n, pid, _) in top:
                     if v < least:
@@ -662,37 +680,38 @@ class JobDiscovery:
         self._all_io = kept
         return rates
 
-    def _net_rates(self, seen: dict[int, tuple[int, int, float]], cpu: dict[int, float],
-                   t: float) -> tuple[dict[int, float], dict[int, list[int]]]:
-        """TCP bytes/s per process on connections that leave the node, and the smoothed RTTs (us) of the
-        connections that moved bytes, per process. A socket's owner is sought only when it moved bytes and
-        is not known yet, the processes that ran most in the tick first; one not found (a kernel socket,
-        another user's process) is sought again after SOCKET_OWNER_RETRY_S. A connection's first reading
-        gives no rate, as for CPU. Read every ``net_interval_s``: the rates are over that interval, and the
+    def _net_rates(self, seen: dict[int, tuple[int, int, float]], cpu: dict[int, float], t: float) -> "_NetRead":
+        """TCP bytes/s per process on connections that leave the node, the smoothed RTTs (us) of the
+        connections that moved bytes, and their (bytes acked, busy us) since the last read, per process. A
+        socket's owner is sought only when it moved bytes and is not known yet, the processes that ran most
+        in the tick first; one not found (a kernel socket, another user's process) is sought again after
+        SOCKET_OWNER_RETRY_S. A connection's first reading gives no rate, as for CPU. Read every ``net_interval_s``: the rates are over that interval, and the
         ticks between reuse them (a dump costs the kernel a walk of its whole connection table).
         Empty when sock_diag cannot be asked (then again after NET_RETRY_S)."""
         last = self._net_last
         if last is not None and 0 <= t - last[0] < self.net_interval_s:
-            return last[1], last[2]
+            return last[1]
         if t < self._net_retry_t:
-            return {}, {}
+            return _NetRead()
         try:
             conns = tcp_connections()
         except TcpSocketsUnavailable:
             self._net_retry_t = t + NET_RETRY_S
             self._sock_bytes.clear()
             self._net_last = None
-            return {}, {}
+            return _NetRead()
         dt_s = t - last[0] if last is not None and t > last[0] else None
-        moved: list[tuple[int, int, int]] = []     # (inode, bytes since the last tick, srtt)
-        now_bytes: dict[int, int] = {}
+        # (inode, bytes, srtt, bytes acked, busy us) since the last read
+        moved: list[tuple[int, int, int, int, int]] = []
+        now_bytes: dict[int, tuple[int, int, int]] = {}
         for c in conns:
             if c.local:
                 continue
-            now_bytes[c.cookie] = c.bytes_total
+            now_bytes[c.cookie] = (c.bytes_total, c.bytes_acked, c.busy_us)
             prev = self._sock_bytes.get(c.cookie)
-            if prev is not None and c.bytes_total > prev:
-                moved.append((c.inode, c.bytes_total - prev, c.srtt_us))
+            if prev is not None and c.bytes_total > prev[0]:
+                busy = c.busy_us - prev[2] if c.busy_us >= 0 and prev[2] >= 0 else 0
+                moved.append((c.inode, c.bytes_total - prev[0], c.srtt_us, c.bytes_acked - prev[1], max(0, busy)))
         self._sock_bytes = now_bytes
         live = {c.inode for c in conns}
         self._sock_owner = {i: p for i, p in self._sock_owner.items() if i in live}
@@ -710,17 +729,19 @@ class JobDiscovery:
                     wanted.discard(inode)
             for inode in wanted:
                 self._sock_unowned[inode] = t + SOCKET_OWNER_RETRY_S
-        rates: dict[int, float] = {}
-        rtts: dict[int, list[int]] = {}
-        for inode, delta, srtt in moved:
+        out = _NetRead()
+        for inode, delta, srtt, acked, busy in moved:
             pid = self._sock_owner.get(inode)
             if pid is None:
                 continue
             if dt_s:
-                rates[pid] = rates.get(pid, 0.0) + delta / dt_s
-            rtts.setdefault(pid, []).append(srtt)
-        self._net_last = (t, rates, rtts)
-        return rates, rtts
+                out.rates[pid] = out.rates.get(pid, 0.0) + delta / dt_s
+            out.rtts.setdefault(pid, []).append(srtt)
+            if busy > 0:
+                a, b = out.busy.get(pid, (0, 0))
+                out.busy[pid] = (a + acked, b + busy)
+        self._net_last = (t, out)
+        return out
 
     def _usage(self, pid: int, p: _Proc | None, t: float) -> tuple[float, float, float, float]:
         if p is None:

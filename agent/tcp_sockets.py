@@ -1,9 +1,10 @@
 """TCP connections' byte counters and RTT from the kernel's sock_diag netlink interface (what `ss -ti` reads).
 
 Why: Linux keeps no per-process network byte counters, but it keeps them per TCP socket (``tcp_info``:
-bytes acked, bytes received, smoothed RTT), and a socket's inode names the process holding it in
-/proc/<pid>/fd. That is enough to say which command outside a job moves the bytes on the node's links, and
-whether the job's own connections slowed (their RTT rose) while it did, without eBPF.
+bytes acked, bytes received, smoothed RTT, time busy sending), and a socket's inode names the process holding
+it in /proc/<pid>/fd. That is enough to say which command outside a job moves the bytes on the node's links,
+and whether the job's own connections slowed while it did (their RTT rose, or they sent fewer bytes per
+second of having data to send), without eBPF.
 
 Only established IPv4 and IPv6 connections, only the agent's own network namespace (the host's, for the
 systemd service). A connection whose other end is in the same dump (the reversed address pair) never leaves
@@ -12,7 +13,8 @@ No privileges are needed for the dump; /proc/<pid>/fd needs root or the same use
 
 Layouts: ``struct inet_diag_req_v2``, ``struct inet_diag_msg`` (linux/inet_diag.h) and ``struct tcp_info``
 (linux/tcp.h: ``tcpi_rtt`` at byte 68, ``tcpi_bytes_acked`` at 120, ``tcpi_bytes_received`` at 128, since
-Linux 4.1/4.2; shorter records carry no byte counts and are skipped)."""
+Linux 4.1/4.2, shorter records carry no byte counts and are skipped; ``tcpi_busy_time`` at 168, since 4.10, the
+microseconds the connection had data waiting to be sent, -1 where the record is shorter)."""
 
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ INET_DIAG_INFO = 2
 TCP_ESTABLISHED = 1
 _NLMSG = struct.Struct("=IHHII")           # len, type, flags, seq, pid
 _MSG_LEN = 72                              # struct inet_diag_msg
-_TCPI_RTT, _TCPI_ACKED, _TCPI_RECEIVED = 68, 120, 128
+_TCPI_RTT, _TCPI_ACKED, _TCPI_RECEIVED, _TCPI_BUSY = 68, 120, 128, 168
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,8 @@ class TcpConn:
     bytes_total: int     # bytes acked (sent) + bytes received, since the connection opened
     srtt_us: int         # smoothed round-trip time, microseconds
     local: bool          # the other end is in this network namespace too: the bytes never leave the node
+    bytes_acked: int = 0  # bytes sent and acked, since the connection opened
+    busy_us: int = -1    # microseconds with data waiting to be sent, since it opened (-1: the kernel has no count)
 
 
 class TcpSocketsUnavailable(Exception):
@@ -51,7 +55,7 @@ def _request(family: int, seq: int) -> bytes:
 
 
 def _parse(family: int, payload: bytes, out: list[tuple]) -> None:
-    """One inet_diag_msg and its attributes -> (cookie, inode, total, srtt, src, sport, dst, dport)."""
+    """One inet_diag_msg and its attributes -> (cookie, inode, total, srtt, src, sport, dst, dport, acked, busy)."""
     if len(payload) < _MSG_LEN:
         return
     sport, dport = struct.unpack_from("!HH", payload, 4)
@@ -68,7 +72,9 @@ def _parse(family: int, payload: bytes, out: list[tuple]) -> None:
             info = off + 4
             rtt = struct.unpack_from("=I", payload, info + _TCPI_RTT)[0]
             acked, received = struct.unpack_from("=QQ", payload, info + _TCPI_ACKED)
-            out.append((cookie, inode, acked + received, rtt, src, sport, dst, dport))
+            busy = (struct.unpack_from("=Q", payload, info + _TCPI_BUSY)[0]
+                    if rta_len - 4 >= _TCPI_BUSY + 8 else -1)
+            out.append((cookie, inode, acked + received, rtt, src, sport, dst, dport, acked, busy))
             return
         off += (rta_len + 3) & ~3
 
@@ -117,8 +123,8 @@ def tcp_connections() -> list[TcpConn]:
                 raise
             # a kernel without IPv6 answers the second dump with an error: IPv4 alone then
     ends = {(r[4], r[5], r[6], r[7]) for r in rows}
-    return [TcpConn(cookie=r[0], inode=r[1], bytes_total=r[2], srtt_us=r[3], local=(r[6], r[7], r[4], r[5]) in ends)
-            for r in rows]
+    return [TcpConn(cookie=r[0], inode=r[1], bytes_total=r[2], srtt_us=r[3], local=(r[6], r[7], r[4], r[5]) in ends,
+                    bytes_acked=r[8], busy_us=r[9]) for r in rows]
 
 
 def socket_inodes(proc_root: str, pid: int) -> set[int]:

@@ -34,10 +34,12 @@ noisy_neighbor_variance/co_tenant while the episode goes on (``--passive-nodes``
 (sim.synthetic_rows.passive_job_rows, 1 s ticks, 10 minutes) written into a real collector database: ~40 %
 with a co-tenant that arrives between minute 3 and 8 and is still there at the end (a quarter of them disk
 neighbours: little CPU, 80-400 MB/s of disk I/O, I/O pressure; a sixth network neighbours: 30-300 MB/s off the
-node, the job's own connections' RTT from 0.2 ms to 2-20 ms), ~10 % with a slower phase of the job's own
-(half of them with a command soaking up the CPU it left idle), ~2.5 % with an I/O phase of its own, ~2.5 % with
-a network phase of its own (its RTT rises, nobody else's bytes), the rest clean; a third of the jobs without a
-network neighbour have no connections off the node (no RTT). Real
+node, the job's own connections' RTT from 0.2 ms to 2-20 ms or, for half of them, on a link the job fills
+itself, its busy send rate divided by 2.5 and its RTT up by a third only), ~10 % with a slower phase of the
+job's own (half of them with a command soaking up the CPU it left idle), ~2.5 % with an I/O phase of its own,
+~2.5 % with a network phase of its own (its RTT rises, nobody else's bytes), ~2.5 % with a slower phase of its
+own while a command moves 30-300 MB/s on another link (the job's connections do not slow), the rest clean; a
+third of the jobs without a network neighbour have no connections off the node (no RTT). Real
 analysis passes every 60 s (the default interval). A positive is a node with the co-tenant; a hit an open
 co_tenant flag on it at the last pass; any open co_tenant flag on another node at any pass is a false
 positive. The time from the episode's start to the first pass that showed its flag is reported (median,
@@ -462,7 +464,8 @@ def passive_accuracy(n: int, seed: int, db: Path) -> dict:
                     kinds[node] = "co_tenant_disk"
                 elif r < 0.1667:    # a sixth take the network: the job's packets queue behind theirs
                     kw.update(neighbour=rng.choice(("rclone", "aws", "iperf3", "nccl-tests")),
-                              neighbour_net_mb_per_s=rng.uniform(30, 300), rtt_contended_ms=rng.uniform(2, 20))
+                              neighbour_net_mb_per_s=rng.uniform(30, 300), rtt_contended_ms=rng.uniform(2, 20),
+                              job_fills_link=rng.random() < 0.5)
                     kinds[node] = "co_tenant_net"
             elif r < 0.55:
                 t0 = rng.uniform(180, 480)
@@ -477,9 +480,15 @@ def passive_accuracy(n: int, seed: int, db: Path) -> dict:
                 else:               # its own network phase (a shard download): its RTT rises, nobody else's bytes
                     kw = dict(own_net_phase=phase, own_drop=rng.uniform(0.3, 0.7), rtt_contended_ms=rng.uniform(2, 20))
                     kinds[node] = "own_net_phase"
+            elif r < 0.575:         # its own slower phase while a command uses another link: no slowdown of its own
+                t0 = rng.uniform(180, 480)
+                kw = dict(contention=(t0, t0 + rng.uniform(60, 200)), lost=rng.uniform(0.3, 0.7),
+                          neighbour=rng.choice(("rclone", "aws")), neighbour_net_mb_per_s=rng.uniform(30, 300),
+                          rtt_contended_ms=0.21)
+                kinds[node] = "net_traffic_elsewhere"
             else:
                 kinds[node] = "clean"
-            if kinds[node] not in ("co_tenant_net", "own_net_phase") and rng.random() < 1 / 3:
+            if kinds[node] not in ("co_tenant_net", "own_net_phase", "net_traffic_elsewhere") and rng.random() < 1 / 3:
                 kw["rtt_ms"] = None     # a job with no connections off the node
             source = "gpu_util" if rng.random() < 0.3 else "cpu_share"
             rows, _ = S.passive_job_rows(node, "job-" + node, start=start, seconds=seconds, source=source,
@@ -516,7 +525,8 @@ def passive_accuracy(n: int, seed: int, db: Path) -> dict:
     delays = sorted(first_seen.values())
     by_kind = {kind: {"nodes": sum(1 for v in kinds.values() if v == kind),
                       "false_positives": sum(1 for node, v in kinds.items() if v == kind and node in false_pos)}
-               for kind in ("own_phase", "own_phase_with_filler", "own_io_phase", "own_net_phase", "clean")}
+               for kind in ("own_phase", "own_phase_with_filler", "own_io_phase", "own_net_phase",
+                            "net_traffic_elsewhere", "clean")}
     disk = [node for node, v in kinds.items() if v == "co_tenant_disk"]
     disk_tp = sum(1 for node in disk if node in open_nodes)
     net = [node for node, v in kinds.items() if v == "co_tenant_net"]

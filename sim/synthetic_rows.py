@@ -391,7 +391,8 @@ def passive_job_rows(node_id: str, job_id: str, *, start: dt.datetime, seconds: 
                      ended: bool = False, neighbour_io_mb_per_s: float | None = None,
                      own_io_phase: tuple[float, float] | None = None, neighbour_net_mb_per_s: float | None = None,
                      own_net_phase: tuple[float, float] | None = None, rtt_ms: float | None = 0.2,
-                     rtt_contended_ms: float = 8.0) -> tuple[list[tuple], list[tuple]]:
+                     rtt_contended_ms: float = 8.0, job_fills_link: bool = False,
+                     busy_mb_per_s: float = 100.0) -> tuple[list[tuple], list[tuple]]:
     """SYNTHETIC agent ticks of one job seen passively (agent/job_discovery.py's series), as sample rows.
 
     ``contention = (t0_s, t1_s)``: a co-tenant ``neighbour`` uses ``neighbour_cpu`` % of a core from t0 to t1
@@ -408,10 +409,17 @@ def passive_job_rows(node_id: str, job_id: str, *, start: dt.datetime, seconds: 
     ``neighbour_net_mb_per_s``: the co-tenant is a network neighbour instead: during the contention it sends
     and receives that many MB/s off the node (job_neighbour_process_net_bytes_per_s) with little CPU, and the
     RTT of the job's own connections (job_tcp_srtt_ms, ``rtt_ms`` otherwise; None: the job has no connections
-    off the node) rises to ``rtt_contended_ms``. ``own_net_phase = (t0_s, t1_s)``: the job's own network phase
-    (a dataset shard download): its progress falls by ``own_drop`` and its RTT rises, with no neighbour's bytes.
+    off the node) rises to ``rtt_contended_ms``, their send rate while busy (job_tcp_busy_send_rate_bytes_per_s,
+    ``busy_mb_per_s``) dips by a fifth. With ``job_fills_link`` the job fills its link itself: its queue is full
+    already (RTT 10 ms, only 1.3 times that with the neighbour), and the neighbour takes a share of the link
+    (busy send rate divided by 2.5), as measured with a real DDP job and iperf3 on a 100 Mbit/s tbf link
+    (tests/test_jobs_passive_network.py). ``own_net_phase = (t0_s, t1_s)``: the job's own network phase
+    (a dataset shard download): its progress falls by ``own_drop`` and its RTT rises to ``rtt_contended_ms``,
+    with no neighbour's bytes.
     Returns (sample rows for add_samples, event rows for add_events)."""
     rng = rng or random.Random(0)
+    # the network series draw from their own generator, so the CPU and disk series stay as they were drawn
+    net_rng = random.Random(f"{node_id}/{job_id}/net")
     rows: list[tuple] = []
     lab = f"job_id={job_id}"
     psi = psi_io = psi_idle
@@ -425,8 +433,10 @@ def passive_job_rows(node_id: str, job_id: str, *, start: dt.datetime, seconds: 
         contended = contention is not None and contention[0] <= s < (contention[1] if contention[1] is not None
                                                                      else float("inf"))
         disk = {"systemd-journal": 1.5 + 0.5 * rng.random()}     # MB/s: a steady writer of its own
-        net = {"node_exporter": 1.0 + 0.5 * rng.random()}         # MB/s off the node: scrapes, ssh
-        rtt = None if rtt_ms is None else rtt_ms * (1 + 0.2 * rng.random())
+        net = {"node_exporter": 1.0 + 0.5 * net_rng.random()}     # MB/s off the node: scrapes, ssh
+        base_rtt = 10.0 if job_fills_link else rtt_ms
+        rtt = None if rtt_ms is None else base_rtt * (1 + 0.2 * net_rng.random())
+        busy = None if rtt_ms is None else busy_mb_per_s * (1 + net_rng.gauss(0, noise))
         if contended:
             p *= 1 - lost
             if neighbour_io_mb_per_s is not None:
@@ -434,14 +444,17 @@ def passive_job_rows(node_id: str, job_id: str, *, start: dt.datetime, seconds: 
                 disk[neighbour] = neighbour_io_mb_per_s * (1 + rng.gauss(0, noise))
             elif neighbour_net_mb_per_s is not None:
                 others[neighbour] = 15 * (1 + rng.gauss(0, noise))
-                net[neighbour] = neighbour_net_mb_per_s * (1 + rng.gauss(0, noise))
-                rtt = None if rtt is None else rtt_contended_ms * (1 + 0.2 * rng.random())
+                net[neighbour] = neighbour_net_mb_per_s * (1 + net_rng.gauss(0, noise))
+                if rtt is not None and job_fills_link:
+                    rtt, busy = rtt * 1.3, busy / 2.5
+                elif rtt is not None:
+                    rtt, busy = rtt_contended_ms * (1 + 0.2 * net_rng.random()), busy * 0.8
             else:
                 others[neighbour] = neighbour_cpu * (1 + rng.gauss(0, noise))
         own_io = own_io_phase is not None and own_io_phase[0] <= s < own_io_phase[1]
         own_net = own_net_phase is not None and own_net_phase[0] <= s < own_net_phase[1]
         if own_net and rtt is not None:
-            rtt = rtt_contended_ms * (1 + 0.2 * rng.random())
+            rtt = rtt_contended_ms * (1 + 0.2 * net_rng.random())
         if (own_phase and own_phase[0] <= s < own_phase[1]) or own_io or own_net:
             p *= 1 - own_drop
             if filler:
@@ -463,7 +476,8 @@ def passive_job_rows(node_id: str, job_id: str, *, start: dt.datetime, seconds: 
         rows += [(t, node_id, None, "job_neighbour_process_net_bytes_per_s", f"{lab},comm={c},pid={3000 + k}",
                   v * 1e6) for k, (c, v) in enumerate(sorted(net.items()))]
         if rtt is not None:
-            rows.append((t, node_id, None, "job_tcp_srtt_ms", lab, rtt))
+            rows += [(t, node_id, None, "job_tcp_srtt_ms", lab, rtt),
+                     (t, node_id, None, "job_tcp_busy_send_rate_bytes_per_s", lab, busy * 1e6)]
     events = []
     if ended:
         last = start + dt.timedelta(seconds=(n - 1) * tick_s)

@@ -170,15 +170,30 @@ def test_a_network_neighbour_is_flagged_while_there_by_its_bytes_and_the_jobs_rt
     assert ev["job_tcp_srtt_ms"]["contended"] >= 4 * ev["job_tcp_srtt_ms"]["before"]
     assert re.search(r"has lost \d+ % .* and it goes on, while rsync sends and receives \d+ MB/s off the node "
                      r"\(before it \d+ MB/s; added network traffic by command: rsync 100 %\); the job's connections "
-                     r"waited [\d.]+ ms \(RTT\) against [\d.]+ ms before; limit the co-tenant's bandwidth",
-                     f["sentence"]), f["sentence"]
+                     r"off the node: RTT [\d.]+ -> [\d.]+ ms, sending [\d.]+ -> [\d.]+ MB/s while they had data to "
+                     r"send; limit the co-tenant's bandwidth", f["sentence"]), f["sentence"]
+
+
+def test_a_network_neighbour_on_a_link_the_job_fills_is_flagged_by_the_jobs_busy_send_rate(con):
+    """The job fills its link by itself, so its packets queue already (RTT 10 ms) and the neighbour raises
+    that by a third only; what shows is the share the job gets while it has data to send (divided by 2.5)."""
+    _job(con, seconds=120, contention=(60, None), neighbour="iperf3", neighbour_net_mb_per_s=30.0,
+         job_fills_link=True)
+    (f,) = _pass(con, 80.5)
+    ev = f["evidence"]
+    assert ev["resource"] == "net" and ev["neighbours"][0]["comm"] == "iperf3"
+    assert ev["neighbours"][0]["share_of_added"] >= 0.9
+    assert ev["job_tcp_srtt_ms"]["contended"] < 1.5 * ev["job_tcp_srtt_ms"]["before"], "RTT alone would miss it"
+    busy = ev["job_tcp_busy_send_rate_mb_per_s"]
+    assert busy["contended"] == pytest.approx(busy["before"] / 2.5, rel=0.15)
 
 
 @pytest.mark.parametrize("rtt_ms, rtt_contended_ms", [(0.2, 0.25), (None, 8.0)],
-                         ids=["rtt-unchanged", "no-connections-off-the-node"])
-def test_a_network_neighbour_is_not_blamed_without_the_jobs_rtt_rising(con, rtt_ms, rtt_contended_ms):
-    """The same network co-tenant, but the job's own connections do not queue behind it (their RTT stays),
-    or the job has no connections off the node at all: its drop is its own, not the network's."""
+                         ids=["connections-not-slowed", "no-connections-off-the-node"])
+def test_a_network_neighbour_is_not_blamed_without_the_jobs_connections_slowing(con, rtt_ms, rtt_contended_ms):
+    """The same network co-tenant, but the job's own connections do not slow (their RTT stays, their send
+    rate while busy dips by a fifth only: another link), or the job has no connections off the node at all:
+    its drop is its own, not the network's."""
     _job(con, seconds=120, contention=(60, None), neighbour="rsync", neighbour_net_mb_per_s=80.0,
          rtt_ms=rtt_ms, rtt_contended_ms=rtt_contended_ms)
     assert _pass(con, 80.5) == []
@@ -200,7 +215,8 @@ def test_a_neighbour_margin_that_is_not_positive_is_refused(key, value):
 
 
 @pytest.mark.parametrize("value", [1, 0.5, float("inf")])
-def test_an_rtt_rise_that_is_no_rise_is_refused(value):
+def test_a_network_slowdown_that_is_no_slowdown_is_refused(value):
     from gpuagent.collector.analysis import analyzer as A
-    with pytest.raises(A.AnalyzerError, match=r"^\[analyzer\] neighbour_rtt_rise must be a number greater than 1, "):
-        A.AnalyzerConfig.from_mapping({"analyzer": {"neighbour_rtt_rise": value}})
+    with pytest.raises(A.AnalyzerError,
+                       match=r"^\[analyzer\] neighbour_net_slowdown must be a number greater than 1, got "):
+        A.AnalyzerConfig.from_mapping({"analyzer": {"neighbour_net_slowdown": value}})

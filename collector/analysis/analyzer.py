@@ -185,7 +185,7 @@ class AnalyzerConfig:
     neighbour_cpu_percent: float = 25.0   # % of one core a neighbour must add over its usual level
     neighbour_io_mb_per_s: float = 20.0   # MB/s of disk I/O a neighbour must add over its usual level
     neighbour_net_mb_per_s: float = 10.0  # MB/s of TCP traffic off the node a neighbour must add over its usual level
-    neighbour_rtt_rise: float = 2.0       # times the RTT of the job's own connections must rise for a network neighbour
+    neighbour_net_slowdown: float = 1.5   # times the job's own connections must slow (RTT up, busy send rate down)
     job_warmup_s: float = 10.0            # a passively seen job's start-up (imports, rendezvous) is not progress
     job_winddown_s: float = 3.0           # nor is an ended job's wind-down (process-group teardown, exit)
     min_minutes: int = 10
@@ -265,11 +265,11 @@ class AnalyzerConfig:
             # a margin of 0 or less would make every tick of every command an episode
             if name in kwargs and not (math.isfinite(kwargs[name]) and kwargs[name] > 0):
                 raise AnalyzerError(f"[analyzer] {name} must be a positive number, got {section[name]!r}")
-        if "neighbour_rtt_rise" in kwargs and not (math.isfinite(kwargs["neighbour_rtt_rise"])
-                                                   and kwargs["neighbour_rtt_rise"] > 1):
-            # a rise of 1 or less is no rise: any RTT would corroborate a network neighbour
-            raise AnalyzerError("[analyzer] neighbour_rtt_rise must be a number greater than 1, "
-                                f"got {section['neighbour_rtt_rise']!r}")
+        if "neighbour_net_slowdown" in kwargs and not (math.isfinite(kwargs["neighbour_net_slowdown"])
+                                                       and kwargs["neighbour_net_slowdown"] > 1):
+            # a factor of 1 or less is no slowdown: any connection would corroborate a network neighbour
+            raise AnalyzerError("[analyzer] neighbour_net_slowdown must be a number greater than 1, "
+                                f"got {section['neighbour_net_slowdown']!r}")
         valid = {f"{c.kind}.{c.component}" for c in COMPONENTS}
         for key, value in thresholds.items():
             if key not in valid:
@@ -652,7 +652,7 @@ class Analyzer:
             "min_runs": cfg.min_runs, "noise_k": cfg.noise_k, "min_fleet_nodes": cfg.min_fleet_nodes,
             "corr_steal": cfg.corroboration_steal_percent, "corr_psi": cfg.corroboration_psi_percent,
             "neighbour_cpu": cfg.neighbour_cpu_percent, "neighbour_io": cfg.neighbour_io_mb_per_s,
-            "neighbour_net": cfg.neighbour_net_mb_per_s, "rtt_rise": cfg.neighbour_rtt_rise,
+            "neighbour_net": cfg.neighbour_net_mb_per_s, "net_slowdown": cfg.neighbour_net_slowdown,
             "job_warmup_s": cfg.job_warmup_s,
             "job_winddown_s": cfg.job_winddown_s, "psi_rise": cfg.corroboration_psi_percent / 2,
             "min_minutes": cfg.min_minutes, "idle_util": cfg.idle_util_percent,
