@@ -57,20 +57,23 @@ label ``job_id``; the analyzer's noisy_neighbor_variance co_tenant/hypervisor co
   ran in the tick (a process that used no CPU issued no I/O) and needs root or the same user.
 - ``job_neighbour_process_net_bytes_per_s`` (labels ``comm``, ``pid``): the top five commands outside the
   job by TCP bytes sent (acked) and received on connections that leave the node (agent/tcp_sockets.py:
-  sock_diag, the socket's owner from /proc/<pid>/fd, looked up only for sockets that moved bytes and only
-  among processes that ran in the tick), at least ``NEIGHBOUR_NET_NAMED_MIN`` bytes/s, so a network
-  neighbour (a backup upload, a dataset sync, another job's traffic) is seen;
-- ``job_tcp_srtt_ms``: the mean smoothed RTT of the job's own TCP connections that left the node and moved
-  bytes in the tick, and ``job_tcp_busy_send_rate_bytes_per_s``: the bytes they sent (acked) per second of
-  having data waiting to be sent (tcp_info busy time, summed over the connections). Together the job's
-  "network pressure": a neighbour that fills a link the job uses makes its packets queue (RTT up) and, where
-  the job itself fills the link so that its queue was full already, halves what it gets while it has data
-  to send (busy rate down); the job's own quieter phase lowers neither. Connections inside the node
-  (loopback) count for none of these series.
+  sock_diag every ``net_interval_s``; a socket's owner, the oldest process holding it, from /proc/<pid>/fd,
+  looked up only for sockets that moved bytes and have no live owner known), at least
+  ``NEIGHBOUR_NET_NAMED_MIN`` bytes/s, so a network neighbour (a backup upload, a dataset sync, another
+  job's traffic) is seen;
+- the job's own connections off the node: ``job_tcp_bytes_per_s`` (sent and received), ``job_tcp_srtt_ms``
+  (the mean smoothed RTT of those that sent in the interval) and ``job_tcp_busy_send_rate_bytes_per_s`` (the
+  bytes they sent per second of having data to send held up by the network, tcp_info busy time less the
+  receive-window-limited time, summed over the connections). The job's "network pressure": a neighbour that
+  fills a link the job uses makes its packets queue (RTT up) and, where the job itself filled the link so
+  that its queue was full already, cuts what it gets while it has data to send (busy rate down), while the
+  job moves no more bytes than before; the job's own heavier traffic raises its RTT too, but its bytes with
+  it. Connections inside the node (loopback) count for none of these series.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import time
@@ -82,13 +85,16 @@ from gpuagent.agent.tcp_sockets import TcpSocketsUnavailable, socket_inodes, tcp
 from gpuagent.common.job_identity import cgroup_ids, job_identity, own_container_id
 from gpuagent.agent.slurm import PENDING, SlurmAttribution
 
+log = logging.getLogger("gpuagent.agent.job_discovery")
 RECHECK_S = 2.0
 _POD_KEYS = ("pod", "namespace", "container")     # job sample attrs from the kubelet (agent/kubelet.py)
 NEIGHBOUR_NAMED_MIN = 5.0   # % of one core: below this a neighbour is not worth naming
 NEIGHBOUR_TOP = 5
 NEIGHBOUR_IO_NAMED_MIN = 1_000_000   # bytes/s: below this a disk neighbour is not worth naming
 NEIGHBOUR_NET_NAMED_MIN = 1_000_000  # bytes/s: below this a network neighbour is not worth naming
-SOCKET_OWNER_RETRY_S = 30.0   # a socket with no owner found (a kernel socket, another user's) is sought again then
+SOCKET_OWNER_RETRY_S = 30.0   # a socket with no owner found (a kernel socket, another user's) is sought again then,
+SOCKET_OWNER_RETRY_MAX_S = 600.0   # ... and after twice as long each time it is not found, up to this
+OWNER_WALK_BUDGET_S = 0.05    # the most one read spends reading /proc/<pid>/fd (~10 us an fd here)
 NET_RETRY_S = 60.0            # sock_diag failed: asked again after this
 BUSY_MIN_S = 0.01             # less busy sending than this in an interval: too little to give a job's busy rate
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -210,9 +216,10 @@ class JobDiscovery:
         # inode; inodes whose owner was not found, with when to look again; when sock_diag may be asked
         # again after it failed.
         self._sock_bytes: dict[int, tuple[int, int, int]] = {}
-        self._sock_owner: dict[int, int] = {}
-        self._sock_unowned: dict[int, float] = {}
+        self._sock_owner: dict[int, tuple[int, int]] = {}         # inode -> (pid, start time ticks)
+        self._sock_unowned: dict[int, tuple[float, float]] = {}   # inode -> (look again at, delay)
         self._net_retry_t = 0.0
+        self._net_failed = False
         self._net_last: tuple[float, _NetRead] | None = None
         self._last_contention_t: float | None = None
         # Set by the daemon where Slurm runs: names a Slurm job's processes without their environment.
@@ -602,7 +609,17 @@ class JobDiscovery:
                 cpu[pid] = max(0, ticks - prev[1]) / _CLK_TCK / (t - prev[2]) * 100.0
         dt_s = t - self._last_contention_t if self._last_contention_t is not None else None
         io_rate = self._io_rates(seen, cpu, dt_s)
-        net = self._net_rates(seen, cpu, t)
+        try:
+            net = self._net_rates(seen, t)
+        except Exception as e:   # noqa: BLE001 - the network series are extra; the tick goes on without them
+            if not self._net_failed:
+                log.warning("job discovery: reading the TCP connections failed (%s: %s); network neighbours are "
+                            "not sampled until it works again", type(e).__name__, e)
+            self._net_failed = True
+            self._net_retry_t = t + NET_RETRY_S
+            net = _NetRead()
+        else:
+            self._net_failed = False
         self._last_contention_t = t
         self._all_cpu = seen
 
@@ -644,6 +661,9 @@ class JobDiscovery:
             rtts = [r for p in mine for r in net.rtts.get(p, ())]
             if rtts:
                 sink.add("job_tcp_srtt_ms", sum(rtts) / len(rtts) / 1000.0, labels=lab, ts_ns=ts_ns)
+            own = [net.rates[p] for p in mine if p in net.rates]
+            if own:
+                sink.add("job_tcp_bytes_per_s", sum(own), labels=lab, ts_ns=ts_ns)
             busy = [net.busy[p] for p in mine if p in net.busy]
             sent, busy_us = sum(b[0] for b in busy), sum(b[1] for b in busy)
             if busy_us >= BUSY_MIN_S * 1e6:
@@ -680,14 +700,13 @@ class JobDiscovery:
         self._all_io = kept
         return rates
 
-    def _net_rates(self, seen: dict[int, tuple[int, int, float]], cpu: dict[int, float], t: float) -> "_NetRead":
-        """TCP bytes/s per process on connections that leave the node, the smoothed RTTs (us) of the
-        connections that moved bytes, and their (bytes acked, busy us) since the last read, per process. A
-        socket's owner is sought only when it moved bytes and is not known yet, the processes that ran most
-        in the tick first; one not found (a kernel socket, another user's process) is sought again after
-        SOCKET_OWNER_RETRY_S. A connection's first reading gives no rate, as for CPU. Read every ``net_interval_s``: the rates are over that interval, and the
-        ticks between reuse them (a dump costs the kernel a walk of its whole connection table).
-        Empty when sock_diag cannot be asked (then again after NET_RETRY_S)."""
+    def _net_rates(self, seen: dict[int, tuple[int, int, float]], t: float) -> "_NetRead":
+        """TCP bytes/s per process on connections that leave the node, the smoothed RTTs (us) of those that
+        sent, and their (bytes acked, busy us) since the last read, per process. A socket's owner is sought
+        only when it moved bytes and no live owner is known (_find_owners). A connection's first reading
+        gives no rate, as for CPU. Read every ``net_interval_s``: the rates are over that interval, and the
+        ticks between reuse them (a dump costs the kernel a walk of its whole connection table). Empty when
+        sock_diag cannot be asked (then again after NET_RETRY_S)."""
         last = self._net_last
         if last is not None and 0 <= t - last[0] < self.net_interval_s:
             return last[1]
@@ -714,34 +733,56 @@ class JobDiscovery:
                 moved.append((c.inode, c.bytes_total - prev[0], c.srtt_us, c.bytes_acked - prev[1], max(0, busy)))
         self._sock_bytes = now_bytes
         live = {c.inode for c in conns}
-        self._sock_owner = {i: p for i, p in self._sock_owner.items() if i in live}
+        # an owner holds only while that process lives (its pid and start time): a socket inherited by a
+        # forked worker that has exited since is looked up again, and found in the process still holding it
+        self._sock_owner = {i: o for i, o in self._sock_owner.items()
+                            if i in live and o[0] in seen and seen[o[0]][0] == o[1]}
         self._sock_unowned = {i: r for i, r in self._sock_unowned.items() if i in live}
-        wanted = {m[0] for m in moved if m[0] not in self._sock_owner and self._sock_unowned.get(m[0], 0) <= t}
+        wanted = {m[0] for m in moved
+                  if m[0] not in self._sock_owner and self._sock_unowned.get(m[0], (0.0, 0.0))[0] <= t}
         if wanted:
-            # the busiest first; a process that sends a little now and then may have run for less than a
-            # clock tick, so the rest are searched after them
-            order = sorted(seen, key=lambda p: cpu.get(p, 1.0), reverse=True)
-            for pid in order:
-                if not wanted:
-                    break
-                for inode in socket_inodes(self.proc, pid) & wanted:
-                    self._sock_owner[inode] = pid
-                    wanted.discard(inode)
-            for inode in wanted:
-                self._sock_unowned[inode] = t + SOCKET_OWNER_RETRY_S
+            self._find_owners(wanted, seen, t)
         out = _NetRead()
         for inode, delta, srtt, acked, busy in moved:
-            pid = self._sock_owner.get(inode)
-            if pid is None:
+            owner = self._sock_owner.get(inode)
+            if owner is None:
                 continue
+            pid = owner[0]
             if dt_s:
                 out.rates[pid] = out.rates.get(pid, 0.0) + delta / dt_s
-            out.rtts.setdefault(pid, []).append(srtt)
+            if acked > 0:     # a connection that only received keeps the RTT of its last send: stale
+                out.rtts.setdefault(pid, []).append(srtt)
             if busy > 0:
                 a, b = out.busy.get(pid, (0, 0))
                 out.busy[pid] = (a + acked, b + busy)
         self._net_last = (t, out)
         return out
+
+    def _find_owners(self, wanted: set[int], seen: dict[int, tuple[int, int, float]], t: float) -> None:
+        """Owners of the socket inodes ``wanted``, from every process's /proc/<pid>/fd within
+        OWNER_WALK_BUDGET_S. A socket several processes hold (a rank's, inherited by the data-loader workers
+        it forked) belongs to the oldest of them, the one that opened it. One not found is sought again
+        after SOCKET_OWNER_RETRY_S, doubling up to SOCKET_OWNER_RETRY_MAX_S while it stays unfound (a
+        kernel socket: NFS, iSCSI; another user's process when the agent is not root); one the budget did
+        not reach, at the next read."""
+        holders: dict[int, tuple[int, int]] = {}     # inode -> (start, pid) of its oldest holder
+        deadline = time.monotonic() + OWNER_WALK_BUDGET_S
+        walked_all = True
+        for pid, (start, _ticks, _t) in seen.items():
+            if time.monotonic() > deadline:
+                walked_all = False
+                break
+            for inode in socket_inodes(self.proc, pid) & wanted:
+                if inode not in holders or (start, pid) < holders[inode]:
+                    holders[inode] = (start, pid)
+        for inode, (start, pid) in holders.items():
+            self._sock_owner[inode] = (pid, start)
+            self._sock_unowned.pop(inode, None)
+        if walked_all:
+            for inode in wanted - holders.keys():
+                last_delay = self._sock_unowned.get(inode, (0.0, SOCKET_OWNER_RETRY_S / 2))[1]
+                delay = min(SOCKET_OWNER_RETRY_MAX_S, 2 * last_delay)
+                self._sock_unowned[inode] = (t + delay, delay)
 
     def _usage(self, pid: int, p: _Proc | None, t: float) -> tuple[float, float, float, float]:
         if p is None:

@@ -7,14 +7,19 @@ and whether the job's own connections slowed while it did (their RTT rose, or th
 second of having data to send), without eBPF.
 
 Only established IPv4 and IPv6 connections, only the agent's own network namespace (the host's, for the
-systemd service). A connection whose other end is in the same dump (the reversed address pair) never leaves
-the node (loopback, or a local address): it is marked ``local``, since it loads the CPU, not a link.
-No privileges are needed for the dump; /proc/<pid>/fd needs root or the same user.
+systemd service). A connection on a loopback address (127/8, ::1), or whose other end is in the same dump
+(the reversed address pair, an IPv4-mapped IPv6 address taken as its IPv4 address, so a dual-stack server's
+accepted socket pairs with its IPv4 client), never leaves the node: it is marked ``local``, since it loads the
+CPU, not a link. A peer in another network namespace of the same node (a container on a bridge) is off the
+node for this test. No privileges are needed for the dump; /proc/<pid>/fd needs root or the same user.
 
 Layouts: ``struct inet_diag_req_v2``, ``struct inet_diag_msg`` (linux/inet_diag.h) and ``struct tcp_info``
 (linux/tcp.h: ``tcpi_rtt`` at byte 68, ``tcpi_bytes_acked`` at 120, ``tcpi_bytes_received`` at 128, since
-Linux 4.1/4.2, shorter records carry no byte counts and are skipped; ``tcpi_busy_time`` at 168, since 4.10, the
-microseconds the connection had data waiting to be sent, -1 where the record is shorter)."""
+Linux 4.1/4.2, shorter records carry no byte counts and are skipped; ``tcpi_busy_time`` at 168 and
+``tcpi_rwnd_limited`` at 176, since 4.10: the kernel's busy time is the sum of its busy, receive-window-limited
+and send-buffer-limited timers (tcp_get_info_chrono_stats), so ``busy_us`` is busy_time - rwnd_limited, the
+time the connection had data to send and was held up by the network or its own send buffer, not by a slow
+receiver; -1 where the record is shorter)."""
 
 from __future__ import annotations
 
@@ -31,7 +36,9 @@ INET_DIAG_INFO = 2
 TCP_ESTABLISHED = 1
 _NLMSG = struct.Struct("=IHHII")           # len, type, flags, seq, pid
 _MSG_LEN = 72                              # struct inet_diag_msg
-_TCPI_RTT, _TCPI_ACKED, _TCPI_RECEIVED, _TCPI_BUSY = 68, 120, 128, 168
+_TCPI_RTT, _TCPI_ACKED, _TCPI_RECEIVED, _TCPI_BUSY, _TCPI_RWND_LIMITED = 68, 120, 128, 168, 176
+_V4_MAPPED = b"\x00" * 10 + b"\xff\xff"
+RECV_TIMEOUT_S = 1.0     # a dump that stalls this long is given up (the tick must not hang on it)
 
 
 @dataclass(frozen=True)
@@ -42,7 +49,7 @@ class TcpConn:
     srtt_us: int         # smoothed round-trip time, microseconds
     local: bool          # the other end is in this network namespace too: the bytes never leave the node
     bytes_acked: int = 0  # bytes sent and acked, since the connection opened
-    busy_us: int = -1    # microseconds with data waiting to be sent, since it opened (-1: the kernel has no count)
+    busy_us: int = -1    # us with data to send, held up by the network (not the receiver), since it opened; -1: unknown
 
 
 class TcpSocketsUnavailable(Exception):
@@ -60,23 +67,34 @@ def _parse(family: int, payload: bytes, out: list[tuple]) -> None:
         return
     sport, dport = struct.unpack_from("!HH", payload, 4)
     alen = 4 if family == socket.AF_INET else 16
-    src, dst = payload[8:8 + alen], payload[24:24 + alen]
+    src, dst = _address(payload[8:8 + alen]), _address(payload[24:24 + alen])
     cookie = struct.unpack_from("=Q", payload, 44)[0]
     inode = struct.unpack_from("=I", payload, 68)[0]
     off = _MSG_LEN
     while off + 4 <= len(payload):
         rta_len, rta_type = struct.unpack_from("=HH", payload, off)
-        if rta_len < 4:
+        if rta_len < 4 or off + rta_len > len(payload):
             break
         if rta_type == INET_DIAG_INFO and rta_len - 4 >= _TCPI_RECEIVED + 8:
             info = off + 4
             rtt = struct.unpack_from("=I", payload, info + _TCPI_RTT)[0]
             acked, received = struct.unpack_from("=QQ", payload, info + _TCPI_ACKED)
-            busy = (struct.unpack_from("=Q", payload, info + _TCPI_BUSY)[0]
-                    if rta_len - 4 >= _TCPI_BUSY + 8 else -1)
+            busy = -1
+            if rta_len - 4 >= _TCPI_RWND_LIMITED + 8:
+                total, rwnd = struct.unpack_from("=QQ", payload, info + _TCPI_BUSY)
+                busy = max(0, total - rwnd)
             out.append((cookie, inode, acked + received, rtt, src, sport, dst, dport, acked, busy))
             return
         off += (rta_len + 3) & ~3
+
+
+def _address(raw: bytes) -> bytes:
+    """An address as compared between the two ends: an IPv4-mapped IPv6 address as its 4 IPv4 bytes."""
+    return raw[12:] if len(raw) == 16 and raw[:12] == _V4_MAPPED else raw
+
+
+def _loopback(addr: bytes) -> bool:
+    return (len(addr) == 4 and addr[0] == 127) or addr == b"\x00" * 15 + b"\x01"
 
 
 def _dump(family: int) -> list[tuple]:
@@ -86,6 +104,7 @@ def _dump(family: int) -> list[tuple]:
         raise TcpSocketsUnavailable(f"sock_diag netlink socket: {e}") from None
     out: list[tuple] = []
     try:
+        s.settimeout(RECV_TIMEOUT_S)
         s.sendto(_request(family, 1), (0, 0))
         while True:
             data = s.recv(1 << 16)
@@ -106,8 +125,8 @@ def _dump(family: int) -> list[tuple]:
                 if kind == SOCK_DIAG_BY_FAMILY:
                     _parse(family, data[off + _NLMSG.size:off + length], out)
                 off += (length + 3) & ~3
-    except OSError as e:
-        raise TcpSocketsUnavailable(f"sock_diag: {e}") from None
+    except (OSError, struct.error) as e:     # socket.timeout is an OSError
+        raise TcpSocketsUnavailable(f"sock_diag: {e or type(e).__name__}") from None
     finally:
         s.close()
 
@@ -123,7 +142,8 @@ def tcp_connections() -> list[TcpConn]:
                 raise
             # a kernel without IPv6 answers the second dump with an error: IPv4 alone then
     ends = {(r[4], r[5], r[6], r[7]) for r in rows}
-    return [TcpConn(cookie=r[0], inode=r[1], bytes_total=r[2], srtt_us=r[3], local=(r[6], r[7], r[4], r[5]) in ends,
+    return [TcpConn(cookie=r[0], inode=r[1], bytes_total=r[2], srtt_us=r[3],
+                    local=_loopback(r[4]) or _loopback(r[6]) or (r[6], r[7], r[4], r[5]) in ends,
                     bytes_acked=r[8], busy_us=r[9]) for r in rows]
 
 

@@ -37,7 +37,8 @@ neighbours: little CPU, 80-400 MB/s of disk I/O, I/O pressure; a sixth network n
 node, the job's own connections' RTT from 0.2 ms to 2-20 ms or, for half of them, on a link the job fills
 itself, its busy send rate divided by 2.5 and its RTT up by a third only), ~10 % with a slower phase of the
 job's own (half of them with a command soaking up the CPU it left idle), ~2.5 % with an I/O phase of its own,
-~2.5 % with a network phase of its own (its RTT rises, nobody else's bytes), ~2.5 % with a slower phase of its
+~2.5 % with a network phase of its own (its RTT and its own traffic rise; half of them while a command moves
+30-300 MB/s on another link), ~2.5 % with a slower phase of its
 own while a command moves 30-300 MB/s on another link (the job's connections do not slow), the rest clean; a
 third of the jobs without a network neighbour have no connections off the node (no RTT). Real
 analysis passes every 60 s (the default interval). A positive is a node with the co-tenant; a hit an open
@@ -478,7 +479,8 @@ def passive_accuracy(n: int, seed: int, db: Path) -> dict:
                     kw = dict(own_io_phase=phase, own_drop=rng.uniform(0.3, 0.7))
                     kinds[node] = "own_io_phase"
                 else:               # its own network phase (a shard download): its RTT rises, nobody else's bytes
-                    kw = dict(own_net_phase=phase, own_drop=rng.uniform(0.3, 0.7), rtt_contended_ms=rng.uniform(2, 20))
+                    kw = dict(own_net_phase=phase, own_drop=rng.uniform(0.3, 0.7), rtt_contended_ms=rng.uniform(2, 20),
+                              filler_net_mb_per_s=rng.uniform(30, 300) if rng.random() < 0.5 else None)
                     kinds[node] = "own_net_phase"
             elif r < 0.575:         # its own slower phase while a command uses another link: no slowdown of its own
                 t0 = rng.uniform(180, 480)

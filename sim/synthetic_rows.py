@@ -392,7 +392,8 @@ def passive_job_rows(node_id: str, job_id: str, *, start: dt.datetime, seconds: 
                      own_io_phase: tuple[float, float] | None = None, neighbour_net_mb_per_s: float | None = None,
                      own_net_phase: tuple[float, float] | None = None, rtt_ms: float | None = 0.2,
                      rtt_contended_ms: float = 8.0, job_fills_link: bool = False,
-                     busy_mb_per_s: float = 100.0) -> tuple[list[tuple], list[tuple]]:
+                     busy_mb_per_s: float = 100.0, job_mb_per_s: float = 40.0,
+                     filler_net_mb_per_s: float | None = None) -> tuple[list[tuple], list[tuple]]:
     """SYNTHETIC agent ticks of one job seen passively (agent/job_discovery.py's series), as sample rows.
 
     ``contention = (t0_s, t1_s)``: a co-tenant ``neighbour`` uses ``neighbour_cpu`` % of a core from t0 to t1
@@ -414,8 +415,11 @@ def passive_job_rows(node_id: str, job_id: str, *, start: dt.datetime, seconds: 
     already (RTT 10 ms, only 1.3 times that with the neighbour), and the neighbour takes a share of the link
     (busy send rate divided by 2.5), as measured with a real DDP job and iperf3 on a 100 Mbit/s tbf link
     (tests/test_jobs_passive_network.py). ``own_net_phase = (t0_s, t1_s)``: the job's own network phase
-    (a dataset shard download): its progress falls by ``own_drop`` and its RTT rises to ``rtt_contended_ms``,
-    with no neighbour's bytes.
+    (a dataset shard download): its progress falls by ``own_drop``, its own traffic (job_tcp_bytes_per_s,
+    ``job_mb_per_s`` otherwise) triples and its RTT rises to ``rtt_contended_ms``; with ``filler_net_mb_per_s``
+    a command outside the job (rclone) moves that many MB/s off the node in the job's own phases (its own
+    slower, I/O or network phase), on a link the job does not use. A network neighbour cuts the job's own
+    traffic as it cuts its progress (by half the loss; on a link the job fills, by 2.5).
     Returns (sample rows for add_samples, event rows for add_events)."""
     rng = rng or random.Random(0)
     # the network series draw from their own generator, so the CPU and disk series stay as they were drawn
@@ -437,6 +441,7 @@ def passive_job_rows(node_id: str, job_id: str, *, start: dt.datetime, seconds: 
         base_rtt = 10.0 if job_fills_link else rtt_ms
         rtt = None if rtt_ms is None else base_rtt * (1 + 0.2 * net_rng.random())
         busy = None if rtt_ms is None else busy_mb_per_s * (1 + net_rng.gauss(0, noise))
+        job_mb = job_mb_per_s * (1 + net_rng.gauss(0, noise))
         if contended:
             p *= 1 - lost
             if neighbour_io_mb_per_s is not None:
@@ -446,19 +451,22 @@ def passive_job_rows(node_id: str, job_id: str, *, start: dt.datetime, seconds: 
                 others[neighbour] = 15 * (1 + rng.gauss(0, noise))
                 net[neighbour] = neighbour_net_mb_per_s * (1 + net_rng.gauss(0, noise))
                 if rtt is not None and job_fills_link:
-                    rtt, busy = rtt * 1.3, busy / 2.5
+                    rtt, busy, job_mb = rtt * 1.3, busy / 2.5, job_mb / 2.5
                 elif rtt is not None:
                     rtt, busy = rtt_contended_ms * (1 + 0.2 * net_rng.random()), busy * 0.8
+                    job_mb *= 1 - lost / 2
             else:
                 others[neighbour] = neighbour_cpu * (1 + rng.gauss(0, noise))
         own_io = own_io_phase is not None and own_io_phase[0] <= s < own_io_phase[1]
         own_net = own_net_phase is not None and own_net_phase[0] <= s < own_net_phase[1]
         if own_net and rtt is not None:
-            rtt = rtt_contended_ms * (1 + 0.2 * net_rng.random())
+            rtt, job_mb = rtt_contended_ms * (1 + 0.2 * net_rng.random()), job_mb * 3
         if (own_phase and own_phase[0] <= s < own_phase[1]) or own_io or own_net:
             p *= 1 - own_drop
             if filler:
                 others[filler] = progress * own_drop * (1 + rng.gauss(0, noise))
+            if filler_net_mb_per_s is not None:
+                net["rclone"] = filler_net_mb_per_s * (1 + net_rng.gauss(0, noise))
         if ended and s >= seconds - 2:
             p *= 0.3 * rng.random()      # wind-down: the ranks tear the process group down and exit
         cpu_wait = contended and neighbour_io_mb_per_s is None and neighbour_net_mb_per_s is None
@@ -477,7 +485,8 @@ def passive_job_rows(node_id: str, job_id: str, *, start: dt.datetime, seconds: 
                   v * 1e6) for k, (c, v) in enumerate(sorted(net.items()))]
         if rtt is not None:
             rows += [(t, node_id, None, "job_tcp_srtt_ms", lab, rtt),
-                     (t, node_id, None, "job_tcp_busy_send_rate_bytes_per_s", lab, busy * 1e6)]
+                     (t, node_id, None, "job_tcp_busy_send_rate_bytes_per_s", lab, busy * 1e6),
+                     (t, node_id, None, "job_tcp_bytes_per_s", lab, job_mb * 1e6)]
     events = []
     if ended:
         last = start + dt.timedelta(seconds=(n - 1) * tick_s)

@@ -26,8 +26,10 @@
 -- phase) does not. A network neighbour needs the job's own connections off the node slowed $net_slowdown-fold
 -- (medians, episode against before): their RTT up (one that fills a link the job uses makes the job's packets
 -- queue behind its own) or their send rate while they had data to send down (where the job filled the link
--- itself, its queue was full already and it now gets a share); a job with no connections off the node cannot
--- lose to one. The job's own busy, I/O or network phases never count: its processes are not neighbours.
+-- itself, its queue was full already and it now gets a share), while they carried no more than a quarter
+-- more bytes than before (the job's own heavier traffic raises its RTT too, with its bytes); a job with no
+-- connections off the node cannot lose to one. The job's own busy, I/O or network phases never count: its
+-- processes are not neighbours.
 -- Neighbours are named by their share of the added CPU (or disk I/O) during the episode.
 
 CREATE OR REPLACE TEMP TABLE _pc_ticks AS
@@ -38,7 +40,7 @@ WITH raw AS (
     FROM samples
     WHERE ts > $window_start AND ts <= $now
       AND metric IN ('job_progress_percent', 'job_neighbour_cpu_percent', 'job_tcp_srtt_ms',
-                     'job_tcp_busy_send_rate_bytes_per_s')
+                     'job_tcp_busy_send_rate_bytes_per_s', 'job_tcp_bytes_per_s')
 ), host AS (
     SELECT node_id, ts,
            max(value) FILTER (WHERE metric = 'cpu_steal_percent') AS steal,
@@ -56,7 +58,8 @@ WITH raw AS (
            max(source) FILTER (WHERE metric = 'job_progress_percent') AS progress_source,
            max(value) FILTER (WHERE metric = 'job_neighbour_cpu_percent') AS neighbour_cpu,
            max(value) FILTER (WHERE metric = 'job_tcp_srtt_ms') AS rtt,
-           max(value) FILTER (WHERE metric = 'job_tcp_busy_send_rate_bytes_per_s') / 1e6 AS busy_mb
+           max(value) FILTER (WHERE metric = 'job_tcp_busy_send_rate_bytes_per_s') / 1e6 AS busy_mb,
+           max(value) FILTER (WHERE metric = 'job_tcp_bytes_per_s') / 1e6 AS job_mb
     FROM raw GROUP BY ALL
 ), ended AS (
     SELECT DISTINCT node_id, json_extract_string(attrs, '$.job_id') AS job_id
@@ -96,7 +99,7 @@ WHERE ts > $window_start AND ts <= $now
 CREATE OR REPLACE TEMP TABLE _pc_series AS
 WITH keys AS (SELECT DISTINCT node_id, job_id, resource, comm FROM _pc_named),
 s AS (
-    SELECT k.node_id, k.job_id, k.ts, k.progress, k.job_ended, k.psi_cpu, k.psi_io, k.rtt, k.busy_mb, k.dt_s,
+    SELECT k.node_id, k.job_id, k.ts, k.progress, k.job_ended, k.psi_cpu, k.psi_io, k.rtt, k.busy_mb, k.job_mb, k.dt_s,
            'co_tenant' AS component, c.resource, c.comm AS comm,
            CASE c.resource WHEN 'io' THEN c.comm || ' disk I/O' WHEN 'net' THEN c.comm || ' network'
                            ELSE c.comm END AS key, coalesce(n.value, 0) AS v
@@ -105,7 +108,7 @@ s AS (
     LEFT JOIN _pc_named n ON n.node_id = k.node_id AND n.job_id = k.job_id AND n.ts = k.ts
                          AND n.resource = c.resource AND n.comm = c.comm
     UNION ALL
-    SELECT node_id, job_id, ts, progress, job_ended, psi_cpu, psi_io, rtt, busy_mb, dt_s, 'hypervisor', 'steal',
+    SELECT node_id, job_id, ts, progress, job_ended, psi_cpu, psi_io, rtt, busy_mb, job_mb, dt_s, 'hypervisor', 'steal',
            NULL,
            'cpu steal', coalesce(steal, 0)
     FROM _pc_ticks
@@ -132,7 +135,7 @@ WITH e AS (
     SELECT node_id, job_id, component, resource, comm, key, island, min(ts) AS t0, max(ts) AS t1, count(*) AS n,
            sum(dt_s) AS hit_s, avg(progress) AS p_hit, avg(v) AS v_hit, any_value(job_ended) AS job_ended,
            max(psi_cpu) AS psi_cpu_hit_max, max(psi_io) AS psi_io_hit_max, median(rtt) AS rtt_hit,
-           median(busy_mb) AS busy_hit
+           median(busy_mb) AS busy_hit, median(job_mb) AS job_mb_hit
     FROM _pc_series WHERE hit GROUP BY ALL
     HAVING count(*) >= $min_runs
 ), r AS (
@@ -148,7 +151,8 @@ SELECT r.*,
        avg(s.psi_cpu) FILTER (WHERE s.ts < r.t0) AS psi_cpu_before,
        avg(s.psi_io) FILTER (WHERE s.ts < r.t0) AS psi_io_before,
        median(s.rtt) FILTER (WHERE s.ts < r.t0) AS rtt_before,
-       median(s.busy_mb) FILTER (WHERE s.ts < r.t0) AS busy_before
+       median(s.busy_mb) FILTER (WHERE s.ts < r.t0) AS busy_before,
+       median(s.job_mb) FILTER (WHERE s.ts < r.t0) AS job_mb_before
 FROM r
 LEFT JOIN _pc_series s ON s.node_id = r.node_id AND s.job_id = r.job_id AND s.key = r.key AND NOT s.hit
      AND ((s.ts >= r.t0 - r.span AND s.ts < r.t0) OR (s.ts > r.t1 AND s.ts <= r.t1 + r.span))
@@ -186,9 +190,12 @@ WITH q0 AS (
       AND (resource <> 'io' OR psi_io_hit_max IS NULL OR psi_io_before IS NULL
            OR psi_io_hit_max >= psi_io_before + $psi_rise)
       -- A network neighbour that takes a link from the job slows the job's connections off the node: their
-      -- packets queue (RTT up), or they get a share of a link they filled (busy send rate down). Without such
-      -- connections (both unknown) the job cannot lose to one.
-      AND (resource <> 'net' OR rtt_hit >= rtt_before * $net_slowdown OR busy_hit * $net_slowdown <= busy_before)
+      -- packets queue (RTT up), or they get a share of a link they filled (busy send rate down), and they do
+      -- not carry more than before (the job's own heavier traffic raises its RTT as well). Without such
+      -- connections (all unknown) the job cannot lose to one.
+      AND (resource <> 'net'
+           OR ((rtt_hit >= rtt_before * $net_slowdown OR busy_hit * $net_slowdown <= busy_before)
+               AND coalesce(job_mb_hit, 0) <= coalesce(job_mb_before, 0) * 1.25))
       -- Steal can take from a job measured by its CPU share at most the CPU it stole: on N CPUs, s points of
       -- steal are s * N % of one core. The rise in steal must account for at least half of the CPU share the
       -- job lost, or the drop is the job's own (an I/O phase, say) that a little steal happened to overlap.
@@ -262,7 +269,14 @@ SELECT node_id, NULL AS gpu, 'noisy_neighbor_variance' AS kind, component,
            'cpu_steal_percent', json_object('avg', steal_avg, 'max', steal_max),
            'psi_some_avg10_percent_max', json_object('cpu', psi_cpu_max, 'io', psi_io_max, 'memory', psi_mem_max),
            'job_tcp_srtt_ms', json_object('before', round(rtt_before, 3), 'contended', round(rtt_hit, 3)),
-           'job_tcp_busy_send_rate_mb_per_s', json_object('before', round(busy_before, 3), 'contended', round(busy_hit, 3))
+           'job_tcp_busy_send_rate_mb_per_s', json_object('before', round(busy_before, 3), 'contended', round(busy_hit, 3)),
+           'job_tcp_mb_per_s', json_object('before', round(job_mb_before, 3), 'contended', round(job_mb_hit, 3)),
+           'network_slowed_by', CASE WHEN resource = 'net' THEN list_filter(
+               [CASE WHEN rtt_hit >= rtt_before * $net_slowdown THEN 'rtt' END,
+                CASE WHEN busy_hit * $net_slowdown <= busy_before THEN 'busy_send_rate' END], x -> x IS NOT NULL) END,
+           'neighbour_margin', CASE resource WHEN 'cpu' THEN $neighbour_cpu WHEN 'io' THEN $neighbour_io
+                                             WHEN 'net' THEN $neighbour_net END,
+           'neighbour_net_slowdown', CASE WHEN resource = 'net' THEN $net_slowdown END
        )::VARCHAR AS evidence,
        'job ' || job_id || CASE WHEN episode = 'ongoing' THEN ' has lost ' ELSE ' lost ' END
        || printf('%.0f', lost * 100) || ' % of its progress ('
@@ -292,8 +306,8 @@ SELECT node_id, NULL AS gpu, 'noisy_neighbor_variance' AS kind, component,
                    || CASE resource
                         WHEN 'io' THEN '); limit the co-tenant''s I/O (cgroup io.max), give it a disk of its own or move it off this node.'
                         WHEN 'net' THEN '); the job''s connections off the node: RTT '
-                             || coalesce(printf('%.1f', rtt_before) || ' -> ' || printf('%.1f', rtt_hit) || ' ms', 'unknown')
-                             || ', sending ' || coalesce(printf('%.1f', busy_before) || ' -> ' || printf('%.1f', busy_hit)
+                             || coalesce(printf('%.3g', rtt_before) || ' -> ' || printf('%.3g', rtt_hit) || ' ms', 'unknown')
+                             || ', sending ' || coalesce(printf('%.3g', busy_before) || ' -> ' || printf('%.3g', busy_hit)
                                                          || ' MB/s while they had data to send', 'unknown')
                              || '; limit the co-tenant''s bandwidth (tc), give it a NIC of its own or move it off this node.'
                         ELSE '); isolate the co-tenant (cgroup CPU limits, pinning) or move it off this node.' END
