@@ -304,9 +304,14 @@ class Agent:
                     g = gpus.setdefault(gpu, GpuStatus(index=gpu))
                     g.activity_source, g.instances = cur.get("activity_source"), gpu_instances_status(cur)
                     g.pods = gpu_pods_status(cur)
-        for (metric, gpu, labels), (_ts, v) in b.latest_values().items():
+        latest = b.latest_values()      # one copy of every series' latest value, for the status and health
+        for (metric, gpu, labels), (_ts, v) in latest.items():
             if gpu >= 0:
-                g = gpus.setdefault(gpu, GpuStatus(index=gpu))
+                # not setdefault(gpu, GpuStatus(...)): that built a GpuStatus for every GPU series of every tick
+                # (thousands on an 8-GPU node with NVLink), a quarter of the agent's tick (py-spy, 2026-12-05)
+                g = gpus.get(gpu)
+                if g is None:
+                    g = gpus[gpu] = GpuStatus(index=gpu)
                 if metric in GPU_METRICS and not labels:    # per-MIG-instance GPM series stay out
                     setattr(g, GPU_METRICS[metric], v)
                 elif metric == "gpu_throttle_active" and v >= 1 and labels:
@@ -368,7 +373,7 @@ class Agent:
             torch_loaded="torch" in sys.modules,
             fabric=next((x.fabric_status() for x in self.extras if hasattr(x, "fabric_status")), None),
             kubelet=self._kubelet_status(),
-            health=health_status(b, gpus, jobs, now),
+            health=health_status(b, gpus, jobs, now, latest_values=latest),
         )
 
     def _report_once(self, key: tuple[str, str], message: str) -> None:

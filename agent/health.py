@@ -150,7 +150,8 @@ _TRACKERS: weakref.WeakKeyDictionary[Any, _Tracker] = weakref.WeakKeyDictionary(
 
 
 def health_status(batcher: Any, gpus: Mapping[int, GpuStatus], jobs: Sequence[JobStatus] = (),
-                  now_ns: int | None = None) -> HealthStatus:
+                  now_ns: int | None = None, latest_values: Mapping[SeriesKey, tuple[int, float]] | None = None
+                  ) -> HealthStatus:
     """The daemon's health section for this tick (agent/daemon.py status_snapshot calls it once per tick).
 
     Reads the batcher's latest values and recent events (nothing is re-measured), sets the labelled health
@@ -159,19 +160,21 @@ def health_status(batcher: Any, gpus: Mapping[int, GpuStatus], jobs: Sequence[Jo
     GpuStatus rows, changed in place. Never raises: a failure is the section's ``error`` (one sentence)."""
     now = now_ns if now_ns is not None else time.time_ns()
     try:
-        return _health_status(batcher, gpus, jobs, now)
+        return _health_status(batcher, gpus, jobs, now, latest_values)
     except Exception as exc:  # the status file must still be written
         log.exception("judging the node's hardware health failed")
         return HealthStatus(checked_ns=now, window_s=0.0, faults=[], readings=[], events=[], checked=[],
                             not_checked=[], error=f"judging hardware health failed: {type(exc).__name__}: {exc}")
 
 
-def _health_status(batcher: Any, gpus: Mapping[int, GpuStatus], jobs: Sequence[JobStatus], now: int) -> HealthStatus:
+def _health_status(batcher: Any, gpus: Mapping[int, GpuStatus], jobs: Sequence[JobStatus], now: int,
+                   latest_values: Mapping[SeriesKey, tuple[int, float]] | None = None) -> HealthStatus:
     tracker = _TRACKERS.get(batcher)
     if tracker is None:
         tracker = _TRACKERS[batcher] = _Tracker()
     wanted = health_metrics()
-    latest = {key: v for key, (_ts, v) in batcher.latest_values().items() if key[0] in wanted}
+    every = batcher.latest_values() if latest_values is None else latest_values
+    latest = {key: v for key, (_ts, v) in every.items() if key[0] in wanted}
     _fill_gpus(latest, gpus)
     jobs_on: dict[int, list[str]] = {}
     for j in jobs:
