@@ -214,3 +214,30 @@ def test_a_network_neighbour_is_named_by_its_bytes_and_the_jobs_rtt_rises(netns_
     # the tbf queue (50 ms of latency) holds the job's packets behind iperf3's
     assert statistics.median(rtt_during) >= 3 * statistics.median(rtt_before) + 5, (rtt_before, rtt_during)
 
+
+
+def test_a_failing_connection_read_costs_the_network_series_not_the_tick(monkeypatch, procs, caplog):
+    """Whatever the connection read raises, the tick goes on: the job is sampled and, once gone, ends; the
+    failure is logged once (an exception out of sample() would have skipped job ends every tick)."""
+    import gpuagent.agent.job_discovery as jdm
+    from gpuagent.agent.sampling import ListSink, now_ns
+    from tests.conftest import spawn_python
+
+    def broken():
+        raise RuntimeError("a netlink reply the parser did not expect")
+    monkeypatch.setattr(jdm, "tcp_connections", broken)
+    job = spawn_python("import time; time.sleep(30)", TORCHELASTIC_RUN_ID="broken-read-test", RANK="0")
+    procs.append(job)
+    jd = jdm.JobDiscovery(scan_interval_s=0, end_grace_s=0.5, net_interval_s=0.1)
+    sink = ListSink()
+    t = now_ns()
+    for k in range(4):
+        jd.sample(t + k * 300_000_000, sink)
+        time.sleep(0.3)
+    assert [s for s in sink.job_samples if s["job_id"] == "torchelastic:broken-read-test"]
+    job.kill()
+    job.wait()
+    for k in range(4, 8):
+        jd.sample(t + k * 300_000_000, sink)
+    assert [e for e in sink.events if e.kind == "job_end"], sink.events
+    assert len([r for r in caplog.records if "reading the TCP connections failed" in r.getMessage()]) == 1
