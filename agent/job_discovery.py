@@ -81,7 +81,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from gpuagent.agent.config import JobRules
-from gpuagent.agent.tcp_sockets import TcpSocketsUnavailable, socket_inodes, tcp_connections
+from gpuagent.agent.tcp_sockets import socket_inodes, tcp_connections
 from gpuagent.common.job_identity import cgroup_ids, job_identity, own_container_id
 from gpuagent.agent.slurm import PENDING, SlurmAttribution
 
@@ -617,9 +617,9 @@ class JobDiscovery:
                             "not sampled until it works again", type(e).__name__, e)
             self._net_failed = True
             self._net_retry_t = t + NET_RETRY_S
+            self._sock_bytes.clear()
+            self._net_last = None
             net = _NetRead()
-        else:
-            self._net_failed = False
         self._last_contention_t = t
         self._all_cpu = seen
 
@@ -705,20 +705,15 @@ class JobDiscovery:
         sent, and their (bytes acked, busy us) since the last read, per process. A socket's owner is sought
         only when it moved bytes and no live owner is known (_find_owners). A connection's first reading
         gives no rate, as for CPU. Read every ``net_interval_s``: the rates are over that interval, and the
-        ticks between reuse them (a dump costs the kernel a walk of its whole connection table). Empty when
-        sock_diag cannot be asked (then again after NET_RETRY_S)."""
+        ticks between reuse them (a dump costs the kernel a walk of its whole connection table). Raises when
+        the read fails; empty until NET_RETRY_S after that."""
         last = self._net_last
         if last is not None and 0 <= t - last[0] < self.net_interval_s:
             return last[1]
         if t < self._net_retry_t:
             return _NetRead()
-        try:
-            conns = tcp_connections()
-        except TcpSocketsUnavailable:
-            self._net_retry_t = t + NET_RETRY_S
-            self._sock_bytes.clear()
-            self._net_last = None
-            return _NetRead()
+        conns = tcp_connections()     # a failure (TcpSocketsUnavailable or any other) is the caller's to report
+        self._net_failed = False      # a later failure is news again
         dt_s = t - last[0] if last is not None and t > last[0] else None
         # (inode, bytes, srtt, bytes acked, busy us) since the last read
         moved: list[tuple[int, int, int, int, int]] = []

@@ -241,3 +241,29 @@ def test_a_failing_connection_read_costs_the_network_series_not_the_tick(monkeyp
         jd.sample(t + k * 300_000_000, sink)
     assert [e for e in sink.events if e.kind == "job_end"], sink.events
     assert len([r for r in caplog.records if "reading the TCP connections failed" in r.getMessage()]) == 1
+
+
+def test_no_sock_diag_is_said_once_and_asked_again_later(monkeypatch, procs, caplog):
+    """Where sock_diag cannot be asked (a seccomp filter, no inet_diag), the agent says so once, goes on
+    without network series, and asks again after NET_RETRY_S rather than every tick."""
+    import gpuagent.agent.job_discovery as jdm
+    from gpuagent.agent.sampling import ListSink, now_ns
+    from tests.conftest import spawn_python
+
+    calls = []
+
+    def refused():
+        calls.append(1)
+        raise tcp_sockets.TcpSocketsUnavailable("sock_diag netlink socket: [Errno 1] Operation not permitted")
+    monkeypatch.setattr(jdm, "tcp_connections", refused)
+    job = spawn_python("import time; time.sleep(30)", TORCHELASTIC_RUN_ID="no-sock-diag-test", RANK="0")
+    procs.append(job)
+    jd = jdm.JobDiscovery(scan_interval_s=0, end_grace_s=30, net_interval_s=1.0)
+    sink = ListSink()
+    t = now_ns()
+    for k in range(int(jdm.NET_RETRY_S) + 5):       # one tick a second of the agent's clock
+        jd.sample(t + k * 1_000_000_000, sink)
+    assert len(calls) == 2, "asked at the first tick and once more NET_RETRY_S later"
+    said = [r for r in caplog.records if "reading the TCP connections failed" in r.getMessage()]
+    assert len(said) == 1 and "Operation not permitted" in said[0].getMessage()
+    assert [s for s in sink.job_samples if s["job_id"] == "torchelastic:no-sock-diag-test"]
