@@ -81,7 +81,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from gpuagent.agent.config import JobRules
-from gpuagent.agent.tcp_sockets import socket_inodes, tcp_connections
+from gpuagent.agent.tcp_sockets import socket_inodes_until, tcp_connections
 from gpuagent.common.job_identity import cgroup_ids, job_identity, own_container_id
 from gpuagent.agent.slurm import PENDING, SlurmAttribution
 
@@ -94,7 +94,7 @@ NEIGHBOUR_IO_NAMED_MIN = 1_000_000   # bytes/s: below this a disk neighbour is n
 NEIGHBOUR_NET_NAMED_MIN = 1_000_000  # bytes/s: below this a network neighbour is not worth naming
 SOCKET_OWNER_RETRY_S = 30.0   # a socket with no owner found (a kernel socket, another user's) is sought again then,
 SOCKET_OWNER_RETRY_MAX_S = 600.0   # ... and after twice as long each time it is not found, up to this
-OWNER_WALK_BUDGET_S = 0.05    # the most one read spends reading /proc/<pid>/fd (~10 us an fd here)
+OWNER_WALK_BUDGET_S = 0.02    # the most one read spends reading /proc/<pid>/fd (5-10 us an fd here)
 NET_RETRY_S = 60.0            # sock_diag failed: asked again after this
 BUSY_MIN_S = 0.01             # less busy sending than this in an interval: too little to give a job's busy rate
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -218,6 +218,8 @@ class JobDiscovery:
         self._sock_bytes: dict[int, tuple[int, int, int]] = {}
         self._sock_owner: dict[int, tuple[int, int]] = {}         # inode -> (pid, start time ticks)
         self._sock_unowned: dict[int, tuple[float, float]] = {}   # inode -> (look again at, delay)
+        self._walk_from: tuple[int, int] | None = None           # (start, pid) an owner walk goes on from
+        self._walk_left = 0                                      # processes left in the owner walk's round
         self._net_retry_t = 0.0
         self._net_failed = False
         self._net_last: tuple[float, _NetRead] | None = None
@@ -597,6 +599,8 @@ class JobDiscovery:
                 continue
             close = raw.rfind(b")")
             rest = raw[close + 2:].split()
+            if rest[:1] == [b"Z"]:      # exited, not reaped yet: it runs nothing and holds no files
+                continue
             try:
                 ticks, start, ppid = int(rest[11]) + int(rest[12]), int(rest[19]), int(rest[1])
             except (IndexError, ValueError):
@@ -713,7 +717,6 @@ class JobDiscovery:
         if t < self._net_retry_t:
             return _NetRead()
         conns = tcp_connections()     # a failure (TcpSocketsUnavailable or any other) is the caller's to report
-        self._net_failed = False      # a later failure is news again
         dt_s = t - last[0] if last is not None and t > last[0] else None
         # (inode, bytes, srtt, bytes acked, busy us) since the last read
         moved: list[tuple[int, int, int, int, int]] = []
@@ -751,33 +754,47 @@ class JobDiscovery:
                 a, b = out.busy.get(pid, (0, 0))
                 out.busy[pid] = (a + acked, b + busy)
         self._net_last = (t, out)
+        self._net_failed = False      # a whole read went through: a later failure is news again
         return out
 
     def _find_owners(self, wanted: set[int], seen: dict[int, tuple[int, int, float]], t: float) -> None:
-        """Owners of the socket inodes ``wanted``, from every process's /proc/<pid>/fd within
-        OWNER_WALK_BUDGET_S. A socket several processes hold (a rank's, inherited by the data-loader workers
-        it forked) belongs to the oldest of them, the one that opened it. One not found is sought again
-        after SOCKET_OWNER_RETRY_S, doubling up to SOCKET_OWNER_RETRY_MAX_S while it stays unfound (a
-        kernel socket: NFS, iSCSI; another user's process when the agent is not root); one the budget did
-        not reach, at the next read."""
-        holders: dict[int, tuple[int, int]] = {}     # inode -> (start, pid) of its oldest holder
+        """Owners of the socket inodes ``wanted``, from the processes' /proc/<pid>/fd, oldest process first,
+        so that a socket several processes hold (a rank's, inherited by the data-loader workers it forked)
+        belongs to the one that opened it; the walk stops once every socket is found. It spends at most
+        OWNER_WALK_BUDGET_S a read: a walk cut off there goes on at the next read where it stopped (wrapping
+        around), so every process is reached on a node with very many open files. A socket not found in a
+        whole round (a kernel socket: NFS, iSCSI; another user's process when the agent is not root) is
+        sought again after SOCKET_OWNER_RETRY_S, doubling up to SOCKET_OWNER_RETRY_MAX_S while it stays
+        unfound."""
+        order = sorted(seen, key=lambda p: (seen[p][0], p))
+        begin = 0
+        if self._walk_from is None:         # a new round: every process once
+            self._walk_left = len(order)
+        else:                               # where the last, cut-off walk stopped
+            begin = next((i for i, p in enumerate(order) if (seen[p][0], p) >= self._walk_from), 0)
         deadline = time.monotonic() + OWNER_WALK_BUDGET_S
-        walked_all = True
-        for pid, (start, _ticks, _t) in seen.items():
-            if time.monotonic() > deadline:
-                walked_all = False
-                break
-            for inode in socket_inodes(self.proc, pid) & wanted:
-                if inode not in holders or (start, pid) < holders[inode]:
-                    holders[inode] = (start, pid)
-        for inode, (start, pid) in holders.items():
-            self._sock_owner[inode] = (pid, start)
-            self._sock_unowned.pop(inode, None)
-        if walked_all:
-            for inode in wanted - holders.keys():
-                last_delay = self._sock_unowned.get(inode, (0.0, SOCKET_OWNER_RETRY_S / 2))[1]
-                delay = min(SOCKET_OWNER_RETRY_MAX_S, 2 * last_delay)
-                self._sock_unowned[inode] = (t + delay, delay)
+        self._walk_from = None
+        left = set(wanted)
+        for k in range(min(len(order), self._walk_left)):
+            if not left:
+                return
+            pid = order[(begin + k) % len(order)]
+            held, whole = socket_inodes_until(self.proc, pid, deadline)
+            for inode in held & left:
+                self._sock_owner[inode] = (pid, seen[pid][0])
+                self._sock_unowned.pop(inode, None)
+                left.discard(inode)
+            # a process whose files alone outlast the budget is read as far as it goes, once, and passed
+            if whole or k == 0:
+                self._walk_left -= 1
+            if left and self._walk_left > 0 and (not whole or time.monotonic() > deadline):
+                nxt = pid if not whole and k > 0 else order[(begin + k + 1) % len(order)]
+                self._walk_from = (seen[nxt][0], nxt)
+                return
+        for inode in left:      # a whole round without an owner
+            last_delay = self._sock_unowned.get(inode, (0.0, SOCKET_OWNER_RETRY_S / 2))[1]
+            delay = min(SOCKET_OWNER_RETRY_MAX_S, 2 * last_delay)
+            self._sock_unowned[inode] = (t + delay, delay)
 
     def _usage(self, pid: int, p: _Proc | None, t: float) -> tuple[float, float, float, float]:
         if p is None:

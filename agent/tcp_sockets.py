@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import socket
 import struct
+import time
 from dataclasses import dataclass
 
 NETLINK_SOCK_DIAG = 4
@@ -149,13 +150,20 @@ def tcp_connections() -> list[TcpConn]:
 
 def socket_inodes(proc_root: str, pid: int) -> set[int]:
     """The socket inodes a process holds (its /proc/<pid>/fd links ``socket:[N]``); empty when unreadable."""
+    return socket_inodes_until(proc_root, pid, float("inf"))[0]
+
+
+def socket_inodes_until(proc_root: str, pid: int, deadline: float) -> tuple[set[int], bool]:
+    """socket_inodes, given up at ``deadline`` (time.monotonic()): (the inodes read, whether every fd was)."""
     out: set[int] = set()
     fd_dir = f"{proc_root}/{pid}/fd"
     try:
         names = os.listdir(fd_dir)
     except OSError:
-        return out
-    for name in names:
+        return out, True
+    for k, name in enumerate(names):
+        if k % 256 == 255 and time.monotonic() > deadline:    # a process with very many files
+            return out, False
         try:
             target = os.readlink(f"{fd_dir}/{name}")
         except OSError:
@@ -165,4 +173,4 @@ def socket_inodes(proc_root: str, pid: int) -> set[int]:
                 out.add(int(target[8:-1]))
             except ValueError:
                 pass
-    return out
+    return out, True

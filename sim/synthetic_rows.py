@@ -393,7 +393,8 @@ def passive_job_rows(node_id: str, job_id: str, *, start: dt.datetime, seconds: 
                      own_net_phase: tuple[float, float] | None = None, rtt_ms: float | None = 0.2,
                      rtt_contended_ms: float = 8.0, job_fills_link: bool = False,
                      busy_mb_per_s: float = 100.0, job_mb_per_s: float = 40.0,
-                     filler_net_mb_per_s: float | None = None) -> tuple[list[tuple], list[tuple]]:
+                     filler_net_mb_per_s: float | None = None,
+                     neighbour_job_mb_factor: float | None = None) -> tuple[list[tuple], list[tuple]]:
     """SYNTHETIC agent ticks of one job seen passively (agent/job_discovery.py's series), as sample rows.
 
     ``contention = (t0_s, t1_s)``: a co-tenant ``neighbour`` uses ``neighbour_cpu`` % of a core from t0 to t1
@@ -419,7 +420,8 @@ def passive_job_rows(node_id: str, job_id: str, *, start: dt.datetime, seconds: 
     ``job_mb_per_s`` otherwise) triples and its RTT rises to ``rtt_contended_ms``; with ``filler_net_mb_per_s``
     a command outside the job (rclone) moves that many MB/s off the node in the job's own phases (its own
     slower, I/O or network phase), on a link the job does not use. A network neighbour cuts the job's own
-    traffic as it cuts its progress (by half the loss; on a link the job fills, by 2.5).
+    traffic as it cuts its progress (by half the loss; on a link the job fills, by 2.5), or multiplies it by
+    ``neighbour_job_mb_factor`` where given (a job whose traffic holds up while its RTT rises).
     Returns (sample rows for add_samples, event rows for add_events)."""
     rng = rng or random.Random(0)
     # the network series draw from their own generator, so the CPU and disk series stay as they were drawn
@@ -455,6 +457,8 @@ def passive_job_rows(node_id: str, job_id: str, *, start: dt.datetime, seconds: 
                 elif rtt is not None:
                     rtt, busy = rtt_contended_ms * (1 + 0.2 * net_rng.random()), busy * 0.8
                     job_mb *= 1 - lost / 2
+                if rtt is not None and neighbour_job_mb_factor is not None:
+                    job_mb = job_mb_per_s * neighbour_job_mb_factor * (1 + net_rng.gauss(0, noise))
             else:
                 others[neighbour] = neighbour_cpu * (1 + rng.gauss(0, noise))
         own_io = own_io_phase is not None and own_io_phase[0] <= s < own_io_phase[1]

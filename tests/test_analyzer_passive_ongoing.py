@@ -188,6 +188,18 @@ def test_a_network_neighbour_on_a_link_the_job_fills_is_flagged_by_the_jobs_busy
     assert busy["contended"] == pytest.approx(busy["before"] / 2.5, rel=0.15)
 
 
+def test_a_network_neighbour_is_flagged_while_the_jobs_own_traffic_holds_up(con):
+    """The job's RTT rises 40-fold behind the neighbour while its own traffic holds up (a tenth more, within
+    the guard's quarter): the neighbour is still the cause. The guard against the job's own heavier traffic
+    must not hide it."""
+    _job(con, seconds=120, contention=(60, None), neighbour="rsync", neighbour_net_mb_per_s=80.0,
+         neighbour_job_mb_factor=1.1)
+    (f,) = _pass(con, 80.5)
+    ev = f["evidence"]
+    assert ev["resource"] == "net" and ev["network_slowed_by"] == ["rtt"]
+    assert ev["job_tcp_mb_per_s"]["contended"] == pytest.approx(1.1 * ev["job_tcp_mb_per_s"]["before"], rel=0.05)
+
+
 @pytest.mark.parametrize("rtt_ms, rtt_contended_ms", [(0.2, 0.25), (None, 8.0)],
                          ids=["connections-not-slowed", "no-connections-off-the-node"])
 def test_a_network_neighbour_is_not_blamed_without_the_jobs_connections_slowing(con, rtt_ms, rtt_contended_ms):

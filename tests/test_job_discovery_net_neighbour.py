@@ -218,27 +218,31 @@ def test_a_network_neighbour_is_named_by_its_bytes_and_the_jobs_rtt_rises(netns_
 
 def test_a_failing_connection_read_costs_the_network_series_not_the_tick(monkeypatch, procs, caplog):
     """Whatever the connection read raises, the tick goes on: the job is sampled and, once gone, ends; the
-    failure is logged once (an exception out of sample() would have skipped job ends every tick)."""
+    failure is logged once, not again when the read is tried again NET_RETRY_S later and fails again (an
+    exception out of sample() would have skipped job ends every tick)."""
     import gpuagent.agent.job_discovery as jdm
     from gpuagent.agent.sampling import ListSink, now_ns
     from tests.conftest import spawn_python
 
+    calls = []
+
     def broken():
+        calls.append(1)
         raise RuntimeError("a netlink reply the parser did not expect")
     monkeypatch.setattr(jdm, "tcp_connections", broken)
     job = spawn_python("import time; time.sleep(30)", TORCHELASTIC_RUN_ID="broken-read-test", RANK="0")
     procs.append(job)
-    jd = jdm.JobDiscovery(scan_interval_s=0, end_grace_s=0.5, net_interval_s=0.1)
+    jd = jdm.JobDiscovery(scan_interval_s=0, end_grace_s=2, net_interval_s=0.1)
     sink = ListSink()
     t = now_ns()
-    for k in range(4):
-        jd.sample(t + k * 300_000_000, sink)
-        time.sleep(0.3)
+    for k in range(int(jdm.NET_RETRY_S) + 5):      # one tick a second of the agent's clock, past one retry
+        jd.sample(t + k * 1_000_000_000, sink)
+    assert len(calls) == 2, calls
     assert [s for s in sink.job_samples if s["job_id"] == "torchelastic:broken-read-test"]
     job.kill()
     job.wait()
-    for k in range(4, 8):
-        jd.sample(t + k * 300_000_000, sink)
+    for k in range(int(jdm.NET_RETRY_S) + 5, int(jdm.NET_RETRY_S) + 9):
+        jd.sample(t + k * 1_000_000_000, sink)
     assert [e for e in sink.events if e.kind == "job_end"], sink.events
     assert len([r for r in caplog.records if "reading the TCP connections failed" in r.getMessage()]) == 1
 
@@ -267,3 +271,37 @@ def test_no_sock_diag_is_said_once_and_asked_again_later(monkeypatch, procs, cap
     said = [r for r in caplog.records if "reading the TCP connections failed" in r.getMessage()]
     assert len(said) == 1 and "Operation not permitted" in said[0].getMessage()
     assert [s for s in sink.job_samples if s["job_id"] == "torchelastic:no-sock-diag-test"]
+
+
+def test_an_owner_walk_cut_off_by_its_budget_goes_on_where_it_stopped(monkeypatch):
+    """On a node with very many open files the owner walk runs out of its budget. The next read goes on where
+    the last stopped, so the holder of a socket, the youngest of 400 processes here, is found after a round
+    of reads (it was never reached when every read started again at the oldest process); a socket nobody
+    holds is sought again only after a whole round, and then after SOCKET_OWNER_RETRY_S."""
+    import gpuagent.agent.job_discovery as jdm
+
+    walked: list[int] = []
+
+    def slow_fds(_proc, pid, _deadline):      # 1 ms a process: a node whose processes hold many files
+        walked.append(pid)
+        time.sleep(0.001)
+        return ({424242} if pid == 1400 else set()), True
+    monkeypatch.setattr(jdm, "socket_inodes_until", slow_fds)
+    monkeypatch.setattr(jdm, "OWNER_WALK_BUDGET_S", 0.02)
+    jd = jdm.JobDiscovery()
+    seen = {1000 + k: (k, 0, 0.0) for k in range(401)}      # pid 1000+k started at tick k; 1400 the youngest
+    reads = 0
+    while 424242 not in jd._sock_owner and reads < 200:
+        walked.clear()
+        jd._find_owners({424242, 7}, seen, t=float(reads))
+        reads += 1
+        if reads == 1:
+            first = list(walked)
+        assert 7 not in jd._sock_unowned or 1400 in walked or reads > 1, "no backoff before a whole round"
+    assert jd._sock_owner.get(424242) == (1400, 400), (reads, jd._sock_owner)
+    assert 2 <= reads < 200 and first[0] == 1000
+    # after the whole round: the socket nobody holds waits SOCKET_OWNER_RETRY_S
+    jd._find_owners({7}, seen, t=1000.0)
+    while jd._walk_from is not None:
+        jd._find_owners({7}, seen, t=1000.0)
+    assert jd._sock_unowned[7][1] >= jdm.SOCKET_OWNER_RETRY_S

@@ -30,7 +30,7 @@
 -- more bytes than before (the job's own heavier traffic raises its RTT too, with its bytes); a job with no
 -- connections off the node cannot lose to one. The job's own busy, I/O or network phases never count: its
 -- processes are not neighbours.
--- Neighbours are named by their share of the added CPU (or disk I/O) during the episode.
+-- Neighbours are named by their share of the added CPU (or disk I/O, or network traffic) during the episode.
 
 CREATE OR REPLACE TEMP TABLE _pc_ticks AS
 WITH raw AS (
@@ -276,7 +276,8 @@ SELECT node_id, NULL AS gpu, 'noisy_neighbor_variance' AS kind, component,
                 CASE WHEN busy_hit * $net_slowdown <= busy_before THEN 'busy_send_rate' END], x -> x IS NOT NULL) END,
            'neighbour_margin', CASE resource WHEN 'cpu' THEN $neighbour_cpu WHEN 'io' THEN $neighbour_io
                                              WHEN 'net' THEN $neighbour_net END,
-           'neighbour_net_slowdown', CASE WHEN resource = 'net' THEN $net_slowdown END
+           'neighbour_net_slowdown', CASE WHEN resource = 'net' THEN $net_slowdown END,
+           'job_tcp_bytes_rise_allowed', CASE WHEN resource = 'net' THEN 1.25 END
        )::VARCHAR AS evidence,
        'job ' || job_id || CASE WHEN episode = 'ongoing' THEN ' has lost ' ELSE ' lost ' END
        || printf('%.0f', lost * 100) || ' % of its progress ('
