@@ -19,9 +19,12 @@ import time
 
 import pytest
 
+import gpuagent.agent.job_discovery as jdm
 from fabric_helpers import netns_fleet  # noqa: F401 - the fixture
 from gpuagent.agent import tcp_sockets
 from gpuagent.agent.job_discovery import NEIGHBOUR_NET_NAMED_MIN
+from gpuagent.agent.sampling import ListSink, now_ns
+from tests.conftest import spawn_python
 
 JOB = "torchelastic:net-neighbour-test"
 PORT_SINK, PORT_IPERF = 47001, 47002
@@ -136,9 +139,6 @@ def test_a_socket_inherited_by_a_forked_worker_stays_the_jobs_after_the_worker_e
     exit: its bytes are the job's own in every read, never a neighbour's (an owner cached under the exited
     worker's pid made them a neighbour '?'). The connection is loopback, so the kernel's dump is replaced by
     one that presents it as leaving the node, with growing byte counts; /proc is the real one."""
-    import gpuagent.agent.job_discovery as jdm
-    from gpuagent.agent.sampling import ListSink, now_ns
-    from tests.conftest import spawn_python
 
     job = spawn_python(FORKING_JOB, TORCHELASTIC_RUN_ID="forking-test", RANK="0")
     procs.append(job)
@@ -222,61 +222,37 @@ def test_a_network_neighbour_is_named_by_its_bytes_and_the_jobs_rtt_rises(netns_
 
 
 
-def test_a_failing_connection_read_costs_the_network_series_not_the_tick(monkeypatch, procs, caplog):
-    """Whatever the connection read raises, the tick goes on: the job is sampled and, once gone, ends; the
-    failure is logged once, not again when the read is tried again NET_RETRY_S later and fails again (an
-    exception out of sample() would have skipped job ends every tick)."""
-    import gpuagent.agent.job_discovery as jdm
-    from gpuagent.agent.sampling import ListSink, now_ns
-    from tests.conftest import spawn_python
-
+@pytest.mark.parametrize("failure", [
+    RuntimeError("a netlink reply the parser did not expect"),
+    tcp_sockets.TcpSocketsUnavailable("sock_diag netlink socket: [Errno 1] Operation not permitted"),
+], ids=["unexpected", "no-sock-diag"])
+def test_a_failing_connection_read_costs_the_network_series_not_the_tick(monkeypatch, procs, caplog, failure):
+    """Whatever the connection read raises (an unexpected error; no sock_diag here: a seccomp filter, no
+    inet_diag), the tick goes on: the job is sampled and, once gone, ends. The failure is said once, and the
+    read is tried again NET_RETRY_S later, not every tick; failing again then is not said again (an exception
+    out of sample() would have skipped job ends every tick)."""
     calls = []
 
-    def broken():
+    def failing():
         calls.append(1)
-        raise RuntimeError("a netlink reply the parser did not expect")
-    monkeypatch.setattr(jdm, "tcp_connections", broken)
-    job = spawn_python("import time; time.sleep(30)", TORCHELASTIC_RUN_ID="broken-read-test", RANK="0")
+        raise failure
+    monkeypatch.setattr(jdm, "tcp_connections", failing)
+    job = spawn_python("import time; time.sleep(30)", TORCHELASTIC_RUN_ID="failing-read-test", RANK="0")
     procs.append(job)
     jd = jdm.JobDiscovery(scan_interval_s=0, end_grace_s=2, net_interval_s=0.1)
     sink = ListSink()
     t = now_ns()
     for k in range(int(jdm.NET_RETRY_S) + 5):      # one tick a second of the agent's clock, past one retry
         jd.sample(t + k * 1_000_000_000, sink)
-    assert len(calls) == 2, calls
-    assert [s for s in sink.job_samples if s["job_id"] == "torchelastic:broken-read-test"]
+    assert len(calls) == 2, "asked at the first tick and once more NET_RETRY_S later"
+    assert [s for s in sink.job_samples if s["job_id"] == "torchelastic:failing-read-test"]
     job.kill()
     job.wait()
     for k in range(int(jdm.NET_RETRY_S) + 5, int(jdm.NET_RETRY_S) + 9):
         jd.sample(t + k * 1_000_000_000, sink)
     assert [e for e in sink.events if e.kind == "job_end"], sink.events
-    assert len([r for r in caplog.records if "reading the TCP connections failed" in r.getMessage()]) == 1
-
-
-def test_no_sock_diag_is_said_once_and_asked_again_later(monkeypatch, procs, caplog):
-    """Where sock_diag cannot be asked (a seccomp filter, no inet_diag), the agent says so once, goes on
-    without network series, and asks again after NET_RETRY_S rather than every tick."""
-    import gpuagent.agent.job_discovery as jdm
-    from gpuagent.agent.sampling import ListSink, now_ns
-    from tests.conftest import spawn_python
-
-    calls = []
-
-    def refused():
-        calls.append(1)
-        raise tcp_sockets.TcpSocketsUnavailable("sock_diag netlink socket: [Errno 1] Operation not permitted")
-    monkeypatch.setattr(jdm, "tcp_connections", refused)
-    job = spawn_python("import time; time.sleep(30)", TORCHELASTIC_RUN_ID="no-sock-diag-test", RANK="0")
-    procs.append(job)
-    jd = jdm.JobDiscovery(scan_interval_s=0, end_grace_s=30, net_interval_s=1.0)
-    sink = ListSink()
-    t = now_ns()
-    for k in range(int(jdm.NET_RETRY_S) + 5):       # one tick a second of the agent's clock
-        jd.sample(t + k * 1_000_000_000, sink)
-    assert len(calls) == 2, "asked at the first tick and once more NET_RETRY_S later"
     said = [r for r in caplog.records if "reading the TCP connections failed" in r.getMessage()]
-    assert len(said) == 1 and "Operation not permitted" in said[0].getMessage()
-    assert [s for s in sink.job_samples if s["job_id"] == "torchelastic:no-sock-diag-test"]
+    assert len(said) == 1 and str(failure) in said[0].getMessage()
 
 
 def test_an_owner_walk_cut_off_by_its_budget_goes_on_where_it_stopped(monkeypatch):
@@ -284,7 +260,6 @@ def test_an_owner_walk_cut_off_by_its_budget_goes_on_where_it_stopped(monkeypatc
     the last stopped, so the holder of a socket, the youngest of 400 processes here, is found after a round
     of reads (it was never reached when every read started again at the oldest process); a socket nobody
     holds is sought again only after a whole round, and then after SOCKET_OWNER_RETRY_S."""
-    import gpuagent.agent.job_discovery as jdm
 
     walked: list[int] = []
 
