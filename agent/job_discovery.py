@@ -581,8 +581,7 @@ class JobDiscovery:
         if not job_pids:
             self._all_cpu.clear()
             self._all_io.clear()
-            self._sock_bytes.clear()
-            self._net_last = None
+            self._forget_connections()
             self._last_contention_t = None
             return
         try:
@@ -621,8 +620,7 @@ class JobDiscovery:
                             "not sampled until it works again", type(e).__name__, e)
             self._net_failed = True
             self._net_retry_t = t + NET_RETRY_S
-            self._sock_bytes.clear()
-            self._net_last = None
+            self._forget_connections()
             net = _NetRead()
         self._last_contention_t = t
         self._all_cpu = seen
@@ -704,7 +702,12 @@ class JobDiscovery:
         self._all_io = kept
         return rates
 
-    def _net_rates(self, seen: dict[int, tuple[int, int, float]], t: float) -> "_NetRead":
+    def _forget_connections(self) -> None:
+        """No byte counts to take rates from: the next read is a first reading again (no jobs, or a failure)."""
+        self._sock_bytes.clear()
+        self._net_last = None
+
+    def _net_rates(self, seen: dict[int, tuple[int, int, float]], t: float) -> _NetRead:
         """TCP bytes/s per process on connections that leave the node, the smoothed RTTs (us) of those that
         sent, and their (bytes acked, busy us) since the last read, per process. A socket's owner is sought
         only when it moved bytes and no live owner is known (_find_owners). A connection's first reading
