@@ -2,8 +2,8 @@
 -- Per agent tick and job (agent/job_discovery.py): the job's progress (GPU util, else the CPU share of its
 -- own processes), the CPU, the storage I/O and the TCP bytes off the node of each command outside the job
 -- (workers summed per command name), the RTT and busy send rate of the job's own connections off the node,
--- and the node's CPU steal. Each command's CPU, disk I/O and network bytes, and steal, is one contention series (resource cpu,
--- io, net, steal).
+-- and the node's CPU steal. Each command's CPU, disk I/O and network bytes, and steal, is one contention
+-- series (resource cpu, io, net, steal), with its margin.
 -- An episode is a run of ticks where a series stands above its usual level (its 25th percentile over the
 -- job) by a clear margin: >= $neighbour_cpu % of a core (disk I/O: >= $neighbour_io MB/s, network:
 -- >= $neighbour_net MB/s) and >= half its
@@ -95,30 +95,29 @@ WHERE ts > $window_start AND ts <= $now
 
 -- One row per job tick and series: every named command's CPU, disk I/O and network bytes (0 in ticks where
 -- it was not named) and steal. A command's disk series is keyed "<command> disk I/O", its network series
--- "<command> network".
+-- "<command> network". ``margin``: how far over its usual level the series must stand, in its own unit.
 CREATE OR REPLACE TEMP TABLE _pc_series AS
 WITH keys AS (SELECT DISTINCT node_id, job_id, resource, comm FROM _pc_named),
 s AS (
     SELECT k.node_id, k.job_id, k.ts, k.progress, k.job_ended, k.psi_cpu, k.psi_io, k.rtt, k.busy_mb, k.job_mb, k.dt_s,
            'co_tenant' AS component, c.resource, c.comm AS comm,
            CASE c.resource WHEN 'io' THEN c.comm || ' disk I/O' WHEN 'net' THEN c.comm || ' network'
-                           ELSE c.comm END AS key, coalesce(n.value, 0) AS v
+                           ELSE c.comm END AS key, coalesce(n.value, 0) AS v,
+           CASE c.resource WHEN 'cpu' THEN $neighbour_cpu WHEN 'io' THEN $neighbour_io ELSE $neighbour_net END
+             AS margin
     FROM _pc_ticks k
     JOIN keys c ON c.node_id = k.node_id AND c.job_id = k.job_id
     LEFT JOIN _pc_named n ON n.node_id = k.node_id AND n.job_id = k.job_id AND n.ts = k.ts
                          AND n.resource = c.resource AND n.comm = c.comm
     UNION ALL
     SELECT node_id, job_id, ts, progress, job_ended, psi_cpu, psi_io, rtt, busy_mb, job_mb, dt_s, 'hypervisor', 'steal',
-           NULL,
-           'cpu steal', coalesce(steal, 0)
+           NULL, 'cpu steal', coalesce(steal, 0), $corr_steal
     FROM _pc_ticks
 ), u AS (
     SELECT *, quantile_cont(v, 0.25) OVER (PARTITION BY node_id, job_id, key) AS usual FROM s
 ), h AS (
-    SELECT *, v >= usual + CASE resource WHEN 'cpu' THEN greatest($neighbour_cpu, usual / 2)
-                                         WHEN 'io' THEN greatest($neighbour_io, usual / 2)
-                                         WHEN 'net' THEN greatest($neighbour_net, usual / 2)
-                                         ELSE $corr_steal END AS raw_hit
+    -- a command's series: the margin and half its usual level; steal: the margin alone
+    SELECT *, v >= usual + CASE resource WHEN 'steal' THEN margin ELSE greatest(margin, usual / 2) END AS raw_hit
     FROM u
 ), g AS (
     -- up to two quiet ticks between contended ones do not end the episode
@@ -132,7 +131,8 @@ FROM g;
 
 CREATE OR REPLACE TEMP TABLE _pc_episodes AS
 WITH e AS (
-    SELECT node_id, job_id, component, resource, comm, key, island, min(ts) AS t0, max(ts) AS t1, count(*) AS n,
+    SELECT node_id, job_id, component, resource, comm, key, margin, island, min(ts) AS t0, max(ts) AS t1,
+           count(*) AS n,
            sum(dt_s) AS hit_s, avg(progress) AS p_hit, avg(v) AS v_hit, any_value(job_ended) AS job_ended,
            max(psi_cpu) AS psi_cpu_hit_max, max(psi_io) AS psi_io_hit_max, median(rtt) AS rtt_hit,
            median(busy_mb) AS busy_hit, median(job_mb) AS job_mb_hit
@@ -177,9 +177,7 @@ WITH q0 AS (
 ), ok AS (
     SELECT * FROM q
     WHERE n_before >= $min_runs
-      AND v_hit - v_ref >= CASE resource WHEN 'cpu' THEN greatest($neighbour_cpu, v_ref / 2)
-                                         WHEN 'io' THEN greatest($neighbour_io, v_ref / 2)
-                                         WHEN 'net' THEN greatest($neighbour_net, v_ref / 2) ELSE $corr_steal END
+      AND v_hit - v_ref >= CASE resource WHEN 'steal' THEN margin ELSE greatest(margin, v_ref / 2) END
       AND lost >= threshold
       AND (open_ended OR (lost_before >= threshold / 2 AND coalesce(lost_after, 1) >= threshold / 2))
       -- A neighbour that takes CPU from the job makes the job's threads wait: CPU pressure rises (PSI, where
@@ -274,8 +272,7 @@ SELECT node_id, NULL AS gpu, 'noisy_neighbor_variance' AS kind, component,
            'network_slowed_by', CASE WHEN resource = 'net' THEN list_filter(
                [CASE WHEN rtt_hit >= rtt_before * $net_slowdown THEN 'rtt' END,
                 CASE WHEN busy_hit * $net_slowdown <= busy_before THEN 'busy_send_rate' END], x -> x IS NOT NULL) END,
-           'neighbour_margin', CASE resource WHEN 'cpu' THEN $neighbour_cpu WHEN 'io' THEN $neighbour_io
-                                             WHEN 'net' THEN $neighbour_net END,
+           'neighbour_margin', CASE WHEN resource <> 'steal' THEN margin END,
            'neighbour_net_slowdown', CASE WHEN resource = 'net' THEN $net_slowdown END,
            'job_tcp_bytes_rise_allowed', CASE WHEN resource = 'net' THEN 1.25 END
        )::VARCHAR AS evidence,
