@@ -91,6 +91,8 @@ def test_config_file_from_env_and_token_file(tmp_path):
     ("[jobs]\nstep_listener = \"maybe\"\n", {}, "jobs.step_listener (from config file"),
     ("[jobs]\nkubernetes = \"maybe\"\n", {}, "jobs.kubernetes (from config file"),
     ("[jobs]\nkubernetes_refresh_s = 0\n", {}, "jobs.kubernetes_refresh_s (from config file"),
+    ("[jobs]\nnet_interval_s = 0\n", {}, "jobs.net_interval_s (from config file"),
+    ("[jobs]\nnet_interval_s = \"often\"\n", {}, "jobs.net_interval_s (from config file"),
     ("[hardware]\nethernet_speed_mbps = 100000\n", {}, "hardware.ethernet_speed_mbps (from config file"),
     ("[hardware]\nethernet_speed_mbps = { \"ens*\" = \"fast\" }\n", {}, "'ens*' = 'fast' must name a device"),
     ("[hardware]\nethernet_speed_mbps = { \"ens*\" = 0 }\n", {}, "in whole Mb/s above 0"),
@@ -114,11 +116,12 @@ def test_hardware_ethernet_speed_manifest_is_read(tmp_path):
 
 def test_probes_and_jobs_are_typed_once_with_one_boolean_parser(tmp_path):
     path = _toml(tmp_path, "[probes]\nforce = \"yes\"\n[probes.host]\nenabled = \"off\"\n"
-                           "[jobs]\nstep_listener = \"no\"\nscan_interval_s = 2\n")
+                           "[jobs]\nstep_listener = \"no\"\nscan_interval_s = 2\nnet_interval_s = 10\n")
     cfg = load_config(path, env={"GPUAGENT_PROBES_ENABLED": "0"})
     assert cfg.probes.enabled is False and cfg.probes.force is True
     assert cfg.probes.schedule("host").enabled is False and cfg.probes.schedule("storage").enabled is True
     assert cfg.jobs.step_listener is False and cfg.jobs.scan_interval_s == 2.0 and cfg.jobs.step_window_s is None
+    assert cfg.jobs.net_interval_s == 10.0
 
 
 def test_missing_named_file_is_an_error(tmp_path):
