@@ -9,7 +9,7 @@ import os
 import click
 
 from gpuagent import __version__
-from gpuagent.agent.probe_cli import probe
+from gpuagent.agent.surface.probe_cli import probe
 
 
 def _label_pairs(values: tuple[str, ...]) -> dict[str, str]:
@@ -56,7 +56,8 @@ def run(config_file, collector, state_dir, interval, batch_interval, labels) -> 
 def status(state_dir, config_file, as_json) -> None:
     """Show the running agent's live status; exits 1 when it is not running or its status is stale."""
     from gpuagent.agent.config import ConfigError
-    from gpuagent.agent.status import StatusError, read_status, render
+    from gpuagent.agent.snapshot import StatusError, read_status
+    from gpuagent.agent.surface.status import render
     try:
         snap = read_status(_state_dir(state_dir, config_file))
     except (ConfigError, StatusError) as exc:
@@ -77,7 +78,7 @@ def status(state_dir, config_file, as_json) -> None:
 def health(state_dir, config_file, source, fmt) -> None:
     """Check this node's hardware health once (XID, ECC, row remapping, retired pages, NVLink, PCIe link,
     clocks, InfiniBand, Ethernet); one line per fault with its action. docs/HEALTH.md."""
-    from gpuagent.agent.health import check, npd_message, verdict
+    from gpuagent.agent.surface.health import check, npd_message, verdict
     try:
         state_dir = _state_dir(state_dir, config_file)
         v = check(state_dir, source=source)
@@ -98,7 +99,7 @@ def health(state_dir, config_file, source, fmt) -> None:
 
 
 def _health_json(h):
-    from gpuagent.agent.status import _dump
+    from gpuagent.agent.snapshot import _dump
     return None if h is None else _dump(h)   # the status file's form of the health section
 
 
@@ -151,7 +152,7 @@ def _hook_exit(res) -> None:
 def slurm_healthcheck(state_dir, config_file, source, sys_root, kmsg_path, proc_root) -> None:
     """HealthCheckProgram: on a critical hardware fault, drain this node (SLURMD_NODENAME, else the short
     hostname) with the fault's sentence as the reason. Resumes nothing."""
-    from gpuagent.agent.slurm_hooks import healthcheck
+    from gpuagent.agent.surface.slurm_hooks import healthcheck
     _hook_exit(healthcheck(_state_dir(state_dir, config_file), source=source, sys_root=sys_root,
                            kmsg_path=kmsg_path or None, proc_root=proc_root))
 
@@ -161,7 +162,7 @@ def slurm_healthcheck(state_dir, config_file, source, sys_root, kmsg_path, proc_
 def slurm_prolog(state_dir, config_file, source, sys_root, kmsg_path, proc_root) -> None:
     """Prolog: exit 1 when this node has an open critical hardware fault (Slurm drains the node and requeues
     the job held); 0 otherwise."""
-    from gpuagent.agent.slurm_hooks import prolog
+    from gpuagent.agent.surface.slurm_hooks import prolog
     _hook_exit(prolog(_state_dir(state_dir, config_file), source=source, sys_root=sys_root,
                       kmsg_path=kmsg_path or None, proc_root=proc_root))
 
@@ -174,7 +175,7 @@ def slurm_prolog(state_dir, config_file, source, sys_root, kmsg_path, proc_root)
 def slurm_epilog(state_dir, config_file, wait_s) -> None:
     """Epilog: the job's GPU-hours, effective GPU utilization and the faults it met, as one JSON line appended
     to <state_dir>/slurm-epilog.jsonl and printed. Always exits 0 (a failing Epilog drains the node)."""
-    from gpuagent.agent.slurm_hooks import epilog
+    from gpuagent.agent.surface.slurm_hooks import epilog
     _hook_exit(epilog(_state_dir(state_dir, config_file), wait_s=wait_s))
 
 

@@ -69,7 +69,7 @@ JOB_LABEL_MODES = ("info", "hpc_job", "pod")
 
 @dataclass(frozen=True)
 class ExporterConfig:
-    """The ``[exporter]`` table: the Prometheus /metrics endpoint (gpuagent.agent.exporter)."""
+    """The ``[exporter]`` table: the Prometheus /metrics endpoint (gpuagent.agent.surface.exporter)."""
     listen: str = ""                   # HOST:PORT, e.g. "0.0.0.0:9402"; "" = off
     dcgm_names: str = "pre-4.8.3"      # one of DCGM_NAME_GENERATIONS
     job_labels: str = "info"           # one of JOB_LABEL_MODES
@@ -80,7 +80,7 @@ class ExporterConfig:
 
 @dataclass(frozen=True)
 class HardwareConfig:
-    """The ``[hardware]`` table: the host's hardware-health sources (gpuagent.agent.hw_host)."""
+    """The ``[hardware]`` table: the host's hardware-health sources (gpuagent.agent.samplers.hw_host)."""
     kmsg: bool = True                  # NVIDIA XID/SXID/driver-init records from the kernel log (skipped if unreadable)
     kmsg_path: str = "/dev/kmsg"
     infiniband: bool = True            # /sys/class/infiniband port state and counters
@@ -132,7 +132,7 @@ DEFAULT_ENV_KEYS = ("TORCHELASTIC_RUN_ID", "RANK", "LOCAL_RANK", "SLURM_JOB_ID")
 
 @dataclass(frozen=True)
 class JobRules:
-    """Which processes count as job processes on a GPU-less node (gpuagent.agent.job_discovery)."""
+    """Which processes count as job processes on a GPU-less node (gpuagent.agent.samplers.job_discovery)."""
 
     cmdline_regex: tuple[str, ...] = DEFAULT_CMDLINE
     env_keys: tuple[str, ...] = DEFAULT_ENV_KEYS
@@ -149,21 +149,21 @@ class JobRules:
 
 @dataclass(frozen=True)
 class JobsConfig:
-    """The ``[jobs]`` table: job discovery and the training-step listener (gpuagent.agent.job_steps)."""
+    """The ``[jobs]`` table: job discovery and the training-step listener (gpuagent.agent.samplers.job_steps)."""
 
     rules: JobRules = field(default_factory=JobRules)
     scan_interval_s: float = 5.0        # /proc scan for rule-matched processes
     end_grace_s: float = 3.0            # a job unseen this long has ended
     orphan_grace_s: float = 30.0        # a rule-matched process naming no job waits this long
-    # TCP connections (network neighbours, agent/tcp_sockets.py) are read this often; ticks between reuse the
+    # TCP connections (network neighbours, agent/samplers/tcp_sockets.py) are read this often; ticks between reuse the
     # last rates: each sock_diag dump walks the kernel's whole connection table (~1 ms here, even when empty)
     net_interval_s: float = 5.0
     step_listener: bool = True
     step_socket: str = ""               # "" = $GPUAGENT_JOBS_SOCKET or /run/gpuagent/jobs.sock
     step_window_s: float | None = None  # None = the batch interval
-    slurm: str = "auto"                 # Slurm attribution (agent/slurm.py): auto (where scontrol and slurm.conf are), on, off
+    slurm: str = "auto"                 # Slurm attribution (agent/schedulers/slurm.py): auto (where scontrol and slurm.conf are), on, off
     slurm_refresh_s: float = 2.0        # how often scontrol listpids runs (in the background)
-    # Kubernetes attribution (agent/kubelet.py): the kubelet's pod-resources socket names the pod holding
+    # Kubernetes attribution (agent/schedulers/kubelet.py): the kubelet's pod-resources socket names the pod holding
     # each GPU. auto: where the socket exists; on: keep asking (and say why) even while it is absent; off.
     kubernetes: str = "auto"
     kubernetes_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
@@ -193,7 +193,7 @@ _PER_PROBE = ("enabled", "interval_s", "timeout_s", "params", "force")
 
 @dataclass(frozen=True)
 class ProbesConfig:
-    """The ``[probes]`` table, as the probe scheduler uses it (gpuagent.agent.probe_scheduler)."""
+    """The ``[probes]`` table, as the probe scheduler uses it (gpuagent.agent.probing.scheduler)."""
 
     enabled: bool = True
     schedules: tuple[ProbeSchedule, ...] = ()
@@ -281,7 +281,7 @@ class ProbesConfig:
 
 @dataclass(frozen=True)
 class FabricConfig:
-    """The ``[fabric]`` table: whether this node takes part in fleet pair probes (agent/fabric.py), and
+    """The ``[fabric]`` table: whether this node takes part in fleet pair probes (agent/probing/fabric.py), and
     where peers reach it. ``address`` wins over ``interface`` (whose first IPv4 address is used). The
     port range is this node's firewall opening, so it wins over the range the collector offers."""
 

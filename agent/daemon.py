@@ -22,18 +22,17 @@ from pathlib import Path
 from typing import Any, Callable
 
 from gpuagent import __version__
-from gpuagent.agent.batcher import Batcher, SeqAllocator
+from gpuagent.agent.pipeline.batcher import Batcher, SeqAllocator
 from gpuagent.agent.config import AgentConfig
-from gpuagent.agent.health import health_status
-from gpuagent.agent.sampling import Sampler, now_ns
+from gpuagent.agent.surface.health import health_status
+from gpuagent.agent.samplers.sampling import Sampler, now_ns
 from gpuagent.common.sdnotify import Notifier, WatchdogPinger
-from gpuagent.agent.sender import Sender
-from gpuagent.agent.spool import Spool
-from gpuagent.agent.status import (GPU_METRICS, HOST_DEVICE_METRICS, HOST_METRICS, GpuStatus, HostStatus, JobStatus, JobThroughput,
-                                   KubeletStatus,
-                                   NodeStatus, ProbeStatus, RecentEvent, SpoolStatus, StatusSnapshot, TickCounters,
-                                   gpu_instances_status, gpu_pods_status, job_gpu_instance,
-                                   write_status)
+from gpuagent.agent.pipeline.sender import Sender
+from gpuagent.agent.pipeline.spool import Spool
+from gpuagent.agent.snapshot import (GPU_METRICS, HOST_DEVICE_METRICS, HOST_METRICS, GpuStatus, HostStatus,
+                                     JobStatus, JobThroughput, KubeletStatus, NodeStatus, ProbeStatus,
+                                     RecentEvent, SpoolStatus, StatusSnapshot, TickCounters,
+                                     gpu_instances_status, gpu_pods_status, job_gpu_instance, write_status)
 from gpuagent.proto import pb
 
 log = logging.getLogger("gpuagent.daemon")
@@ -447,11 +446,11 @@ def _n_items(batch: pb.Batch) -> int:
 
 def default_samplers(cfg: AgentConfig) -> list[Sampler]:
     """The node's data sources: host (psutil + /proc), GPU (NVML, one choke point), job discovery."""
-    from gpuagent.agent.gpu_sampler import GpuSampler
-    from gpuagent.agent.host_sampler import HostSampler
-    from gpuagent.agent.job_discovery import JobDiscovery
-    from gpuagent.agent.kubelet import PodResources, socket_present
-    from gpuagent.agent.slurm import SlurmAttribution, slurm_present
+    from gpuagent.agent.samplers.gpu import GpuSampler
+    from gpuagent.agent.samplers.host import HostSampler
+    from gpuagent.agent.samplers.job_discovery import JobDiscovery
+    from gpuagent.agent.schedulers.kubelet import PodResources, socket_present
+    from gpuagent.agent.schedulers.slurm import SlurmAttribution, slurm_present
 
     gpu = GpuSampler()
     jobs = cfg.jobs
@@ -470,10 +469,10 @@ def default_samplers(cfg: AgentConfig) -> list[Sampler]:
 
 
 def hardware_sampler(cfg: AgentConfig, gpu: Any = None) -> Sampler | None:
-    """The host's hardware-health sources (agent/hw_host.py: kernel log, InfiniBand, Ethernet) as one sampler
+    """The host's hardware-health sources (agent/samplers/hw_host.py: kernel log, InfiniBand, Ethernet) as one sampler
     whose sources each fail alone; NVML's XIDs (from ``gpu``, through an XidLedger the Agent taps onto the GPU
     sampler's sink) deduplicate the kernel log's copies. None when ``[hardware]`` turns every source off."""
-    from gpuagent.agent.hw_host import HwHostSampler, XidLedger, bus_key
+    from gpuagent.agent.samplers.hw_host import HwHostSampler, XidLedger, bus_key
 
     hw = cfg.hardware
     if not (hw.kmsg or hw.infiniband or hw.ethernet):
@@ -507,7 +506,7 @@ def hardware_sampler(cfg: AgentConfig, gpu: Any = None) -> Sampler | None:
 def build_node_info(cfg: AgentConfig, samplers: list[Sampler]) -> pb.NodeInfo:
     """Who this node is, sent with Register: inventory, GPUs and the virtualization fingerprint,
     taken once at start."""
-    from gpuagent.agent.nodeinfo import build_node_info as build
+    from gpuagent.agent.samplers.nodeinfo import build_node_info as build
     gpu = next((s for s in samplers if getattr(s, "name", "") == "gpu"), None)
     info = build(labels=dict(cfg.labels), gpu_sampler=gpu)
     if cfg.fabric.enabled:
@@ -536,7 +535,7 @@ def _peak_flops_lookup(samplers: list[Any]):
 
 
 def start_job_step_receiver(agent: Agent) -> None:
-    """The opt-in training-step tracker's listener (gpuagent.agent.job_steps); a sampler once started.
+    """The opt-in training-step tracker's listener (gpuagent.agent.samplers.job_steps); a sampler once started.
 
     ``[jobs] step_socket`` (or $GPUAGENT_JOBS_SOCKET, default /run/gpuagent/jobs.sock) is where it
     listens; ``[jobs] step_listener = false`` turns it off. A socket that cannot be created (e.g. not
@@ -544,7 +543,7 @@ def start_job_step_receiver(agent: Agent) -> None:
     jobs = agent.cfg.jobs
     if not jobs.step_listener:
         return None
-    from gpuagent.agent.job_steps import JobSocketError, JobStepReceiver
+    from gpuagent.agent.samplers.job_steps import JobSocketError, JobStepReceiver
     window_s = jobs.step_window_s if jobs.step_window_s is not None else agent.cfg.batch_interval_s
     receiver = JobStepReceiver(socket_path=jobs.step_socket or None, window_s=window_s,
                                peak_flops=_peak_flops_lookup(agent.samplers))
@@ -568,18 +567,18 @@ def start_job_step_receiver(agent: Agent) -> None:
 
 # Callables taking the Agent and returning an object with stop() (or None when not applicable).
 def start_probe_scheduler(agent: Agent) -> Any:
-    """Active probes on their schedule (gpuagent.agent.probe_scheduler; [probes] config table)."""
-    from gpuagent.agent.probe_scheduler import start_probe_scheduler as start
+    """Active probes on their schedule (gpuagent.agent.probing.scheduler; [probes] config table)."""
+    from gpuagent.agent.probing.scheduler import start_probe_scheduler as start
     return start(agent)
 
 
 def start_exporter(agent: Agent) -> Any:
-    """The Prometheus /metrics endpoint (gpuagent.agent.exporter) when ``[exporter] listen`` is set; an
+    """The Prometheus /metrics endpoint (gpuagent.agent.surface.exporter) when ``[exporter] listen`` is set; an
     address that cannot be bound leaves the rest of the agent running and is reported once."""
     listen = agent.cfg.exporter.listen
     if not listen:
         return None
-    from gpuagent.agent.exporter import Exporter
+    from gpuagent.agent.surface.exporter import Exporter
     try:
         exp = Exporter(listen, agent.cfg.exporter).start()
     except OSError as exc:
@@ -594,8 +593,8 @@ def start_exporter(agent: Agent) -> Any:
 
 
 def start_fabric(agent: Agent) -> Any:
-    """Fleet pair probes on the collector's assignments (gpuagent.agent.fabric; [fabric] config table)."""
-    from gpuagent.agent.fabric import start_fabric_client
+    """Fleet pair probes on the collector's assignments (gpuagent.agent.probing.fabric; [fabric] config table)."""
+    from gpuagent.agent.probing.fabric import start_fabric_client
     return start_fabric_client(agent)
 
 

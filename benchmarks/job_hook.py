@@ -32,7 +32,7 @@ from gpuagent.jobs import track
 # The agent side, in its own process: prints "ready", then on stdin EOF the number of records it got.
 _RECEIVER = """
 import sys, time
-from gpuagent.agent.job_steps import JobStepReceiver
+from gpuagent.agent.samplers.job_steps import JobStepReceiver
 r = JobStepReceiver(sys.argv[1], window_s=3600).start()
 print("ready", flush=True)
 sys.stdin.read()

@@ -20,7 +20,7 @@ subprocesses carrying RANK/LOCAL_RANK so that there is something to sample.
 The RSS figure comes from a fresh subprocess that imports only the agent's samplers and runs the ticks
 (no torch): its peak RSS (VmHWM) after the run.
 
-Slurm attribution (``jobs_slurm_steps``, agent/slurm.py): on a REAL single-node Slurm cluster
+Slurm attribution (``jobs_slurm_steps``, agent/schedulers/slurm.py): on a REAL single-node Slurm cluster
 (tests/slurm_cluster.py; root, Debian's slurmctld/slurmd/munge) one batch job runs ``--slurm-steps`` job steps
 (``srun --overlap sleep``) on this node; JobDiscovery with SlurmAttribution (listpids and show job answered by
 the real slurmd/slurmctld, refreshed once before the ticks) against JobDiscovery without Slurm on the same
@@ -32,7 +32,7 @@ Without root or the Slurm binaries the case says why it did not run.
 spool, status.json with the hardware-health judgement) on that emulated node with 8 SYNTHETIC IB ports, with
 the hardware-health sources and judgement of issue 23 and without them, in the same run (_whole_tick_case).
 
-``jobs_tcp_sockets``: job discovery's network-neighbour reads (agent/tcp_sockets.py: a sock_diag dump of the
+``jobs_tcp_sockets``: job discovery's network-neighbour reads (agent/samplers/tcp_sockets.py: a sock_diag dump of the
 established TCP connections every ``[jobs] net_interval_s``, 5 s by default, and every tick) on and stubbed off,
 in the same run, with ``--tcp-connections`` busy
 loopback connections open (each end a socket in the dump: the dump's parse is what grows with connections; a
@@ -40,7 +40,7 @@ loopback connection never needs its owner looked up), and the worst case of the 
 of every process's /proc/<pid>/fd, which a tick does only when a socket that moved bytes has no known owner
 (at most every 30 s for one that never gets one).
 
-``hw_host_8_ib_ports``: agent/hw_host.py's HwHostSampler over a SYNTHETIC sysfs tree with 8 InfiniBand ports
+``hw_host_8_ib_ports``: agent/samplers/hw_host.py's HwHostSampler over a SYNTHETIC sysfs tree with 8 InfiniBand ports
 (mlx5_0..7 port 1, the kernel's standard counters and hw_counters) and an empty kernel-log file, with its
 default sysfs interval (10 s: one tick in ten reads sysfs) and reading sysfs every tick, against the host
 sampler alone in the same run.
@@ -65,11 +65,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 _RSS_CHILD = r"""
 import sys, time
 sys.path.insert(0, sys.argv[2])
-from gpuagent.agent.host_sampler import HostSampler
-from gpuagent.agent.gpu_sampler import GpuSampler
-from gpuagent.agent.job_discovery import JobDiscovery
+from gpuagent.agent.samplers.host import HostSampler
+from gpuagent.agent.samplers.gpu import GpuSampler
+from gpuagent.agent.samplers.job_discovery import JobDiscovery
 from gpuagent.common.nvml import Nvml
-from gpuagent.agent.sampling import ListSink
+from gpuagent.agent.samplers.sampling import ListSink
 g = GpuSampler(Nvml()); h = HostSampler(); j = JobDiscovery()   # NVML: the emulator node in the env
 t = time.time_ns()
 for k in range(int(sys.argv[1])):
@@ -143,7 +143,7 @@ def _ib_sysfs(root: Path, ports: int = 8) -> Path:
 def _hw_host_case(ticks: int, sink, host_alone: dict[str, float]) -> dict[str, object]:
     import tempfile
 
-    from gpuagent.agent.hw_host import HwHostSampler
+    from gpuagent.agent.samplers.hw_host import HwHostSampler
     root = Path(tempfile.mkdtemp(prefix="sampler-cost-sysfs-"))
     sysfs = _ib_sysfs(root / "sys")
     kmsg = root / "kmsg"
@@ -171,11 +171,11 @@ def _whole_tick_case(ticks: int, emu) -> dict[str, object]:
 
     from gpuagent.agent import daemon
     from gpuagent.agent.config import load_config
-    from gpuagent.agent.gpu_sampler import _HEALTH_EVERY, GpuSampler
-    from gpuagent.agent.host_sampler import HostSampler
-    from gpuagent.agent.hw_host import HwHostSampler
-    from gpuagent.agent.job_discovery import JobDiscovery
-    from gpuagent.agent.status import HealthStatus
+    from gpuagent.agent.samplers.gpu import _HEALTH_EVERY, GpuSampler
+    from gpuagent.agent.samplers.host import HostSampler
+    from gpuagent.agent.samplers.hw_host import HwHostSampler
+    from gpuagent.agent.samplers.job_discovery import JobDiscovery
+    from gpuagent.agent.snapshot import HealthStatus
     from gpuagent.common.nvml import Nvml
 
     root = Path(tempfile.mkdtemp(prefix="sampler-cost-tick-"))
@@ -216,8 +216,8 @@ def _slurm_case(ticks: int, steps: int, sink) -> dict[str, object]:
     import shutil
     import tempfile
 
-    from gpuagent.agent.job_discovery import JobDiscovery
-    from gpuagent.agent.slurm import SlurmAttribution, parse_listpids
+    from gpuagent.agent.samplers.job_discovery import JobDiscovery
+    from gpuagent.agent.schedulers.slurm import SlurmAttribution, parse_listpids
     missing = [t for t in ("slurmctld", "slurmd", "scontrol", "sbatch", "srun", "munged") if shutil.which(t) is None]
     if missing or os.geteuid() != 0:
         return {"skipped": f"needs root and {', '.join(missing) or 'Slurm'}" if missing else "needs root (slurmd runs jobs)"}
@@ -286,8 +286,8 @@ def _tcp_sockets_case(ticks: int, conns: int, sink) -> dict[str, object]:
     import socket
     import threading
 
-    from gpuagent.agent import job_discovery as jdmod
-    from gpuagent.agent.tcp_sockets import socket_inodes, tcp_connections
+    from gpuagent.agent.samplers import job_discovery as jdmod
+    from gpuagent.agent.samplers.tcp_sockets import socket_inodes, tcp_connections
 
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
@@ -352,9 +352,9 @@ def main() -> int:
     import pynvml
 
     from gpuagent.sim.nvml_emulator import Emulator
-    from gpuagent.agent.gpu_sampler import GpuSampler
-    from gpuagent.agent.host_sampler import HostSampler
-    from gpuagent.agent.job_discovery import JobDiscovery
+    from gpuagent.agent.samplers.gpu import GpuSampler
+    from gpuagent.agent.samplers.host import HostSampler
+    from gpuagent.agent.samplers.job_discovery import JobDiscovery
     from gpuagent.common.nvml import Nvml
 
     sink = _NullSink()

@@ -374,7 +374,7 @@ def node_faults(latest: Mapping[SeriesKey, float], previous: Mapping[SeriesKey, 
                 events: Sequence[Mapping[str, Any]], window_s: float, now_ns: int | None = None) -> list[Fault]:
     """The hardware faults of one node, critical first.
 
-    latest/previous: {(metric, gpu, sorted label tuple): value} (agent/sampling.py ListSink.metrics());
+    latest/previous: {(metric, gpu, sorted label tuple): value} (agent/samplers/sampling.py ListSink.metrics());
     previous is the reading window_s seconds earlier, or None (then counter rules cannot judge and stay
     quiet; state and below-max rules still apply). events: recent events as dicts {kind, gpu, value,
     attrs, ts_ns}; now_ns: when ``latest`` was read (default: now). A counter lower than before (a reset)

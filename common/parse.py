@@ -27,7 +27,7 @@ def parse_bool(value: Any) -> bool | None:
 
 
 def settings_key(params: Mapping[str, Any]) -> str:
-    """A fabric run's settings as canonical ``k=v,...`` text, keys sorted. Both ends of a run (agent/fabric.py),
+    """A fabric run's settings as canonical ``k=v,...`` text, keys sorted. Both ends of a run (agent/probing/fabric.py),
     the collector's own skipped rows (collector/fabric/coordinator.py) and the simulator write it to
     link_results / group_results ``params_key``, where equal text means comparable runs: so one function."""
     return ",".join(f"{k}={params[k]}" for k in sorted(params))

@@ -8,7 +8,7 @@ method paths are spelled out here rather than read from ``gpuagent.proto``, and
 
 The two callers differ only in how long they keep trying: the agent is a daemon and retries every failure
 forever (a refused token may be fixed while it runs; a batch the collector rejects is set aside, see
-agent/sender.py), the simulator retries :data:`RETRYABLE` failures a bounded number of times and stops on
+agent/pipeline/sender.py), the simulator retries :data:`RETRYABLE` failures a bounded number of times and stops on
 :data:`REFUSED`.
 """
 

@@ -20,7 +20,7 @@ RESOURCES = ("gpu", "disk", "cpu")
 
 # One module per probe, in listing order.
 PROBE_MODULES = ("host", "storage", "collective", "pcie", "gpu_compute")
-# Probes with two ends that only the fabric coordinator starts, on both nodes at once (agent/fabric.py):
+# Probes with two ends that only the fabric coordinator starts, on both nodes at once (agent/probing/fabric.py):
 # get(), parse_params() and the runner know them; names() and specs(), which the scheduler, its config
 # and `gpuagent probe list` read, leave them out, since one node alone cannot run them.
 PAIR_PROBE_MODULES = ("rdma_pair",)

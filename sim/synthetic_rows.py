@@ -333,7 +333,7 @@ def hardware_rows(node_id: str, *, start: dt.datetime, points: int = 12, step_s:
         for reason in ("sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake", "sync_boost"):
             want = {"": "hw_thermal", "power_brake": "hw_power_brake"}.get(variant)
             share = min(0.9, 0.4 * mag) if hit and fault == "clocks" and reason == want else (0.3 if reason == "sw_power_cap" else 0.0)
-            # NVML keeps no HW_SLOWDOWN duration; the agent counts it from the sampled mask (agent/gpu_sampler.py)
+            # NVML keeps no HW_SLOWDOWN duration; the agent counts it from the sampled mask (agent/samplers/gpu.py)
             metric = ("gpu_clock_event_sampled_seconds_total" if reason == "hw_slowdown"
                       else "gpu_clock_event_duration_seconds_total")
             counter(g, metric, f"reason={reason}", rng.randrange(0, 100),
@@ -395,7 +395,7 @@ def passive_job_rows(node_id: str, job_id: str, *, start: dt.datetime, seconds: 
                      busy_mb_per_s: float = 100.0, job_mb_per_s: float = 40.0,
                      filler_net_mb_per_s: float | None = None,
                      neighbour_job_mb_factor: float | None = None) -> tuple[list[tuple], list[tuple]]:
-    """SYNTHETIC agent ticks of one job seen passively (agent/job_discovery.py's series), as sample rows.
+    """SYNTHETIC agent ticks of one job seen passively (agent/samplers/job_discovery.py's series), as sample rows.
 
     ``contention = (t0_s, t1_s)``: a co-tenant ``neighbour`` uses ``neighbour_cpu`` % of a core from t0 to t1
     seconds (t1 None: until the end) and the job's progress falls by ``lost``; CPU pressure (PSI cpu some

@@ -1,4 +1,4 @@
-"""Helpers for the tests of the agent's /metrics (agent/exporter.py): a reader of the Prometheus text
+"""Helpers for the tests of the agent's /metrics (agent/surface/exporter.py): a reader of the Prometheus text
 format that keeps dcgm-exporter's counter names as written (prometheus_client's parser renames a
 counter's samples to <name>_total), the lints `promtool check metrics` reports for dcgm-exporter's own
 names, and an agent subprocess over an NVML emulator node (SYNTHETIC) that the test scripts while it runs."""

@@ -224,7 +224,7 @@ class Agent:
 
 def spool_contents(state: Path) -> tuple[dict[int, int], int]:
     """{seq: n_samples} of the complete spooled batches, and the number of unreadable ones."""
-    from gpuagent.agent.spool import CorruptRecord, decode_record
+    from gpuagent.agent.pipeline.spool import CorruptRecord, decode_record
     out, bad = {}, 0
     for f in (state / "spool").glob("*.batch"):
         try:

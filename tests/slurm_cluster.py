@@ -2,7 +2,7 @@
 generated slurm.conf, state and sockets in a temporary folder, ports from this xdist worker's own range.
 
 ProctrackType=proctrack/linuxproc and TaskPlugin=task/none: no cgroups needed, so `scontrol listpids`
-is how a job's processes are found (agent/slurm.py's fallback). Needs root (slurmd runs jobs as their
+is how a job's processes are found (agent/schedulers/slurm.py's fallback). Needs root (slurmd runs jobs as their
 user). Every daemon runs in the foreground with PR_SET_PDEATHSIG, so a killed test takes them along; stop()
 also cancels the jobs and kills whatever is left that carries this cluster's SLURM_CONF, and when the test is
 killed a reaper of its own session (tests/slurm_reaper.py) does that for slurmstepd and the jobs, which

@@ -15,7 +15,7 @@ from agent_helpers import free_port, read_status, start_agent, stop, wait_runnin
 from conftest import wait_for
 
 from gpuagent import local_run
-from gpuagent.agent.spool import decode_record, encode_record
+from gpuagent.agent.pipeline.spool import decode_record, encode_record
 from gpuagent.proto import pb
 
 TICK_METRIC = "mem_used_bytes"     # a host metric the host sampler emits once per tick, no labels

@@ -24,8 +24,8 @@ from nvml_emulator_fixture import H100_8GPU, nvml_emulator  # noqa: F401  (the f
 
 from gpuagent.agent.config import ConfigError, load_config
 from gpuagent.agent.daemon import Agent, build_node_info
-from gpuagent.agent.gpu_sampler import GpuSampler
-from gpuagent.agent.host_sampler import HostSampler
+from gpuagent.agent.samplers.gpu import GpuSampler
+from gpuagent.agent.samplers.host import HostSampler
 from gpuagent.common.nvml import Nvml
 
 MIB = 2 ** 20
@@ -73,7 +73,7 @@ def test_dcgm_names_carry_nvml_values_in_dcgm_units(nvml_emulator, tmp_path):
     gpu = GpuSampler(nvml=Nvml())
     samplers = [HostSampler(), gpu]
     agent = Agent(cfg, samplers=samplers, node_info=build_node_info(cfg, samplers))
-    from gpuagent.agent.exporter import Exporter
+    from gpuagent.agent.surface.exporter import Exporter
     exp = Exporter("127.0.0.1:0").start()
     agent.exporter = exp
     try:
@@ -224,7 +224,7 @@ def test_scrapes_do_not_disturb_the_tick_loop(nvml_emulator, tmp_path):
 def test_a_tick_is_formatted_once_and_served_as_text_or_openmetrics(tmp_path):
     import dataclasses
 
-    from gpuagent.agent.exporter import Exporter
+    from gpuagent.agent.surface.exporter import Exporter
     cfg = load_config(None, env={}, state_dir=str(tmp_path / "state"), collector="127.0.0.1:9")
     samplers = [HostSampler()]
     agent = Agent(cfg, samplers=samplers, node_info=build_node_info(cfg, samplers))

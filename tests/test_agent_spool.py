@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 
-from gpuagent.agent.batcher import Batcher, SeqAllocator
-from gpuagent.agent.sampling import ListSink
-from gpuagent.agent.spool import HEADER, Spool
+from gpuagent.agent.pipeline.batcher import Batcher, SeqAllocator
+from gpuagent.agent.samplers.sampling import ListSink
+from gpuagent.agent.pipeline.spool import HEADER, Spool
 from gpuagent.proto import pb
 
 

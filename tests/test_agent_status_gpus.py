@@ -8,10 +8,11 @@ import json
 
 from gpuagent.agent.config import load_config
 from gpuagent.agent.daemon import Agent, build_node_info
-from gpuagent.agent.gpu_sampler import GpuSampler
-from gpuagent.agent.host_sampler import HostSampler
+from gpuagent.agent.samplers.gpu import GpuSampler
+from gpuagent.agent.samplers.host import HostSampler
 from gpuagent.common.nvml import Nvml
-from gpuagent.agent.status import STATUS_FILE, StatusError, read_status, render
+from gpuagent.agent.snapshot import STATUS_FILE, StatusError, read_status
+from gpuagent.agent.surface.status import render
 from nvml_emulator_fixture import H100_8GPU
 
 

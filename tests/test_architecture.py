@@ -2,6 +2,7 @@
 
 - "Import rules": which top-level gpuagent package may import which, and no import cycle between them.
 - "Packages": the table names exactly the packages in the tree, each with its folder.
+- The agent's stages ("Import rules", the agent floor table): inside gpuagent.agent, imports run downward only.
 
 The checker reads every import statement, including those inside functions, relative imports and
 ``importlib.import_module("gpuagent...")`` with a literal name, so a lazy import cannot hide an edge.
@@ -199,6 +200,106 @@ def test_no_import_cycle_between_top_level_packages():
         detail.append(" <-> ".join(group))
         detail.extend(f"    {e}" for e in edges if e.src in group and e.dst in group)
     assert not found, "import cycles between top-level packages:\n" + "\n".join(detail)
+
+
+# ------------------------------------------------------------------------------------------ the agent's stages
+
+# The agent's floors (docs/ARCHITECTURE.md, "Import rules"): every module of gpuagent.agent is on one, and
+# imports only from its own floor and those listed for it.
+AGENT_FLOOR, AGENT_TOP = "floor", "top"
+AGENT_ROOT_MODULES = {"config": AGENT_FLOOR, "snapshot": AGENT_FLOOR, "daemon": AGENT_TOP, "cli": AGENT_TOP}
+AGENT_STAGE_PACKAGES = ("schedulers", "samplers", "pipeline", "probing", "surface")
+AGENT_MAY_IMPORT: dict[str, frozenset[str]] = {
+    AGENT_FLOOR: frozenset({AGENT_FLOOR}),
+    "schedulers": frozenset({AGENT_FLOOR, "schedulers"}),
+    "samplers": frozenset({AGENT_FLOOR, "schedulers", "samplers"}),
+    "pipeline": frozenset({AGENT_FLOOR, "samplers", "pipeline"}),
+    "probing": frozenset({AGENT_FLOOR, "samplers", "probing"}),
+    "surface": frozenset({AGENT_FLOOR, "schedulers", "samplers", "probing", "surface"}),
+    AGENT_TOP: frozenset({AGENT_FLOOR, *AGENT_STAGE_PACKAGES, AGENT_TOP}),
+}
+
+
+def agent_stage(dotted: str) -> str | None:
+    """The agent floor a dotted name is on; None outside gpuagent.agent, "?" for a module on no floor."""
+    parts = dotted.split(".")
+    if parts[:2] != [ROOT_PKG, "agent"]:
+        return None
+    if len(parts) == 2:
+        return AGENT_FLOOR          # the package itself (its __init__ imports nothing)
+    if parts[2] in AGENT_STAGE_PACKAGES:
+        return parts[2]
+    return AGENT_ROOT_MODULES.get(parts[2], "?")
+
+
+def agent_stage_violations(source: str, relpath: str, dirs: dict[str, str]) -> list[str]:
+    """Imports inside gpuagent.agent that run up a floor, or modules that are on no floor."""
+    parts = Path(relpath).with_suffix("").parts
+    is_package = parts[-1] == "__init__"
+    module = ".".join([dirs[parts[0]], *parts[1:-1], *([] if is_package else [parts[-1]])])
+    src = agent_stage(module)
+    if src is None:
+        return []
+    if src == "?":
+        return [f"{relpath}: {module} is on no agent floor (add it to a stage folder or AGENT_ROOT_MODULES)"]
+    out = []
+    for line, name in imported_names(source, module, is_package, relpath):
+        dst = agent_stage(name)
+        if dst is not None and dst not in AGENT_MAY_IMPORT[src]:
+            out.append(f"{relpath}:{line}: agent.{src} -> agent.{dst} (imports {name})")
+    return out
+
+
+def test_agent_stages_import_downward_only():
+    dirs = package_dirs()
+    bad = [v for rel, src in tree_sources() for v in agent_stage_violations(src, rel, dirs)]
+    assert not bad, "agent imports that break docs/ARCHITECTURE.md's agent floors:\n" + "\n".join(bad)
+
+
+def test_agent_floor_table_matches_the_rules():
+    """The floor table in docs/ARCHITECTURE.md lists the same "may import" sets this file enforces."""
+    text = ARCHITECTURE.read_text()
+    m = re.search(r"^\s*\| agent floor \|.*?\n((?:\s*\|.*\n)+)", text, re.M)
+    assert m, "docs/ARCHITECTURE.md has no agent floor table"
+    names = {"the floor": AGENT_FLOOR, "everything in the agent": "*"}
+    documented: dict[str, frozenset[str]] = {}
+    for line in m.group(1).splitlines()[1:]:
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        floors = re.findall(r"`agent\.(\w+)`", cells[0])
+        allowed = {names.get(a, a) for a in (re.sub(r"\(.*?\)", "", a).strip() for a in cells[1].split(","))} - {"common", "proto", "probes"}
+        allowed = (set(AGENT_MAY_IMPORT[AGENT_TOP]) if "*" in allowed else allowed) | {
+            AGENT_FLOOR if floors[0] in ("config", "snapshot") else AGENT_TOP if floors[0] in ("daemon", "cli")
+            else floors[0]}
+        for f in floors:
+            key = AGENT_ROOT_MODULES.get(f, f)
+            documented[key] = frozenset(allowed)
+    assert documented == AGENT_MAY_IMPORT
+
+
+@pytest.mark.parametrize("relpath, source", [
+    ("agent/samplers/x.py", "from gpuagent.agent.pipeline.spool import Spool\n"),
+    ("agent/samplers/x.py", "def f():\n    from gpuagent.agent.surface import status\n"),
+    ("agent/pipeline/x.py", "from gpuagent.agent.surface.exporter import Exporter\n"),
+    ("agent/surface/x.py", "from gpuagent.agent import daemon\n"),
+    ("agent/surface/x.py", "from ..pipeline import sender\n"),
+    ("agent/snapshot.py", "from gpuagent.agent.samplers.gpu import GpuSampler\n"),
+    ("agent/schedulers/x.py", "import gpuagent.agent.samplers.host\n"),
+    ("agent/stray.py", "import os\n"),
+])
+def test_agent_stage_checker_catches_an_upward_import(relpath, source):
+    bad = agent_stage_violations(source, relpath, DIRS)
+    assert len(bad) == 1, bad
+    assert bad[0].startswith(f"{relpath}:")
+
+
+@pytest.mark.parametrize("relpath, source", [
+    ("agent/samplers/x.py", "from gpuagent.agent.config import JobRules\nfrom gpuagent.agent.schedulers import slurm\n"),
+    ("agent/pipeline/x.py", "from gpuagent.agent.samplers.sampling import now_ns\nfrom . import spool\n"),
+    ("agent/surface/x.py", "from gpuagent.agent.snapshot import StatusSnapshot\nfrom gpuagent.agent.samplers import gpu\n"),
+    ("agent/daemon.py", "from gpuagent.agent.surface import exporter\nfrom gpuagent.agent.pipeline import sender\n"),
+])
+def test_agent_stage_checker_lets_downward_imports_pass(relpath, source):
+    assert agent_stage_violations(source, relpath, DIRS) == []
 
 
 # ------------------------------------------------------------------------------------------ the checker

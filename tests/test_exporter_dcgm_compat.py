@@ -17,10 +17,10 @@ from nvml_emulator_fixture import A10_VGPU, H100_8GPU, nvml_emulator  # noqa: F4
 
 from gpuagent.agent.config import ConfigError, ExporterConfig, load_config
 from gpuagent.agent.daemon import Agent, build_node_info
-from gpuagent.agent.exporter import Exporter, dcgm_families, job_info_family, wants_openmetrics
-from gpuagent.agent.gpu_sampler import GpuSampler
-from gpuagent.agent.host_sampler import HostSampler
-from gpuagent.agent.status import JobStatus
+from gpuagent.agent.surface.exporter import Exporter, dcgm_families, job_info_family, wants_openmetrics
+from gpuagent.agent.samplers.gpu import GpuSampler
+from gpuagent.agent.samplers.host import HostSampler
+from gpuagent.agent.snapshot import JobStatus
 from gpuagent.common.nvml import Nvml
 
 # The active rows of dcgm-exporter's etc/default-counters.csv (github.com/NVIDIA/dcgm-exporter at tag

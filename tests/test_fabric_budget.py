@@ -19,8 +19,8 @@ from collector_helpers import node_info
 from conftest import worker_ports
 from test_fabric_coordinator import Results, _query, _send_results, _wait
 from gpuagent.agent.config import ProbesConfig
-from gpuagent.agent.fabric import FabricBudget, FabricClient
-from gpuagent.agent.probe_scheduler import ProbeScheduler
+from gpuagent.agent.probing.fabric import FabricBudget, FabricClient
+from gpuagent.agent.probing.scheduler import ProbeScheduler
 from gpuagent.collector.fabric.coordinator import FabricConfig
 from gpuagent.collector.ingest.server import start_collector
 from gpuagent.probes.lock import ProbeLock

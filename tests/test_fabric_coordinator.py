@@ -14,7 +14,7 @@ import pytest
 from collector_helpers import node_info
 from conftest import worker_ports
 from sysfs_helpers import add_nic
-from gpuagent.agent.fabric import FabricClient
+from gpuagent.agent.probing.fabric import FabricClient
 from gpuagent.collector.fabric.coordinator import Coordinator, FabricConfig
 from gpuagent.collector.ingest.server import start_collector
 from gpuagent.probes.lock import ProbeLock
@@ -101,7 +101,9 @@ def test_full_sweep_measures_every_pair_in_n_minus_1_rounds(fabric_fleet):
     assert "secret" not in str([r["params"] for _, s in clients.values() for r in s.rows])
 
     # What `gpuagent status` shows of each node: its 3 runs, newest first, as its end measured them.
-    from gpuagent.agent import status as st
+    from gpuagent.agent import snapshot as st
+    from gpuagent.agent.surface.status import _render_fabric
+    from gpuagent.common.typed_json import load_typed
     for node_id, (client, sink) in clients.items():
         fab = client.fabric_status()
         assert fab.address == "127.0.0.1" and fab.stream_open and fab.stream_error == ""
@@ -116,8 +118,8 @@ def test_full_sweep_measures_every_pair_in_n_minus_1_rounds(fabric_fleet):
             assert (run.send_gbits_per_s, run.recv_gbits_per_s, run.rtt_p50_us) == (
                 rec["metrics"]["send_gbits_per_s"], rec["metrics"]["recv_gbits_per_s"], rec["metrics"]["rtt_p50_us"])
         # the status file's JSON form reads back to the same section
-        assert st._load(st.FabricStatus, json.loads(json.dumps(st._dump(fab))), "fabric") == fab
-        text = "\n".join(st._render_fabric(fab, time.time_ns()))
+        assert load_typed(st.FabricStatus, json.loads(json.dumps(st._dump(fab))), "fabric") == fab
+        text = "\n".join(_render_fabric(fab, time.time_ns()))
         assert "peers reach this node at 127.0.0.1  assignments stream open" in text
         assert all(r.peer[:20] in text for r in fab.recent) and text.count("  ok  ") == 3
 

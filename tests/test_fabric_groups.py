@@ -17,8 +17,8 @@ from conftest import worker_ports
 from fabric_helpers import ROOT
 from test_fabric_coordinator import Results, _query, _send_results, _wait
 from gpuagent.agent.config import ProbesConfig
-from gpuagent.agent.fabric import COLLECTIVE_FIRST_ESTIMATE_S, FabricBudget, FabricClient
-from gpuagent.agent.probe_scheduler import ProbeScheduler
+from gpuagent.agent.probing.fabric import COLLECTIVE_FIRST_ESTIMATE_S, FabricBudget, FabricClient
+from gpuagent.agent.probing.scheduler import ProbeScheduler
 from gpuagent.collector.fabric.coordinator import FabricConfig
 from gpuagent.collector.ingest.server import start_collector
 from gpuagent.collector.views.compare import NOT_FABRIC_GROUP

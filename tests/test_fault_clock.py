@@ -67,7 +67,7 @@ def test_agent_clock_stepped_back_and_forward_an_hour(tmp_path, procs):
 
 def fig_spooled_ticks(a: Agent) -> int:
     """Tick samples still in the agent's spool (the batch cut at its clean shutdown)."""
-    from gpuagent.agent.spool import decode_record
+    from gpuagent.agent.pipeline.spool import decode_record
     from gpuagent.proto import pb
     n = 0
     for f in (a.state / "spool").glob("*.batch"):

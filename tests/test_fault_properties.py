@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from collector_helpers import node_info
-from gpuagent.agent.spool import Spool, encode_record
+from gpuagent.agent.pipeline.spool import Spool, encode_record
 from gpuagent.collector.ingest.server import start_collector
 from gpuagent.collector.store.db import open_database
 from gpuagent.collector.ingest.validate import labels_text

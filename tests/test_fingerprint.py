@@ -11,7 +11,7 @@ import pytest
 
 from tools import needs
 
-from gpuagent.agent.fingerprint import VIRT_WHAT_MAP, cpuid, cpuid_hypervisor, fingerprint
+from gpuagent.agent.samplers.fingerprint import VIRT_WHAT_MAP, cpuid, cpuid_hypervisor, fingerprint
 
 FP = Path(__file__).parent / "data" / "fp"
 

@@ -22,8 +22,8 @@ import time
 
 import pytest
 
-from gpuagent.agent.gpu_sampler import GpuSampler
-from gpuagent.agent.sampling import ListSink
+from gpuagent.agent.samplers.gpu import GpuSampler
+from gpuagent.agent.samplers.sampling import ListSink
 from gpuagent.common.nvml import Gpm, Nvml
 from gpuagent.common.timeutil import now_ns
 from gpuagent.probes import gpuinfo

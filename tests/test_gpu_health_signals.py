@@ -11,8 +11,8 @@ import os
 
 import pynvml
 import pytest
-from gpuagent.agent.gpu_sampler import GpuSampler
-from gpuagent.agent.sampling import ListSink
+from gpuagent.agent.samplers.gpu import GpuSampler
+from gpuagent.agent.samplers.sampling import ListSink
 from gpuagent.common.nvml import Nvml
 from gpuagent.sim.nvml_emulator import EmulatorError
 from nvml_emulator_fixture import A10_VGPU, DATA
@@ -285,8 +285,8 @@ def test_the_emulator_answers_the_health_entry_points_as_nvml_h_documents_them(n
 def test_hw_slowdown_seconds_are_counted_from_the_sampled_mask(nvml_emulator):
     """NVML keeps no HW_SLOWDOWN duration: the sampler counts the gaps between ticks that both saw the bit set
     (capped at 10 s a gap), and nothing while it is clear."""
-    from gpuagent.agent.gpu_sampler import GpuSampler
-    from gpuagent.agent.sampling import ListSink
+    from gpuagent.agent.samplers.gpu import GpuSampler
+    from gpuagent.agent.samplers.sampling import ListSink
     from gpuagent.common.nvml import Nvml
 
     emu = nvml_emulator()

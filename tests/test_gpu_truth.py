@@ -12,8 +12,8 @@ import os
 import pynvml
 import pytest
 
-from gpuagent.agent.gpu_sampler import GpuSampler
-from gpuagent.agent.sampling import ListSink
+from gpuagent.agent.samplers.gpu import GpuSampler
+from gpuagent.agent.samplers.sampling import ListSink
 from gpuagent.common.nvml import Gpm, Nvml
 from nvml_emulator_fixture import H100_8GPU
 

@@ -1,10 +1,10 @@
-"""`gpuagent health` (agent/health.py): exit codes and lines for each hardware-fault class, the health section
+"""`gpuagent health` (agent/surface/health.py): exit codes and lines for each hardware-fault class, the health section
 of `gpuagent status` and /metrics, node-problem-detector's plugin protocol, and the no-agent path over the
 NVML emulator with sysfs and /dev/kmsg fixture trees.
 
 The per-class cases drive the real path: SYNTHETIC readings under the data contract's metric names go into
 a real Agent's batcher, its status snapshot (the real dataclasses) gets the health section from
-agent/health.py's health_status (what the daemon calls each tick), the snapshot is written as status.json,
+agent/surface/health.py's health_status (what the daemon calls each tick), the snapshot is written as status.json,
 and `gpuagent health` reads it back. Expected severities and actions come from common/hardware_faults.toml
 through its own loader, not from this file, so a rules change moves the expectation with it.
 """
@@ -23,16 +23,10 @@ from exporter_helpers import parse_exposition
 from gpuagent.agent.cli import main
 from gpuagent.agent.config import load_config
 from gpuagent.agent.daemon import Agent, build_node_info
-from gpuagent.agent.exporter import Exporter
-from gpuagent.agent.health import check, health_status
-from gpuagent.agent.status import (
-    STATUS_FILE,
-    GpuStatus,
-    JobStatus,
-    StatusSnapshot,
-    render,
-    write_status,
-)
+from gpuagent.agent.surface.exporter import Exporter
+from gpuagent.agent.surface.health import check, health_status
+from gpuagent.agent.snapshot import STATUS_FILE, GpuStatus, JobStatus, StatusSnapshot, write_status
+from gpuagent.agent.surface.status import render
 from gpuagent.common.hardware_faults import rules, xid_rule
 
 S = 10**9
@@ -333,7 +327,7 @@ def test_unknown_when_nothing_can_be_read(tmp_path, nvml_emulator):
 def test_agent_path_over_the_emulator(tmp_path, nvml_emulator):
     """The in-process agent's own GPU sampler over the emulated node: an NVML XID event, a pending remap and
     an NVLink down reach status.json's health section through the batcher, and `gpuagent health` reads it."""
-    from gpuagent.agent.gpu_sampler import GpuSampler
+    from gpuagent.agent.samplers.gpu import GpuSampler
     from gpuagent.common.nvml import Nvml
     from nvml_emulator_fixture import H100_8GPU
     doc = json.loads(H100_8GPU.read_text())

@@ -303,7 +303,7 @@ def test_defaults_are_one_agent_daemonset_on_gpu_nodes_and_no_rbac():
 def test_the_pod_resources_mount_is_where_the_agent_looks_for_the_kubelet_socket():
     from gpuagent.agent.config import JobsConfig
 
-    # [jobs] kubernetes_socket (agent/kubelet.py): the chart renders no key for it and mounts at the default
+    # [jobs] kubernetes_socket (agent/schedulers/kubelet.py): the chart renders no key for it and mounts at the default
     socket = Path(JobsConfig().kubernetes_socket)
     ds = one(objects(DEFAULTS), "DaemonSet", "agent")
     assert mounts(ds)[str(socket.parent)] == {"name": "pod-resources", "mountPath": str(socket.parent), "readOnly": True}

@@ -10,8 +10,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gpuagent.agent.host_sampler import HostSampler, numa_layout
-from gpuagent.agent.sampling import ListSink, now_ns
+from gpuagent.agent.samplers.host import HostSampler, numa_layout
+from gpuagent.agent.samplers.sampling import ListSink, now_ns
 
 DATA = Path(__file__).parent / "data"
 SEC = 1_000_000_000

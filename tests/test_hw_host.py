@@ -1,9 +1,9 @@
-"""agent/hw_host.py: the kernel-log reader (boot ring, restart resume, EPIPE, NVML dedup), InfiniBand / RoCE
+"""agent/samplers/hw_host.py: the kernel-log reader (boot ring, restart resume, EPIPE, NVML dedup), InfiniBand / RoCE
 ports and Ethernet links, each through a SYNTHETIC fixture tree written here in the kernel's documented
 formats: /dev/kmsg records "prio,seq,usec,flags;message" with " KEY=value" dictionary lines
 (Documentation/ABI/testing/dev-kmsg), Documentation/ABI/stable/sysfs-class-infiniband and
 Documentation/ABI/testing/sysfs-class-net. The NVIDIA lines are our own, in the driver's shapes cited in
-agent/hw_host.py's docstring."""
+agent/samplers/hw_host.py's docstring."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuagent.agent.hw_host import EthLinks, HwHostSampler, IbPorts, XidLedger, bus_key, classify, parse_kmsg_record
-from gpuagent.agent.sampling import ListSink
+from gpuagent.agent.samplers.hw_host import EthLinks, HwHostSampler, IbPorts, XidLedger, bus_key, classify, parse_kmsg_record
+from gpuagent.agent.samplers.sampling import ListSink
 
 SEC = 1_000_000_000
 BTIME = 1_764_600_000            # SYNTHETIC boot time (s) of the fixture /proc
@@ -295,7 +295,7 @@ def test_agent_dedups_an_nvml_xid_against_the_kernel_log_over_the_emulator(tmp_p
 
     from gpuagent.agent.config import HardwareConfig, load_config
     from gpuagent.agent.daemon import Agent, build_node_info, hardware_sampler
-    from gpuagent.agent.gpu_sampler import GpuSampler
+    from gpuagent.agent.samplers.gpu import GpuSampler
     from gpuagent.common.nvml import Nvml
     from nvml_emulator_fixture import H100_8GPU
 

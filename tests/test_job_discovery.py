@@ -16,10 +16,10 @@ import psutil
 import pytest
 
 from conftest import BUSY, IDLE, spawn_python, wait_for
-from gpuagent.agent.gpu_sampler import GpuSampler
-from gpuagent.agent.job_discovery import JobDiscovery, identify
+from gpuagent.agent.samplers.gpu import GpuSampler
+from gpuagent.agent.samplers.job_discovery import JobDiscovery, identify
 from gpuagent.common.nvml import Nvml
-from gpuagent.agent.sampling import ListSink, now_ns
+from gpuagent.agent.samplers.sampling import ListSink, now_ns
 from nvml_emulator_fixture import H100_8GPU
 
 DATA = Path(__file__).parent / "data"
@@ -272,6 +272,6 @@ def test_gpu_process_that_matches_no_rule_is_still_a_job(procs, nvml_emulator):
 
 
 def test_bad_rule_is_one_clear_sentence():
-    from gpuagent.agent.job_discovery import JobRules
+    from gpuagent.agent.samplers.job_discovery import JobRules
     with pytest.raises(ValueError, match=r"job rule cmdline_regex 'torchrun\(' is not a valid regular expression"):
         JobRules(cmdline_regex=("torchrun(",))

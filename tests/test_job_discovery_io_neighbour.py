@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from gpuagent.agent.job_discovery import NEIGHBOUR_IO_NAMED_MIN, JobDiscovery
-from gpuagent.agent.sampling import ListSink, now_ns
+from gpuagent.agent.samplers.job_discovery import NEIGHBOUR_IO_NAMED_MIN, JobDiscovery
+from gpuagent.agent.samplers.sampling import ListSink, now_ns
 from tests.conftest import spawn_python
 
 JOB = "torchelastic:io-neighbour-test"

@@ -19,11 +19,11 @@ import time
 
 import pytest
 
-import gpuagent.agent.job_discovery as jdm
+import gpuagent.agent.samplers.job_discovery as jdm
 from fabric_helpers import netns_fleet  # noqa: F401 - the fixture
-from gpuagent.agent import tcp_sockets
-from gpuagent.agent.job_discovery import NEIGHBOUR_NET_NAMED_MIN
-from gpuagent.agent.sampling import ListSink, now_ns
+from gpuagent.agent.samplers import tcp_sockets
+from gpuagent.agent.samplers.job_discovery import NEIGHBOUR_NET_NAMED_MIN
+from gpuagent.agent.samplers.sampling import ListSink, now_ns
 from tests.conftest import spawn_python
 
 JOB = "torchelastic:net-neighbour-test"
@@ -54,8 +54,8 @@ while True:
 # job discovery inside n0, one JSON line a tick
 SAMPLER = """
 import json, sys, time
-from gpuagent.agent.job_discovery import JobDiscovery
-from gpuagent.agent.sampling import ListSink, now_ns
+from gpuagent.agent.samplers.job_discovery import JobDiscovery
+from gpuagent.agent.samplers.sampling import ListSink, now_ns
 jd = JobDiscovery(scan_interval_s=0, end_grace_s=60, net_interval_s=1.0)   # connections read every other tick
 end = time.monotonic() + float(sys.argv[1])
 while time.monotonic() < end:

@@ -27,9 +27,9 @@ from gpuagent.collector.views import client
 from gpuagent.collector.ingest import server
 from gpuagent.agent.config import AgentConfig, CollectorConfig, JobsConfig  # noqa: E402
 from gpuagent.agent.daemon import Agent, build_node_info  # noqa: E402
-from gpuagent.agent.gpu_sampler import GpuSampler  # noqa: E402
-from gpuagent.agent.host_sampler import HostSampler  # noqa: E402
-from gpuagent.agent.job_discovery import JobDiscovery  # noqa: E402
+from gpuagent.agent.samplers.gpu import GpuSampler  # noqa: E402
+from gpuagent.agent.samplers.host import HostSampler  # noqa: E402
+from gpuagent.agent.samplers.job_discovery import JobDiscovery  # noqa: E402
 from gpuagent.common.nvml import Nvml  # noqa: E402
 from agent_helpers import kill_tree  # noqa: E402
 from nvml_emulator_fixture import H100_8GPU  # noqa: E402

@@ -142,7 +142,8 @@ def test_job_steps_mfu_by_arithmetic(run):
 
 
 def test_status_shows_mfu(run):
-    from gpuagent.agent.status import StatusSnapshot, render
+    from gpuagent.agent.snapshot import StatusSnapshot
+    from gpuagent.agent.surface.status import render
 
     st = next(s for s in reversed(run["seen"]) if any(t.get("mfu") for t in s["job_throughput"]))
     tp = {t["job_id"]: t for t in st["job_throughput"]}

@@ -7,11 +7,11 @@ import os
 import subprocess
 import sys
 
-from gpuagent.agent.gpu_sampler import GpuSampler
-from gpuagent.agent.job_discovery import JobDiscovery
+from gpuagent.agent.samplers.gpu import GpuSampler
+from gpuagent.agent.samplers.job_discovery import JobDiscovery
 from gpuagent.common.nvml import Nvml
 from nvml_emulator_fixture import H100_8GPU
-from gpuagent.agent.sampling import ListSink, now_ns
+from gpuagent.agent.samplers.sampling import ListSink, now_ns
 from tests.conftest import BUSY, IDLE, spawn_python, wait_for
 
 

@@ -11,8 +11,8 @@ import time
 import pytest
 
 from gpuagent.common.job_identity import cgroup_ids, job_identity, parent_pid
-from gpuagent.agent.job_steps import JobSocketError, JobStepReceiver, aggregate
-from gpuagent.agent.sampling import ListSink
+from gpuagent.agent.samplers.job_steps import JobSocketError, JobStepReceiver, aggregate
+from gpuagent.agent.samplers.sampling import ListSink
 from gpuagent.jobs import track, wire, wrap_optimizer
 from tests.conftest import wait_for
 
@@ -323,7 +323,7 @@ def test_closed_tracker_reported_before_window_ends(receiver, sock_path):
 def test_tracker_and_receiver_import_no_heavy_modules():
     import subprocess
     import sys
-    code = ("import sys, gpuagent.jobs, gpuagent.agent.job_steps\n"
+    code = ("import sys, gpuagent.jobs, gpuagent.agent.samplers.job_steps\n"
             "heavy = [m for m in ('torch', 'grpc', 'psutil', 'google.protobuf', 'pynvml', 'duckdb', 'numpy')"
             " if m in sys.modules]\n"
             "print(','.join(heavy))\n")
@@ -362,7 +362,7 @@ def test_full_agent_queue_delays_hello_without_backoff(tmp_path):
 
 
 def test_receiver_bounds_the_number_of_trackers(receiver, monkeypatch):
-    from gpuagent.agent import job_steps
+    from gpuagent.agent.samplers import job_steps
     monkeypatch.setattr(job_steps, "_MAX_STREAMS", 3)
     for tracker_id in range(5):       # five "trackers" from one process: the last two are refused
         receiver.receive(wire.encode_hello(os.getpid(), 0, 0, 1, tracker_id, "j", "n", "explicit"), os.getpid())
@@ -392,8 +392,8 @@ def test_a_tracker_named_only_by_its_pid_waits_for_and_takes_the_schedulers_name
     """A tracker whose environment names no job (a Slurm job run under env -i): its windows wait while Slurm has
     not been asked about the pid yet, then carry Slurm's id, the id job discovery gives its job_samples; Slurm
     never answering holds them three windows at most; a tracker that named its job keeps its name."""
-    from gpuagent.agent import job_steps
-    from gpuagent.agent.slurm import PENDING
+    from gpuagent.agent.samplers import job_steps
+    from gpuagent.agent.schedulers.slurm import PENDING
 
     for k in ("GPUAGENT_JOB_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "RANK"):
         monkeypatch.delenv(k, raising=False)

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from gpuagent.agent.job_steps import JobStepReceiver
-from gpuagent.agent.sampling import ListSink
+from gpuagent.agent.samplers.job_steps import JobStepReceiver
+from gpuagent.agent.samplers.sampling import ListSink
 from gpuagent.jobs import track
 from tests.conftest import wait_for
 

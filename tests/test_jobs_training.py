@@ -166,7 +166,8 @@ def test_slowed_data_loader_raises_data_wait_fraction(run):
 
 def test_status_showed_live_throughput(run):
     fast_id = run["results"]["fast"][0]["job_id"]
-    from gpuagent.agent.status import StatusSnapshot, render
+    from gpuagent.agent.snapshot import StatusSnapshot
+    from gpuagent.agent.surface.status import render
 
     statuses = [st for st in run["status_seen"] if any(t["job_id"] == fast_id for t in st["job_throughput"])]
     if not statuses:   # the job can finish within one tick; its last window stays visible for a while

@@ -11,7 +11,7 @@ import psutil
 import pytest
 from conftest import clean_env, spawned, wait_for
 
-from gpuagent.agent.fingerprint import fingerprint
+from gpuagent.agent.samplers.fingerprint import fingerprint
 
 
 def _columns(rule: str, row: str) -> list[str]:

@@ -1,4 +1,4 @@
-"""The fabric NIC's line rate from sysfs (agent/netif.py), read from a fake /sys/class/net tree built the way
+"""The fabric NIC's line rate from sysfs (agent/samplers/netif.py), read from a fake /sys/class/net tree built the way
 Linux lays it out, and the interface found from the fabric address with this host's real addresses."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from collections import namedtuple
 
 from sysfs_helpers import INFINIBAND, add_nic
 
-from gpuagent.agent import netif
+from gpuagent.agent.samplers import netif
 
 
 def test_physical_ethernet_nics_report_their_speed_and_nothing_else_does(tmp_path):

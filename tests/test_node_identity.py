@@ -23,9 +23,9 @@ from collector_helpers import NOW_NS, node_info
 from conftest import wait_for
 
 from gpuagent.agent.config import CollectorConfig
-from gpuagent.agent.nodeinfo import machine_id as read_machine_id
-from gpuagent.agent.sender import Sender
-from gpuagent.agent.spool import Spool, decode_record
+from gpuagent.agent.samplers.nodeinfo import machine_id as read_machine_id
+from gpuagent.agent.pipeline.sender import Sender
+from gpuagent.agent.pipeline.spool import Spool, decode_record
 from gpuagent.collector.ingest import identity
 from gpuagent.collector.ingest.server import ServerOptions, start_collector
 from gpuagent.proto import pb, pb_grpc

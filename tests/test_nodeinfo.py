@@ -9,8 +9,8 @@ from pathlib import Path
 import psutil
 
 from gpuagent import __version__
-from gpuagent.agent.gpu_sampler import GpuSampler
-from gpuagent.agent.nodeinfo import build_node_info, machine_id
+from gpuagent.agent.samplers.gpu import GpuSampler
+from gpuagent.agent.samplers.nodeinfo import build_node_info, machine_id
 from gpuagent.common.nvml import Nvml
 from nvml_emulator_fixture import H100_8GPU, numa_sysfs
 

@@ -14,8 +14,8 @@ import os
 import pynvml
 import pytest
 
-from gpuagent.agent.gpu_sampler import GpuSampler
-from gpuagent.agent.sampling import ListSink
+from gpuagent.agent.samplers.gpu import GpuSampler
+from gpuagent.agent.samplers.sampling import ListSink
 from gpuagent.common.nvml import Nvml, decode_throttle
 from nvml_emulator_fixture import A10_VGPU, H100_8GPU, numa_sysfs
 

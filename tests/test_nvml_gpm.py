@@ -16,8 +16,8 @@ import pynvml
 import pytest
 
 from nvml_emulator_fixture import A10_VGPU, H100_8GPU
-from gpuagent.agent.gpu_sampler import GpuSampler
-from gpuagent.agent.sampling import ListSink
+from gpuagent.agent.samplers.gpu import GpuSampler
+from gpuagent.agent.samplers.sampling import ListSink
 from gpuagent.common.nvml import GPM_METRICS, Nvml
 
 T0 = 1_800_000_000_000_000_000

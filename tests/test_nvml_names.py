@@ -15,13 +15,13 @@ import re
 
 import pytest
 
-from gpuagent.agent import gpu_sampler
+from gpuagent.agent.samplers import gpu as gpu_sampler
 from gpuagent.common import nvml
 
 pynvml = pytest.importorskip("pynvml")
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-SOURCES = sorted((ROOT / "agent").glob("*.py")) + sorted((ROOT / "probes").glob("*.py")) + [ROOT / "common" / "nvml.py"]
+SOURCES = sorted((ROOT / "agent").rglob("*.py")) + sorted((ROOT / "probes").glob("*.py")) + [ROOT / "common" / "nvml.py"]
 NAME = re.compile(r"nvml[A-Z][A-Za-z0-9_]*")
 SEAM_CALLS = {"query", "query_raw", "q"}      # Nvml.query / query_raw, and the samplers' ``q = n.query``
 

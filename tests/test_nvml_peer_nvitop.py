@@ -30,7 +30,7 @@ import pytest
 from agent_helpers import ROOT, agent_env, free_port, read_status, stop
 from conftest import wait_for
 from exporter_helpers import MIB, parse_exposition, per_gpu, per_instance, scrape
-from gpuagent.agent.gpu_sampler import GpuSampler
+from gpuagent.agent.samplers.gpu import GpuSampler
 from gpuagent.common.nvml import Nvml
 from nvml_emulator_fixture import H100_8GPU
 

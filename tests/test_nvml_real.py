@@ -9,10 +9,10 @@ import subprocess
 
 import pytest
 
-from gpuagent.agent.gpu_sampler import GpuSampler
+from gpuagent.agent.samplers.gpu import GpuSampler
 from gpuagent.common.nvml import Nvml
-from gpuagent.agent.nodeinfo import build_node_info
-from gpuagent.agent.sampling import ListSink, now_ns
+from gpuagent.agent.samplers.nodeinfo import build_node_info
+from gpuagent.agent.samplers.sampling import ListSink, now_ns
 
 pytestmark = pytest.mark.nvml
 

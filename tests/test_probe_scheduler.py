@@ -8,8 +8,8 @@ import threading
 import pytest
 
 from gpuagent.agent.config import ProbesConfig
-from gpuagent.agent.probe_scheduler import ProbeScheduler
-from gpuagent.agent.sampling import ListSink
+from gpuagent.agent.probing.scheduler import ProbeScheduler
+from gpuagent.agent.samplers.sampling import ListSink
 from gpuagent.probes import blockdev
 from gpuagent.probes.lock import ProbeLock
 
@@ -209,8 +209,8 @@ def test_agent_daemon_runs_the_scheduler_and_reports_results(tmp_path):
 
 
 def test_disk_activity_comes_from_the_host_samplers_latest_values(tmp_path):
-    from gpuagent.agent.batcher import Batcher, SeqAllocator
-    from gpuagent.agent.probe_scheduler import disk_activity_from
+    from gpuagent.agent.pipeline.batcher import Batcher, SeqAllocator
+    from gpuagent.agent.probing.scheduler import disk_activity_from
 
     b = Batcher(SeqAllocator(tmp_path))
     act = disk_activity_from(b, max_age_s=30)

@@ -35,7 +35,7 @@ def _probe_files(d) -> list[str]:
 # ---------------------------------------------------------------- framework
 
 def test_registry_and_scheduler_do_not_import_torch():
-    code = ("import sys, gpuagent.agent.probe_scheduler, gpuagent.agent.probe_cli, gpuagent.probes.registry as r;"
+    code = ("import sys, gpuagent.agent.probing.scheduler, gpuagent.agent.surface.probe_cli, gpuagent.probes.registry as r;"
             "r.specs(); import gpuagent.agent.cli, gpuagent.agent.daemon;"
             "assert 'torch' not in sys.modules, 'torch was imported'; print(','.join(r.names()))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -403,7 +403,7 @@ def test_prometheus_scrapes_agent_and_collector_and_agrees_with_status_and_duckd
 
 
 def test_dashboard_names_only_what_gpuagent_exports():
-    """Each name is one the agent (agent/exporter.py) or the collector (collector/views/metrics.py) exports;
+    """Each name is one the agent (agent/surface/exporter.py) or the collector (collector/views/metrics.py) exports;
     the end-to-end test above shows each expression returns data. Some agent names start gpuagent_collector_
     (the agent's link to the collector), so the source decides, not the prefix."""
     names = set().union(*(_names(e) for _t, e in _dashboard_exprs()))

@@ -59,7 +59,7 @@ def test_each_flag_kind_has_a_finding_alert_at_warning_and_critical():
 
 
 def test_alerts_name_only_what_gpuagent_exports():
-    """Each metric in an alert expression is one the agent (agent/exporter.py; counters get _total) or the
+    """Each metric in an alert expression is one the agent (agent/surface/exporter.py; counters get _total) or the
     collector (collector/views/metrics.py) exports, or Prometheus's own `up`."""
     exprs = re.findall(r"^\s*expr: (.+)$", ALERTS.read_text(), re.M)
     names = set()

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuagent.agent.host_sampler import HostSampler
-from gpuagent.agent.hw_host import HwHostSampler
-from gpuagent.agent.sampling import ListSink
+from gpuagent.agent.samplers.host import HostSampler
+from gpuagent.agent.samplers.hw_host import HwHostSampler
+from gpuagent.agent.samplers.sampling import ListSink
 
 SEC = 1_000_000_000
 NET_HEADER = ("Inter-|   Receive                                                |  Transmit\n"
@@ -129,7 +129,7 @@ def test_whole_file_malformed_loadavg_and_tcp_lose_only_themselves(tmp_path):
 
 def test_net_dev_alias_keeps_its_name_and_the_later_sources_run(tmp_path):
     """``ibr10:30`` (an alias, counters after a second colon) raised in the old sampler and dropped the
-    network, TCP and PSI series on every tick; this assertion failed on HEAD's agent/host_sampler.py."""
+    network, TCP and PSI series on every tick; this assertion failed on HEAD's agent/samplers/host.py."""
     s, got = two_ticks(tmp_path, {"net/dev": "ibr10:30: 123 1 0 0 0 0 0 0 456 1 0 0 0 0 0 0\n"})
     assert SOURCE_SERIES["tcp"] <= got and SOURCE_SERIES["psi"] <= got and SOURCE_SERIES["net"] <= got
     assert ("net_rx_bytes_per_s", (("nic", "ibr10:30"),)) in got

@@ -1,4 +1,4 @@
-"""Slurm attribution (agent/slurm.py, issue 24): a Slurm job's processes are named as Slurm names them,
+"""Slurm attribution (agent/schedulers/slurm.py, issue 24): a Slurm job's processes are named as Slurm names them,
 without reading their environment. The parsers get our own lines in scontrol's formats; the rest runs on a
 real single-node Slurm cluster (tests/slurm_cluster.py: munged, slurmctld, slurmd) with real sbatch jobs,
 the real agent and collector, and NVML answered by the emulator (SYNTHETIC GPUs)."""
@@ -18,9 +18,9 @@ from click.testing import CliRunner
 
 from agent_helpers import free_port, start_agent, stop, wait_running
 from conftest import wait_for
-from gpuagent.agent.job_discovery import JobDiscovery
-from gpuagent.agent.sampling import ListSink
-from gpuagent.agent.slurm import PENDING, SlurmAttribution, job_from_cgroup, parse_listpids, parse_show_job
+from gpuagent.agent.samplers.job_discovery import JobDiscovery
+from gpuagent.agent.samplers.sampling import ListSink
+from gpuagent.agent.schedulers.slurm import PENDING, SlurmAttribution, job_from_cgroup, parse_listpids, parse_show_job
 from gpuagent.collector import cli as collector_cli
 from gpuagent.collector.ingest import server
 from gpuagent.collector.views import client

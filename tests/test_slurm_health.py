@@ -1,4 +1,4 @@
-"""Health checks Slurm runs (agent/slurm_hooks.py, issue 24 must-show 2): `gpuagent slurm healthcheck` as
+"""Health checks Slurm runs (agent/surface/slurm_hooks.py, issue 24 must-show 2): `gpuagent slurm healthcheck` as
 HealthCheckProgram, `gpuagent slurm prolog` as Prolog and `gpuagent slurm epilog` as Epilog, on a REAL
 single-node Slurm 22.05 cluster (tests/slurm_cluster.py: munged, slurmctld, slurmd, real sbatch/scontrol).
 
@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from agent_helpers import read_status, start_agent, stop, wait_running
 from conftest import wait_for
-from gpuagent.agent.slurm import parse_listpids
+from gpuagent.agent.schedulers.slurm import parse_listpids
 from slurm_cluster import SlurmCluster
 
 HEALTH_INTERVAL_S = 3
@@ -91,7 +91,7 @@ def node(tmp_path_factory):
 
 
 def _show(cluster: SlurmCluster, what: str, name: str) -> dict[str, str]:
-    from gpuagent.agent.slurm_hooks import key_values
+    from gpuagent.agent.surface.slurm_hooks import key_values
     return key_values(cluster.run("scontrol", "show", what, "-o", name, check=False).strip())
 
 

@@ -1,6 +1,6 @@
 """Jobs grouped as their scheduler groups them (``gpuagent-collector compare --by partition|account``).
 
-Slurm names a job's partition and account (agent/slurm.py; the ``jobs`` table's partition_name and account,
+Slurm names a job's partition and account (agent/schedulers/slurm.py; the ``jobs`` table's partition_name and account,
 schema 15). Per group: how many jobs and nodes, the GPU-hours its jobs held, and how busy those GPUs were.
 A job that spans nodes has one ``jobs`` row per node under the same job id, so it counts once.
 

@@ -1,5 +1,5 @@
 -- noisy_neighbor_variance for jobs seen only passively (no tracker): components co_tenant and hypervisor.
--- Per agent tick and job (agent/job_discovery.py): the job's progress (GPU util, else the CPU share of its
+-- Per agent tick and job (agent/samplers/job_discovery.py): the job's progress (GPU util, else the CPU share of its
 -- own processes), the CPU, the storage I/O and the TCP bytes off the node of each command outside the job
 -- (workers summed per command name), the RTT and busy send rate of the job's own connections off the node,
 -- and the node's CPU steal. Each command's CPU, disk I/O and network bytes, and steal, is one contention

@@ -1,7 +1,7 @@
 -- utilization_gap: GPU time that is paid for but not used, over the window, from the 1-minute rollups.
 -- Per GPU and minute: NVML utilization (samples_1m gpu_util_percent), GPM SM activity where the GPU has it
 -- (gpu_sm_active_percent, whole-GPU series only), whether a job held the GPU (job_samples_1m) and, on
--- Kubernetes, whether the kubelet had allocated the whole GPU to a pod (gpu_pod_allocated, agent/kubelet.py).
+-- Kubernetes, whether the kubelet had allocated the whole GPU to a pod (gpu_pod_allocated, agent/schedulers/kubelet.py).
 -- Four components: no_job, held_idle, input_bound and pod_idle (a pod holds the GPU with no process on it and
 -- it is idle: such a GPU looked free before pods were known), each as lost GPU-hours and money at the pool's
 -- price per GPU-hour.

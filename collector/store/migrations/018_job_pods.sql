@@ -1,5 +1,5 @@
 -- gpuagent collector schema, version 18: a job as Kubernetes names it (issue 25).
--- The agent's pod attribution (agent/kubelet.py: the kubelet's pod-resources API) puts the pod, namespace and
+-- The agent's pod attribution (agent/schedulers/kubelet.py: the kubelet's pod-resources API) puts the pod, namespace and
 -- container that hold the job's GPU in its job samples' attrs (pod, namespace, container); they land here so
 -- a job can be found by its pod. NULL for jobs no kubelet named.
 ALTER TABLE jobs ADD COLUMN pod_name VARCHAR;

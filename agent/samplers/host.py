@@ -179,7 +179,7 @@ def numa_layout(sys_root: str = "/sys") -> dict[int, dict[str, Any]]:
 
 
 class HostSampler:
-    """Sampler (agent/sampling.py) for host-level telemetry."""
+    """Sampler (agent/samplers/sampling.py) for host-level telemetry."""
 
     name = "host"
 

@@ -1,7 +1,7 @@
 """The programs Slurm runs on a node: HealthCheckProgram, Prolog and Epilog (`gpuagent slurm ...`,
 docs/SLURM.md).
 
-None of them judges hardware itself: :func:`gpuagent.agent.health.check` (what `gpuagent health` runs)
+None of them judges hardware itself: :func:`gpuagent.agent.surface.health.check` (what `gpuagent health` runs)
 gives the verdict, from the running agent's status file or from this command's own NVML and sysfs reads.
 
 - :func:`healthcheck`: on a CRITICAL verdict, drains THIS node with ``scontrol update NodeName=<node>
@@ -37,7 +37,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from gpuagent.agent.health import CRITICAL, UNKNOWN, Verdict, check
+from gpuagent.agent.surface.health import CRITICAL, UNKNOWN, Verdict, check
 from gpuagent.common.errors import first_line
 
 REASON_PREFIX = "gpuagent: "
@@ -103,7 +103,7 @@ class HookResult:
 
 
 def _verdict(state_dir: str, source: str, **reads: Any) -> Verdict:
-    from gpuagent.agent.health import verdict
+    from gpuagent.agent.surface.health import verdict
     try:
         return check(state_dir, source=source, **reads)
     except Exception as exc:  # noqa: BLE001 - a hook answers UNKNOWN, never a traceback
@@ -181,7 +181,7 @@ def _slurm_time_ns(text: str | None) -> int | None:
 
 
 def _gpuagent_id(fields: dict[str, str], job_id: str) -> str:
-    from gpuagent.agent.slurm import parse_show_job
+    from gpuagent.agent.schedulers.slurm import parse_show_job
     job = parse_show_job(" ".join(f"{k}={v}" for k, v in fields.items())) if fields else None
     return job.gpuagent_job_id if job is not None else f"slurm:{job_id}"
 
@@ -189,7 +189,7 @@ def _gpuagent_id(fields: dict[str, str], job_id: str) -> str:
 def _agent_view(state_dir: str, gid: str, wait_s: float) -> tuple[Any, dict[str, Any] | None, list[str]]:
     """(snapshot or None, the job's job_end event or None, notes). Waits up to ``wait_s`` for the job_end
     the agent emits ``[jobs] end_grace_s`` after the job's last process is gone, when the agent saw the job."""
-    from gpuagent.agent.status import StatusError, read_status
+    from gpuagent.agent.snapshot import StatusError, read_status
     end = time.monotonic() + wait_s
     while True:
         try:

@@ -56,7 +56,7 @@ label ``job_id``; the analyzer's noisy_neighbor_variance co_tenant/hypervisor co
   little CPU (a backup, a checkpoint copy, fio) is seen too. /proc/<pid>/io is read only for processes that
   ran in the tick (a process that used no CPU issued no I/O) and needs root or the same user.
 - ``job_neighbour_process_net_bytes_per_s`` (labels ``comm``, ``pid``): the top five commands outside the
-  job by TCP bytes sent (acked) and received on connections that leave the node (agent/tcp_sockets.py:
+  job by TCP bytes sent (acked) and received on connections that leave the node (agent/samplers/tcp_sockets.py:
   sock_diag every ``net_interval_s``; a socket's owner, the oldest process holding it, from /proc/<pid>/fd,
   looked up only for sockets that moved bytes and have no live owner known), at least
   ``NEIGHBOUR_NET_NAMED_MIN`` bytes/s, so a network neighbour (a backup upload, a dataset sync, another
@@ -81,13 +81,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from gpuagent.agent.config import JobRules
-from gpuagent.agent.tcp_sockets import socket_inodes_until, tcp_connections
+from gpuagent.agent.samplers.tcp_sockets import socket_inodes_until, tcp_connections
 from gpuagent.common.job_identity import cgroup_ids, job_identity, own_container_id
-from gpuagent.agent.slurm import PENDING, SlurmAttribution
+from gpuagent.agent.schedulers.slurm import PENDING, SlurmAttribution
 
-log = logging.getLogger("gpuagent.agent.job_discovery")
+log = logging.getLogger("gpuagent.agent.samplers.job_discovery")
 RECHECK_S = 2.0
-_POD_KEYS = ("pod", "namespace", "container")     # job sample attrs from the kubelet (agent/kubelet.py)
+_POD_KEYS = ("pod", "namespace", "container")     # job sample attrs from the kubelet (agent/schedulers/kubelet.py)
 NEIGHBOUR_NAMED_MIN = 5.0   # % of one core: below this a neighbour is not worth naming
 NEIGHBOUR_TOP = 5
 NEIGHBOUR_IO_NAMED_MIN = 1_000_000   # bytes/s: below this a disk neighbour is not worth naming
@@ -122,7 +122,7 @@ def identify(pid: int, env: dict[str, str], cgroup_text: str, ppid: int, matched
 
 
 def slurm_identity(ident: dict[str, Any], job: Any, step: str) -> dict[str, Any]:
-    """A process's identity as Slurm names it (agent/slurm.py): the job id, name, user, partition and
+    """A process's identity as Slurm names it (agent/schedulers/slurm.py): the job id, name, user, partition and
     account from slurmctld, the step from slurmd; ranks stay whatever the environment said (-1 without it)."""
     attrs = dict(ident["attrs"])
     attrs.update({k: v for k, v in (("slurm_job_id", job.job_id), ("slurm_step", step), ("slurm_user", job.user),
@@ -182,7 +182,7 @@ def _by_command(values: dict[int, float], excluded: set[int], comm: dict[int, st
 
 
 class JobDiscovery:
-    """Sampler (agent/sampling.py) that emits JobSamples and job_start/job_end events."""
+    """Sampler (agent/samplers/sampling.py) that emits JobSamples and job_start/job_end events."""
 
     name = "jobs"
 
@@ -257,7 +257,7 @@ class JobDiscovery:
 
     def slurm_job_of(self, pid: int) -> tuple[str, str] | str | None:
         """(job id, job name) of a process as Slurm names it; PENDING while Slurm has not been asked about it
-        yet (agent/slurm.py); None when there is no Slurm here or the process is in no Slurm job. For the step
+        yet (agent/schedulers/slurm.py); None when there is no Slurm here or the process is in no Slurm job. For the step
         receiver: a tracker whose environment names no job gets the id its process's job_samples carry. Safe
         from another thread (reads /proc; the Slurm cache has its own lock)."""
         if self.slurm is None:

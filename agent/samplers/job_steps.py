@@ -170,7 +170,7 @@ class JobStepReceiver:
         self._identity = identity or self._identity_from_proc
         # Set by the daemon to JobDiscovery.slurm_job_of: (job id, name) of a pid as Slurm names it, for a
         # tracker whose environment names no job (its job_steps then join its job_samples).
-        # A string (agent/slurm.py's PENDING) while Slurm has not been asked about the pid yet: its windows wait.
+        # A string (agent/schedulers/slurm.py's PENDING) while Slurm has not been asked about the pid yet: its windows wait.
         self.scheduler_job: Callable[[int], tuple[str, str] | str | None] | None = None
         self._peak_flops = peak_flops
         self._lock = threading.Lock()

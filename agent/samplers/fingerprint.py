@@ -329,7 +329,7 @@ VIRT_WHAT_MAP = {
 }
 
 
-if __name__ == "__main__":   # python -m gpuagent.agent.fingerprint: the evidence and verdict as JSON
+if __name__ == "__main__":   # python -m gpuagent.agent.samplers.fingerprint: the evidence and verdict as JSON
     import json
     import sys
 

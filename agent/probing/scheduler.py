@@ -8,7 +8,7 @@
   from ``disk_activity`` — e.g. the host sampler's last values — or a short /proc/diskstats reading).
 * A time budget: probe wall time within a sliding window stays under ``budget_fraction`` of the window
   (default 2 % of an hour = 72 s); a run that would exceed it is skipped with reason "budget". Fabric
-  pair runs (agent/fabric.py) are charged to the same window; every run is charged before it releases
+  pair runs (agent/probing/fabric.py) are charged to the same window; every run is charged before it releases
   the probe lock and checks the budget again once it holds it, so neither side misses the other's run.
 * Probes run in subprocesses (gpuagent.probes.runner) on this scheduler's own thread, so the sampling
   tick never waits for them; results, skipped ones too (with their reason), go to ``sink.probe_result``.

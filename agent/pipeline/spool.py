@@ -32,7 +32,7 @@ import zlib
 from pathlib import Path
 from typing import Callable
 
-from gpuagent.agent.batcher import atomic_write
+from gpuagent.common.atomic_file import atomic_write
 
 log = logging.getLogger("gpuagent.spool")
 

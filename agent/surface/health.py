@@ -8,7 +8,7 @@ readings, so the node and the collector can never disagree. This module only gat
   health-relevant series from the batcher's latest values, a history of them for the counter rules'
   window, and the hardware events of that window, and puts the verdict in ``StatusSnapshot.health``;
 - without a running agent, :func:`check_local` reads NVML once through the GPU sampler's own read code
-  (gpuagent.common.nvml, no second NVML client) and sysfs / the kernel log through agent/hw_host.py's
+  (gpuagent.common.nvml, no second NVML client) and sysfs / the kernel log through agent/samplers/hw_host.py's
   sampler.
 
 :func:`check` (`gpuagent health`) picks the source and :func:`verdict` turns the section into one state
@@ -25,16 +25,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Iterable, Mapping, Sequence
 
-from gpuagent.agent.status import (
-    GpuStatus,
-    HardwareFault,
-    HealthEvent,
-    HealthReading,
-    HealthStatus,
-    JobStatus,
-    StatusError,
-    read_status,
-)
+from gpuagent.agent.snapshot import (GpuStatus, HardwareFault, HealthEvent, HealthReading, HealthStatus,
+                                     JobStatus, StatusError, read_status)
 
 log = logging.getLogger("gpuagent.health")
 
@@ -241,12 +233,12 @@ def _checked_from(latest: Mapping[SeriesKey, float], gpus: Mapping[int, GpuStatu
 
 def check_local(nvml: Any = None, sys_root: str = "/sys", kmsg_path: str | None = "/dev/kmsg",
                 proc_root: str = "/proc", now_ns: int | None = None) -> HealthStatus:
-    """One reading of this node without the agent: NVML through the GPU sampler, then agent/hw_host.py's
+    """One reading of this node without the agent: NVML through the GPU sampler, then agent/samplers/hw_host.py's
     sampler (InfiniBand / RoCE ports, Ethernet links, the kernel log's XIDs, SXIDs and driver errors of the
     last WINDOW_S). Counter rules need two readings, so only state rules (pending remaps, links down,
     ports not ACTIVE, ...) and events can fire here."""
-    from gpuagent.agent.gpu_sampler import GpuSampler
-    from gpuagent.agent.sampling import ListSink
+    from gpuagent.agent.samplers.gpu import GpuSampler
+    from gpuagent.agent.samplers.sampling import ListSink
     from gpuagent.common.nvml import Nvml
     now = now_ns if now_ns is not None else time.time_ns()
     sink = ListSink()
@@ -280,12 +272,12 @@ def check_local(nvml: Any = None, sys_root: str = "/sys", kmsg_path: str | None 
 
 def _host_reads(sink: Any, sys_root: str, kmsg_path: str | None, proc_root: str, buses: Mapping[str, int],
                 now_ns: int) -> tuple[list[str], bool]:
-    """agent/hw_host.py's sampler, once (the kernel log to its end): (one sentence per source not read,
+    """agent/samplers/hw_host.py's sampler, once (the kernel log to its end): (one sentence per source not read,
     whether the kernel log was read)."""
     try:
-        from gpuagent.agent.hw_host import HwHostSampler, bus_key
+        from gpuagent.agent.samplers.hw_host import HwHostSampler, bus_key
     except ImportError:
-        return ["InfiniBand, Ethernet and the kernel log not checked (this gpuagent has no agent/hw_host.py)."], False
+        return ["InfiniBand, Ethernet and the kernel log not checked (this gpuagent has no agent/samplers/hw_host.py)."], False
     by_bus = {bus_key(b): i for b, i in buses.items() if b}
     hw = HwHostSampler(sys_root=sys_root, proc_root=proc_root, kmsg_path=kmsg_path, state_dir=None, kmsg=bool(kmsg_path),
                        holdback_s=0.0, gpu_for_bus=lambda b: by_bus.get(bus_key(b)))

@@ -117,7 +117,7 @@ def virt_mode_text(mode: Any) -> str:
 
 
 class GpuSampler:
-    """Sampler (agent/sampling.py) over all GPUs NVML sees."""
+    """Sampler (agent/samplers/sampling.py) over all GPUs NVML sees."""
 
     name = "gpu"
 
@@ -503,7 +503,7 @@ class GpuSampler:
     def _pod_values(self, i: int, h: Any, put, cur: dict[str, Any]) -> None:
         """``gpu_pod_allocated`` = 1 per container the kubelet says holds this GPU (labels pod, namespace,
         container) or one of its MIG devices (and gpu_instance); ``cur["pods"]`` for the status and exporter.
-        A GPU allocated to a pod that runs nothing on it is held all the same (agent/kubelet.py)."""
+        A GPU allocated to a pod that runs nothing on it is held all the same (agent/schedulers/kubelet.py)."""
         held: list[dict[str, Any]] = []
         uuid = self._uuids.get(i)
         if uuid is None:

@@ -10,7 +10,7 @@ node. Both ends hand their result (probe ``net_pair``, params with ``node_a``, `
 ``pair_id``) to ``sink.probe_result`` for the next batch, charge its recorded duration to the budget
 before releasing the lock, and tell the collector when their part of the run is over. A pair cancelled
 before its peer connected leaves no result and no charge. Each end also puts its own NIC's line rate in
-the result's env (``nic``, ``nic_speed_mbits``; agent/netif.py), read at each run since a link can
+the result's env (``nic``, ``nic_speed_mbits``; agent/samplers/netif.py), read at each run since a link can
 renegotiate; the collector takes the lower of the two ends as the link's.
 
 A group offer (probe ``collective``) is gated the same way, and also refused when torch is not installed
@@ -37,8 +37,8 @@ from typing import Any, Callable
 
 import grpc
 
-from gpuagent.agent import netif
-from gpuagent.agent.status import FabricRun, FabricStatus
+from gpuagent.agent.samplers import netif
+from gpuagent.agent.snapshot import FabricRun, FabricStatus
 from gpuagent.common.errors import first_line
 from gpuagent.common.parse import settings_key
 from gpuagent.probes import net_pair, rdma_pair, registry, runner
@@ -46,7 +46,7 @@ from gpuagent.probes.lock import ProbeLock
 from gpuagent.probes.result import ProbeResult
 from gpuagent.proto import pb, pb_grpc
 
-log = logging.getLogger("gpuagent.agent.fabric")
+log = logging.getLogger("gpuagent.agent.probing.fabric")
 
 GROUP_PROBES = ("collective", "rdma_pair")     # run through the group path: offer, go to all, a subprocess
 
@@ -562,7 +562,7 @@ def start_fabric_client(agent: Any) -> "FabricClient | None":
     cfg = agent.cfg
     if not cfg.fabric.enabled:
         return None
-    from gpuagent.agent.probe_scheduler import ProbeScheduler, _busy_gpus_from
+    from gpuagent.agent.probing.scheduler import ProbeScheduler, _busy_gpus_from
 
     sched = next((x for x in agent.extras if isinstance(x, ProbeScheduler)), None)
     if sched is None:      # probes are off: a scheduler that never starts still keeps the budget

@@ -1,7 +1,7 @@
-"""The local status file: written by the daemon every tick, read by ``gpuagent status``.
+"""What the daemon publishes: the status file, written every tick, read by ``gpuagent status``.
 
 :class:`StatusSnapshot` is the one description of what the agent's latest tick saw (spool, collector
-link, last samples per GPU and host, probe results, jobs, hardware health from agent/health.py); the
+link, last samples per GPU and host, probe results, jobs, hardware health from agent/surface/health.py); the
 daemon fills it, :func:`write_status`
 stores it as ``<state_dir>/status.json`` atomically (temp + rename, mode 0644, no fsync: it is
 rewritten every tick and only describes the present), and :func:`read_status` reads it back, so
@@ -15,11 +15,12 @@ from __future__ import annotations
 import json
 import os
 import time
-import types
-import typing
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Mapping
+
+from gpuagent.common.atomic_file import atomic_write
+from gpuagent.common.typed_json import Damaged, load_typed
 
 STATUS_FILE = "status.json"
 STATUS_VERSION = 1
@@ -57,7 +58,7 @@ GPU_METRICS.update({
     "gpu_nvlink_raw_rx_bytes_per_s": "nvlink_raw_rx_bytes_per_s",
     "gpu_gr_engine_active_percent": "gr_engine_active_percent"})
 # The unlabelled hardware-health readings (issue 23; docs/HEALTH.md). The labelled ones (retired pages by
-# cause, NVLink errors per link, clock-event durations per reason) are set by agent/health.py.
+# cause, NVLink errors per link, clock-event durations per reason) are set by agent/surface/health.py.
 GPU_METRICS.update({
     "gpu_ecc_aggregate_corrected_total": "ecc_aggregate_corrected_total",
     "gpu_ecc_aggregate_uncorrected_total": "ecc_aggregate_uncorrected_total",
@@ -142,7 +143,7 @@ class GpuInstanceStatus:
 
 @dataclass
 class GpuPodStatus:
-    """A container the kubelet says holds this GPU, or one of its MIG GPU instances (agent/kubelet.py)."""
+    """A container the kubelet says holds this GPU, or one of its MIG GPU instances (agent/schedulers/kubelet.py)."""
     namespace: str
     pod: str
     container: str
@@ -363,7 +364,7 @@ class HardwareFault:
 
 @dataclass
 class HealthStatus:
-    """The node's hardware health as of ``checked_ns`` (agent/health.py; docs/HEALTH.md)."""
+    """The node's hardware health as of ``checked_ns`` (agent/surface/health.py; docs/HEALTH.md)."""
     checked_ns: int
     window_s: float                          # the span the counter rules looked back over
     faults: list[HardwareFault]
@@ -411,7 +412,7 @@ class FabricStatus:
 
 @dataclass
 class KubeletStatus:
-    """The kubelet's pod-resources API as the agent last asked it (agent/kubelet.py)."""
+    """The kubelet's pod-resources API as the agent last asked it (agent/schedulers/kubelet.py)."""
     socket: str
     error: str | None = None                 # why the last List call failed (None: it answered)
     last_answer_age_s: float | None = None   # seconds since the last answer (None: never answered)
@@ -463,14 +464,10 @@ class StatusSnapshot:
             raise StatusError(f"{path} has status format {version!r} and this gpuagent reads format {STATUS_VERSION} "
                               f"(the running agent is another gpuagent version; restart it after upgrading).")
         try:
-            return _load(cls, data, "")
-        except _Damaged as exc:
+            return load_typed(cls, data, "")
+        except Damaged as exc:
             raise StatusError(f"{path} is damaged: {exc} (the agent rewrites it every tick; if this stays, "
                               f"restart the agent).") from None
-
-
-class _Damaged(Exception):
-    pass
 
 
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}
@@ -500,47 +497,6 @@ def _dump(value: Any) -> Any:
         return {k: _dump(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_dump(v) for v in value]
-    return value
-
-
-def _load(tp: Any, value: Any, where: str) -> Any:
-    """``value`` (decoded JSON) checked against the type ``tp``; raises _Damaged naming the key."""
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in typing.get_args(tp):
-            return None
-        (inner,) = [a for a in typing.get_args(tp) if a is not type(None)]
-        return _load(inner, value, where)
-    if tp is Any:
-        return value
-    if is_dataclass(tp):
-        if not isinstance(value, Mapping):
-            raise _Damaged(f"{where or 'the top level'} is not an object")
-        hints = typing.get_type_hints(tp)
-        kw = {}
-        for f in fields(tp):
-            key = f"{where}.{f.name}" if where else f.name
-            if f.name in value:
-                kw[f.name] = _load(hints[f.name], value[f.name], key)
-            elif type(None) not in typing.get_args(hints[f.name]):
-                raise _Damaged(f"{key} is missing")
-        return tp(**kw)
-    if origin is list:
-        if not isinstance(value, list):
-            raise _Damaged(f"{where} is not a list")
-        (inner,) = typing.get_args(tp)
-        return [_load(inner, v, f"{where}[{i}]") for i, v in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, Mapping):
-            raise _Damaged(f"{where} is not an object")
-        _, inner = typing.get_args(tp)
-        return {str(k): _load(inner, v, f"{where}.{k}") for k, v in value.items()}
-    ok = {bool: lambda v: isinstance(v, bool),
-          int: lambda v: isinstance(v, int) and not isinstance(v, bool),
-          float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-          str: lambda v: isinstance(v, str)}[tp](value)
-    if not ok:
-        raise _Damaged(f"{where} is {value!r}, expected {tp.__name__}")
     return value
 
 
@@ -599,200 +555,5 @@ def read_status(state_dir: str | os.PathLike, now_ns: int | None = None, check_l
 
 
 def write_status(state_dir: str | os.PathLike, snapshot: StatusSnapshot) -> None:
-    from gpuagent.agent.batcher import atomic_write
     atomic_write(Path(state_dir) / STATUS_FILE, status_json_bytes(snapshot),
                  fsync=False, mode=0o644)
-
-
-# -------------------------------------------------------------------- rendering
-
-def _fmt_bytes(n: float | None) -> str:
-    if n is None:
-        return "-"
-    n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
-def _fmt(v: Any, spec: str = ".0f", suffix: str = "") -> str:
-    if v is None:
-        return "-"
-    try:
-        return f"{float(v):{spec}}{suffix}"
-    except (TypeError, ValueError):
-        return str(v)
-
-
-def _ago(ns: int, now_ns: int) -> str:
-    if not ns:
-        return "never"
-    s = (now_ns - ns) / 1e9
-    return f"{s:.1f} s ago" if s < 120 else f"{s / 60:.0f} min ago"
-
-
-def _table(headers: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
-    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths))
-    out = [line, "  ".join("-" * w for w in widths)]
-    out += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
-    return "\n".join("  " + x for x in out)
-
-
-def render(snap: StatusSnapshot, now_ns: int | None = None) -> str:
-    now_ns = now_ns if now_ns is not None else time.time_ns()
-    node = snap.node
-    fp = snap.fingerprint
-    out = []
-    out.append(f"gpuagent {snap.agent_version}  pid {snap.pid}  "
-               f"up {(now_ns - snap.started_ns) / 1e9:.0f} s  "
-               f"updated {_ago(snap.updated_ns, now_ns)}  interval {snap.interval_s} s")
-    out.append(f"node      {node.hostname}  id {node.node_id or '(not registered yet)'}  "
-               f"machine {node.machine_id[:12]}")
-    if node.labels:
-        out.append("labels    " + "  ".join(f"{k}={v}" for k, v in sorted(node.labels.items())))
-    virt = fp.get("virt_type") or "?"
-    cont = fp.get("container_runtime") or ("yes" if fp.get("in_container") else "none")
-    out.append(f"virt      {virt} (virtualized: {str(bool(fp.get('virtualized'))).lower()})  container: {cont}  "
-               f"hypervisor vendor: {fp.get('cpuid_hypervisor_vendor') or '-'}  "
-               f"DMI: {fp.get('dmi_sys_vendor') or '-'} / {fp.get('dmi_product_name') or '-'}  "
-               f"clocksource: {fp.get('clocksource') or '-'}")
-    if fp.get("container_markers"):
-        out.append("          container markers: " + ", ".join(fp["container_markers"]))
-    host = snap.host
-    if host.seen():
-        out.append(f"host      cpu busy {_fmt(host.cpu_busy_percent, '.1f', '%')}  steal "
-                   f"{_fmt(host.cpu_steal_percent, '.1f', '%')}  iowait {_fmt(host.cpu_iowait_percent, '.1f', '%')}  "
-                   f"load1 {_fmt(host.load1, '.2f')}  mem {_fmt_bytes(host.mem_used_bytes)} / "
-                   f"{_fmt_bytes(host.mem_total_bytes)}")
-
-    out.append("")
-    if snap.gpus:
-        out.append(f"GPUs ({len(snap.gpus)})")
-        rows = [[str(g.index), (g.name or "?")[:28], _fmt(g.util_percent, ".0f", "%"),
-                 _fmt(g.sm_active_percent, ".0f", "%"), _fmt(g.tensor_active_percent, ".0f", "%"),
-                 f"{_fmt_bytes(g.memory_used_bytes)} / {_fmt_bytes(g.memory_total_bytes)}",
-                 _fmt(g.temperature_celsius, ".0f", " C"),
-                 f"{_fmt(g.power_watts, '.0f')} / {_fmt(g.power_limit_watts, '.0f')} W",
-                 ",".join(g.throttle_reasons) or "-"] for g in snap.gpus]
-        # util: time any kernel ran (NVML counter); SM active / tensor: GPM, "-" where the GPU has none
-        out.append(_table(["gpu", "name", "util", "SM active", "tensor", "memory", "temp", "power", "throttle"],
-                          rows))
-    else:
-        out.append("GPUs      none visible")
-    out.append("")
-    out += _render_health(snap.health)
-
-    out.append("")
-    if snap.jobs:
-        out.append(f"Jobs ({len(snap.jobs)})")
-        rows = [[j.job_id, j.job_name or "-", _text(j.pid), _text(j.rank), _text(j.gpu),
-                 _fmt(j.gpu_util_percent, ".0f", "%"), _fmt(j.cpu_percent, ".0f", "%"),
-                 _fmt_bytes(j.rss_bytes), _fmt(j.steps_per_s, ".2f")] for j in snap.jobs]
-        out.append(_table(["job", "name", "pid", "rank", "gpu", "gpu util", "cpu", "rss", "steps/s"], rows))
-    else:
-        out.append("Jobs      none active")
-    if snap.job_throughput:
-        out.append("")
-        out.append("Training throughput (gpuagent.jobs tracker, last window)")
-        rows = [[t.job_id, (t.job_name or "-")[:24], ",".join(str(r) for r in t.ranks) or "-",
-                 _fmt(t.steps_per_s, ".2f"), _fmt(t.samples_per_s, ".1f"),
-                 _fmt(t.tokens_per_s, ".0f") if t.tokens_per_s else "-",
-                 _fmt(t.step_time_p50_s * 1000, ".1f", " ms"),
-                 _fmt(t.data_wait_fraction * 100, ".0f", "%") if t.data_wait_fraction >= 0 else "-",
-                 _fmt(t.model_flops_per_s / 1e12, ".1f") if t.model_flops_per_s is not None else "-",
-                 _fmt(t.mfu * 100, ".1f", "%") if t.mfu is not None else "-"]
-                for t in snap.job_throughput]
-        out.append(_table(["job", "name", "ranks", "steps/s", "samples/s", "tokens/s", "step p50", "data wait",
-                           "model TFLOP/s", "MFU"], rows))
-
-    out.append("")
-    if snap.probes:
-        out.append("Probes (last result)")
-        rows = []
-        for name, p in sorted(snap.probes.items()):
-            metrics = ", ".join(f"{k}={v:.4g}" for k, v in sorted(p.metrics.items())[:4])
-            rows.append([name, p.status, _ago(p.ended_ns, now_ns), (p.reason or metrics)[:70]])
-        out.append(_table(["probe", "status", "when", "metrics / reason"], rows))
-    else:
-        out.append("Probes    no results yet")
-
-    if snap.fabric is not None:
-        out.append("")
-        out += _render_fabric(snap.fabric, now_ns)
-
-    if snap.kubelet is not None:
-        out.append("")
-        out += _render_kubelet(snap.kubelet, snap.gpus)
-
-    link = snap.collector
-    sp = snap.spool
-    out.append("")
-    state = "connected" if link.connected else "NOT connected"
-    out.append(f"collector {link.collector}  {state} (since {_ago(link.since_ns, now_ns)})  "
-               f"last ack seq {link.last_ack_seq} {_ago(link.last_ack_ns, now_ns)}")
-    if link.last_error and not link.connected:
-        out.append(f"          last error: {link.last_error}")
-    out.append(f"spool     backlog {sp.backlog_batches} batches / {_fmt_bytes(sp.backlog_bytes)} "
-               f"(max {_fmt_bytes(sp.max_bytes)})  dropped {sp.dropped_batches} batches / "
-               f"{sp.dropped_samples} samples  corrupt files {sp.corrupt_files}  "
-               f"rejected {sp.rejected_batches}")
-    if snap.unavailable:
-        out.append("")
-        out.append("Unavailable")
-        for u in snap.unavailable[:20]:
-            out.append(f"  - {u}")
-    return "\n".join(out)
-
-
-def _render_kubelet(k: KubeletStatus, gpus: list[GpuStatus]) -> list[str]:
-    """Which containers hold which GPU, as the kubelet said (agent/kubelet.py), or why it did not say."""
-    age = "never" if k.last_answer_age_s is None else f"{k.last_answer_age_s:.0f} s ago"
-    out = [f"Pods      kubelet {k.socket}  last answer {age}"]
-    if k.error:
-        out.append(f"          {k.error}")
-    rows = [[str(g.index) + ("" if p.gpu_instance is None else f" GI {p.gpu_instance}"), p.namespace, p.pod,
-             p.container] for g in gpus for p in (g.pods or [])]
-    out.append(_table(["gpu", "namespace", "pod", "container"], rows) if rows else "          no GPU is held by a pod")
-    return out
-
-
-def _render_health(h: HealthStatus | None) -> list[str]:
-    """The health section: OK, or one line per fault with its action (agent/health.py; docs/HEALTH.md)."""
-    if h is None:
-        return ["Health    not reported (this agent predates hardware health)"]
-    if h.error:
-        return [f"Health    UNKNOWN: {h.error}"]
-    what = ", ".join(h.checked) or "nothing read"
-    if not h.faults:
-        return [f"Health    OK: no hardware faults on {what}"]
-    n = len(h.faults)
-    out = [f"Health    {n} hardware fault{'s' if n != 1 else ''} on {what}"]
-    out += [f"  - {f.severity.upper()} {f.component}: {f.sentence}" for f in h.faults[:20]]
-    if n > 20:
-        out.append(f"  ... and {n - 20} more (`gpuagent health` lists them all)")
-    return out
-
-
-def _render_fabric(fab: FabricStatus, now_ns: int) -> list[str]:
-    if fab.stream_open:
-        stream = f"assignments stream open (last assignment {_ago(fab.last_message_ns, now_ns)})"
-    else:
-        stream = "assignments stream DOWN" + (f": {fab.stream_error}" if fab.stream_error else "")
-    counts = "  ".join(f"{k} {v}" for k, v in sorted(fab.counts.items())) or "no assignments yet"
-    out = [f"Fabric    peers reach this node at {fab.address or '?'}  {stream}  {counts}"]
-    if not fab.recent:
-        out.append("          no runs yet")
-        return out
-    rows = [[r.peer[:20], r.role, r.status, _ago(r.ended_ns, now_ns), _fmt(r.send_gbits_per_s, ".2f"),
-             _fmt(r.recv_gbits_per_s, ".2f"), _fmt(r.rtt_p50_us, ".0f", " us"), _fmt(r.busbw_gbytes_per_s, ".3f"),
-             r.reason[:60]] for r in fab.recent]
-    out.append(_table(["peer", "role", "status", "when", "send Gbit/s", "recv Gbit/s", "rtt p50", "busbw GB/s",
-                       "reason"], rows))
-    return out
-
-
-def _text(v: int | None) -> str:
-    return "" if v is None else str(v)

@@ -59,8 +59,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from gpuagent.agent.host_sampler import SourceGuard, decode
-from gpuagent.agent.netif import _is_virtual as is_virtual
+from gpuagent.agent.samplers.host import SourceGuard, decode
+from gpuagent.agent.samplers.netif import _is_virtual as is_virtual
 from gpuagent.common.timeutil import now_ns
 
 log = logging.getLogger("gpuagent.hw_host")
@@ -547,7 +547,7 @@ class EthLinks(_Listed):
 # ---------------------------------------------------------------- the sampler
 
 class HwHostSampler:
-    """Sampler (agent/sampling.py) for the host's hardware signals; each source fails alone.
+    """Sampler (agent/samplers/sampling.py) for the host's hardware signals; each source fails alone.
 
     ``nvml_seen(xid, bus_id, ts_ns)`` says whether NVML already reported that XID (then the kernel-log copy
     is not emitted); ``gpu_for_bus(bus_id)`` gives the NVML index for a bus id (None: unknown, gpu -1).

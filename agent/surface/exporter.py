@@ -32,8 +32,8 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.utils import floatToGoString
 
 from gpuagent.agent.config import ExporterConfig
-from gpuagent.agent.gpu_sampler import XID_DESCRIPTIONS
-from gpuagent.agent.status import GpuInstanceStatus, GpuStatus, StatusSnapshot
+from gpuagent.agent.samplers.gpu import XID_DESCRIPTIONS
+from gpuagent.agent.snapshot import GpuInstanceStatus, GpuStatus, StatusSnapshot
 
 log = logging.getLogger("gpuagent.exporter")
 
@@ -272,7 +272,7 @@ XID_NO_ERROR, XID_UNKNOWN = "No Error", "Unknown Error"
 
 def xid_message(xid: int) -> str:
     """err_msg: dcgm-exporter's words for 0 and unknown XIDs; gpuagent's own short description (NVIDIA's
-    XID table, agent/gpu_sampler.py) for the others, so the text may differ from dcgm-exporter's."""
+    XID table, agent/samplers/gpu.py) for the others, so the text may differ from dcgm-exporter's."""
     if xid == 0:
         return XID_NO_ERROR
     what = XID_DESCRIPTIONS.get(xid)

@@ -19,37 +19,13 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from gpuagent.agent.sampling import now_ns, sorted_labels
+from gpuagent.agent.samplers.sampling import now_ns, sorted_labels
+from gpuagent.common.atomic_file import atomic_write
 from gpuagent.proto import pb
 
 _JOB_SAMPLE_FIELDS = {f.name for f in pb.JobSample.DESCRIPTOR.fields}
 _JOB_STEP_FIELDS = {f.name for f in pb.JobStep.DESCRIPTOR.fields}
 
-
-def atomic_write(path: Path, data: bytes, fsync: bool = True, mode: int = 0o644) -> None:
-    """Write to a temp file in the same folder, then rename over ``path``.
-
-    With ``fsync`` the file and the folder are synced, so after a crash ``path`` holds either the old
-    or the new content, never a torn mix.
-    """
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}.{threading.get_ident()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        view = memoryview(data)
-        while view:
-            n = os.write(fd, view)
-            view = view[n:]
-        if fsync:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    if fsync:
-        dfd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
 
 
 class SeqAllocator:

@@ -10,8 +10,8 @@ from typing import Any, Mapping
 import psutil
 
 from gpuagent import __version__
-from gpuagent.agent.fingerprint import Evidence, fingerprint
-from gpuagent.agent.host_sampler import numa_layout
+from gpuagent.agent.samplers.fingerprint import Evidence, fingerprint
+from gpuagent.agent.samplers.host import numa_layout
 
 
 def machine_id(root: str = "/") -> str:

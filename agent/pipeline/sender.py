@@ -43,8 +43,8 @@ from typing import Callable, Iterator
 import grpc
 
 from gpuagent.agent.config import CollectorConfig
-from gpuagent.agent.spool import Spool
-from gpuagent.agent.status import LinkState
+from gpuagent.agent.pipeline.spool import Spool
+from gpuagent.agent.snapshot import LinkState
 from gpuagent.common.retry import REFUSED, REGISTER_METHOD, STREAM_METHOD, Backoff
 from gpuagent.proto import pb
 from gpuagent.proto.wire import length_delimited
