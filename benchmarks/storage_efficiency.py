@@ -75,8 +75,9 @@ def _compact_all(handle, db_path: str, now: dt.datetime, span_s: float, duty: fl
                  ) -> tuple[int, int, float, float]:
     """Compact every closed span through the writer; (spans, rows, seconds, longest writer hold in s)."""
     from gpuagent.collector.store import maintenance as mt
+    from gpuagent.collector.store import maintenance_config as mc
 
-    m = mt.Maintenance(db_path, mt.MaintenanceConfig(compact_span_s=span_s, compact_duty=duty, compaction=True), rollup=None,
+    m = mt.Maintenance(db_path, mc.MaintenanceConfig(compact_span_s=span_s, compact_duty=duty, compaction=True), rollup=None,
                        now=lambda: now)
     call = lambda fn: handle.writer.call(fn).result()  # noqa: E731
     t0 = time.perf_counter()

@@ -290,7 +290,7 @@ def _lake_config(config_path: str | None):
 
 
 def _maintenance_config(config_path: str | None):
-    from gpuagent.collector.store.maintenance import MaintenanceConfig, MaintenanceConfigError
+    from gpuagent.collector.store.maintenance_config import MaintenanceConfig, MaintenanceConfigError
 
     try:
         return MaintenanceConfig.from_toml(config_path) if config_path else MaintenanceConfig()

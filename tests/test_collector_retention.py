@@ -15,6 +15,7 @@ from tools import need
 from gpuagent.collector.analysis.analyzer import Analyzer
 from gpuagent.collector.ingest.server import start_collector
 from gpuagent.collector.store import maintenance as mt
+from gpuagent.collector.store import maintenance_config as mc
 from gpuagent.sim.run import SimConfig, run_sim
 
 END_NS = 1_790_000_000 * 10**9 // (3600 * 10**9) * (3600 * 10**9)   # a fixed whole hour
@@ -39,7 +40,7 @@ def test_retention_deletes_exactly_the_old_raw_rows_keeps_rollups_and_ingest_con
         rollup_before = call(lambda c: c.execute("SELECT count(*), sum(n) FROM samples_1m").fetchone())
         assert old_rows > 0 and total_before > old_rows
         m = mt.Maintenance(str(tmp_path / "c.duckdb"),
-                           mt.MaintenanceConfig(raw_retention_s=2 * 3600, slice_s=1200.0), rollup, now=lambda: END)
+                           mc.MaintenanceConfig(raw_retention_s=2 * 3600, slice_s=1200.0), rollup, now=lambda: END)
         live = {}
 
         def ingest():      # newer than the bound: none of it may be deleted
@@ -96,7 +97,7 @@ def test_compaction_keeps_every_row_takes_fewer_bytes_and_ingest_continues(tmp_p
         first, second = END - dt.timedelta(hours=4), END - dt.timedelta(hours=2)   # END is 2 h aligned
 
         # The first 2-hour span, alone: the same rows in fewer bytes.
-        m = mt.Maintenance(db, mt.MaintenanceConfig(compact_span_s=7200.0, compaction=True), rollup,
+        m = mt.Maintenance(db, mc.MaintenanceConfig(compact_span_s=7200.0, compaction=True), rollup,
                            now=lambda: second + dt.timedelta(minutes=30))
         assert call(m.closed_spans) == [first]
         in_first = call(lambda c: c.execute("SELECT count(*) FROM samples WHERE ts < ?", [second]).fetchone()[0])
@@ -110,7 +111,7 @@ def test_compaction_keeps_every_row_takes_fewer_bytes_and_ingest_continues(tmp_p
         assert bytes_after < bytes_before
 
         # The second span while a live fleet streams the hour after END (never compacted here).
-        m = mt.Maintenance(db, mt.MaintenanceConfig(compact_span_s=7200.0, compaction=True), rollup,
+        m = mt.Maintenance(db, mc.MaintenanceConfig(compact_span_s=7200.0, compaction=True), rollup,
                            now=lambda: END + dt.timedelta(minutes=30))
         assert call(m.closed_spans) == [second]
         live = {}
@@ -162,7 +163,7 @@ def test_disk_guard_waits_for_the_lake_export_when_the_lake_is_on(tmp_path):
                                             [first + mt.HOUR]).fetchone()[0])
         total = call(lambda c: c.execute("SELECT count(*) FROM samples").fetchone()[0])
         # interval_s=0: a deletion that frees no whole block (these hours are small) does not hold the guard off.
-        cfg = mt.MaintenanceConfig(max_db_bytes=1, min_free_bytes=0, lake_enabled=True, lake_path=str(tmp_path),
+        cfg = mc.MaintenanceConfig(max_db_bytes=1, min_free_bytes=0, lake_enabled=True, lake_path=str(tmp_path),
                                    interval_s=0.0)
         m = mt.Maintenance(str(tmp_path / "c.duckdb"), cfg, handle.analyzer.analyzer.rollup)
         assert mt.run_guard(call, m) == 0 and m.counters.guard_starved == 1      # nothing exported yet
@@ -205,8 +206,8 @@ def test_disk_guard_on_a_small_filesystem_deletes_oldest_first_and_ingest_never_
     db = str(small_volume / "c.duckdb")
     handle = start_collector(db, analyze=False)
     # The simulated hours lie in the past: retention is set far back so only the guard deletes.
-    cfg = mt.MaintenanceConfig(min_free_bytes=64 << 20, guard_interval_s=0.2, interval_s=3600.0,
-                               compaction=False, raw_retention_s=3650 * mt.DAY_S)
+    cfg = mc.MaintenanceConfig(min_free_bytes=64 << 20, guard_interval_s=0.2, interval_s=3600.0,
+                               compaction=False, raw_retention_s=3650 * mc.DAY_S)
     m = mt.Maintenance(db, cfg, Analyzer().rollup)
     handle.maintenance = mt.MaintenanceThread(m, lambda fn: handle.writer.call(fn).result()).start()
     try:

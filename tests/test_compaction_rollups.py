@@ -13,6 +13,7 @@ import pytest
 
 from gpuagent.collector.analysis import analyzer as A
 from gpuagent.collector.store import maintenance as mt
+from gpuagent.collector.store import maintenance_config as mc
 from gpuagent.collector.store import schema
 
 SPAN = dt.datetime(2026, 1, 1, 6, 0)      # a closed 1-hour span
@@ -69,7 +70,7 @@ def test_compacted_span_rolls_up_as_the_same_data_uncompacted_across_rowid_renum
                 after_chunk()
                 return n
 
-        m = Hooked(a_path, mt.MaintenanceConfig(compact_span_s=3600.0, compact_chunk_rows=PER_NODE,
+        m = Hooked(a_path, mc.MaintenanceConfig(compact_span_s=3600.0, compact_chunk_rows=PER_NODE,
                                                 compact_duty=1.0, compaction=True), an.rollup,
                    now=lambda: SPAN + dt.timedelta(hours=2))
         if renew:
@@ -135,9 +136,9 @@ def test_compacted_span_rolls_up_as_the_same_data_uncompacted_across_rowid_renum
 
 def test_compaction_is_on_by_default_and_in_the_packaged_config():
     root = Path(__file__).resolve().parents[1]
-    assert mt.MaintenanceConfig().compaction
-    assert mt.MaintenanceConfig.from_toml(root / "packaging" / "collector.toml") == mt.MaintenanceConfig()
-    assert not mt.MaintenanceConfig.from_mapping({"storage": {"compaction": False}}).compaction
+    assert mc.MaintenanceConfig().compaction
+    assert mc.MaintenanceConfig.from_toml(root / "packaging" / "collector.toml") == mc.MaintenanceConfig()
+    assert not mc.MaintenanceConfig.from_mapping({"storage": {"compaction": False}}).compaction
 
 
 def test_compaction_yields_to_the_disk_guard_when_space_is_short(tmp_path):
@@ -149,14 +150,14 @@ def test_compaction_yields_to_the_disk_guard_when_space_is_short(tmp_path):
         schema.migrate(con)
         _arrival_order_span(con)
         before = _raw(con)
-        short = mt.Maintenance(path, mt.MaintenanceConfig(compact_span_s=3600.0, min_free_bytes=1 << 62,
+        short = mt.Maintenance(path, mc.MaintenanceConfig(compact_span_s=3600.0, min_free_bytes=1 << 62,
                                                           compaction=True), None,
                                now=lambda: SPAN + dt.timedelta(hours=2))
         assert mt.space_short(short)
         assert mt.compact_span(lambda fn: fn(con), short, SPAN) == 0
         assert short.closed_spans(con) == [SPAN] and short.counters.compacted_rows == 0
         assert _raw(con).equals(before)
-        room = mt.Maintenance(path, mt.MaintenanceConfig(compact_span_s=3600.0, min_free_bytes=1,
+        room = mt.Maintenance(path, mc.MaintenanceConfig(compact_span_s=3600.0, min_free_bytes=1,
                                                          compaction=True), None,
                               now=lambda: SPAN + dt.timedelta(hours=2))
         assert not mt.space_short(room)
