@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """What DuckDB writes for a commit and for a checkpoint, against the Arrow bytes of the rows: the basis of
-the collector's room check before each commit (collector/store/writer.py, ``SpaceCheck``). Linux only.
+the collector's room check before each commit (collector/store/space.py, ``SpaceCheck``). Linux only.
 
 A SYNTHETIC fleet (``gpuagent-sim``, fixed seeds) backfills ``--hours``, each in ``--slices`` parts, one
 part at a time into a real collector (in-process, real gRPC on loopback, a fresh DuckDB file). After each

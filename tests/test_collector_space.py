@@ -15,7 +15,8 @@ from collector_helpers import NOW_NS, sample_batch
 from conftest import free_port
 from gpuagent.collector.ingest.validate import prepare_batch
 from gpuagent.collector.store.db import open_database
-from gpuagent.collector.store.writer import NoSpace, SpaceCheck, Writer
+from gpuagent.collector.store.space import SpaceCheck
+from gpuagent.collector.store.writer import NoSpace, Writer
 
 
 @pytest.fixture

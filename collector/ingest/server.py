@@ -28,7 +28,8 @@ from gpuagent.collector.ingest.rpc import SERVICE, add_collector_servicer
 from gpuagent.collector.ingest.servicer import CollectorServicer
 from gpuagent.collector.ingest.validate import Limits
 from gpuagent.collector.store.db import DatabaseError, open_database
-from gpuagent.collector.store.writer import DatabaseClosed, SpaceCheck, Writer
+from gpuagent.collector.store.space import SpaceCheck
+from gpuagent.collector.store.writer import DatabaseClosed, Writer
 from gpuagent.common.errors import first_line
 
 log = logging.getLogger("gpuagent.collector")

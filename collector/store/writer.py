@@ -8,7 +8,7 @@ rows through Arrow in bulk (statements from store/tables.py), records every (nod
 already in ``ingest_log`` is acked with ``duplicate=True`` and nothing of it is stored, so at-least-once
 delivery stores exactly once.
 
-Before each commit the writer checks that the volume keeps room to checkpoint (``SpaceCheck``): DuckDB
+Before each commit the writer checks that the volume keeps room to checkpoint (store/space.py): DuckDB
 answers a full disk during a commit's WAL write with a clean error, but during a checkpoint it invalidates
 the database. A batch without that room is refused (the agent keeps it and resends), never half-stored.
 
@@ -21,12 +21,9 @@ before the checkpoint failed is acknowledged as a duplicate, not stored twice.
 
 from __future__ import annotations
 
-import bisect
 import datetime as dt
 import logging
-import os
 import queue
-import shutil
 import threading
 import time
 from concurrent.futures import Future
@@ -37,6 +34,9 @@ import duckdb
 import pyarrow as pa
 
 from gpuagent.collector.store import tables
+from gpuagent.collector.store.fabric_rows import group_results_sql, link_results_sql
+from gpuagent.collector.store.seqset import SeqSet
+from gpuagent.collector.store.space import SpaceCheck
 from gpuagent.common.errors import first_line
 from gpuagent.common.timeutil import utc_now
 from gpuagent.proto import pb
@@ -66,106 +66,6 @@ def _space_error(text: str) -> bool:
 
 
 REOPEN_RETRY_S = (1.0, 2.0, 5.0, 10.0, 30.0)     # waits between attempts to reopen, the last one repeating
-
-
-# The fixed part of what a checkpoint may write, with a margin: the last, partly filled row group of every
-# table appended to is rewritten whole, with the tables' indexes and metadata (measured: up to 5 MiB).
-SPACE_RESERVE_BYTES = 16 << 20
-
-
-def _size(b: int) -> str:
-    return f"{b / 2**20:.1f} MiB" if b >= 2**20 else f"{b / 2**10:.0f} KiB"
-
-
-class SpaceCheck:
-    """Keeps the room a checkpoint needs on the database's volume, refusing a commit that would take it.
-
-    DuckDB checkpoints by itself when a commit takes the WAL past ``wal_autocheckpoint``, and the disk
-    guard checkpoints too. A checkpoint writes new blocks (into the file's free blocks, or growing the
-    file) before it frees any, and if the volume fills meanwhile DuckDB invalidates the database; a
-    commit that finds the volume full only fails. A commit of ``n`` bytes (its rows' Arrow size) writes
-    them to the WAL or, when large, straight into new blocks; a checkpoint writes every row committed
-    since the previous one again, compressed, and rewrites some blocks besides.
-
-    Measured with benchmarks/checkpoint_space.py (SYNTHETIC fleet, DuckDB 1.5): a commit's WAL took up
-    to 1.6 ``n``; a checkpoint wrote up to 0.8 times the Arrow bytes pending after an hour of a fleet,
-    and up to 5 MiB plus 2.5 times them after a few minutes. The estimates, ``2 n`` for the commit and
-    3 times the pending bytes plus ``reserve`` for the checkpoint, keep a margin of about two.
-
-    When the room left is under twice what the next commit and its checkpoint need, the pending rows are
-    checkpointed now, while that fits, so that later checkpoints stay small; a commit that still does not
-    fit is refused (the agent keeps the batch and resends it).
-    """
-
-    def __init__(self, db_path: str, reserve: int = SPACE_RESERVE_BYTES):
-        self.db_path = db_path
-        self.wal_path = db_path + ".wal"
-        self.folder = os.path.dirname(os.path.abspath(db_path))
-        self.reserve = reserve
-        self.pending = 0              # Arrow bytes committed since the last checkpoint seen
-        self._wal_after = 0           # the WAL's size after the last commit
-        self.checkpoints = 0          # checkpoints run early because space was getting short
-
-    def _volume_and_wal(self) -> tuple[int, int]:
-        try:
-            wal = os.stat(self.wal_path).st_size
-        except FileNotFoundError:
-            wal = 0
-        return shutil.disk_usage(self.folder).free, wal
-
-    @staticmethod
-    def _free_blocks(con) -> int:
-        row = con.execute("SELECT free_blocks * block_size FROM pragma_database_size() "
-                          "WHERE database_name = current_database()").fetchone()
-        return int(row[0]) if row else 0
-
-    def _checkpoint_bytes(self, pending: int) -> int:
-        return 3 * pending + self.reserve
-
-    def need(self, n: int) -> int:
-        """Bytes a commit of ``n`` Arrow bytes and a checkpoint after it may write."""
-        return 2 * n + self._checkpoint_bytes(self.pending + n)
-
-    def shortfall(self, con, n: int) -> str | None:
-        """None when a commit of about ``n`` bytes fits; else one sentence on what is short."""
-        volume, wal = self._volume_and_wal()
-        if wal < self._wal_after:         # a checkpoint ran since the last commit (the guard's, say)
-            self.pending = 0
-        self._wal_after = wal
-        if volume >= 2 * self.need(n):    # the usual case: no query needed
-            return None
-        blocks = self._free_blocks(con)
-        if volume + blocks >= 2 * self.need(n):
-            return None
-        # Early, but only when that shrinks the estimate by a quarter of ``reserve`` or more.
-        if 3 * self.pending >= self.reserve // 4 and volume + blocks >= self._checkpoint_bytes(self.pending):
-            try:
-                con.execute("CHECKPOINT")
-                self.checkpoints += 1
-                self.pending = 0
-            except duckdb.FatalException:
-                raise
-            except duckdb.Error as exc:   # a reader holds a transaction; decide on what is measured
-                log.info("early checkpoint for space deferred: %s", first_line(exc))
-            volume, self._wal_after = self._volume_and_wal()
-            blocks = self._free_blocks(con)
-        if volume >= 2 * n and volume + blocks >= self.need(n):
-            return None
-        return (f"the database's volume has {_size(volume)} free and the database {_size(blocks)} of free "
-                f"blocks, less than the {_size(self.need(n))} that storing {_size(n)} and the checkpoint after it "
-                f"may write")
-
-    def reopened(self) -> None:
-        """After the database was reopened: its WAL is replayed but not yet checkpointed; count it pending."""
-        _, wal = self._volume_and_wal()
-        self.pending = max(self.pending, wal)
-        self._wal_after = wal
-
-    def committed(self, n: int) -> None:
-        """After a commit of ``n`` bytes: a WAL that shrank means DuckDB checkpointed (this commit too)."""
-        _, wal = self._volume_and_wal()
-        self.pending = 0 if wal < self._wal_after else self.pending + n
-        self._wal_after = wal
 
 
 @dataclass
@@ -207,110 +107,6 @@ _STOP = object()
 # Each node's newest commit time into nodes.last_seen, for a list of nodes at once.
 _TOUCH_SQL = ("UPDATE nodes SET last_seen = greatest(nodes.last_seen, v.ts) "      # a Register since may be newer
               "FROM (SELECT unnest(?) AS node_id, unnest(?) AS ts) v WHERE nodes.node_id = v.node_id")
-
-
-class SeqSet:
-    """Exactly which seqs of one node are stored, as sorted disjoint runs ``[lo, hi]``.
-
-    A cache of ``ingest_log``, never a guess: a seq is "stored" only when its row is there, so an ack with
-    ``duplicate=true`` always names a batch the collector holds. Agents send their spool oldest first, so a
-    node's seqs form one run (or a few, around a restart); membership and insertion are a bisect."""
-
-    __slots__ = ("_lo", "_hi")
-
-    def __init__(self, runs: list[tuple[int, int]] | None = None):
-        runs = sorted(runs or [])
-        self._lo = [a for a, _ in runs]
-        self._hi = [b for _, b in runs]
-
-    @property
-    def highest(self) -> int:
-        """The highest stored seq, 0 when none."""
-        return self._hi[-1] if self._hi else 0
-
-    def runs(self) -> list[tuple[int, int]]:
-        return list(zip(self._lo, self._hi))
-
-    def __contains__(self, seq: int) -> bool:
-        i = bisect.bisect_right(self._lo, seq) - 1
-        return i >= 0 and seq <= self._hi[i]
-
-    def add(self, seq: int) -> None:
-        i = bisect.bisect_right(self._lo, seq) - 1
-        if i >= 0 and seq <= self._hi[i]:
-            return
-        joins_left = i >= 0 and self._hi[i] == seq - 1
-        joins_right = i + 1 < len(self._lo) and self._lo[i + 1] == seq + 1
-        if joins_left and joins_right:
-            self._hi[i] = self._hi[i + 1]
-            del self._lo[i + 1], self._hi[i + 1]
-        elif joins_left:
-            self._hi[i] = seq
-        elif joins_right:
-            self._lo[i + 1] = seq
-        else:
-            self._lo.insert(i + 1, seq)
-            self._hi.insert(i + 1, seq)
-
-
-# Fabric runs (params carry node_a and node_b, set by the agent's fabric client) are also kept as link rows.
-LINK_METRICS = ("send_gbits_per_s", "recv_gbits_per_s", "rtt_p50_us", "rtt_p99_us",   # net_pair
-                "write_gbits_per_s", "lat_typical_us")                               # rdma_pair
-
-
-def _metrics_by_run(metrics_view: str | None, names, where: str = "") -> str:
-    """One row per probe run with the named metrics as columns, from the commit's metrics (NULLs without)."""
-    if metrics_view is None:
-        return "SELECT NULL::VARCHAR AS node_id, NULL::VARCHAR AS probe, NULL::VARCHAR AS params_key, " \
-               "NULL::TIMESTAMP AS started_at, " + ", ".join(f"NULL::DOUBLE AS {n}" for n in names)
-    return ("SELECT node_id, probe, params_key, started_at, "
-            + ", ".join(f"max(value) FILTER (WHERE metric = '{n}') AS {n}" for n in names)
-            + f" FROM {metrics_view} {where} GROUP BY ALL")
-
-
-def link_results_sql(results_view: str, metrics_view: str | None) -> str:
-    """INSERT INTO link_results from one commit's probe rows (and their metrics, when the commit has any)."""
-    metrics = _metrics_by_run(metrics_view, LINK_METRICS)
-    return f"""
-INSERT INTO link_results (pair_id, node_a, node_b, probe, params_key, {", ".join(LINK_METRICS)}, started_at,
-                          ended_at, status, reason, reported_by, nic_speed_mbits)
-SELECT json_extract_string(r.params, '$.pair_id'), json_extract_string(r.params, '$.node_a'),
-       json_extract_string(r.params, '$.node_b'), r.probe, json_extract_string(r.params, '$.link_params'),
-       {", ".join("m." + n for n in LINK_METRICS)}, r.started_at, r.ended_at, r.status, r.reason, r.node_id,
-       -- anything but a positive whole number of Mbit/s is an unknown rate
-       CASE WHEN try_cast(json_extract_string(r.env, '$.nic_speed_mbits') AS INTEGER) > 0
-            THEN try_cast(json_extract_string(r.env, '$.nic_speed_mbits') AS INTEGER) END
-FROM {results_view} r
-LEFT JOIN ({metrics}) m ON m.node_id = r.node_id AND m.probe = r.probe AND m.started_at = r.started_at
-     AND m.params_key IS NOT DISTINCT FROM r.params_key
-WHERE json_extract_string(r.params, '$.node_a') IS NOT NULL
-  AND json_extract_string(r.params, '$.node_b') IS NOT NULL"""
-
-
-# Group runs (params carry group_id and members, set by the agent's fabric client) are kept as group rows.
-GROUP_METRICS = {"busbw_gbps": "busbw_gbytes_per_s", "algbw_gbps": "algbw_gbytes_per_s",
-                 "small_msg_latency_us": "small_msg_latency_us"}
-
-
-def group_results_sql(results_view: str, metrics_view: str | None) -> str:
-    """INSERT INTO group_results from one commit's collective rows that a fabric group round scheduled."""
-    metrics = _metrics_by_run(metrics_view, GROUP_METRICS, "WHERE probe = 'collective'")
-    members = "json_extract_string(r.params, '$.members')"
-    return f"""
-INSERT INTO group_results (group_id, members, group_size, node_rank, probe, params_key, backend, world_size,
-                           {", ".join(GROUP_METRICS.values())}, largest_bytes, started_at, ended_at, status,
-                           reason, reported_by)
-SELECT json_extract_string(r.params, '$.group_id'), {members}, len(string_split({members}, ',')),
-       try_cast(json_extract_string(r.params, '$.node_rank') AS INTEGER), r.probe,
-       json_extract_string(r.params, '$.group_params'), json_extract_string(r.env, '$.backend'),
-       try_cast(json_extract_string(r.env, '$.world_size') AS INTEGER),
-       {", ".join("m." + n for n in GROUP_METRICS)},
-       try_cast(json_extract_string(r.env, '$.largest_bytes') AS BIGINT), r.started_at, r.ended_at, r.status,
-       r.reason, r.node_id
-FROM {results_view} r
-LEFT JOIN ({metrics}) m ON m.node_id = r.node_id AND m.probe = r.probe AND m.started_at = r.started_at
-     AND m.params_key IS NOT DISTINCT FROM r.params_key
-WHERE r.probe = 'collective' AND {members} IS NOT NULL AND json_extract_string(r.params, '$.group_id') IS NOT NULL"""
 
 
 def _refuse(item: _BatchItem, kind: type[StorageError], why: str) -> None:
