@@ -13,7 +13,7 @@ import json
 import statistics
 import time
 
-from gpuagent.collector.fabric import planner as P
+from gpuagent.common import pair_planner as P
 
 
 def _timed(fn, repeats: int) -> tuple[float, float, object]:

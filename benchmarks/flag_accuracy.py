@@ -68,9 +68,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from gpuagent.collector.analysis import analyzer as A
-from gpuagent.collector.fabric import planner
 from gpuagent.collector.store.db import open_readonly
 from gpuagent.collector.views.client import analyze as remote_analyze
+from gpuagent.common import pair_planner as planner
 from gpuagent.sim.run import SimConfig, run_sim
 from gpuagent.sim import synthetic_rows as S
 from gpuagent.sim.fleet import HW_COMPONENTS, VIRT_COMPONENTS, NodeSpec, validate

@@ -1,7 +1,8 @@
 """SYNTHETIC fabric results for ``gpuagent-sim --fabric-sweeps N``: net_pair runs between simulated nodes.
 
-The pairs come from the collector's own planner (a round-robin tournament per value of ``scope_key``, a
-node label, as the coordinator plans them with [fabric] scope_key; default the pool), ``sweeps`` full sweeps spread over the simulated span, rounds ``round_s`` apart. Each run is
+The pairs come from the planner the collector uses (``gpuagent.common.pair_planner``: a round-robin tournament
+per value of ``scope_key``, a node label, as the coordinator plans them with [fabric] scope_key; default the
+pool), ``sweeps`` full sweeps spread over the simulated span, rounds ``round_s`` apart. Each run is
 reported by both of its ends as a ``net_pair`` probe result with ``node_a``/``node_b``/``pair_id``/``link_params``
 params, exactly what agents send; the collector turns them into link_results rows.
 
@@ -18,7 +19,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from gpuagent.collector.fabric import planner
+from gpuagent.common import pair_planner as planner
 from gpuagent.common.parse import settings_key
 from gpuagent.proto import pb
 from gpuagent.sim.fleet import NodeSpec, ScenarioError

@@ -19,8 +19,8 @@ from click.testing import CliRunner
 
 from gpuagent.collector.analysis import analyzer as A
 from gpuagent.collector.cli import main
-from gpuagent.collector.fabric import planner
 from gpuagent.collector.store import schema
+from gpuagent.common import pair_planner as planner
 from gpuagent.sim import synthetic_rows as S
 
 NOW = dt.datetime(2026, 1, 1, 12, 0)

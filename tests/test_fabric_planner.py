@@ -8,7 +8,7 @@ import itertools
 
 import pytest
 
-from gpuagent.collector.fabric import planner as P
+from gpuagent.common import pair_planner as P
 
 SIZES = list(range(2, 21)) + [31, 32, 49, 50]
 

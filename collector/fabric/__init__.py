@@ -1,1 +1,2 @@
-"""Fleet fabric probing in the collector: which nodes measure each other, and when (planner.py)."""
+"""Fleet fabric probing in the collector: handing the pair and group rounds to the agents (coordinator.py),
+planned by gpuagent.common.pair_planner (shared with the simulator)."""

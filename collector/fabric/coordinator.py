@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from gpuagent.collector.fabric import planner
+from gpuagent.common import pair_planner as planner
 from gpuagent.common.parse import settings_key
 from gpuagent.proto import pb
 

@@ -18,9 +18,9 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from gpuagent.collector.fabric import planner
 from gpuagent.collector.fabric.coordinator import FabricConfig
 from gpuagent.collector.views.compare import CompareError, _lit, has_table, open_source, parse_window
+from gpuagent.common import pair_planner as planner
 
 ROUND_RE = re.compile(r"^(.+-r\d+)-\d+$")     # coordinator pair ids: {run tag}-r{round}-{n}
 

@@ -1,4 +1,7 @@
-"""The fabric planner: which nodes measure each other, round by round. Pure functions, no I/O.
+"""The fabric pair planner: which nodes measure each other, round by round. Pure functions, no I/O.
+
+It lives in common because two packages plan alike: the collector's fabric coordinator and the simulator
+(``gpuagent-sim --fabric-sweeps``), which must not import the collector. Standard library only.
 
 Pair rounds come from a round-robin tournament (the circle method): with N nodes (a bye added when N
 is odd) one node stays put while the others rotate one place per round, and pairing the i-th position
