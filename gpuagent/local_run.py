@@ -105,8 +105,9 @@ def query(address: str, sql: str, timeout: float = 10.0) -> tuple[list[str], lis
     import grpc
 
     from gpuagent.proto import pb, pb_grpc
+    from gpuagent.proto.wire import bearer_metadata
     token = os.environ.get("GPUAGENT_TOKEN", "")
-    md = (("authorization", f"Bearer {token}"),) if token else None
+    md = bearer_metadata(token) or None
     with grpc.insecure_channel(address) as ch:
         resp = pb_grpc.CollectorStub(ch).Query(pb.QueryRequest(sql=sql), timeout=timeout, metadata=md)
     return list(resp.columns), json.loads(resp.rows_json or "[]")

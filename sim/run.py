@@ -41,6 +41,7 @@ import grpc
 
 from gpuagent.common.retry import REFUSED, RETRYABLE, STREAM_METHOD, Backoff
 from gpuagent.proto import pb, pb_grpc
+from gpuagent.proto.wire import bearer_metadata
 from gpuagent.sim.data import GPU_METRIC_SETS, NS, Cadence, NodeSim, SimTiming
 from gpuagent.sim.fabric import FabricSim, NodeFabric, link_factors
 from gpuagent.sim.fleet import GPU_MODELS, NodeSpec, ScenarioError, load_scenario_file, scenario_fleet, validate
@@ -175,7 +176,7 @@ class _Runner:
         self.timing = SimTiming.over(config, start_ns, end_ns)
         self.live = live
         self.summary = SimSummary(sim_start_ns=start_ns, sim_end_ns=end_ns)
-        self.metadata = (("authorization", f"Bearer {config.token}"),) if config.token else None
+        self.metadata = bearer_metadata(config.token) or None
         self.wall0 = time.monotonic()
         self.fatal: str | None = None
 
@@ -297,7 +298,7 @@ def _run_slice(config: SimConfig, fleet: list[NodeSpec], start_ns: int, end_ns: 
 
 async def _register_all(config: SimConfig, fleet: list[NodeSpec], start_ns: int) -> dict[str, str]:
     """{hostname: node_id}: fabric results name both ends by the collector's node ids."""
-    metadata = (("authorization", f"Bearer {config.token}"),) if config.token else None
+    metadata = bearer_metadata(config.token) or None
     timing = SimTiming.over(config, start_ns, start_ns + NS)
     async with grpc.aio.insecure_channel(config.collector) as channel:
         try:

@@ -47,7 +47,7 @@ from gpuagent.agent.pipeline.spool import Spool
 from gpuagent.agent.snapshot import LinkState
 from gpuagent.common.retry import REFUSED, REGISTER_METHOD, STREAM_METHOD, Backoff
 from gpuagent.proto import pb
-from gpuagent.proto.wire import length_delimited
+from gpuagent.proto.wire import INSTANCE_KEY, INTERVAL_KEY, NODE_KEY, bearer_metadata, length_delimited
 
 log = logging.getLogger("gpuagent.sender")
 
@@ -171,8 +171,7 @@ class Sender(threading.Thread):
         return self._metadata()
 
     def _metadata(self, *extra: tuple[str, str]) -> tuple[tuple[str, str], ...]:
-        auth = (("authorization", f"Bearer {self._token}"),) if self._token else ()
-        return (*auth, ("gpuagent-instance", self.instance), *extra)
+        return (*bearer_metadata(self._token), (INSTANCE_KEY, self.instance), *extra)
 
     def _open_channel(self) -> grpc.Channel:
         opts = [("grpc.enable_retries", 0), ("grpc.max_send_message_length", 64 * 1024 * 1024)]
@@ -228,7 +227,7 @@ class Sender(threading.Thread):
         stream = channel.stream_stream(STREAM_METHOD, request_serializer=lambda b: b,
                                        response_deserializer=pb.Ack.FromString)
         call = stream(self._requests(resp.node_id), metadata=self._metadata(
-            ("gpuagent-node-id", resp.node_id), ("gpuagent-batch-interval-s", f"{self._batch_interval_s:g}")))
+            (NODE_KEY, resp.node_id), (INTERVAL_KEY, f"{self._batch_interval_s:g}")))
         with self._lock:
             self._call = call
         for ack in call:

@@ -32,6 +32,8 @@ from pathlib import Path
 
 import grpc
 
+from gpuagent.proto.wire import AUTHORIZATION_KEY, BEARER_PREFIX
+
 log = logging.getLogger("gpuagent.collector")
 
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
@@ -64,11 +66,6 @@ def load_token(token: str | None = None, token_file: str | None = None) -> str |
     if token is not None and not token.strip():
         raise TokenError("the token is empty")
     return token.strip() if token else None
-
-
-def bearer_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
-    """Call metadata carrying ``token`` (empty when there is none)."""
-    return (("authorization", f"Bearer {token}"),) if token else ()
 
 
 def token_digest(token: str) -> str:
@@ -234,14 +231,14 @@ class AuthPolicy:
         """(principal, "") or (None, the UNAUTHENTICATED sentence)."""
         got = None
         for key, value in metadata or ():
-            if key == "authorization":
+            if key == AUTHORIZATION_KEY:
                 got = value.decode(errors="replace") if isinstance(value, bytes) else value
                 break
         if got is not None:
-            if not got.startswith("Bearer ") or not got[7:].strip():
+            token = got[len(BEARER_PREFIX):].strip()
+            if not got.startswith(BEARER_PREFIX) or not token:
                 self._count("bad_authorization")
                 return None, "the authorization metadata does not match the form 'Bearer <token>'"
-            token = got[7:].strip()
             if self._shared is not None and hmac.compare_digest(
                     hashlib.sha256(token.encode()).digest(), self._shared):
                 return Principal(frozenset(ROLES), None, "the shared token"), ""

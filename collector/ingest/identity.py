@@ -42,9 +42,6 @@ from datetime import datetime, timezone
 
 log = logging.getLogger("gpuagent.collector")
 
-INSTANCE_KEY = "gpuagent-instance"            # "<pid>-<random hex>", one per agent process
-NODE_KEY = "gpuagent-node-id"                 # on Stream: the node (from Register) it streams for
-INTERVAL_KEY = "gpuagent-batch-interval-s"    # on Stream: the agent cuts a batch at least this often
 PENDING_S = 15.0                              # a Register claim without a stream lapses after this
 GRACE_S = 3.0                                 # a newcomer waits this long for a conflicting stream to end
 

@@ -19,7 +19,7 @@ import grpc
 
 from gpuagent.collector.ingest.auth import current_principal
 from gpuagent.collector.ingest.flow import InflightBudget
-from gpuagent.collector.ingest.identity import INSTANCE_KEY, INTERVAL_KEY, NODE_KEY, NodeClaims, Refused
+from gpuagent.collector.ingest.identity import NodeClaims, Refused
 from gpuagent.collector.ingest.ratelog import RateLimitedLog
 from gpuagent.collector.ingest.rpc import Undecodable
 from gpuagent.collector.ingest.validate import BatchError, Limits, prepare_batch
@@ -28,6 +28,7 @@ from gpuagent.collector.store.writer import StorageError, Writer
 from gpuagent.collector.views import sqlguard
 from gpuagent.common.errors import first_line
 from gpuagent.proto import pb, pb_grpc
+from gpuagent.proto.wire import INSTANCE_KEY, INTERVAL_KEY, NODE_KEY
 
 if TYPE_CHECKING:
     from gpuagent.collector.ingest.server import ServerOptions

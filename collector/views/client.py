@@ -10,9 +10,9 @@ from pathlib import Path
 
 import grpc
 
-from gpuagent.collector.ingest.auth import bearer_metadata
 from gpuagent.collector.views.result import QueryResult
 from gpuagent.proto import pb, pb_grpc
+from gpuagent.proto.wire import bearer_metadata
 
 DEFAULT_TARGET = "127.0.0.1:7443"
 

@@ -95,6 +95,7 @@ class RpcSource:
         import grpc  # noqa: PLC0415
 
         from gpuagent.proto import pb, pb_grpc  # noqa: PLC0415
+        from gpuagent.proto.wire import bearer_metadata  # noqa: PLC0415
         self._grpc, self._pb = grpc, pb
         opts = [("grpc.max_receive_message_length", 256 << 20)]
         if tls_ca:
@@ -112,7 +113,7 @@ class RpcSource:
         else:
             self.channel = grpc.insecure_channel(target, options=opts)
         self.stub = pb_grpc.CollectorStub(self.channel)
-        self.metadata = (("authorization", f"Bearer {token}"),) if token else None
+        self.metadata = bearer_metadata(token) or None
         self.timeout_s = timeout_s
         self.label = target
 
