@@ -144,13 +144,13 @@ def test_compare_cli_errors_are_one_sentence(fx, tmp_path):
 
 
 def test_heatmap_keeps_the_least_utilized_nodes(fx, monkeypatch):
-    from gpuagent.collector.views import report
+    from gpuagent.collector.views import report_data
 
-    monkeypatch.setattr(report, "MAX_HEATMAP_ROWS", 2)
+    monkeypatch.setattr(report_data, "MAX_HEATMAP_ROWS", 2)
     src = DbSource(str(fx.db))
     try:
         c = compare_pools(src, 86400.0)
-        title, rows, cols, values, bucket = report._heatmap(src, c.window)
+        title, rows, cols, values, bucket = report_data._heatmap(src, c.window)
     finally:
         src.close()
     assert title.endswith("the 2 least-utilized of 8 nodes")

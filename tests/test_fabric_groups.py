@@ -21,7 +21,7 @@ from gpuagent.agent.probing.fabric import COLLECTIVE_FIRST_ESTIMATE_S, FabricBud
 from gpuagent.agent.probing.scheduler import ProbeScheduler
 from gpuagent.collector.fabric.coordinator import FabricConfig
 from gpuagent.collector.ingest.server import start_collector
-from gpuagent.collector.views.compare import NOT_FABRIC_GROUP
+from gpuagent.collector.views.compare_sql import NOT_FABRIC_GROUP
 from gpuagent.collector.views.fabric import run_fabric
 from gpuagent.probes import rdma_pair
 from gpuagent.probes.lock import ProbeLock

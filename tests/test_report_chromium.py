@@ -21,7 +21,7 @@ import duckdb
 from tools import needs
 from click.testing import CliRunner
 
-from gpuagent.collector.views.compare import HEADLINE
+from gpuagent.collector.views.compare_sql import HEADLINE
 from gpuagent.collector.views.report import write_report
 from sim_helpers import FLEET_SPEC, fleet_db
 

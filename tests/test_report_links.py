@@ -11,7 +11,7 @@ from html.parser import HTMLParser
 import duckdb
 import pytest
 
-from gpuagent.collector.views import report
+from gpuagent.collector.views import report, report_data
 from gpuagent.collector.views.compare import DbSource, compare_pools
 from sim_helpers import BAD_LINK, CLOUD_A_NET, FABRIC_GBITS, FLEET_SPEC, fleet_db
 
@@ -96,11 +96,11 @@ def test_link_heatmap_draws_each_measured_link(fx):
 
 
 def test_link_heatmap_keeps_the_nodes_with_the_slowest_links(fx, monkeypatch):
-    monkeypatch.setattr(report, "MAX_LINK_NODES", 3)
+    monkeypatch.setattr(report_data, "MAX_LINK_NODES", 3)
     src = DbSource(str(fx.db))
     try:
         c = compare_pools(src, 86400.0)
-        title, labels, values, vmax = report._link_heatmap(src, c.window)
+        title, labels, values, vmax = report_data._link_heatmap(src, c.window)
     finally:
         src.close()
     assert title.endswith(f"the 3 nodes with the slowest links of {len(FLEET_SPEC)}")

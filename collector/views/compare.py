@@ -13,15 +13,14 @@ For each pool, over a window that ends at the newest stored data:
   and the median rtt p50 over the runs between two nodes of the pool (link_results).
 
 Reads a DuckDB file (read-only), a live collector through its Query RPC, or the whole fleet's Parquet lake
-on DuckDB or Spark (collector/lake/engines.py). The SQL below is written in what DuckDB and Spark SQL both
-accept (only literals, no bind parameters, for the RPC path); a source's ``dialect`` spells the two things
-that differ, a timestamp's epoch seconds and a timestamp literal.
+on DuckDB or Spark (collector/lake/engines.py). The SQL (compare_sql.py) is written in what DuckDB and Spark
+SQL both accept (only literals, no bind parameters, for the RPC path); a source's ``dialect`` spells the two
+things that differ, a timestamp's epoch seconds and a timestamp literal. The text, CSV and JSON output is
+compare_format.py's.
 """
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 import os
@@ -29,28 +28,11 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from gpuagent.collector.views.compare_format import formatter
+from gpuagent.collector.views.compare_sql import (FLAG_KINDS, HEADLINE, NO_POOL, NOT_FABRIC_GROUP, POINT_METRICS,
+                                                  SQL_FLAGS, SQL_FLAGS_ANY, SQL_JOBS, SQL_LINKS, SQL_POOL_MODELS,
+                                                  SQL_POOLS, SQL_PROBES, SQL_UTIL_RAW, SQL_UTIL_ROLLUP, UTIL_TAIL)
 from gpuagent.collector.views.dialect import DUCKDB, Dialect
-
-# (probe, metric, better) — the headline metric of each probe (docs/METRICS.md).
-HEADLINE: tuple[tuple[str, str, str], ...] = (
-    ("collective", "busbw_gbps", "higher"),
-    ("pcie", "h2d_gbps", "higher"),
-    ("pcie", "d2h_gbps", "higher"),
-    ("gpu_compute", "bf16_tflops", "higher"),
-    ("gpu_compute", "launch_latency_us", "lower"),
-    ("storage", "seq_read_gbps", "higher"),
-    ("storage", "rand_read_iops", "higher"),
-    ("host", "syscall_ns", "lower"),
-    ("host", "clock_gettime_ns", "lower"),
-    ("host", "cpu_steal_percent", "lower"),
-)
-# A fabric group's collective (group_results) crosses nodes: it is no node's own collective figure, so the
-# per-node and per-pool probe views leave it out, as the analyzer does (20_node_class.sql).
-NOT_FABRIC_GROUP = "(m.probe <> 'collective' OR coalesce(m.params_key, '') NOT LIKE '%group_id=%')"
-# Metrics already in percent of something (CPU time): compared in percentage points, not relative %.
-POINT_METRICS = frozenset({"cpu_steal_percent"})
-FLAG_KINDS = ("virtualization_overhead", "noisy_neighbor_variance", "utilization_gap")
-NO_POOL = "(no pool)"
 
 
 class CompareError(RuntimeError):
@@ -221,138 +203,6 @@ def resolve_window(src, seconds: float) -> Window | None:
     return Window(newest - seconds, newest + 1e-6, seconds, d)
 
 
-# ------------------------------------------------------------------------------------------ SQL
-
-SQL_POOLS = """
-SELECT coalesce(pool, '{no_pool}') AS pool,
-       count(*) AS nodes,
-       count(*) FILTER (WHERE virtualized) AS virtualized_nodes,
-       count(*) FILTER (WHERE synthetic) AS synthetic_nodes,
-       sum(coalesce(gpu_count, 0)) AS gpus,
-       median(price_per_gpu_hour) AS price_per_gpu_hour
-FROM nodes
-GROUP BY 1
-ORDER BY 1
-"""
-
-SQL_POOL_MODELS = """
-SELECT DISTINCT coalesce(pool, '{no_pool}') AS pool, gpu_model FROM nodes WHERE gpu_model IS NOT NULL
-"""
-
-SQL_PROBES = """
-SELECT coalesce(n.pool, '{no_pool}') AS pool, m.probe, m.metric,
-       count(*) AS runs,
-       count(DISTINCT m.node_id) AS nodes,
-       percentile_cont(0.5) WITHIN GROUP (ORDER BY m.value) AS median,
-       percentile_cont(0.1) WITHIN GROUP (ORDER BY m.value) AS p10,
-       percentile_cont(0.9) WITHIN GROUP (ORDER BY m.value) AS p90
-FROM probe_metrics m
-JOIN nodes n ON n.node_id = m.node_id
-WHERE m.started_at >= {start} AND m.started_at < {end}
-  AND m.probe || '.' || m.metric IN ({pairs}) AND {not_group}
-  AND m.value BETWEEN -1.7976931348623157e308 AND 1.7976931348623157e308
-GROUP BY ALL
-"""
-
-# GPU-minutes per pool: from the analyzer's 1-minute rollups when they exist, else from raw samples.
-SQL_UTIL_ROLLUP = """
-WITH per_minute AS (
-    SELECT node_id, gpu, minute, sum(sum) / sum(n) AS util
-    FROM samples_1m
-    WHERE metric = 'gpu_util_percent' AND gpu IS NOT NULL AND minute >= {start} AND minute < {end}
-    GROUP BY ALL
-)
-{util_tail}
-"""
-
-SQL_UTIL_RAW = """
-WITH per_minute AS (
-    SELECT node_id, gpu, date_trunc('minute', ts) AS minute, avg(value) AS util
-    FROM samples
-    WHERE metric = 'gpu_util_percent' AND gpu IS NOT NULL AND ts >= {start} AND ts < {end}
-    GROUP BY ALL
-)
-{util_tail}
-"""
-
-# Double literals (60e0, not 60.0): Spark reads 60.0 as a DECIMAL and would round the quotients.
-UTIL_TAIL = """
-SELECT coalesce(n.pool, '{no_pool}') AS pool,
-       count(*) / 60e0 AS gpu_hours,
-       avg(p.util) AS effective_util_percent,
-       sum(p.util) / 100e0 / 60e0 AS effective_gpu_hours,
-       avg(CASE WHEN p.util < 10 THEN 1e0 ELSE 0e0 END) * 100 AS idle_minutes_percent,
-       sum(n.price_per_gpu_hour / 60e0) AS cost,
-       count(*) FILTER (WHERE n.price_per_gpu_hour IS NULL) AS unpriced_gpu_minutes
-FROM per_minute p
-JOIN nodes n ON n.node_id = p.node_id
-GROUP BY 1
-"""
-
-# One row per net_pair run (both ends report it: the connecting end's row is kept), both ends in one pool.
-# Written in what DuckDB and Spark SQL both accept: no QUALIFY, no isfinite (NaN and inf fall outside
-# BETWEEN the largest finite doubles on both engines), percentile_cont ... WITHIN GROUP.
-SQL_LINKS = """
-SELECT pool,
-       count(*) AS runs,
-       count(DISTINCT link) AS links,
-       percentile_cont(0.5) WITHIN GROUP (ORDER BY gbits) AS link_gbits_median,
-       percentile_cont(0.1) WITHIN GROUP (ORDER BY gbits) AS link_gbits_p10,
-       percentile_cont(0.5) WITHIN GROUP (ORDER BY rtt_p50_us) AS link_rtt_p50_us
-FROM (
-    SELECT coalesce(na.pool, '{no_pool}') AS pool,
-           least(l.node_a, l.node_b) || '|' || greatest(l.node_a, l.node_b) AS link,
-           least(l.send_gbits_per_s, l.recv_gbits_per_s) AS gbits,
-           CASE WHEN l.rtt_p50_us BETWEEN 0 AND 1.7976931348623157e308 THEN l.rtt_p50_us END AS rtt_p50_us,
-           row_number() OVER (
-               PARTITION BY coalesce(l.pair_id, l.node_a || '|' || l.node_b || '|' || CAST(l.started_at AS STRING))
-               ORDER BY CASE WHEN l.reported_by = l.node_a THEN 0 ELSE 1 END, l.reported_by) AS rn
-    FROM link_results l
-    JOIN nodes na ON na.node_id = l.node_a
-    JOIN nodes nb ON nb.node_id = l.node_b
-    WHERE l.probe = 'net_pair' AND l.status = 'ok'
-      AND l.started_at >= {start} AND l.started_at < {end}
-      AND coalesce(na.pool, '{no_pool}') = coalesce(nb.pool, '{no_pool}')
-      AND l.send_gbits_per_s BETWEEN -1.7976931348623157e308 AND 1.7976931348623157e308
-      AND l.recv_gbits_per_s BETWEEN -1.7976931348623157e308 AND 1.7976931348623157e308
-) AS runs
-WHERE rn = 1
-GROUP BY pool
-"""
-
-SQL_FLAGS = """
-SELECT coalesce(n.pool, '{no_pool}') AS pool, f.kind,
-       count(DISTINCT f.node_id) AS nodes_flagged,
-       count(*) AS open_flags
-FROM flags f
-JOIN nodes n ON n.node_id = f.node_id
-WHERE f.state = 'open'
-GROUP BY ALL
-"""
-
-SQL_FLAGS_ANY = """
-SELECT coalesce(n.pool, '{no_pool}') AS pool, count(DISTINCT f.node_id) AS nodes_flagged
-FROM flags f
-JOIN nodes n ON n.node_id = f.node_id
-WHERE f.state = 'open'
-GROUP BY ALL
-"""
-
-SQL_JOBS = """
-SELECT coalesce(n.pool, '{no_pool}') AS pool, s.job_name,
-       count(DISTINCT s.node_id || ':' || CAST(s.rank AS STRING)) AS ranks,
-       count(*) AS windows,
-       percentile_cont(0.5) WITHIN GROUP (ORDER BY s.tokens_per_s) AS tokens_per_s_per_gpu,
-       percentile_cont(0.5) WITHIN GROUP (ORDER BY s.samples_per_s) AS samples_per_s_per_gpu,
-       percentile_cont(0.5) WITHIN GROUP (ORDER BY s.step_time_p50_s) AS step_time_p50_s
-FROM job_steps s
-JOIN nodes n ON n.node_id = s.node_id
-WHERE s.ts >= {start} AND s.ts < {end} AND s.job_name IS NOT NULL AND s.job_name <> ''
-GROUP BY ALL
-ORDER BY s.job_name, pool
-"""
-
-
 def _fmt(sql: str, window: Window | None = None, **kw: str) -> str:
     args = {"no_pool": NO_POOL.replace("'", "''"), **kw}
     if window is not None:
@@ -511,148 +361,6 @@ def compare_pools(src, window_s: float = 86400.0, reference_pool: str | None = N
                             "samples_per_s_per_gpu": _num(r["samples_per_s_per_gpu"]),
                             "step_time_p50_s": _num(r["step_time_p50_s"])})
     return result
-
-
-# ------------------------------------------------------------------------------------------ output
-
-
-def fmt_value(v: float | None, digits: int = 3) -> str:
-    """A compact human number: 3 significant digits, thousands grouped."""
-    if v is None:
-        return "-"
-    a = abs(v)
-    if a >= 1000:
-        return f"{v:,.0f}"
-    if a >= 100:
-        return f"{v:.0f}"
-    if a >= 10:
-        return f"{v:.1f}"
-    if a >= 1:
-        return f"{v:.2f}"
-    return f"{v:.{digits}f}"
-
-
-def pool_rows(c: PoolComparison) -> list[tuple[str, list[str]]]:
-    """(label, one cell per pool) rows of the summary table; shared by the text table and the report."""
-    def cells(fn):
-        return [fn(p) for p in c.pools]
-
-    def pct(v):
-        return "-" if v is None else f"{v:.1f} %"
-
-    def money(v):
-        return "no price" if v is None else f"${v:,.2f}"
-
-    rows = [
-        ("nodes (virtualized)", cells(lambda p: f"{p['nodes']} ({p['virtualized_nodes']})")),
-        ("GPUs", cells(lambda p: str(p["gpus"]))),
-        ("GPU model", cells(lambda p: p["gpu_models"] or "-")),
-        ("GPU-hours sampled", cells(lambda p: f"{p['gpu_hours']:.1f}")),
-        ("effective GPU utilization", cells(lambda p: pct(p["effective_util_percent"]))),
-        ("GPU-minutes under 10 % util", cells(lambda p: pct(p["idle_minutes_percent"]))),
-        ("price per GPU-hour", cells(lambda p: money(p["price_per_gpu_hour"]))),
-        ("cost per effective GPU-hour", cells(lambda p: money(p["cost_per_effective_gpu_hour"]))),
-        ("nodes flagged (any open flag)", cells(lambda p: f"{p['nodes_flagged_percent']:.0f} % "
-                                                          f"({p['nodes_flagged']}/{p['nodes']})")),
-    ]
-    for k in FLAG_KINDS:
-        rows.append((f"  {k}", cells(lambda p, k=k: f"{100.0 * p[f'{k}_nodes'] / p['nodes']:.0f} %"
-                                     if p["nodes"] else "-")))
-    if any(p["link_runs"] for p in c.pools):
-        rows.append(("inter-node Gbit/s (median [p10])", cells(lambda p: _link_cell(p, c.reference_pool))))
-        rows.append(("inter-node rtt p50 (median)", cells(
-            lambda p: "-" if p["link_rtt_p50_us"] is None else f"{fmt_value(p['link_rtt_p50_us'])} us")))
-    return rows
-
-
-def _link_cell(p: dict[str, Any], reference_pool: str | None) -> str:
-    if p["link_gbits_median"] is None:
-        return "-"
-    text = (f"{fmt_value(p['link_gbits_median'])} [{fmt_value(p['link_gbits_p10'])}], "
-            f"{p['links']} link{'s' if p['links'] != 1 else ''}")
-    if p["pool"] != reference_pool and p["link_gbits_vs_reference_percent"] is not None:
-        text += f" ({round(p['link_gbits_vs_reference_percent']) or 0:+d}%)"
-    return text
-
-
-def probe_cell(r: dict[str, Any] | None, reference_pool: str | None) -> str:
-    if r is None:
-        return "-"
-    text = f"{fmt_value(r['median'])} [{fmt_value(r['p10'])}–{fmt_value(r['p90'])}]"
-    if r["spread_percent"] is not None:
-        text += f" ±{r['spread_percent'] / 2:.0f}%"
-    if r["pool"] != reference_pool:
-        if r["vs_reference_percent"] is not None:
-            text += f" ({round(r['vs_reference_percent']) or 0:+d}%)"
-        elif r.get("vs_reference_points") is not None:
-            text += f" ({r['vs_reference_points']:+.1f} pp)"
-    return text
-
-
-def _aligned(header: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
-    out = ["  ".join(h.ljust(w) for h, w in zip(header, widths))]
-    out.append("  ".join("-" * w for w in widths))
-    out += ["  ".join(str(x).ljust(w) for x, w in zip(r, widths)) for r in rows]
-    return "\n".join(line.rstrip() for line in out)
-
-
-def format_table(c: PoolComparison) -> str:
-    lines = []
-    if c.synthetic_nodes:
-        lines.append(f"SYNTHETIC data: {c.synthetic_nodes} of {c.total_nodes} nodes are simulated (gpuagent-sim).")
-    if c.window is None:
-        lines.append("No data stored yet.")
-        return "\n".join(lines)
-    lines.append(f"Window: {c.window.iso('start')} to {c.window.iso('end')} (ends at the newest stored data)")
-    pools = c.pool_names
-    lines += ["", _aligned(["pool"] + pools, [[label] + cells for label, cells in pool_rows(c)])]
-    if any(p["link_runs"] for p in c.pools):
-        lines.append("inter-node: net_pair runs between two nodes of the pool in the window; a run's rate is "
-                     "its slower direction")
-    ref = f"; (±N%) vs {c.reference_pool}" if c.reference_pool else ""
-    lines += ["", f"Probes: median [p10–p90] ±half-spread{ref}"]
-    rows = []
-    for probe, metric, better in HEADLINE:
-        cells = [probe_cell(c.probe(p, probe, metric), c.reference_pool) for p in pools]
-        if any(x != "-" for x in cells):
-            rows.append([f"{probe} {metric} ({better} is better)"] + cells)
-    lines.append(_aligned(["metric"] + pools, rows) if rows else "no probe runs in the window")
-    lines += ["", "Throughput per GPU for the same job (median of step windows)"]
-    if c.jobs:
-        rows = [[j["job_name"], j["pool"], str(j["ranks"]), fmt_value(j["tokens_per_s_per_gpu"]),
-                 fmt_value(j["samples_per_s_per_gpu"]), fmt_value(j["step_time_p50_s"])] for j in c.jobs]
-        lines.append(_aligned(["job", "pool", "GPUs", "tokens/s/GPU", "samples/s/GPU", "step p50 s"], rows))
-    else:
-        lines.append("no job step data in the window")
-    return "\n".join(lines)
-
-
-def format_csv(c: PoolComparison) -> str:
-    """Long form: section, pool, item, field, value."""
-    buf = io.StringIO()
-    w = csv.writer(buf)
-    w.writerow(["section", "pool", "item", "field", "value"])
-    for p in c.pools:
-        for k, v in p.items():
-            if k != "pool":
-                w.writerow(["pool", p["pool"], "", k, "" if v is None else v])
-    for r in c.probes:
-        for k in ("runs", "nodes", "median", "p10", "p90", "spread_percent", "vs_reference_percent",
-                  "vs_reference_points"):
-            w.writerow(["probe", r["pool"], f"{r['probe']}.{r['metric']}", k, "" if r[k] is None else r[k]])
-    for j in c.jobs:
-        for k in ("ranks", "windows", "tokens_per_s_per_gpu", "samples_per_s_per_gpu", "step_time_p50_s"):
-            w.writerow(["job", j["pool"], j["job_name"], k, "" if j[k] is None else j[k]])
-    return buf.getvalue()
-
-
-def format_json(c: PoolComparison) -> str:
-    return json.dumps(c.to_dict(), indent=2, sort_keys=True, default=str)
-
-
-def formatter(fmt: str):
-    return {"table": format_table, "csv": format_csv, "json": format_json}[fmt]
 
 
 def run_compare(db: str | None, target: str | None, window: str = "24h", fmt: str = "table",
