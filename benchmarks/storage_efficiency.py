@@ -61,11 +61,11 @@ def _used(handle, db_path: str) -> tuple[int, int, int]:
     The first counts every table (probes, jobs, the logs), so it overstates small runs; the second counts
     each block any samples segment lies in, whole.
     """
-    from gpuagent.collector.store import maintenance as mt
+    from gpuagent.collector.store import disk_usage as du
 
     def f(c):
         c.execute("CHECKPOINT")
-        return (mt.measure(c, db_path).used_bytes, mt.table_bytes(c, "samples"),
+        return (du.measure(c, db_path).used_bytes, du.table_bytes(c, "samples"),
                 c.execute("SELECT count(*) FROM samples").fetchone()[0])
 
     return handle.writer.call(f).result()

@@ -14,6 +14,7 @@ from tools import need
 
 from gpuagent.collector.analysis.analyzer import Analyzer
 from gpuagent.collector.ingest.server import start_collector
+from gpuagent.collector.store import disk_usage as du
 from gpuagent.collector.store import maintenance as mt
 from gpuagent.collector.store import maintenance_config as mc
 from gpuagent.sim.run import SimConfig, run_sim
@@ -92,7 +93,7 @@ def test_compaction_keeps_every_row_takes_fewer_bytes_and_ingest_continues(tmp_p
         rows_before = _rows(call)
         rollups_before = call(lambda c: c.execute("SELECT * FROM samples_1m ORDER BY ALL").fetchall())
         call(lambda c: c.execute("CHECKPOINT"))
-        bytes_before = call(lambda c: mt.table_bytes(c, "samples"))
+        bytes_before = call(lambda c: du.table_bytes(c, "samples"))
         assert rows_before.num_rows == s.samples
         first, second = END - dt.timedelta(hours=4), END - dt.timedelta(hours=2)   # END is 2 h aligned
 
@@ -104,7 +105,7 @@ def test_compaction_keeps_every_row_takes_fewer_bytes_and_ingest_continues(tmp_p
         assert mt.compact_span(call, m, first) == in_first
         assert _rows(call).equals(rows_before)
         call(lambda c: c.execute("FORCE CHECKPOINT"))
-        bytes_after = call(lambda c: mt.table_bytes(c, "samples"))
+        bytes_after = call(lambda c: du.table_bytes(c, "samples"))
         print(f"samples blocks: {bytes_before} bytes before, {bytes_after} after compacting half the rows")
         # Fewer whole blocks (256 KiB each). How many fewer depends on how the 4 streams' batches interleaved
         # on arrival (24 to 26 of 27 blocks seen in full-suite runs), so the saving's size is not asserted here.
@@ -226,7 +227,7 @@ def test_disk_guard_on_a_small_filesystem_deletes_oldest_first_and_ingest_never_
             "SELECT ts_to, rows, bytes_available_before, bytes_available_after FROM retention_log "
             "WHERE tbl = 'samples' AND reason = 'disk_guard' ORDER BY logged_at").fetchall())
         call(lambda c: c.execute("CHECKPOINT"))    # measured as the guard measures: the WAL folded in
-        usage = call(lambda c: mt.measure(c, db))
+        usage = call(lambda c: du.measure(c, db))
         print(f"disk guard: {len(log_rows)} steps deleted {m.counters.guard_deleted.get('samples', 0)} of {sent} "
               f"samples ({len(log_rows)} of {hours} hours); available now {usage.available_bytes >> 20} MiB; "
               f"made available per step (MiB): {[round((r[3] - r[2]) / 2**20, 1) for r in log_rows]}")
