@@ -21,7 +21,7 @@ import json
 import os
 import tempfile
 
-from gpuagent.collector.ingest.server import start_collector
+from gpuagent.collector.service import start_collector
 from gpuagent.sim.run import SimConfig, run_sim
 
 MIB = 2**20

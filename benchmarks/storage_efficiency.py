@@ -201,7 +201,7 @@ def _live(address: str, args, tag: str, until: threading.Event | None) -> tuple[
 
 
 def run(args) -> dict:
-    from gpuagent.collector.ingest.server import start_collector
+    from gpuagent.collector.service import start_collector
 
     work = Path(tempfile.mkdtemp(prefix="gpuagent-storage-", dir=args.workdir))
     out: dict = {"benchmark": "storage_efficiency", "synthetic": True, "nodes": args.nodes, "hours": args.hours,

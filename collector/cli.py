@@ -90,7 +90,7 @@ def serve(listen, db_path, token, token_file, tls_cert, tls_key, tokens_file, tl
     SIGHUP re-reads the tokens file and the TLS certificate, key and client CA; open streams stay."""
     logging.basicConfig(level=getattr(logging, log_level.upper()), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from gpuagent.collector.ingest.server import CollectorError, ServerOptions, start_collector
+    from gpuagent.collector.service import CollectorError, ServerOptions, start_collector
     from gpuagent.collector.ingest.validate import Limits
 
     tok = _token(None, token_file) if token_file else _token(token, None)

@@ -322,7 +322,7 @@ def test_agent_over_tls_with_token(tmp_path):
                     "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", str(tmp_path / "key.pem"),
                     "-out", str(tmp_path / "cert.pem")], check=True, capture_output=True, timeout=60)
     from gpuagent.collector.views import client
-    from gpuagent.collector.ingest.server import start_collector
+    from gpuagent.collector.service import start_collector
     state = tmp_path / "state"
     with start_collector(tmp_path / "c.duckdb", token="tls-token", tls_cert=str(tmp_path / "cert.pem"),
                          tls_key=str(tmp_path / "key.pem")) as h:

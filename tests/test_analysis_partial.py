@@ -90,7 +90,7 @@ def test_the_failure_is_a_metrics_series_from_zero(con, tmp_path):
     """/metrics of a real collector on the file: every step's failure counter from 0, the broken one at 1."""
     import urllib.request
 
-    from gpuagent.collector.ingest.server import start_collector
+    from gpuagent.collector.service import start_collector
 
     _fleet(con)
     an = A.Analyzer()

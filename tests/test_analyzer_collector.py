@@ -12,7 +12,7 @@ from gpuagent.collector.analysis import analyzer as A
 from gpuagent.collector.store import schema
 from gpuagent.sim import synthetic_rows as S
 from gpuagent.collector.views.client import analyze as remote_analyze
-from gpuagent.collector.ingest.server import start_collector
+from gpuagent.collector.service import start_collector
 from gpuagent.common.timeutil import utc_now
 
 from conftest import wait_for

@@ -14,7 +14,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 import certs
 from collector_helpers import node_info, sample_batch
 from gpuagent.collector.ingest.auth import TokenError, TokenTable, token_digest
-from gpuagent.collector.ingest.server import CollectorError, start_collector
+from gpuagent.collector.service import CollectorError, start_collector
 from gpuagent.proto import pb, pb_grpc
 
 pytestmark = needs("openssl")

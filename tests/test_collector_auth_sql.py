@@ -10,7 +10,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from collector_helpers import node_info, sample_batch
 from gpuagent.collector.views import client
-from gpuagent.collector.ingest.server import start_collector
+from gpuagent.collector.service import start_collector
 from gpuagent.proto import pb, pb_grpc
 
 TOKEN = "s3cret-token"

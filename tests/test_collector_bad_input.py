@@ -9,7 +9,7 @@ import grpc
 import pytest
 
 from collector_helpers import NOW_NS, node_info, sample_batch
-from gpuagent.collector.ingest.server import start_collector
+from gpuagent.collector.service import start_collector
 from gpuagent.collector.ingest.validate import Limits
 from gpuagent.proto import pb, pb_grpc
 
@@ -129,7 +129,7 @@ def test_register_with_a_non_numeric_price_is_refused(env):
 
 
 def test_message_over_grpc_size_limit_is_refused(tmp_path):
-    from gpuagent.collector.ingest.server import ServerOptions
+    from gpuagent.collector.service import ServerOptions
 
     with start_collector(tmp_path / "c.duckdb", options=ServerOptions(max_message_bytes=64 * 1024)) as h, \
             grpc.insecure_channel(f"127.0.0.1:{h.port}") as ch:

@@ -141,7 +141,7 @@ def _duckdb_cli():
 
 
 def test_official_duckdb_cli_reads_a_collector_file_read_only(tmp_path):
-    from gpuagent.collector.ingest.server import start_collector
+    from gpuagent.collector.service import start_collector
     import grpc
 
     from gpuagent.proto import pb, pb_grpc

@@ -13,7 +13,7 @@ from tools import needs
 
 import certs
 from conftest import clean_env
-from gpuagent.collector.ingest.server import start_collector
+from gpuagent.collector.service import start_collector
 
 pytestmark = needs("openssl")
 

@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from collector_helpers import NOW_NS, node_info, sample_batch
-from gpuagent.collector.ingest.server import start_collector
+from gpuagent.collector.service import start_collector
 from gpuagent.proto import pb, pb_grpc
 
 
@@ -248,7 +248,7 @@ def test_probe_result_without_times_takes_the_batch_time(collector, stub):
 
 
 def test_in_flight_bound_makes_streams_wait_but_loses_nothing(tmp_path):
-    from gpuagent.collector.ingest.server import ServerOptions
+    from gpuagent.collector.service import ServerOptions
 
     with start_collector(tmp_path / "c.duckdb", options=ServerOptions(max_inflight_samples=1000)) as h, \
             grpc.insecure_channel(f"127.0.0.1:{h.port}") as ch:

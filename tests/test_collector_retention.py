@@ -13,7 +13,7 @@ import pytest
 from tools import need
 
 from gpuagent.collector.analysis.analyzer import Analyzer
-from gpuagent.collector.ingest.server import start_collector
+from gpuagent.collector.service import start_collector
 from gpuagent.collector.store import disk_usage as du
 from gpuagent.collector.store import maintenance as mt
 from gpuagent.collector.store import maintenance_config as mc

@@ -8,7 +8,7 @@ import grpc
 import pytest
 
 from collector_helpers import NOW_NS, node_info, sample_batch
-from gpuagent.collector.ingest.server import CollectorError, start_collector
+from gpuagent.collector.service import CollectorError, start_collector
 from gpuagent.collector.ingest.validate import prepare_batch
 from gpuagent.collector.store import schema, tables
 from gpuagent.proto import pb, pb_grpc

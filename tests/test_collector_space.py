@@ -179,7 +179,7 @@ def test_a_collector_whose_database_was_invalidated_answers_again_without_a_rest
 
     from collector_helpers import node_info
     from gpuagent import local_run
-    from gpuagent.collector.ingest.server import start_collector
+    from gpuagent.collector.service import start_collector
     from gpuagent.proto import pb, pb_grpc
 
     db = tmpfs_64m / "c.duckdb"

@@ -11,7 +11,7 @@ from tools import need
 
 from collector_helpers import node_info, sample_batch
 from gpuagent.collector.views import client
-from gpuagent.collector.ingest.server import start_collector
+from gpuagent.collector.service import start_collector
 from gpuagent.proto import pb, pb_grpc
 
 
@@ -43,7 +43,7 @@ def test_tls_serves_and_plaintext_clients_fail(tmp_path, cert):
 
 
 def test_tls_beyond_loopback_policy_accepts_token_and_tls(tmp_path, cert):
-    from gpuagent.collector.ingest.server import check_listen_policy, CollectorError
+    from gpuagent.collector.ingest.listen import check_listen_policy, CollectorError
 
     check_listen_policy("0.0.0.0:7443", "t", tls=True, insecure=False)   # no exception
     with pytest.raises(CollectorError, match="without a token"):

@@ -22,7 +22,7 @@ from gpuagent.agent.config import ProbesConfig
 from gpuagent.agent.probing.fabric import FabricBudget, FabricClient
 from gpuagent.agent.probing.scheduler import ProbeScheduler
 from gpuagent.collector.fabric.coordinator import FabricConfig
-from gpuagent.collector.ingest.server import start_collector
+from gpuagent.collector.service import start_collector
 from gpuagent.probes.lock import ProbeLock
 from gpuagent.probes.net_pair import NetPairListener
 from gpuagent.proto import pb, pb_grpc

@@ -16,7 +16,7 @@ from conftest import worker_ports
 from sysfs_helpers import add_nic
 from gpuagent.agent.probing.fabric import FabricClient
 from gpuagent.collector.fabric.coordinator import Coordinator, FabricConfig
-from gpuagent.collector.ingest.server import start_collector
+from gpuagent.collector.service import start_collector
 from gpuagent.probes.lock import ProbeLock
 from gpuagent.proto import pb, pb_grpc
 

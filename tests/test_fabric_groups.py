@@ -20,7 +20,7 @@ from gpuagent.agent.config import ProbesConfig
 from gpuagent.agent.probing.fabric import COLLECTIVE_FIRST_ESTIMATE_S, FabricBudget, FabricClient
 from gpuagent.agent.probing.scheduler import ProbeScheduler
 from gpuagent.collector.fabric.coordinator import FabricConfig
-from gpuagent.collector.ingest.server import start_collector
+from gpuagent.collector.service import start_collector
 from gpuagent.collector.views.compare_sql import NOT_FABRIC_GROUP
 from gpuagent.collector.views.fabric import run_fabric
 from gpuagent.probes import rdma_pair

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from collector_helpers import node_info
 from gpuagent.agent.pipeline.spool import Spool, encode_record
-from gpuagent.collector.ingest.server import start_collector
+from gpuagent.collector.service import start_collector
 from gpuagent.collector.store.db import open_database
 from gpuagent.collector.ingest.validate import labels_text
 from gpuagent.collector.views import sqlguard

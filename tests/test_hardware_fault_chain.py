@@ -25,7 +25,7 @@ import pytest
 
 from agent_helpers import start_agent, stop, wait_running
 from conftest import wait_for
-from gpuagent.collector.ingest import server
+from gpuagent.collector import service as server
 from gpuagent.collector.views import client
 from gpuagent.common import hardware_faults as hf
 from gpuagent.sim.nvml_emulator import Emulator

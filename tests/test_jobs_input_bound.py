@@ -24,7 +24,7 @@ import psutil  # noqa: E402
 
 from gpuagent.collector.analysis import analyzer  # noqa: E402
 from gpuagent.collector.views import client
-from gpuagent.collector.ingest import server
+from gpuagent.collector import service as server
 from gpuagent.agent.config import AgentConfig, CollectorConfig, JobsConfig  # noqa: E402
 from gpuagent.agent.daemon import Agent, build_node_info  # noqa: E402
 from gpuagent.agent.samplers.gpu import GpuSampler  # noqa: E402

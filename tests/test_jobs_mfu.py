@@ -19,7 +19,7 @@ from agent_helpers import ROOT, agent_env, read_status, stop
 from conftest import wait_for
 from gpuagent.sim.nvml_emulator import Emulator
 from nvml_emulator_fixture import H100_8GPU, built_or_skip
-from gpuagent.collector.ingest import server
+from gpuagent.collector import service as server
 from gpuagent.collector.views import client
 from gpuagent.common.gpu_peaks import dense_bf16_peak
 from gpuagent.jobs import Tracker, wire

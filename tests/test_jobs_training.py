@@ -17,7 +17,7 @@ from tools import python_module_or_skip
 python_module_or_skip("torch")
 
 from gpuagent.collector.views import client  # noqa: E402
-from gpuagent.collector.ingest import server
+from gpuagent.collector import service as server
 from agent_helpers import ROOT, kill_tree, read_status, start_agent, stop, wait_running  # noqa: E402
 from tests.conftest import wait_for  # noqa: E402
 

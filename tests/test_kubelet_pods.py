@@ -22,7 +22,7 @@ import pytest
 from agent_helpers import read_status, start_agent, stop, wait_running
 from conftest import free_port, wait_for
 from gpuagent.agent.schedulers.kubelet import PodRef, device_key, parse_list
-from gpuagent.collector.ingest import server
+from gpuagent.collector import service as server
 from gpuagent.collector.views import client
 from gpuagent.proto import podresources_pb2 as prpb
 from gpuagent.proto import podresources_pb2_grpc as prgrpc

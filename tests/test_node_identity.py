@@ -27,7 +27,7 @@ from gpuagent.agent.samplers.nodeinfo import machine_id as read_machine_id
 from gpuagent.agent.pipeline.sender import Sender
 from gpuagent.agent.pipeline.spool import Spool, decode_record
 from gpuagent.collector.ingest import identity
-from gpuagent.collector.ingest.server import ServerOptions, start_collector
+from gpuagent.collector.service import ServerOptions, start_collector
 from gpuagent.proto import pb, pb_grpc
 
 N_BATCHES = 20

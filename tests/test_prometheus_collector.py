@@ -26,7 +26,7 @@ import pytest
 from tools import needs
 
 from gpuagent.collector.analysis import analyzer as A
-from gpuagent.collector.ingest.server import CollectorError, start_collector
+from gpuagent.collector.service import CollectorError, start_collector
 from gpuagent.sim.run import SimConfig, run_sim
 
 from agent_helpers import agent_env, read_status, stop

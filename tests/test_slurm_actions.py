@@ -24,7 +24,7 @@ from gpuagent.collector import cli
 from gpuagent.collector.actions.config import ActionsConfig, ActionsError
 from gpuagent.collector.actions.engine import Actions, ConnectionDb, recent_actions
 from gpuagent.collector.analysis import analyzer as A
-from gpuagent.collector.ingest import server
+from gpuagent.collector import service as server
 from gpuagent.collector.store import schema
 from gpuagent.collector.views.metrics import CollectorMetrics
 from gpuagent.sim import synthetic_rows as S

@@ -22,7 +22,7 @@ from gpuagent.agent.samplers.job_discovery import JobDiscovery
 from gpuagent.agent.samplers.sampling import ListSink
 from gpuagent.agent.schedulers.slurm import PENDING, SlurmAttribution, job_from_cgroup, parse_listpids, parse_show_job
 from gpuagent.collector import cli as collector_cli
-from gpuagent.collector.ingest import server
+from gpuagent.collector import service as server
 from gpuagent.collector.views import client
 from slurm_cluster import SlurmCluster
 

@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from collector_helpers import node_info, sample_batch
-from gpuagent.collector.ingest.server import start_collector
+from gpuagent.collector.service import start_collector
 from gpuagent.collector.store import schema
 from gpuagent.proto import pb, pb_grpc
 
@@ -181,7 +181,7 @@ def test_one_huge_row_is_refused_before_it_is_turned_into_python_objects(tmp_pat
 
 
 def test_results_are_cut_at_the_byte_bound_and_say_so(tmp_path):
-    from gpuagent.collector.ingest.server import ServerOptions
+    from gpuagent.collector.service import ServerOptions
 
     opts = ServerOptions(query_max_bytes=64 * 1024)
     with start_collector(tmp_path / "c.duckdb", options=opts) as h, \

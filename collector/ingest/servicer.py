@@ -31,7 +31,7 @@ from gpuagent.proto import pb, pb_grpc
 from gpuagent.proto.wire import INSTANCE_KEY, INTERVAL_KEY, NODE_KEY
 
 if TYPE_CHECKING:
-    from gpuagent.collector.ingest.server import ServerOptions
+    from gpuagent.collector.ingest.options import ServerOptions
 
 log = logging.getLogger("gpuagent.collector")
 

@@ -30,6 +30,7 @@ from prometheus_client.exposition import choose_encoder
 from gpuagent.collector.actions.engine import COUNTS_SQL, DRAINED_SQL
 from gpuagent.collector.analysis.steps import pass_steps
 from gpuagent.common.errors import first_line
+from gpuagent.common.hostport import AddressError, is_loopback, split_host_port
 
 log = logging.getLogger("gpuagent.collector.metrics")
 
@@ -269,11 +270,9 @@ class MetricsServer:
     """The HTTP endpoint in its own thread; ``.port`` once bound, ``.stop()`` to close it."""
 
     def __init__(self, metrics: CollectorMetrics, listen: str, token: str | None):
-        from gpuagent.collector.ingest.server import is_loopback, split_listen  # noqa: PLC0415
-
         try:
-            host, port = split_listen(listen)
-        except Exception as exc:  # noqa: BLE001
+            host, port = split_host_port(listen, "--metrics-listen")
+        except AddressError as exc:
             raise MetricsError(f"cannot read the metrics address {listen!r}: {first_line(exc)}") from None
         if not token and not is_loopback(host):
             raise MetricsError(f"refusing to serve metrics on {listen} without a token: beyond loopback they "
