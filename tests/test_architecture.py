@@ -3,6 +3,7 @@
 - "Import rules": which top-level gpuagent package may import which, and no import cycle between them.
 - "Packages": the table names exactly the packages in the tree, each with its folder.
 - The agent's stages ("Import rules", the agent floor table): inside gpuagent.agent, imports run downward only.
+- The collector's modules: no import cycle between any two modules of gpuagent.collector.
 
 The checker reads every import statement, including those inside functions, relative imports and
 ``importlib.import_module("gpuagent...")`` with a literal name, so a lazy import cannot hide an edge.
@@ -33,6 +34,7 @@ FORBIDDEN: dict[str, frozenset[str]] = {
     PROBES: frozenset({AGENT, COLLECTOR, SIM}),
     JOBS: frozenset({AGENT, COLLECTOR, SIM}),
     COLLECTOR: frozenset({AGENT, SIM}),
+    SIM: frozenset(TOP_PACKAGES) - {SIM, COMMON, PROTO},    # it drives a collector over gRPC, not through imports
 }
 
 
@@ -302,9 +304,63 @@ def test_agent_stage_checker_lets_downward_imports_pass(relpath, source):
     assert agent_stage_violations(source, relpath, DIRS) == []
 
 
+# ------------------------------------------------------------------------------------- the collector's modules
+
+def module_name(relpath: str, dirs: dict[str, str]) -> tuple[str, bool]:
+    """(dotted module name, is it a package's __init__) of the module at ``relpath``."""
+    parts = Path(relpath).with_suffix("").parts
+    is_package = parts[-1] == "__init__"
+    return ".".join([dirs[parts[0]], *parts[1:-1], *([] if is_package else [parts[-1]])]), is_package
+
+
+def collector_module_edges(sources: list[tuple[str, str]], dirs: dict[str, str]) -> list[Edge]:
+    """Edges between modules of gpuagent.collector among ``sources`` ((relative path, source) pairs).
+
+    An imported name is charged to the longest known module it starts with, so ``from ..store.db import
+    open_database`` is an edge to gpuagent.collector.store.db. Every import counts, lazy or TYPE_CHECKING."""
+    named = [(rel, src, *module_name(rel, dirs)) for rel, src in sources]
+    modules = {m for _, _, m, _ in named if m == COLLECTOR or m.startswith(COLLECTOR + ".")}
+    edges = []
+    for rel, src, module, is_package in named:
+        if module not in modules:
+            continue
+        for line, name in imported_names(src, module, is_package, rel):
+            parts = name.split(".")
+            target = next((".".join(parts[:n]) for n in range(len(parts), 0, -1)
+                           if ".".join(parts[:n]) in modules), None)
+            if target is not None and target != module:
+                edges.append(Edge(f"{rel}:{line}", module, name, module, target))
+    return edges
+
+
+def test_no_import_cycle_between_modules_of_the_collector():
+    edges = collector_module_edges(tree_sources(), package_dirs())
+    found = cycles(edges)
+    detail = []
+    for group in found:
+        detail.append(" <-> ".join(group))
+        detail.extend(f"    {e.where}: {e.module} -> {e.dst} (imports {e.imported})"
+                      for e in edges if e.src in group and e.dst in group)
+    assert not found, "import cycles between modules of the collector:\n" + "\n".join(detail)
+
+
+def test_collector_cycle_finder_catches_a_looped_pair():
+    """Two modules that import each other, one of them lazily inside a function, are one cycle; a third
+    module that only imports one of them is not in it."""
+    sources = [
+        ("collector/ingest/x.py", "from gpuagent.collector.views.y import render\n"),
+        ("collector/views/y.py", "def render():\n    from ..ingest.x import Thing\n"),
+        ("collector/service.py", "from gpuagent.collector.ingest import x\nfrom gpuagent.collector.views import y\n"),
+    ]
+    found = cycles(collector_module_edges(sources, DIRS))
+    assert found == [[f"{COLLECTOR}.ingest.x", f"{COLLECTOR}.views.y"]]
+    assert cycles(collector_module_edges(sources[1:], DIRS)) == []
+
+
 # ------------------------------------------------------------------------------------------ the checker
 
-DIRS = {"agent": AGENT, "probes": PROBES, "collector": COLLECTOR, "common": COMMON, "gpuagent": ROOT_PKG}
+DIRS = {"agent": AGENT, "probes": PROBES, "collector": COLLECTOR, "common": COMMON, "gpuagent": ROOT_PKG,
+        "sim": SIM}
 
 
 @pytest.mark.parametrize("relpath, source, dst", [
@@ -316,6 +372,9 @@ DIRS = {"agent": AGENT, "probes": PROBES, "collector": COLLECTOR, "common": COMM
     ("collector/views/x.py", "from gpuagent import agent\n", AGENT),
     ("common/x.py", "from gpuagent import __version__\n", ROOT_PKG),
     ("common/x.py", "from gpuagent.proto import pb\n", PROTO),
+    ("sim/x.py", "from gpuagent.collector.fabric import planner\n", COLLECTOR),
+    ("sim/x.py", "def f():\n    from gpuagent.agent.pipeline import sender\n", AGENT),
+    ("sim/x.py", "from gpuagent import __version__\n", ROOT_PKG),
 ])
 def test_checker_catches_a_forbidden_edge(relpath, source, dst):
     bad = violations(module_edges(source, relpath, DIRS))
@@ -328,6 +387,7 @@ def test_checker_catches_a_forbidden_edge(relpath, source, dst):
     ("collector/ingest/x.py", "from gpuagent.proto import pb\nfrom ..store import writer\nfrom . import auth\n"),
     ("gpuagent/x.py", "import gpuagent.agent.cli\nimport gpuagent.collector.cli\n"),
     ("agent/x.py", "import os\nfrom gpuagent import __version__\n"),
+    ("sim/x.py", "from gpuagent.common import pair_planner\nfrom gpuagent.proto.wire import bearer_metadata\n"),
 ])
 def test_checker_lets_allowed_edges_pass(relpath, source):
     assert violations(module_edges(source, relpath, DIRS)) == []
