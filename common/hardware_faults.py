@@ -206,6 +206,13 @@ def xid_rule(xid: int) -> XidRule:
                    description=d.description, source=d.source, immediate=d.immediate, listed=False)
 
 
+def xid_description(xid: int) -> str:
+    """The catalog's description of an XID it lists, "" for one it does not: the words the GPU sampler's
+    ``xid`` events and the exporter's err_msg carry, so node, collector and /metrics name an XID alike."""
+    hit = rules().xids.get(int(xid))
+    return hit.description if hit is not None else ""
+
+
 def rule_rows() -> list[dict[str, Any]]:
     """The counter/state rules as flat rows (for the collector's temp table)."""
     reboot = rules().reboot_rules

@@ -17,10 +17,12 @@ from nvml_emulator_fixture import A10_VGPU, H100_8GPU, nvml_emulator  # noqa: F4
 
 from gpuagent.agent.config import ConfigError, ExporterConfig, load_config
 from gpuagent.agent.daemon import Agent, build_node_info
-from gpuagent.agent.surface.exporter import Exporter, dcgm_families, job_info_family, wants_openmetrics
+from gpuagent.agent.surface.dcgm_families import dcgm_families, job_info_family
+from gpuagent.agent.surface.exporter import Exporter, wants_openmetrics
 from gpuagent.agent.samplers.gpu import GpuSampler
 from gpuagent.agent.samplers.host import HostSampler
 from gpuagent.agent.snapshot import JobStatus
+from gpuagent.common.hardware_faults import xid_description
 from gpuagent.common.nvml import Nvml
 
 # The active rows of dcgm-exporter's etc/default-counters.csv (github.com/NVIDIA/dcgm-exporter at tag
@@ -162,7 +164,7 @@ def test_xid_is_zero_from_the_start_with_dcgm_exporters_err_labels(nvml_emulator
     got = {int(lab["gpu"]): (v, lab["err_code"], lab["err_msg"]) for lab, v in m["DCGM_FI_DEV_XID_ERRORS"]}
     assert {i: x[0] for i, x in got.items()} == want, "one XID series per GPU, 0 before any XID"
     assert all(code == str(int(v)) for v, code, _ in got.values())
-    assert got[0][2] == "No Error" and got[1][2] == "Graphics engine exception"
+    assert got[0][2] == "No Error" and got[1][2] == xid_description(13)     # the XID catalogue's words
     assert got[3][2] == "GPU has fallen off the bus"
     # err labels off: the same values, without them
     _, _, text, _, _ = tick_agent(nvml_emulator, tmp_path / "nolabels", ExporterConfig(xid_labels=False), xid=(1, 13))

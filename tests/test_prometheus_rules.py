@@ -66,7 +66,8 @@ def test_alerts_name_only_what_gpuagent_exports():
     for e in exprs:
         e = re.sub(r"\{[^}]*\}|\[[^]]*\]|#.*$", "", e)
         names |= set(re.findall(r"\b(DCGM_FI_\w+|gpuagent_\w+|up)\b", e))
-    agent = (ROOT / "agent" / "exporter.py").read_text()
+    agent = "".join((ROOT / "agent" / "surface" / f).read_text()      # the exporter's modules
+                    for f in ("exporter.py", "dcgm_names.py", "dcgm_families.py", "gpuagent_families.py"))
     collector = (ROOT / "collector" / "views" / "metrics.py").read_text()
     assert {"up", "gpuagent_collector_last_ack_age_seconds", "gpuagent_collector_connected",
             "gpuagent_spool_dropped_batches_total", "DCGM_FI_DEV_XID_ERRORS", "gpuagent_finding_open",
