@@ -409,7 +409,9 @@ def test_dashboard_names_only_what_gpuagent_exports():
     names = set().union(*(_names(e) for _t, e in _dashboard_exprs()))
     assert len(names) >= 20
     sources = {"collector": (ROOT / "collector" / "views" / "metrics.py").read_text(),
-               "agent": (ROOT / "agent" / "exporter.py").read_text()}
+               "agent": "".join((ROOT / "agent" / "surface" / f).read_text()      # the exporter's modules
+                                for f in ("exporter.py", "dcgm_names.py", "dcgm_families.py",
+                                          "gpuagent_families.py"))}
     unknown = []
     for n in sorted(names - {"up"}):
         base = re.sub(r"_(total|bucket|count|sum)$", "", n)
