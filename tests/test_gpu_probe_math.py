@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuagent.agent.samplers.gpu import _numa_from_sysfs
+from gpuagent.agent.samplers.gpu_inventory import _numa_from_sysfs
 from gpuagent.common.nvml import sysfs_bus_id
 from gpuagent.probes import collective, gpuinfo
 from gpuagent.probes.gpu_compute import matmul_tflops

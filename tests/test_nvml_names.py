@@ -15,7 +15,7 @@ import re
 
 import pytest
 
-from gpuagent.agent.samplers import gpu as gpu_sampler
+from gpuagent.agent.samplers import gpu_events as gpu_sampler
 from gpuagent.common import nvml
 
 pynvml = pytest.importorskip("pynvml")
