@@ -24,11 +24,10 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
 from typing import Any
 
 from gpuagent.collector.views.compare_format import formatter
+from gpuagent.collector.views.comparison import PoolComparison, Window
 from gpuagent.collector.views.compare_sql import (FLAG_KINDS, HEADLINE, NO_POOL, NOT_FABRIC_GROUP, POINT_METRICS,
                                                   SQL_FLAGS, SQL_FLAGS_ANY, SQL_JOBS, SQL_LINKS, SQL_POOL_MODELS,
                                                   SQL_POOLS, SQL_PROBES, SQL_UTIL_RAW, SQL_UTIL_ROLLUP, UTIL_TAIL)
@@ -160,29 +159,6 @@ def _dialect(src) -> Dialect:
     return getattr(src, "dialect", DUCKDB)
 
 
-@dataclass(frozen=True)
-class Window:
-    start: float    # epoch seconds
-    end: float
-    seconds: float
-    dialect: Dialect = DUCKDB
-
-    def _ts(self, t: float) -> str:
-        return self.dialect.ts(t)
-
-    @property
-    def start_sql(self) -> str:
-        return self._ts(self.start)
-
-    @property
-    def end_sql(self) -> str:
-        return self._ts(self.end)
-
-    def iso(self, which: str) -> str:
-        t = self.start if which == "start" else self.end
-        return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-
-
 # The newest stored data anchors the window, so an old database file still compares its last day.
 SQL_NEWEST = """
 SELECT max(t) AS newest FROM (
@@ -208,36 +184,6 @@ def _fmt(sql: str, window: Window | None = None, **kw: str) -> str:
     if window is not None:
         args.update(start=window.start_sql, end=window.end_sql)
     return sql.format(**args)
-
-
-# ------------------------------------------------------------------------------------------ result
-
-
-@dataclass
-class PoolComparison:
-    window: Window | None
-    reference_pool: str | None
-    pools: list[dict[str, Any]] = field(default_factory=list)      # one row per pool
-    probes: list[dict[str, Any]] = field(default_factory=list)     # pool x headline metric
-    jobs: list[dict[str, Any]] = field(default_factory=list)       # pool x job name
-    synthetic_nodes: int = 0
-    total_nodes: int = 0
-
-    @property
-    def pool_names(self) -> list[str]:
-        return [p["pool"] for p in self.pools]
-
-    def probe(self, pool: str, probe: str, metric: str) -> dict[str, Any] | None:
-        for r in self.probes:
-            if r["pool"] == pool and r["probe"] == probe and r["metric"] == metric:
-                return r
-        return None
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["window"] = None if self.window is None else {
-            "start": self.window.iso("start"), "end": self.window.iso("end"), "seconds": self.window.seconds}
-        return d
 
 
 def _num(v) -> float | None:

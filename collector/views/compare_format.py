@@ -9,12 +9,10 @@ from __future__ import annotations
 import csv
 import io
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gpuagent.collector.views.compare_sql import FLAG_KINDS, HEADLINE
-
-if TYPE_CHECKING:
-    from gpuagent.collector.views.compare import PoolComparison
+from gpuagent.collector.views.comparison import PoolComparison
 
 
 def fmt_value(v: float | None, digits: int = 3) -> str:
