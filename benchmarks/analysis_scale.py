@@ -111,6 +111,7 @@ def _count_rows_read(con, into: dict[str, Any]) -> None:
 def one_pass(path: str, memory_limit: str, piece_nodes: int | None, rows_read_on: bool = True) -> dict:
     """Runs in the child: one pass, sampling DuckDB's memory and RSS every 20 ms, per step."""
     from gpuagent.collector.analysis import analyzer as A
+    from gpuagent.collector.analysis import sql_files
     from gpuagent.collector.store import db
 
     con = db.open_database(path, memory_limit, profile=rows_read_on)
@@ -137,7 +138,7 @@ def one_pass(path: str, memory_limit: str, piece_nodes: int | None, rows_read_on
             time.sleep(0.02)
 
     run_step = an._run_step
-    run_stmt = A._run
+    run_stmt = sql_files.run_statement
     rows_read: dict[str, dict[str, Any]] = {}
 
     def tracked(c, step, params):
@@ -155,7 +156,7 @@ def one_pass(path: str, memory_limit: str, piece_nodes: int | None, rows_read_on
     # tables). The rollup's statements count under "rollup".
     an._run_step = tracked
     if rows_read_on:
-        A._run = profiled
+        sql_files.run_statement = profiled
     th = threading.Thread(target=sample, daemon=True)
     th.start()
     t0 = time.perf_counter()
@@ -166,7 +167,7 @@ def one_pass(path: str, memory_limit: str, piece_nodes: int | None, rows_read_on
     except Exception as exc:  # noqa: BLE001 - a pass that fails is a result here
         error, result = str(exc).splitlines()[0], {}
     wall = time.perf_counter() - t0
-    A._run = run_stmt
+    sql_files.run_statement = run_stmt
     stop.set()
     th.join()
     flags = dict(con.execute("SELECT kind, count(*) FROM flags WHERE state = 'open' GROUP BY kind").fetchall())

@@ -68,6 +68,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from gpuagent.collector.analysis import analyzer as A
+from gpuagent.collector.analysis.components import KINDS
 from gpuagent.collector.store.db import open_readonly
 from gpuagent.collector.views.client import analyze as remote_analyze
 from gpuagent.common import pair_planner as planner
@@ -240,7 +241,7 @@ def score(db: Path) -> dict:
         con.close()
     have = {(n, k, c) for n, k, c in flagged}
     have_kind = {(n, k) for n, k, _ in flagged}
-    counts = {k: {"tp": 0, "fn": 0, "fp": 0, "tn": 0} for k in A.KINDS if k != "network_degraded"}
+    counts = {k: {"tp": 0, "fn": 0, "fp": 0, "tn": 0} for k in KINDS if k != "network_degraded"}
     counts.update({k: {"tp": 0, "fn": 0, "fp": 0, "tn": 0}
                    for k in ("network_degraded_node", "network_degraded_link", "utilization_gap_busy_but_idle")})
     # virtualization_overhead split by whether the node also had injected noise: a penalty near the threshold

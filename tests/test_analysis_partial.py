@@ -10,6 +10,7 @@ import random
 
 from analysis_helpers import migrated_db  # noqa: F401 - the con fixture
 from gpuagent.collector.analysis import analyzer as A
+from gpuagent.collector.analysis import failures as F
 from gpuagent.sim import synthetic_rows as S
 
 NOW = dt.datetime(2026, 1, 1, 12, 0)
@@ -45,20 +46,20 @@ def test_a_broken_step_fails_alone_and_says_so(con):
     (msg, attrs), = con.execute("SELECT message, attrs FROM events WHERE kind = 'analysis_step_failed'").fetchall()
     assert msg.startswith("analysis could not run step 40_noisy_neighbor_variance.sql: ") and "on purpose" in msg
     assert json.loads(attrs) == {"step": "40_noisy_neighbor_variance.sql"}
-    ((node, comp, sentence),) = _open(con, A.INCOMPLETE_KIND)
-    assert (node, comp) == (A.COLLECTOR_NODE, "40_noisy_neighbor_variance.sql")
+    ((node, comp, sentence),) = _open(con, F.INCOMPLETE_KIND)
+    assert (node, comp) == (F.COLLECTOR_NODE, "40_noisy_neighbor_variance.sql")
     assert sentence.startswith("analysis could not run step 40_noisy_neighbor_variance.sql: ")
     (fsent,) = con.execute("SELECT sentence FROM findings WHERE state = 'open' AND kind = ?",
-                           [A.INCOMPLETE_KIND]).fetchone()
+                           [F.INCOMPLETE_KIND]).fetchone()
     assert "40_noisy_neighbor_variance.sql" in fsent and "on purpose" in fsent
     assert con.execute("SELECT failed_steps FROM analysis_runs").fetchall() == [(1,)]
 
     # The next pass, with the step whole again, retries it: the incomplete flag and its finding close.
     an2 = A.Analyzer()
     assert an2.run_pass(con, NOW + dt.timedelta(minutes=1)).failed == {}
-    assert _open(con, A.INCOMPLETE_KIND) == []
+    assert _open(con, F.INCOMPLETE_KIND) == []
     assert con.execute("SELECT count(*) FROM findings WHERE state = 'open' AND kind = ?",
-                       [A.INCOMPLETE_KIND]).fetchone() == (0,)
+                       [F.INCOMPLETE_KIND]).fetchone() == (0,)
 
 
 def test_flags_of_a_failed_kind_stay_open_instead_of_closing_as_stale(con):
@@ -83,7 +84,7 @@ def test_a_failed_step_leaves_nothing_half_written(con):
     an.sql["virtualization_overhead"] = an.sql["virtualization_overhead"] + [BROKEN]
     an.run_pass(con, NOW)
     assert _open(con, "virtualization_overhead") == []
-    assert len(_open(con, A.INCOMPLETE_KIND)) == 1
+    assert len(_open(con, F.INCOMPLETE_KIND)) == 1
 
 
 def test_the_failure_is_a_metrics_series_from_zero(con, tmp_path):
@@ -131,10 +132,10 @@ def test_a_failed_lake_baseline_load_closes_its_flag_once_it_loads(con):
         raise RuntimeError("synthetic failure: the lake is unreachable")
 
     A.Analyzer(baselines_loader=broken).run_pass(con, NOW)
-    ((node, comp, sentence),) = _open(con, A.INCOMPLETE_KIND)
+    ((node, comp, sentence),) = _open(con, F.INCOMPLETE_KIND)
     assert comp == "25_fleet_baselines.sql" and "lake is unreachable" in sentence
     A.Analyzer(baselines_loader=lambda c, now: 0).run_pass(con, NOW + dt.timedelta(minutes=1))
-    assert _open(con, A.INCOMPLETE_KIND) == []
+    assert _open(con, F.INCOMPLETE_KIND) == []
 
 
 def test_a_step_that_reads_a_failed_steps_table_says_so_and_its_temp_tables_are_gone(con):

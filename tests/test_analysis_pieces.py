@@ -10,6 +10,7 @@ import duckdb
 import pytest
 
 from gpuagent.collector.analysis import analyzer as A
+from gpuagent.collector.analysis import sql_files
 from gpuagent.collector.analysis.steps import STEPS
 from gpuagent.collector.store import schema
 from gpuagent.sim import synthetic_rows as S
@@ -156,7 +157,7 @@ def test_pieces_and_chunks_below_one_are_refused(key):
 
 def test_a_pieces_statement_gets_its_piece_as_literals_and_keeps_other_parameters():
     stmt = "SELECT * FROM t WHERE hash(node_id) % $pieces = $piece AND x = $piece_nodes AND ts <= $now"
-    assert A._piece_literals(stmt, 3, 15) == ("SELECT * FROM t WHERE hash(node_id) % 15 = 3 AND x = $piece_nodes "
+    assert sql_files.piece_literals(stmt, 3, 15) == ("SELECT * FROM t WHERE hash(node_id) % 15 = 3 AND x = $piece_nodes "
                                               "AND ts <= $now")
 
 

@@ -481,15 +481,14 @@ def test_the_agent_toml_loads_with_the_agents_own_loader(variant, tmp_path):
 
 @pytest.mark.parametrize("variant", ["all_on", "plaintext"])
 def test_the_collector_toml_loads_with_the_loaders_serve_uses(variant, tmp_path):
-    from gpuagent.collector import cli as collector_cli
+    from gpuagent.collector import cli_options as collector_cli
 
     config = tmp_path / "collector.toml"
     config.write_text(config_text(VARIANTS[variant], "collector", "collector.toml"))
-    analyzer = collector_cli._analyzer_config(str(config))
-    storage = collector_cli._maintenance_config(str(config))
-    fabric = collector_cli._fabric_config(str(config))
-    assert collector_cli._auth_config(str(config)) == {}
-    assert not collector_cli._lake_config(str(config)).enabled and not collector_cli._actions_config(str(config)).enabled
+    loaded = collector_cli.load_config(str(config))
+    analyzer, storage, fabric = loaded.analyzer, loaded.maintenance, loaded.fabric
+    assert loaded.auth == {}
+    assert not loaded.lake.enabled and not loaded.actions.enabled
     assert analyzer.metrics_listen == "0.0.0.0:9403"
     if variant == "all_on":
         assert analyzer.interval_s == 120 and analyzer.pool_prices == {"h100-sxm": 4.1}
@@ -504,13 +503,13 @@ def test_a_collector_key_the_code_does_not_know_is_refused_not_ignored(tmp_path)
     """collector.config tables pass keys through; the collector's loader, not the chart, knows them, and a typo
     stops `serve` with one sentence naming it."""
     import click
-    from gpuagent.collector import cli as collector_cli
+    from gpuagent.collector import cli_options as collector_cli
 
     values = {"collector": {**PLAINTEXT["collector"], "config": {"storage": {"raw_retension": "3d"}}}}
     config = tmp_path / "collector.toml"
     config.write_text(config_text(values, "collector", "collector.toml"))
     with pytest.raises(click.ClickException, match="unknown setting storage.raw_retension"):
-        collector_cli._maintenance_config(str(config))
+        collector_cli.load_config(str(config))
 
 
 # ------------------------------------------------------------------------------------------- bad values

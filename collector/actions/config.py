@@ -1,14 +1,17 @@
 """``[actions]`` of the collector config: what a finding does to Slurm, and the circuit breaker around it.
 
 Off by default; on, dry-run by default (the collector records what it would have done). docs/ACTIONS.md.
+``collector/config.py`` hands it the [actions] table; its error is one of collector.toml's errors.
 """
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
+
+from gpuagent.collector.config_file import CollectorConfigError, read_toml
+from gpuagent.common.durations import DurationError, parse_duration
 
 MODES = ("dry-run", "enforce")
 ACTIONS = ("drain", "alert")
@@ -21,7 +24,7 @@ KEYS = ("enabled", "mode", "policy", "max_nodes", "max_pool_percent", "max_drain
         "scontrol_timeout", "slurmrestd_url", "reason_prefix")
 
 
-class ActionsError(ValueError):
+class ActionsError(CollectorConfigError):
     """A bad [actions] setting; the message is one sentence."""
 
 
@@ -96,25 +99,20 @@ class ActionsConfig:
 
     @classmethod
     def from_toml(cls, path: str | Path) -> "ActionsConfig":
-        """[actions] of a collector config file; the defaults (off) when it has none."""
-        try:
-            with open(path, "rb") as fh:
-                doc = tomllib.load(fh)
-        except FileNotFoundError:
-            raise ActionsError(f"config file {path} does not exist") from None
-        except OSError as exc:
-            raise ActionsError(f"config file {path} cannot be read: {exc.strerror}") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ActionsError(f"config file {path} is not valid TOML: {exc}") from None
+        """[actions] of a collector config file; the defaults (off) when it has none (collector/config.py
+        reads every section)."""
+        return cls.from_document(read_toml(path))
+
+    @classmethod
+    def from_document(cls, doc: Mapping[str, Any]) -> "ActionsConfig":
+        """[actions] of a parsed collector config; the defaults (off) when it has none."""
         return cls.from_mapping(doc["actions"]) if "actions" in doc else cls()
 
 
 def _duration(value: Any) -> float:
-    from gpuagent.collector.analysis.analyzer import AnalyzerError, parse_duration  # noqa: PLC0415
-
     try:
         seconds = parse_duration(value)
-    except AnalyzerError:
+    except DurationError:
         seconds = -1.0
     if isinstance(value, bool) or not 0 < seconds <= 600:
         raise ActionsError(f"actions.scontrol_timeout must be a duration from 1ms to 10m such as \"10s\", "

@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from gpuagent.collector.config_file import CollectorConfigError, duration
 from gpuagent.collector.lake import layout
 from gpuagent.collector.lake.layout import Lake, LakeError
 from gpuagent.common.errors import first_line
@@ -74,7 +75,7 @@ TABLES = tuple(t.name for t in HOURLY) + tuple(SNAPSHOTS)
 
 @dataclass(frozen=True)
 class LakeConfig:
-    """The collector's ``[lake]`` section."""
+    """The collector's ``[lake]`` section; a bad value is a ``CollectorConfigError`` naming the key."""
 
     enabled: bool = False
     path: str | None = None
@@ -89,54 +90,39 @@ class LakeConfig:
 
     @classmethod
     def from_mapping(cls, doc: Mapping[str, Any]) -> "LakeConfig":
-        from gpuagent.collector.analysis.analyzer import AnalyzerError, parse_duration  # noqa: PLC0415
-
         section = doc.get("lake") or {}
         if not isinstance(section, Mapping):
-            raise LakeError("[lake] in the collector config must be a table")
+            raise CollectorConfigError("[lake] in the collector config must be a table")
         known = {"enabled", "path", "shard", "interval", "grace", "fleet_baselines"}
         extra = sorted(set(section) - known)
         if extra:
-            raise LakeError(f"unknown [lake] setting {extra[0]!r} (known: {', '.join(sorted(known))})")
+            raise CollectorConfigError(f"unknown [lake] setting {extra[0]!r} (known: {', '.join(sorted(known))})")
         kw: dict[str, Any] = {}
         for key in ("enabled", "fleet_baselines"):
             if key in section:
                 if not isinstance(section[key], bool):
-                    raise LakeError(f"[lake] {key} must be true or false, not {section[key]!r}")
+                    raise CollectorConfigError(f"[lake] {key} must be true or false, not {section[key]!r}")
                 kw[key] = section[key]
         for key in ("path", "shard"):
             if key in section:
                 if not isinstance(section[key], str):
-                    raise LakeError(f"[lake] {key} must be text, not {section[key]!r}")
+                    raise CollectorConfigError(f"[lake] {key} must be text, not {section[key]!r}")
                 kw[key] = section[key]
         for key in ("interval", "grace"):
             if key in section:
-                try:
-                    kw[f"{key}_s"] = parse_duration(section[key])
-                except AnalyzerError as exc:
-                    raise LakeError(f"[lake] {key}: {exc}") from None
+                kw[f"{key}_s"] = duration("lake", key, section[key])
         cfg = cls(**kw)
         if (cfg.enabled or cfg.fleet_baselines) and not cfg.path:
-            raise LakeError("[lake] needs path = \"/folder\" or \"s3://bucket/prefix\" when enabled or "
-                            "fleet_baselines is on")
+            raise CollectorConfigError("[lake] needs path = \"/folder\" or \"s3://bucket/prefix\" when enabled or "
+                                       "fleet_baselines is on")
         if cfg.interval_s <= 0:
-            raise LakeError("[lake] interval must be positive")
+            raise CollectorConfigError("[lake] interval must be positive")
         if cfg.shard:
-            layout.check_shard(cfg.shard)
+            try:
+                layout.check_shard(cfg.shard)
+            except LakeError as exc:
+                raise CollectorConfigError(f"[lake] shard: {exc}") from None
         return cfg
-
-    @classmethod
-    def from_toml(cls, path: str) -> "LakeConfig":
-        import tomllib  # noqa: PLC0415
-
-        try:
-            with open(path, "rb") as fh:
-                return cls.from_mapping(tomllib.load(fh))
-        except FileNotFoundError:
-            raise LakeError(f"config file {path} does not exist") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise LakeError(f"config file {path} is not valid TOML: {exc}") from None
-
 
 # ------------------------------------------------------------------------------------------ exporter
 
@@ -171,7 +157,7 @@ def _hour_start(t: dt.datetime) -> dt.datetime:
 def _rolled_up_rowid(cur) -> int | None:
     """The highest rowid of samples already rolled up into samples_1m, in ``cur``'s snapshot; None when no
     rollup ran yet or its watermark does not match the table (the next pass rebuilds)."""
-    from gpuagent.collector.analysis.analyzer import rolled_up_rowid  # noqa: PLC0415
+    from gpuagent.collector.store.watermarks import rolled_up_rowid  # noqa: PLC0415
 
     if not cur.execute("SELECT count(*) FROM rollup_watermarks WHERE source = 'samples'").fetchone()[0]:
         return None

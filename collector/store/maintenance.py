@@ -110,7 +110,7 @@ class Maintenance:
         try:
             out = change(con)
             if self.rollup is not None:
-                from gpuagent.collector.analysis.analyzer import mark_all_rolled_up  # noqa: PLC0415
+                from gpuagent.collector.store.watermarks import mark_all_rolled_up  # noqa: PLC0415
 
                 for source in RAW_TABLES:
                     mark_all_rolled_up(con, source)

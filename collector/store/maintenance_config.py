@@ -2,25 +2,27 @@
 checked once from the collector's TOML: ``MaintenanceConfig`` and the one-sentence ``MaintenanceConfigError``.
 
 Kept apart from the maintenance steps so the config can be read (``gpuagent-collector serve`` checks it at
-start-up) without the code that runs on the writer.
+start-up) without the code that runs on the writer. ``collector/config.py`` hands it the parsed collector.toml;
+its error is one of that file's errors (``CollectorConfigError``).
 """
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuagent.collector.config_file import CollectorConfigError, read_toml
+from gpuagent.common.durations import parse_duration
+
 DAY_S = 86_400.0
 
 
-class MaintenanceConfigError(ValueError):
+class MaintenanceConfigError(CollectorConfigError):
     """A [storage] or [lake] setting is not usable; the message is one sentence."""
 
 
 def _seconds(name: str, value: Any) -> float:
-    from gpuagent.collector.analysis.analyzer import parse_duration  # noqa: PLC0415 - one duration syntax
 
     try:
         seconds = parse_duration(value)
@@ -127,10 +129,5 @@ class MaintenanceConfig:
 
     @classmethod
     def from_toml(cls, path: str | Path) -> "MaintenanceConfig":
-        try:
-            with open(path, "rb") as fh:
-                return cls.from_mapping(tomllib.load(fh))
-        except OSError as exc:
-            raise MaintenanceConfigError(f"cannot read the config {path}: {exc.strerror}") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise MaintenanceConfigError(f"the config {path} is not valid TOML: {exc}") from None
+        """[storage] and [lake] of a collector config file (collector/config.py reads every section)."""
+        return cls.from_mapping(read_toml(path))
