@@ -19,6 +19,7 @@ import time
 
 import pytest
 
+import gpuagent.agent.samplers.job_contention as jcm  # the network series and their sock_diag/fd readers live here
 import gpuagent.agent.samplers.job_discovery as jdm
 from fabric_helpers import netns_fleet  # noqa: F401 - the fixture
 from gpuagent.agent.samplers import tcp_sockets
@@ -150,7 +151,7 @@ def test_a_socket_inherited_by_a_forked_worker_stays_the_jobs_after_the_worker_e
         return [tcp_sockets.TcpConn(cookie=7, inode=min(held), bytes_total=counter["bytes"], srtt_us=500,
                                     local=False, bytes_acked=counter["bytes"] // 2, busy_us=counter["bytes"] // 4)
                 ] if held else []
-    monkeypatch.setattr(jdm, "tcp_connections", dump)
+    monkeypatch.setattr(jcm, "tcp_connections", dump)
     jd = jdm.JobDiscovery(scan_interval_s=0, end_grace_s=30, net_interval_s=0.5)
     sink = ListSink()
     deadline = time.monotonic() + 6
@@ -236,19 +237,19 @@ def test_a_failing_connection_read_costs_the_network_series_not_the_tick(monkeyp
     def failing():
         calls.append(1)
         raise failure
-    monkeypatch.setattr(jdm, "tcp_connections", failing)
+    monkeypatch.setattr(jcm, "tcp_connections", failing)
     job = spawn_python("import time; time.sleep(30)", TORCHELASTIC_RUN_ID="failing-read-test", RANK="0")
     procs.append(job)
     jd = jdm.JobDiscovery(scan_interval_s=0, end_grace_s=2, net_interval_s=0.1)
     sink = ListSink()
     t = now_ns()
-    for k in range(int(jdm.NET_RETRY_S) + 5):      # one tick a second of the agent's clock, past one retry
+    for k in range(int(jcm.NET_RETRY_S) + 5):      # one tick a second of the agent's clock, past one retry
         jd.sample(t + k * 1_000_000_000, sink)
     assert len(calls) == 2, "asked at the first tick and once more NET_RETRY_S later"
     assert [s for s in sink.job_samples if s["job_id"] == "torchelastic:failing-read-test"]
     job.kill()
     job.wait()
-    for k in range(int(jdm.NET_RETRY_S) + 5, int(jdm.NET_RETRY_S) + 9):
+    for k in range(int(jcm.NET_RETRY_S) + 5, int(jcm.NET_RETRY_S) + 9):
         jd.sample(t + k * 1_000_000_000, sink)
     assert [e for e in sink.events if e.kind == "job_end"], sink.events
     said = [r for r in caplog.records if "reading the TCP connections failed" in r.getMessage()]
@@ -267,8 +268,8 @@ def test_an_owner_walk_cut_off_by_its_budget_goes_on_where_it_stopped(monkeypatc
         walked.append(pid)
         time.sleep(0.001)
         return ({424242} if pid == 1400 else set()), True
-    monkeypatch.setattr(jdm, "socket_inodes_until", slow_fds)
-    monkeypatch.setattr(jdm, "OWNER_WALK_BUDGET_S", 0.02)
+    monkeypatch.setattr(jcm, "socket_inodes_until", slow_fds)
+    monkeypatch.setattr(jcm, "OWNER_WALK_BUDGET_S", 0.02)
     jd = jdm.JobDiscovery()
     seen = {1000 + k: (k, 0, 0.0) for k in range(401)}      # pid 1000+k started at tick k; 1400 the youngest
     reads = 0
@@ -285,4 +286,4 @@ def test_an_owner_walk_cut_off_by_its_budget_goes_on_where_it_stopped(monkeypatc
     jd._find_owners({7}, seen, t=1000.0)
     while jd._walk_from is not None:
         jd._find_owners({7}, seen, t=1000.0)
-    assert jd._sock_unowned[7][1] >= jdm.SOCKET_OWNER_RETRY_S
+    assert jd._sock_unowned[7][1] >= jcm.SOCKET_OWNER_RETRY_S
