@@ -76,6 +76,21 @@ def free_port() -> int:
         return port
     raise RuntimeError(f"free_port: all 400 ports from {lo} are in use")
 
+def mounted_tmpfs(parent, name: str, size: str) -> Iterator:
+    """A real tmpfs of ``size`` (mount(8) spelling: "64m", "1536k") at parent/name for a fixture to yield;
+    unmounted even when the test fails, skipped where mounting needs a root this process lacks."""
+    mnt = parent / name
+    mnt.mkdir()
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)], capture_output=True,
+                         text=True, timeout=30)
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {res.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=30)
+
+
 
 @pytest.fixture
 def waiter():

@@ -12,7 +12,7 @@ import pytest
 from tools import need
 
 from agent_helpers import free_port, read_status, start_agent, stop, wait_running
-from conftest import wait_for
+from conftest import mounted_tmpfs, wait_for
 
 from gpuagent import local_run
 from gpuagent.agent.pipeline.spool import decode_record, encode_record
@@ -341,15 +341,7 @@ def test_agent_over_tls_with_token(tmp_path):
 @pytest.fixture
 def small_fs(tmp_path):
     """A real 1.5 MiB tmpfs for the state dir (needs root / CAP_SYS_ADMIN; skipped without)."""
-    import subprocess
-    mnt = tmp_path / "smallfs"
-    mnt.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1536k", "tmpfs", str(mnt)], capture_output=True,
-                         text=True, timeout=30)
-    if res.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {res.stderr.strip()}")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=30)
+    yield from mounted_tmpfs(tmp_path, "smallfs", "1536k")
 
 
 def test_full_disk_drops_oldest_keeps_running_and_counts_exactly(tmp_path, small_fs):

@@ -4,7 +4,6 @@ once space is freed the same batch is stored exactly once."""
 
 from __future__ import annotations
 
-import subprocess
 import urllib.request
 from concurrent.futures import Future
 
@@ -12,7 +11,7 @@ import duckdb
 import pytest
 
 from collector_helpers import NOW_NS, sample_batch
-from conftest import free_port
+from conftest import free_port, mounted_tmpfs
 from gpuagent.collector.ingest.validate import prepare_batch
 from gpuagent.collector.store.db import open_database
 from gpuagent.collector.store.space import SpaceCheck
@@ -22,14 +21,7 @@ from gpuagent.collector.store.writer import NoSpace, Writer
 @pytest.fixture
 def tmpfs_64m(tmp_path):
     """A real 64 MiB tmpfs, unmounted even when the test fails."""
-    mnt = tmp_path / "vol"
-    mnt.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mnt)], capture_output=True,
-                         text=True, timeout=30)
-    if res.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {res.stderr.strip()}")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=30)
+    yield from mounted_tmpfs(tmp_path, "vol", "64m")
 
 
 def _store(writer: Writer, seq: int, n: int):

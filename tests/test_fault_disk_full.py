@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import errno
 import os
-import subprocess
 
 import pytest
 
-from conftest import wait_for
+from conftest import mounted_tmpfs, wait_for
 from fault_helpers import Agent, Collector, account, can_unshare, started_procs  # noqa: F401 - the procs fixture
 
 pytestmark = pytest.mark.skipif(bool(can_unshare()), reason=can_unshare() or "ok")
@@ -19,14 +18,7 @@ pytestmark = pytest.mark.skipif(bool(can_unshare()), reason=can_unshare() or "ok
 @pytest.fixture
 def small_fs(tmp_path):
     """A real 32 MiB tmpfs (root only), unmounted even when the test fails."""
-    mnt = tmp_path / "smallfs"
-    mnt.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(mnt)], capture_output=True,
-                         text=True, timeout=30)
-    if res.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {res.stderr.strip()}")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=30)
+    yield from mounted_tmpfs(tmp_path, "smallfs", "32m")
 
 
 
