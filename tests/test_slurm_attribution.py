@@ -145,7 +145,9 @@ def _cmd(pid: int) -> str:
 def test_a_batch_job_without_its_environment_is_named_by_slurm(slurm, monkeypatch):
     monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
     job_id = slurm.sbatch(NO_ENV_SLEEPER, "-J", "pretrain-7b")
-    [pid] = wait_for(lambda: _job_pids(slurm, job_id), timeout=20, what="the job's python process")
+    # Exactly one: under load a listpids can catch the step mid-fork, a second python that is gone a moment later.
+    [pid] = wait_for(lambda: (lambda ps: ps if len(ps) == 1 else None)(_job_pids(slurm, job_id)), timeout=20,
+                     what="the job's one python process")
     assert b"SLURM_JOB_ID" not in open(f"/proc/{pid}/environ", "rb").read()      # nothing to read there
 
     att = SlurmAttribution(refresh_s=0.2).start()
