@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import subprocess
 import sys
 import time
@@ -134,6 +133,13 @@ def _job_pids(slurm: SlurmCluster, job_id: str, python_only: bool = True) -> lis
     return pids
 
 
+def _one_job_pid(slurm: SlurmCluster, job_id: str, what: str) -> int:
+    """The job's one python process. Waits for exactly one: under load a listpids can catch the step
+    mid-fork, a second python that is gone a moment later."""
+    [pid] = wait_for(lambda: ps if len(ps := _job_pids(slurm, job_id)) == 1 else None, timeout=20, what=what)
+    return pid
+
+
 def _cmd(pid: int) -> str:
     try:
         return open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode()
@@ -145,9 +151,7 @@ def _cmd(pid: int) -> str:
 def test_a_batch_job_without_its_environment_is_named_by_slurm(slurm, monkeypatch):
     monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
     job_id = slurm.sbatch(NO_ENV_SLEEPER, "-J", "pretrain-7b")
-    # Exactly one: under load a listpids can catch the step mid-fork, a second python that is gone a moment later.
-    [pid] = wait_for(lambda: (lambda ps: ps if len(ps) == 1 else None)(_job_pids(slurm, job_id)), timeout=20,
-                     what="the job's one python process")
+    pid = _one_job_pid(slurm, job_id, "the job's python process")
     assert b"SLURM_JOB_ID" not in open(f"/proc/{pid}/environ", "rb").read()      # nothing to read there
 
     att = SlurmAttribution(refresh_s=0.2).start()
@@ -196,7 +200,7 @@ def test_the_agent_names_a_slurm_job_on_an_emulated_gpu(slurm, nvml_emulator, tm
     id, user and partition; job_samples in the collector and `gpuagent status` show it."""
     emu = nvml_emulator()
     job_id = slurm.sbatch(NO_ENV_SLEEPER, "-J", "finetune")
-    [pid] = wait_for(lambda: _job_pids(slurm, job_id), timeout=20, what="the job's python process")
+    pid = _one_job_pid(slurm, job_id, "the job's python process")
     emu.add_process(2, pid, 10 << 30)          # the job holds GPU 2 (SYNTHETIC)
 
     col = server.start_collector(tmp_path / "c.duckdb", "127.0.0.1:0", analyze=False)
@@ -253,7 +257,7 @@ def test_the_agent_names_a_slurm_job_on_an_emulated_gpu(slurm, nvml_emulator, tm
             f"exec env -i PATH=/usr/bin:/bin GPUAGENT_JOBS_SOCKET={tmp_path / 'jobs.sock'} {sys.executable} -c "
             "\"import time; from gpuagent.jobs.tracker import Tracker; t = Tracker(cuda=False)\n"
             "for _ in range(2400): time.sleep(0.05); t.step()\"\n", "-J", "tracked-no-env")
-        [tpid] = wait_for(lambda: _job_pids(slurm, tracked_id), timeout=20, what="the tracked job's process")
+        tpid = _one_job_pid(slurm, tracked_id, "the tracked job's process")
         assert b"SLURM_JOB_ID" not in open(f"/proc/{tpid}/environ", "rb").read()
         emu.add_process(3, tpid, 4 << 30)       # on GPU 3 (SYNTHETIC): on a GPU node, jobs are GPU jobs
         q = (f"SELECT DISTINCT job_id FROM job_steps WHERE pid = {tpid} UNION ALL SELECT DISTINCT 'samples ' || "
