@@ -13,7 +13,8 @@ For each direction the *receiving* end counts the bytes that arrived between ``w
 ``warmup_s + duration_s`` after it said go, so slow start is excluded and only delivered bytes count
 (iperf3's receiver figure). Gbit/s means 10^9 bits per second. Each data stream runs in a small process
 of its own (probes/net_pair_stream.py, which says why), so a link faster than one core is read as iperf3
-reads it.
+reads it. The wire (hello, control messages, socket settings) is probes/net_pair_wire.py; the bulk
+streams are probes/net_pair_bulk.py.
 
 Metrics are named from the connecting end's point of view, and both ends report the same values (the
 connecting end sends them to the listener at the end), so one link gives one row whichever end stored
@@ -32,23 +33,21 @@ Manual use (prints JSON; the secret may come from $GPUAGENT_NET_PAIR_SECRET inst
 from __future__ import annotations
 
 import argparse
-import errno
 import hmac
 import json
-import mmap
 import os
-import random
 import secrets as _secrets
 import socket
 import statistics
-import struct
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from gpuagent.probes.net_pair_bulk import BulkStreams
+from gpuagent.probes.net_pair_wire import (
+    ACCEPTED, KIND_CONTROL, KIND_RECV, KIND_SEND, MAX_SECRET, REFUSED, NoAnswer, PairError, expect, hello,
+    listen_in_range, read_hello, reason, recv_exact, recv_msg, send_msg, set_nodelay)
 from gpuagent.probes.registry import ProbeSpec
 from gpuagent.probes.result import ProbeResult
 
@@ -74,14 +73,8 @@ SPEC = ProbeSpec(
             "chunk_kib": (4, 16384), "accept_timeout_s": (0.1, 3600), "io_timeout_s": (0.1, 600)},
 )
 
-MAGIC = b"GPAPAIR1"
-KIND_CONTROL, KIND_SEND, KIND_RECV = b"C", b"S", b"R"   # SEND/RECV: from the connecting end's view
-ACCEPTED, REFUSED = b"\x01", b"\x00"
-MAX_SECRET = 256
-MAX_CONTROL_MSG = 64 * 1024
 HANDSHAKE_TIMEOUT_S = 2.0   # a connection that says nothing cannot hold the listener longer than this
 RTT_WARMUP = 20
-STREAM_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "net_pair_stream.py")
 
 
 def new_secret() -> str:
@@ -107,286 +100,6 @@ class PairSettings:
                 return f"{key} must be between {lo:g} and {hi:g}, got {value!r}"
         return ""
 
-
-class PairError(Exception):
-    """A broken run; the message is the result's one-sentence reason."""
-
-
-class NoAnswer(Exception):
-    """Nobody accepted a connection before the deadline."""
-
-
-# ---------------------------------------------------------------- wire helpers
-
-FIRST_BYTE_TIMEOUT_S = 10.0   # from "go" to the first byte of a measured direction (stream processes start)
-
-def _recv_exact(sock: socket.socket, view: memoryview) -> None:
-    got, n = 0, len(view)
-    while got < n:
-        k = sock.recv_into(view[got:])
-        if k == 0:
-            raise PairError("the peer closed the connection")
-        got += k
-
-
-def _send_msg(sock: socket.socket, msg: dict[str, Any]) -> None:
-    body = json.dumps(msg).encode()
-    sock.sendall(struct.pack(">I", len(body)) + body)
-
-
-def _recv_msg(sock: socket.socket) -> dict[str, Any]:
-    head = bytearray(4)
-    _recv_exact(sock, memoryview(head))
-    (n,) = struct.unpack(">I", head)
-    if n > MAX_CONTROL_MSG:
-        raise PairError(f"the peer sent a control message of {n} bytes, more than {MAX_CONTROL_MSG}")
-    body = bytearray(n)
-    _recv_exact(sock, memoryview(body))
-    try:
-        msg = json.loads(body)
-    except ValueError:
-        raise PairError("the peer sent a control message that is not JSON") from None
-    if not isinstance(msg, dict) or not isinstance(msg.get("op"), str):
-        raise PairError("the peer sent a control message without an op")
-    return msg
-
-
-def _expect(sock: socket.socket, op: str) -> dict[str, Any]:
-    msg = _recv_msg(sock)
-    if msg["op"] == "error":
-        raise PairError(f"the peer reported: {msg.get('reason', 'no reason given')}")
-    if msg["op"] != op:
-        raise PairError(f"expected {op!r} from the peer, got {msg['op']!r}")
-    return msg
-
-
-def _hello(kind: bytes, secret: bytes) -> bytes:
-    return MAGIC + kind + struct.pack(">H", len(secret)) + secret
-
-
-def _read_hello(conn: socket.socket) -> tuple[bytes, bytes] | None:
-    """(kind, secret) from a new connection, or None when it does not speak this protocol."""
-    head = bytearray(len(MAGIC) + 3)
-    try:
-        _recv_exact(conn, memoryview(head))
-        if bytes(head[:len(MAGIC)]) != MAGIC:
-            return None
-        (n,) = struct.unpack(">H", head[len(MAGIC) + 1:])
-        if n == 0 or n > MAX_SECRET:
-            return None
-        secret = bytearray(n)
-        _recv_exact(conn, memoryview(secret))
-    except (OSError, PairError):
-        return None
-    return bytes(head[len(MAGIC):len(MAGIC) + 1]), bytes(secret)
-
-
-def _reason(exc: BaseException) -> str:
-    if isinstance(exc, PairError):
-        return str(exc)
-    if isinstance(exc, socket.timeout):
-        return "the peer did not answer within the I/O timeout"
-    if isinstance(exc, OSError):
-        return f"network error: {exc.strerror or exc}"
-    return f"{type(exc).__name__}: {exc}"
-
-
-# ---------------------------------------------------------------- data streams
-
-class _Streams:
-    """Parallel bulk transfer over already-connected sockets, one process per stream
-    (probes/net_pair_stream.py says why): senders send full chunks until told to stop, receivers read
-    until end-of-file and write their byte count into a small shared file after every read, which the
-    measuring thread here reads. The sockets go to the processes in blocking mode with the I/O timeout set
-    in the kernel (SO_SNDTIMEO / SO_RCVTIMEO): a Python socket timeout is a poll() before every send and
-    recv (on the unshaped testbed, removing it alone took the send ratio to iperf3 from 0.68 to 0.83)."""
-
-    def __init__(self, socks: list[socket.socket], chunk: int, sending: bool) -> None:
-        self.socks = socks
-        self.sending = sending
-        self.measured = False     # receivers: end-of-file before the window closed means the peer went away
-        self.procs: list[subprocess.Popen] = []
-        self._stderr: dict[int, str] = {}
-        self._shared_fd, self.shared, self._go_w, go_r = -1, None, -1, -1
-        role = "send" if sending else "recv"
-        try:      # anything that fails here leaves nothing behind: _release takes a half-built object
-            self._shared_fd = _shared_fd(8 * (len(socks) + 1))
-            self.shared = mmap.mmap(self._shared_fd, 0)
-            go_r, self._go_w = os.pipe()
-            for i, sock in enumerate(socks):
-                _kernel_timeouts(sock)
-                argv = [sys.executable, "-I", "-S", STREAM_WORKER, role, str(sock.fileno()), str(self._shared_fd),
-                        str(i + 1), str(chunk), str(go_r)]
-                self.procs.append(subprocess.Popen(argv, pass_fds=(sock.fileno(), self._shared_fd, go_r),
-                                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                                   stderr=subprocess.PIPE))
-            for sock in socks:     # each stream process owns its socket now: one that dies closes it at once
-                sock.close()
-        except OSError as exc:
-            self._release()
-            raise PairError(f"cannot start a data stream process: {exc.strerror or exc}") from None
-        finally:
-            if go_r >= 0:
-                os.close(go_r)
-
-    def start(self) -> None:
-        """Senders begin (receivers read from the moment they exist)."""
-        self.shared[0] = 1
-        self._close_go()
-
-    def _close_go(self) -> None:
-        if self._go_w >= 0:
-            os.close(self._go_w)
-            self._go_w = -1
-
-    def total_bytes(self) -> int:
-        return sum(struct.unpack_from(f"={len(self.socks)}q", self.shared, 8))
-
-    @property
-    def errors(self) -> list[str]:
-        """One sentence per stream process that has ended badly so far."""
-        out = []
-        for p in self.procs:
-            rc = p.poll()
-            if rc is None or (rc == 0 and (self.sending or self.measured)):
-                continue
-            if rc == 0:
-                out.append("the peer closed a data stream before the end")
-            else:
-                if p.pid not in self._stderr:
-                    self._stderr[p.pid] = p.stderr.read().decode(errors="replace").strip() if p.stderr else ""
-                out.append(self._stderr[p.pid] or f"a data stream process exited with status {rc}")
-        return out
-
-    def measure(self, t_go: float, warmup_s: float, duration_s: float,
-                first_byte_timeout_s: float = FIRST_BYTE_TIMEOUT_S) -> tuple[float, int]:
-        """(Gbit/s, bytes) received over ``duration_s``, from ``warmup_s`` after the first byte arrived.
-
-        The warmup counts from the first byte, not from "go": each stream is a process of its own, and on a
-        loaded machine the peer's can take longer to start than the warmup (a 0.3 s window on 2 busy cores
-        once saw 0 bytes while the other direction carried 1 Gbit/s). No byte within
-        ``first_byte_timeout_s`` of "go" is an error, not a rate of 0."""
-        while self.total_bytes() == 0:
-            if self.errors:
-                raise PairError(f"a receiving stream broke: {self.errors[0]}")
-            if time.monotonic() - t_go > first_byte_timeout_s:
-                raise PairError(f"no data arrived within {first_byte_timeout_s:g} s of the start")
-            time.sleep(0.002)
-        _sleep_until(time.monotonic() + warmup_s)
-        b0, t0 = self.total_bytes(), time.monotonic()
-        _sleep_until(t0 + duration_s, watch=self)
-        b1, t1 = self.total_bytes(), time.monotonic()
-        errors = self.errors      # before ``measured``: a stream that ended inside the window is an error
-        self.measured = True
-        if errors:
-            raise PairError(f"a receiving stream broke: {errors[0]}")
-        return (b1 - b0) * 8 / (t1 - t0) / 1e9, b1 - b0
-
-    def finish(self, timeout_s: float) -> None:
-        """Stop the senders, wait for every stream process (killing what outlives the timeout), close all."""
-        self.shared[1] = 1
-        self._close_go()
-        deadline = time.monotonic() + timeout_s
-        stuck = False
-        for p in self.procs:
-            try:
-                p.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                stuck = True
-                p.kill()
-                p.wait()
-        errors = [] if stuck else self.errors
-        self._release()
-        if stuck:
-            raise PairError("a data stream did not finish within the I/O timeout")
-        if errors and self.sending:
-            raise PairError(f"a sending stream broke: {errors[0]}")
-
-    def abort(self) -> None:
-        """On an error: kill the stream processes and close everything now, so the peer's end breaks at
-        once instead of the caller waiting out the I/O timeout. Never raises."""
-        try:
-            self._release()
-        except Exception:  # noqa: BLE001 - already on an error path; the first error is the one reported
-            pass
-
-    def _release(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-            if p.stderr:
-                p.stderr.close()
-        for s in self.socks:
-            s.close()
-        self._close_go()
-        if self.shared is not None:
-            self.shared.close()
-            self.shared = None
-        if self._shared_fd >= 0:
-            os.close(self._shared_fd)
-            self._shared_fd = -1
-
-
-def _shared_fd(size: int) -> int:
-    """A zeroed file of ``size`` bytes that the stream processes map (in memory where Linux allows)."""
-    if hasattr(os, "memfd_create"):
-        fd = os.memfd_create("gpuagent-net_pair")
-    else:
-        fd, path = tempfile.mkstemp(prefix="gpuagent-net_pair-")
-        os.unlink(path)
-    os.ftruncate(fd, size)
-    return fd
-
-
-def _kernel_timeouts(sock: socket.socket) -> None:
-    """Blocking mode, with the socket's Python timeout moved into the kernel (see _Streams)."""
-    timeout = sock.gettimeout()
-    sock.settimeout(None)
-    if timeout:
-        tv = struct.pack("ll", int(timeout), int((timeout % 1) * 1e6))
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
-
-
-def _sleep_until(t: float, watch: _Streams | None = None) -> None:
-    while True:
-        left = t - time.monotonic()
-        if left <= 0 or (watch is not None and watch.errors):
-            return
-        time.sleep(min(left, 0.05))
-
-
-def _set_nodelay(sock: socket.socket) -> None:
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-
-# ---------------------------------------------------------------- listening end
-
-def listen_in_range(bind: str, port_range: tuple[int, int]) -> tuple[socket.socket | None, str]:
-    """A listening socket on ``bind`` at a port picked at random in ``port_range`` ((0, 0): any free port),
-    or (None, the sentence saying why not)."""
-    lo, hi = port_range
-    if not (0 <= lo <= hi <= 65535) or (lo == 0) != (hi == 0):
-        return None, f"port range {lo}-{hi} is not a range of ports (use 0-0 for any free port)"
-    ports = [0] if lo == 0 else random.sample(range(lo, hi + 1), hi - lo + 1)
-    last: OSError | None = None
-    for port in ports:
-        sock = None
-        try:
-            sock = socket.socket(socket.AF_INET6 if ":" in bind else socket.AF_INET, socket.SOCK_STREAM)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((bind, port))
-            sock.listen(64)
-        except OSError as exc:
-            if sock is not None:
-                sock.close()
-            if exc.errno != errno.EADDRINUSE:
-                return None, f"cannot listen on {bind}:{port}: {exc.strerror or exc}"
-            last = exc
-            continue
-        return sock, ""
-    return None, f"no free port in {lo}-{hi} on {bind} ({last.strerror if last else 'none tried'})"
 
 
 class NetPairListener:
@@ -446,7 +159,7 @@ class NetPairListener:
             except socket.timeout:
                 return None
             conn.settimeout(min(HANDSHAKE_TIMEOUT_S, max(0.05, deadline - time.monotonic())))
-            hello = _read_hello(conn)
+            hello = read_hello(conn)
             ok = hello is not None and hello[0] == kind and hmac.compare_digest(hello[1], self.secret)
             try:
                 conn.sendall(ACCEPTED if ok else REFUSED)
@@ -470,12 +183,12 @@ class NetPairListener:
                 return self._result("skipped", f"no peer connected with the pair's secret within "
                                                f"{self.accept_timeout_s:g} s{extra}")
             peer = self.peer = ctrl.getpeername()[0]
-            _set_nodelay(ctrl)
+            set_nodelay(ctrl)
             return self._serve(ctrl, peer)
         except BaseException as exc:  # noqa: BLE001 - a probe reports, it does not raise
             if isinstance(exc, KeyboardInterrupt):
                 raise
-            return self._result("failed", _reason(exc))
+            return self._result("failed", reason(exc))
         finally:
             if ctrl is not None:
                 ctrl.close()
@@ -484,45 +197,45 @@ class NetPairListener:
     def _serve(self, ctrl: socket.socket, peer: str) -> ProbeResult:
         env: dict[str, Any] = {"peer": peer}
         try:
-            hello = _expect(ctrl, "settings")
+            hello = expect(ctrl, "settings")
             settings = PairSettings(**{k: hello[k] for k in asdict(PairSettings()) if k in hello})
         except TypeError:
             raise PairError("the peer sent settings of the wrong types") from None
         why = settings.problem()
         if why:
-            _send_msg(ctrl, {"op": "error", "reason": why})
+            send_msg(ctrl, {"op": "error", "reason": why})
             return self._result("failed", f"the peer asked for unusable settings: {why}", env=env)
         self.params.update(asdict(settings))
-        _send_msg(ctrl, {"op": "ready"})
+        send_msg(ctrl, {"op": "ready"})
         chunk = settings.chunk_kib * 1024
         while True:
-            msg = _recv_msg(ctrl)
+            msg = recv_msg(ctrl)
             op = msg["op"]
             if op == "rtt":
                 buf = memoryview(bytearray(settings.rtt_bytes))
                 for _ in range(RTT_WARMUP + settings.rtt_count):
-                    _recv_exact(ctrl, buf)
+                    recv_exact(ctrl, buf)
                     ctrl.sendall(buf)
             elif op == "send":      # the peer sends, this end receives and measures
                 streams = self._accept_streams(KIND_SEND, settings.streams)
-                rx = _Streams(streams, chunk, sending=False)
+                rx = BulkStreams(streams, chunk, sending=False)
                 try:
                     rx.start()
                     t_go = time.monotonic()
-                    _send_msg(ctrl, {"op": "go"})
+                    send_msg(ctrl, {"op": "go"})
                     rate, nbytes = rx.measure(t_go, settings.warmup_s, settings.duration_s)
-                    _send_msg(ctrl, {"op": "measured", "gbits_per_s": rate, "bytes": nbytes})
+                    send_msg(ctrl, {"op": "measured", "gbits_per_s": rate, "bytes": nbytes})
                 except BaseException:
                     rx.abort()
                     raise
                 rx.finish(self.io_timeout_s)
             elif op == "recv":      # this end sends until the peer has measured
                 streams = self._accept_streams(KIND_RECV, settings.streams)
-                tx = _Streams(streams, chunk, sending=True)
+                tx = BulkStreams(streams, chunk, sending=True)
                 try:
-                    _expect(ctrl, "go")
+                    expect(ctrl, "go")
                     tx.start()
-                    _expect(ctrl, "stop")
+                    expect(ctrl, "stop")
                 except BaseException:
                     tx.abort()
                     raise
@@ -574,9 +287,9 @@ def _dial(host: str, port: int, kind: bytes, secret: bytes, deadline: float, io_
             raise NoAnswer from None
         try:
             sock.settimeout(io_timeout_s)
-            sock.sendall(_hello(kind, secret))
+            sock.sendall(hello(kind, secret))
             answer = bytearray(1)
-            _recv_exact(sock, memoryview(answer))
+            recv_exact(sock, memoryview(answer))
         except (OSError, PairError):
             sock.close()
             raise PairError(f"the listener at {host}:{port} dropped the connection during the hello") from None
@@ -613,27 +326,27 @@ def connect(host: str, port: int, secret: str | bytes, settings: PairSettings | 
                          io_timeout_s, retry_refused=True)
         except NoAnswer:
             return result("skipped", f"no listener answered at {host}:{port} within {connect_timeout_s:g} s")
-        _set_nodelay(ctrl)
-        _send_msg(ctrl, {"op": "settings", **asdict(settings)})
-        _expect(ctrl, "ready")
+        set_nodelay(ctrl)
+        send_msg(ctrl, {"op": "settings", **asdict(settings)})
+        expect(ctrl, "ready")
         metrics = _rtt(ctrl, settings)
         metrics["send_gbits_per_s"] = _run_send(ctrl, host, port, secret_b, settings, io_timeout_s)
         metrics["recv_gbits_per_s"] = _run_recv(ctrl, host, port, secret_b, settings, io_timeout_s)
-        _send_msg(ctrl, {"op": "done", "metrics": metrics})
+        send_msg(ctrl, {"op": "done", "metrics": metrics})
         return result("ok", "", metrics)
     except BaseException as exc:  # noqa: BLE001 - a probe reports, it does not raise
         if isinstance(exc, KeyboardInterrupt):
             raise
         if isinstance(exc, NoAnswer):
             return result("failed", f"a data stream could not connect to {host}:{port} in time")
-        return result("failed", _reason(exc))
+        return result("failed", reason(exc))
     finally:
         if ctrl is not None:
             ctrl.close()
 
 
 def _rtt(ctrl: socket.socket, s: PairSettings) -> dict[str, float]:
-    _send_msg(ctrl, {"op": "rtt"})
+    send_msg(ctrl, {"op": "rtt"})
     out = memoryview(bytearray(os.urandom(s.rtt_bytes)))
     back = memoryview(bytearray(s.rtt_bytes))
     clock = time.perf_counter_ns
@@ -641,7 +354,7 @@ def _rtt(ctrl: socket.socket, s: PairSettings) -> dict[str, float]:
     for i in range(RTT_WARMUP + s.rtt_count):
         t0 = clock()
         ctrl.sendall(out)
-        _recv_exact(ctrl, back)
+        recv_exact(ctrl, back)
         if i >= RTT_WARMUP:
             samples.append(clock() - t0)
     if back != out:
@@ -666,14 +379,14 @@ def _open_streams(host: str, port: int, kind: bytes, secret: bytes, n: int, io_t
 
 def _run_send(ctrl: socket.socket, host: str, port: int, secret: bytes, s: PairSettings,
               io_timeout_s: float) -> float:
-    _send_msg(ctrl, {"op": "send"})
-    tx = _Streams(_open_streams(host, port, KIND_SEND, secret, s.streams, io_timeout_s), s.chunk_kib * 1024,
+    send_msg(ctrl, {"op": "send"})
+    tx = BulkStreams(_open_streams(host, port, KIND_SEND, secret, s.streams, io_timeout_s), s.chunk_kib * 1024,
                   sending=True)
     try:
-        _expect(ctrl, "go")
+        expect(ctrl, "go")
         tx.start()
         ctrl.settimeout(s.warmup_s + s.duration_s + io_timeout_s)
-        measured = _expect(ctrl, "measured")
+        measured = expect(ctrl, "measured")
         ctrl.settimeout(io_timeout_s)
     except BaseException:
         tx.abort()
@@ -687,15 +400,15 @@ def _run_send(ctrl: socket.socket, host: str, port: int, secret: bytes, s: PairS
 
 def _run_recv(ctrl: socket.socket, host: str, port: int, secret: bytes, s: PairSettings,
               io_timeout_s: float) -> float:
-    _send_msg(ctrl, {"op": "recv"})
-    rx = _Streams(_open_streams(host, port, KIND_RECV, secret, s.streams, io_timeout_s), s.chunk_kib * 1024,
+    send_msg(ctrl, {"op": "recv"})
+    rx = BulkStreams(_open_streams(host, port, KIND_RECV, secret, s.streams, io_timeout_s), s.chunk_kib * 1024,
                   sending=False)
     try:
         rx.start()
         t_go = time.monotonic()
-        _send_msg(ctrl, {"op": "go"})
+        send_msg(ctrl, {"op": "go"})
         rate, _ = rx.measure(t_go, s.warmup_s, s.duration_s)
-        _send_msg(ctrl, {"op": "stop"})
+        send_msg(ctrl, {"op": "stop"})
     except BaseException:
         rx.abort()
         raise

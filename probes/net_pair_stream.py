@@ -1,4 +1,4 @@
-"""One net_pair data stream in a process of its own; started by ``net_pair._Streams``, not by people.
+"""One net_pair data stream in a process of its own; started by ``net_pair_bulk.BulkStreams``, not by people.
 
 Why it is built this way: on a link faster than one core can copy (a veth here, 100 GbE and up on real
 nodes) the probe's own CPU per byte sets the rate, and it must cost what iperf3's does, or net_pair

@@ -4,6 +4,7 @@
 - "Packages": the table names exactly the packages in the tree, each with its folder.
 - The agent's stages ("Import rules", the agent floor table): inside gpuagent.agent, imports run downward only.
 - The collector's modules: no import cycle between any two modules of gpuagent.collector.
+- Module size: no module over 600 lines in agent/, collector/, probes/ and common/ (generated protobuf exempt).
 
 The checker reads every import statement, including those inside functions, relative imports and
 ``importlib.import_module("gpuagent...")`` with a literal name, so a lazy import cannot hide an edge.
@@ -453,3 +454,37 @@ def test_packages_table_names_exactly_the_packages_in_the_tree():
         f"docs/ARCHITECTURE.md 'Packages' table: not listed {missing}; listed but not in the tree {stale}")
     wrong = {p: (documented[p], tree[p]) for p in tree if documented[p] != tree[p]}
     assert not wrong, f"documented folder differs from the tree (documented, actual): {wrong}"
+
+
+# --------------------------------------------------------------------------------- module size
+
+MAX_MODULE_LINES = 600
+SIZE_RULED_FOLDERS = ("agent", "collector", "probes", "common")
+
+
+def long_modules(root: Path, limit: int = MAX_MODULE_LINES) -> dict[str, int]:
+    """Python modules under the ruled folders with more than ``limit`` lines; generated protobuf modules
+    (``*_pb2*.py``) are exempt, and SQL lives in .sql files, which this does not count."""
+    out: dict[str, int] = {}
+    for folder in SIZE_RULED_FOLDERS:
+        for path in sorted((root / folder).rglob("*.py")):
+            if "_pb2" in path.name:
+                continue
+            n = len(path.read_text().splitlines())
+            if n > limit:
+                out[path.relative_to(root).as_posix()] = n
+    return out
+
+
+def test_no_module_over_600_lines():
+    too_long = long_modules(ROOT)
+    assert not too_long, (f"split these by job (docs/ARCHITECTURE.md, one job per module): {too_long}")
+
+
+def test_module_size_check_catches_a_long_module(tmp_path):
+    (tmp_path / "collector" / "views").mkdir(parents=True)
+    (tmp_path / "collector" / "views" / "long.py").write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    (tmp_path / "collector" / "views" / "short.py").write_text("x = 1\n" * MAX_MODULE_LINES)
+    (tmp_path / "common").mkdir()
+    (tmp_path / "common" / "big_pb2.py").write_text("x = 1\n" * 2000)
+    assert long_modules(tmp_path) == {"collector/views/long.py": MAX_MODULE_LINES + 1}

@@ -112,8 +112,8 @@ def test_bad_input_is_one_sentence_and_nothing_runs():
     lst = NP.NetPairListener("s", "127.0.0.1", accept_timeout_s=5)
     t, out = _serve_in_thread(lst)
     ctrl = NP._dial("127.0.0.1", lst.port, NP.KIND_CONTROL, b"s", time.monotonic() + 5, 5, retry_refused=True)
-    NP._send_msg(ctrl, {"op": "settings", "streams": 1000})
-    assert NP._recv_msg(ctrl) == {"op": "error", "reason": "streams must be between 1 and 64, got 1000"}
+    NP.send_msg(ctrl, {"op": "settings", "streams": 1000})
+    assert NP.recv_msg(ctrl) == {"op": "error", "reason": "streams must be between 1 and 64, got 1000"}
     ctrl.close()
     t.join(5)
     assert out[0].status == "failed" and out[0].reason.startswith("the peer asked for unusable settings")
@@ -177,9 +177,9 @@ def test_a_peer_that_gives_up_before_go_leaves_no_stream_processes_here():
     lst = NP.NetPairListener("s3cret", "127.0.0.1", io_timeout_s=2.0, accept_timeout_s=5)
     t, out = _serve_in_thread(lst)
     ctrl = NP._dial("127.0.0.1", lst.port, NP.KIND_CONTROL, b"s3cret", time.monotonic() + 5, 2.0, True)
-    NP._send_msg(ctrl, {"op": "settings", **NP.asdict(settings)})
-    NP._expect(ctrl, "ready")
-    NP._send_msg(ctrl, {"op": "recv"})
+    NP.send_msg(ctrl, {"op": "settings", **NP.asdict(settings)})
+    NP.expect(ctrl, "ready")
+    NP.send_msg(ctrl, {"op": "recv"})
     socks = NP._open_streams("127.0.0.1", lst.port, NP.KIND_RECV, b"s3cret", 2, 2.0)
     deadline = time.monotonic() + 10
     while len([p for p, pp in _stream_processes().items() if pp == os.getpid()]) < 2:
