@@ -39,6 +39,7 @@ import grpc
 
 from gpuagent.agent.samplers import netif
 from gpuagent.agent.snapshot import FabricRun, FabricStatus
+from gpuagent.common.background import BackgroundThread
 from gpuagent.common.errors import first_line
 from gpuagent.common.parse import settings_key
 from gpuagent.probes import net_pair, rdma_pair, registry, runner
@@ -87,8 +88,8 @@ class FabricClient:
         self._port_range = port_range     # this node's own range; (0, 0): the offer's
         self.interface = interface        # the NIC fabric traffic uses ("" unknown): its line rate is reported
         self._sys_class_net = sys_class_net
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._worker = BackgroundThread("gpuagent-fabric", self._loop)
+        self._stop = self._worker.stopping
         self._call = None
         self._pending: dict[str, tuple[pb.Assignment, Any]] = {}   # pair id -> (offer, listener or None)
         self._groups: dict[str, tuple[pb.Assignment, threading.Event]] = {}   # group id -> (offer, cancel)
@@ -101,8 +102,7 @@ class FabricClient:
 
     # -- lifecycle
     def start(self) -> "FabricClient":
-        self._thread = threading.Thread(target=self._loop, name="gpuagent-fabric", daemon=True)
-        self._thread.start()
+        self._worker.start()
         return self
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -118,8 +118,7 @@ class FabricClient:
             self._drop(pid)
         for gid in groups:
             self._drop_group(gid)
-        if self._thread:
-            self._thread.join(timeout)
+        self._worker.stop(timeout)
 
     def _loop(self) -> None:
         while not self._stop.is_set():

@@ -26,6 +26,7 @@ import time
 from typing import Any, Callable, Iterable, Mapping
 
 from gpuagent.agent.config import ProbesConfig
+from gpuagent.common.background import BackgroundThread
 from gpuagent.probes import blockdev, registry
 from gpuagent.probes.lock import LOCK_NAME, ProbeLock, default_state_dir
 from gpuagent.probes.result import ProbeResult
@@ -55,8 +56,8 @@ class ProbeScheduler:
         self._rng = rng or random.Random()
         self.lock_path = self.config.lock_path or os.path.join(state_dir or default_state_dir(), LOCK_NAME)
         self._lock = ProbeLock(self.lock_path)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._worker = BackgroundThread("probe-scheduler", self._loop)
+        self._stop = self._worker.stopping
         self._window: collections.deque[tuple[float, float]] = collections.deque()  # (end monotonic, seconds)
         self._window_mu = threading.Lock()     # the fabric thread charges and checks it too
         self._last_duration: dict[str, float] = {}
@@ -69,22 +70,18 @@ class ProbeScheduler:
         return interval * (1.0 + self._rng.uniform(-j, j))
 
     def start(self) -> None:
-        if self._thread is not None or not self.config.enabled:
+        if self._worker.started or not self.config.enabled:
             return
         now = time.monotonic()
         for s in self.config.schedules:
             if s.enabled:
                 spread = self._rng.uniform(0, self.config.jitter_fraction * s.interval_s)
                 self._due[s.name] = now + self.config.initial_delay_s + spread
-        self._thread = threading.Thread(target=self._loop, name="probe-scheduler", daemon=True)
-        self._thread.start()
+        self._worker.start()
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the loop; an in-flight probe is killed (its process group) and recorded as cancelled."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None
+        self._worker.stop(timeout)
 
     def next_due(self) -> dict[str, float]:
         """Seconds until each enabled probe is due (for `gpuagent status`)."""

@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from gpuagent.common.background import BackgroundThread
 from gpuagent.common.job_identity import JobIdentity, identity_for_pid, own_container_id
 from gpuagent.jobs import wire
 
@@ -182,8 +183,8 @@ class JobStepReceiver:
         self._rank_live: dict[tuple[str, int], dict[str, Any]] = {}
         self._window_start = clock()
         self._sock: socket.socket | None = None
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
+        self._worker = BackgroundThread("gpuagent-job-steps", self._run)
+        self._stop = self._worker.stopping
         self.datagrams = 0
         self.bad_datagrams = 0
         self.records = 0            # step records kept for aggregation
@@ -213,8 +214,7 @@ class JobStepReceiver:
             sock.close()
             raise JobSocketError(f"cannot listen on the jobs socket {path}: {e.strerror}") from None
         self._sock = sock
-        self._thread = threading.Thread(target=self._run, name="gpuagent-job-steps", daemon=True)
-        self._thread.start()
+        self._worker.start()
         return self
 
     @staticmethod
@@ -435,10 +435,7 @@ class JobStepReceiver:
             return {s.pid: s.job_id for s in self._streams.values()}
 
     def close(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=2.0)
-            self._thread = None
+        self._worker.stop(2.0)
         if self._sock is not None:
             self._sock.close()
             self._sock = None

@@ -29,6 +29,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from gpuagent.common.background import BackgroundThread
+
 log = logging.getLogger("gpuagent.kubelet")
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
@@ -92,20 +94,17 @@ class PodResources:
         self._error = ""
         self._refreshes = 0                    # List calls answered or failed so far
         self._cond = threading.Condition()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._worker = BackgroundThread("gpuagent-kubelet", self._loop)
+        self._stop = self._worker.stopping
         self._channel = None
         self._stub = None
 
     def start(self) -> PodResources:
-        self._thread = threading.Thread(target=self._loop, name="gpuagent-kubelet", daemon=True)
-        self._thread.start()
+        self._worker.start()
         return self
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(self.timeout_s + 5)
+        self._worker.stop(self.timeout_s + 5)
         if self._channel is not None:
             self._channel.close()
 

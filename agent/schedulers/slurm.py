@@ -30,6 +30,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from gpuagent.common.background import BackgroundThread
+
 log = logging.getLogger("gpuagent.slurm")
 
 MAX_JOBS = 4096            # job details cached at most (the oldest looked-up go first)
@@ -138,8 +140,8 @@ class SlurmAttribution:
         self._mu = threading.Lock()
         self._pids: dict[int, tuple[str, str]] = {}
         self._jobs: dict[str, SlurmJob] = {}
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._worker = BackgroundThread("slurm-attribution", self._loop)
+        self._stop = self._worker.stopping
         self.refreshes = 0
         self.calls = 0
         self.errors = 0
@@ -150,14 +152,11 @@ class SlurmAttribution:
 
     # -- background
     def start(self) -> SlurmAttribution:
-        self._thread = threading.Thread(target=self._loop, name="slurm-attribution", daemon=True)
-        self._thread.start()
+        self._worker.start()
         return self
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=CALL_TIMEOUT_S * 2)
+        self._worker.stop(CALL_TIMEOUT_S * 2)
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -227,7 +226,7 @@ class SlurmAttribution:
         if started_ns is None or not self._listing_ok or started_ns > time.time_ns() + START_SLACK_NS:
             return False     # unknown or impossible start (a start in the future is not to be trusted)
         if self._listed_ns is None:
-            return self._thread is not None and self._thread.is_alive()
+            return self._worker.alive
         return started_ns >= self._listed_ns - START_SLACK_NS
 
     def pids(self) -> set[int]:

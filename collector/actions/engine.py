@@ -26,6 +26,7 @@ from typing import Any, Callable, Protocol
 
 from gpuagent.collector.actions.config import ActionsConfig
 from gpuagent.collector.actions.slurm import NodeState, Scontrol
+from gpuagent.common.background import BackgroundThread
 from gpuagent.common.errors import first_line
 from gpuagent.common.timeutil import utc_now
 
@@ -322,16 +323,16 @@ class ActionsThread:
         self.db = db
         self._on_error = on_error
         self._slot: queue.Queue = queue.Queue(maxsize=1)
-        self._stop = threading.Event()
         self._idle = threading.Condition()
         self._pending = 0      # notified passes not yet handled (0 or 1: they fold into one)
-        self._thread = threading.Thread(target=self._loop, name="gpuagent-actions", daemon=True)
+        self._worker = BackgroundThread("gpuagent-actions", self._loop)
+        self._stop = self._worker.stopping
         self.handled = 0
         self.last: list[dict[str, Any]] = []
         self.last_error: str | None = None
 
     def start(self) -> "ActionsThread":
-        self._thread.start()
+        self._worker.start()
         return self
 
     def notify(self, pass_ts: dt.datetime | None = None) -> None:
@@ -367,6 +368,4 @@ class ActionsThread:
             return self._idle.wait_for(lambda: self._pending == 0, timeout)
 
     def stop(self, timeout: float = 30.0) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
+        self._worker.stop(timeout)

@@ -19,7 +19,6 @@ import json
 import logging
 import math
 import re
-import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -34,6 +33,7 @@ from gpuagent.collector.analysis.settings import AnalyzerConfig
 from gpuagent.collector.analysis.sql_files import load_sql
 from gpuagent.collector.analysis.steps import BASELINE, FINDINGS, FLAGS, STEPS, Step, pass_steps
 from gpuagent.common import hardware_faults
+from gpuagent.common.background import BackgroundThread
 from gpuagent.common.errors import first_line
 from gpuagent.common.sql_rows import insert_rows
 from gpuagent.common.timeutil import utc_now
@@ -424,14 +424,14 @@ class AnalyzerThread:
         self.analyzer = analyzer
         self._submit = submit
         self._on_error = on_error
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="analyzer", daemon=True)
+        self._worker = BackgroundThread("analyzer", self._loop)
+        self._stop = self._worker.stopping
         self.last: PassResult | None = None
         self.last_error: str | None = None
         self.passes = 0
 
     def start(self) -> "AnalyzerThread":
-        self._thread.start()
+        self._worker.start()
         return self
 
     def run_once(self) -> PassResult:
@@ -450,9 +450,7 @@ class AnalyzerThread:
                     self._on_error(exc)
 
     def stop(self, timeout: float = 30.0) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
+        self._worker.stop(timeout)
 
 
 def with_window(config: AnalyzerConfig, window_s: float) -> AnalyzerConfig:

@@ -17,7 +17,6 @@ import datetime as dt
 import logging
 import os
 import socket
-import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ import pyarrow.parquet as pq
 from gpuagent.collector.config_file import CollectorConfigError, duration
 from gpuagent.collector.lake import layout
 from gpuagent.collector.lake.layout import Lake, LakeError
+from gpuagent.common.background import BackgroundThread
 from gpuagent.common.errors import first_line
 from gpuagent.common.timeutil import utc_now
 
@@ -322,11 +322,11 @@ class ExporterThread:
         self.interval_s = interval_s
         self.last_error: str | None = None
         self.runs = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="gpuagent-lake-export", daemon=True)
+        self._worker = BackgroundThread("gpuagent-lake-export", self._loop)
+        self._stop = self._worker.stopping
 
     def start(self) -> "ExporterThread":
-        self._thread.start()
+        self._worker.start()
         return self
 
     def _loop(self) -> None:
@@ -349,9 +349,7 @@ class ExporterThread:
                 return
 
     def stop(self, timeout: float = 60.0) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
+        self._worker.stop(timeout)
 
 
 def export_db(db_path: str, lake_uri: str, shard: str, grace_s: float = 600.0, again: bool = False,

@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 from gpuagent.collector.store.disk_usage import Usage, measure
 from gpuagent.collector.store.maintenance_config import MaintenanceConfig
+from gpuagent.common.background import BackgroundThread
 from gpuagent.common.timeutil import utc_now
 
 log = logging.getLogger("gpuagent.collector.store.maintenance")
@@ -467,11 +468,11 @@ class MaintenanceThread:
     def __init__(self, m: Maintenance, call: Callable[[Callable[[Any], Any]], Any]):
         self.m = m
         self._call = call
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="gpuagent-maintenance", daemon=True)
+        self._worker = BackgroundThread("gpuagent-maintenance", self._loop)
+        self._stop = self._worker.stopping
 
     def start(self) -> "MaintenanceThread":
-        self._thread.start()
+        self._worker.start()
         return self
 
     def _loop(self) -> None:
@@ -493,6 +494,4 @@ class MaintenanceThread:
                 log.error("storage maintenance failed: %s", exc)
 
     def stop(self, timeout: float = 30.0) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
+        self._worker.stop(timeout)
