@@ -6,12 +6,10 @@ import datetime as dt
 import json
 import random
 
-import duckdb
 import pytest
 
 from analysis_helpers import migrated_db, run  # noqa: F401 - the con fixture
 from gpuagent.collector.analysis import analyzer as A
-from gpuagent.collector.store import schema
 from gpuagent.sim import synthetic_rows as S
 
 NOW = dt.datetime(2026, 1, 1, 12, 0)
@@ -173,17 +171,66 @@ def test_baseline_fallbacks_reference_then_declared_then_none(con):
         {"component": "storage_seq_read", "value": 3.0, "gpu_model_like": "NVIDIA H100%", "note": "acceptance 2025"}]}})
     run(con, config=cfg)
     got = {(f["node_id"], f["component"]): f for f in flags(con, "virtualization_overhead")}
-    assert set(got) == {("synthetic-vm-slow", "h2d"), ("synthetic-vm-slow", "storage_seq_read"),
-                        ("synthetic-vm-other", "storage_seq_read")}
+    assert set(got) == {("synthetic-vm-slow", "h2d"), ("synthetic-vm-slow", "storage_seq_read")}
     ref = got[("synthetic-vm-slow", "h2d")]
     assert ref["baseline_source"] == "reference_table" and ref["baseline"] == pytest.approx(63.02)
     assert "theoretical reference 63.0 GB/s" in ref["sentence"] and "PCIe 5.0 spec" in ref["sentence"]
     dec = got[("synthetic-vm-slow", "storage_seq_read")]
     assert dec["baseline_source"] == "user_declared" and dec["baseline"] == 3.0 and dec["severity"] == "critical"
     assert "33 % below the declared baseline 3.0 GB/s" in dec["sentence"]
-    none = got[("synthetic-vm-other", "storage_seq_read")]
+    # No baseline at all: not a virtualization_overhead flag (it would have no figure) but a no_baseline one.
+    (none,) = flags(con, "no_baseline")
+    assert (none["node_id"], none["component"]) == ("synthetic-vm-other", "storage_seq_read")
     assert none["baseline_source"] == "none" and none["baseline"] is None and none["severity"] == "info"
     assert "has no baseline for NVIDIA L4 PCIe Gen4 x16 ×8" in none["sentence"]
+
+
+def test_a_vm_without_a_baseline_gets_no_virtualization_flag_without_a_figure(con):
+    # Issue 45, point 2: a KVM guest, one host probe run, no bare-metal node and no reference row for the host
+    # timer or syscall costs. Before, this opened virtualization_overhead flags whose evidence had
+    # "overhead": null, "margin": null. Now no flag of that kind opens; a no_baseline flag says why, with what
+    # was measured.
+    S.add_node(con, "synthetic-kvm-guest", virtualized=True, virt_type="kvm")
+    S.add_probe_runs(con, "synthetic-kvm-guest", "host",
+                     {"clock_gettime_ns": [31.0], "syscall_ns": [240.0], "cpu_steal_percent": [0.2]}, times(1))
+    run(con)
+    for f in flags(con, "virtualization_overhead"):     # none expected; any that opens must carry its figure
+        ev = json.loads(f["evidence"])
+        assert ev["overhead"] is not None and ev["margin"] is not None, f
+    assert flags(con, "virtualization_overhead") == []
+    got = {f["component"]: f for f in flags(con, "no_baseline")}
+    assert {"host_timer", "host_syscall"} <= set(got)
+    timer = got["host_timer"]
+    ev = json.loads(timer["evidence"])
+    assert timer["severity"] == "info" and timer["value"] == pytest.approx(31.0)
+    assert ev["runs"] == 1 and ev["baseline_nodes"] == 0 and ev["for_kind"] == "virtualization_overhead"
+    assert "has no baseline" in timer["sentence"] and "not judged" in timer["sentence"]
+
+
+def test_too_few_runs_raise_nothing_and_a_baseline_closes_no_baseline(con):
+    # H2D on an H100 PCIe Gen5 x16 has a reference row (PCIe 5.0, theoretical 63.02 GB/s, threshold 40 %):
+    # 30 GB/s is 52 % below it, but two runs are too few to take a margin from (vo_min_runs = 3).
+    S.add_node(con, "synthetic-vm-a", virtualized=True)
+    S.add_probe_runs(con, "synthetic-vm-a", "pcie", {"h2d_gbps": [30.0, 30.1]}, times(2), gpu=0)
+    run(con)
+    assert flags(con, "virtualization_overhead") == [] and flags(con, "no_baseline") == []
+    S.add_probe_runs(con, "synthetic-vm-a", "pcie", {"h2d_gbps": [30.2]}, [NOW - dt.timedelta(minutes=20)], gpu=0)
+    run(con)
+    (f,) = flags(con, "virtualization_overhead")
+    ev = json.loads(f["evidence"])
+    assert ev["runs"] == 3 and ev["overhead"] == pytest.approx(52.2, abs=0.5) and ev["margin"] is not None
+    assert "over 3 runs" in f["sentence"]
+
+    # Storage has no reference row: no_baseline, until a declared value gives it one and the flag closes.
+    S.add_probe_runs(con, "synthetic-vm-a", "storage", {"seq_read_gbps": [2.0] * 3}, times(3))
+    run(con)
+    assert [f["component"] for f in flags(con, "no_baseline")] == ["storage_seq_read"]
+    cfg = A.AnalyzerConfig.from_mapping({"baselines": {"declared": [{"component": "storage_seq_read", "value": 2.1}]}})
+    run(con, config=cfg)
+    assert flags(con, "no_baseline") == []
+    (closed,) = flags(con, "no_baseline", state="closed")
+    assert closed["component"] == "storage_seq_read"
+    assert [f["component"] for f in flags(con, "virtualization_overhead")] == ["h2d"]   # 5 % below 2.1: not flagged
 
 
 def test_steal_is_compared_in_points(con):

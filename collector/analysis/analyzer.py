@@ -195,6 +195,7 @@ class Analyzer:
             "window_hours": cfg.window_s / 3600.0, "probe_window_hours": round(cfg.probe_window_s / 3600.0, 3),
             "min_baseline_nodes": cfg.min_baseline_nodes,
             "theoretical_threshold": cfg.theoretical_threshold_percent, "vo_z": cfg.significance_z,
+            "vo_min_runs": cfg.vo_min_runs,
             "min_runs": cfg.min_runs, "noise_k": cfg.noise_k, "min_fleet_nodes": cfg.min_fleet_nodes,
             "corr_steal": cfg.corroboration_steal_percent, "corr_psi": cfg.corroboration_psi_percent,
             "neighbour_cpu": cfg.neighbour_cpu_percent, "neighbour_io": cfg.neighbour_io_mb_per_s,
@@ -257,7 +258,7 @@ class Analyzer:
             except Exception as exc:  # noqa: BLE001 - this step alone is rolled back; the others go on
                 failed[step.sql_file] = step_error(step.sql_file, exc)
                 if step.kind:
-                    skipped_kinds.add(step.kind)
+                    skipped_kinds.update((step.kind, *step.also_kinds))
                 log.error("analysis step %s failed (rolled back; the other steps go on): %s", step.sql_file,
                           failed[step.sql_file])
             step_s[step.sql_file] = time.perf_counter() - ts

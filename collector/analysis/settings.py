@@ -44,6 +44,7 @@ class AnalyzerConfig:
     min_baseline_nodes: int = 3
     theoretical_threshold_percent: float = 40.0
     significance_z: float = 1.0     # one-sided ~84 %: the overhead exceeds the threshold with that confidence
+    vo_min_runs: int = 3            # virtualization_overhead: runs (own, or all GPUs' pooled) before a judgement
     min_runs: int = 5
     noise_k: float = 3.0
     min_fleet_nodes: int = 3
@@ -113,7 +114,7 @@ class AnalyzerConfig:
                     kwargs[name] = type(getattr(cls, name))(value)
                 except (TypeError, ValueError):
                     raise AnalyzerConfigError(f"[analyzer] {key} must be a number, got {value!r}") from None
-        for name in ("piece_nodes", "rollup_chunk_rows"):
+        for name in ("piece_nodes", "rollup_chunk_rows", "vo_min_runs"):
             if kwargs.get(name, 1) < 1:
                 raise AnalyzerConfigError(f"[analyzer] {name} must be at least 1, got {kwargs[name]!r}")
         for name in ("neighbour_cpu_percent", "neighbour_io_mb_per_s", "neighbour_net_mb_per_s"):

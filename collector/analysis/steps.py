@@ -30,6 +30,7 @@ class Step:
     source: str | None = None           # ROLLUP: the raw table read by rowid window
     counts: tuple[str, ...] = ()        # result columns whose row counts the pass reports, read by name
     kind: str | None = None             # CONDITIONS: the flag kind it evaluates (kept open when the step fails)
+    also_kinds: tuple[str, ...] = ()    # CONDITIONS: other kinds it writes, kept open alike
     # The analyzer runs the step in pieces of at most AnalyzerConfig.piece_nodes nodes, one after another, so
     # its memory follows the piece, not the fleet. Its SQL keeps a piece's rows with
     # ``hash(<node id>) % $pieces = $piece`` wherever it reads rows, and the analyzer drops its temp tables
@@ -47,6 +48,8 @@ class Step:
             raise ValueError(f"step {self.name}: a source table goes with rollup steps and only with them")
         if (self.produces == CONDITIONS) != (self.kind is not None):
             raise ValueError(f"step {self.name}: a flag kind goes with conditions steps and only with them")
+        if self.also_kinds and self.kind is None:
+            raise ValueError(f"step {self.name}: also_kinds go with a conditions step's kind")
         if self.by_node and self.produces not in (CONDITIONS, CONTEXT):
             raise ValueError(f"step {self.name}: only conditions and context steps run in pieces of nodes")
 
@@ -60,7 +63,7 @@ STEPS: tuple[Step, ...] = (
          temp_tables=("_node_class", "_ok_metrics", "_pressure")),
     Step("fleet_baselines", "25_fleet_baselines.sql", BASELINE),
     Step("virtualization_overhead", "30_virtualization_overhead.sql", CONDITIONS, kind="virtualization_overhead",
-         by_node=True,
+         also_kinds=("no_baseline",), by_node=True,
          temp_tables=("_vo_values", "_vo_pooled", "_vo_fleet", "_vo_ref", "_vo_declared", "_vo", "_vo_scored")),
     Step("noisy_neighbor_variance", "40_noisy_neighbor_variance.sql", CONDITIONS, kind="noisy_neighbor_variance",
          temp_tables=("_nn_points", "_nn_series", "_nn_fleet_local", "_nn_fleet", "_nn")),

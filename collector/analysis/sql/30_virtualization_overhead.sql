@@ -1,7 +1,9 @@
 -- virtualization_overhead: a virtualized node's probe result against the baseline of its hardware class.
 -- Baseline, first that exists: median over bare-metal nodes of the class (>= $min_baseline_nodes nodes,
 -- per-node medians over the lookback), else the reference table, else a user-declared value, else none
--- (an info flag that says "no baseline"; never a guess).
+-- (a ``no_baseline`` info flag that says so, never a guess: a virtualization_overhead flag always carries the
+-- overhead and margin it rests on). A judgement needs $vo_min_runs runs (the node's own, or for a per-GPU
+-- component all its GPUs' runs pooled): fewer runs have no spread to take a margin from, and raise nothing.
 -- Each node is judged from its own runs against the stored fleet_baselines, so the analyzer runs this file in
 -- pieces of nodes (steps.py by_node; hash(node_id) % $pieces = $piece where _ok_metrics is read): the
 -- medians of 30,000 nodes' probe runs in one statement took 253 s at 512 MB.
@@ -97,13 +99,14 @@ SELECT *,
 FROM _vo;
 
 -- Every evaluated (node, gpu, component): a flag that no longer holds closes.
+-- Both kinds are evaluated together: a no_baseline flag closes once a baseline exists, and the other way round.
 INSERT INTO _evaluated SELECT DISTINCT node_id, gpu, 'virtualization_overhead', component FROM _vo_scored;
+INSERT INTO _evaluated SELECT DISTINCT node_id, gpu, 'no_baseline', component FROM _vo_scored;
 
--- One condition per (node, gpu, component): the worst params_key.
+-- One condition per (node, gpu, component): the worst params_key. The overhead and its margin are the figure.
 INSERT INTO _conditions
 SELECT node_id, gpu, 'virtualization_overhead' AS kind, component,
-       CASE WHEN baseline_source = 'none' THEN 'info'
-            WHEN overhead >= greatest(critical, threshold) THEN 'critical' ELSE 'warning' END AS severity,
+       CASE WHEN overhead >= greatest(critical, threshold) THEN 'critical' ELSE 'warning' END AS severity,
        value, unit, baseline, baseline_source,
        json_object(
            'overhead', round(overhead, 2),
@@ -119,29 +122,42 @@ SELECT node_id, gpu, 'virtualization_overhead' AS kind, component,
            'virt_type', virt_type,
            'fingerprint', try_cast(fingerprint AS JSON)
        )::VARCHAR AS evidence,
-       CASE
-         WHEN baseline_source = 'none' THEN
-           coalesce('GPU ' || gpu::VARCHAR || ' ', '') || label || ' ' || _fmt(value) || ' ' || unit_label
-           || ' on this VM' || coalesce(' (' || nullif(nullif(virt_type, ''), 'none') || ')', '') || ' has no baseline for ' || class_label
-           || ' (' || coalesce(fleet_nodes, 0)::VARCHAR || ' bare-metal nodes, no reference row, nothing declared)'
-           || ': add bare-metal nodes of this class or declare a value under [baselines] in the collector config.'
-         ELSE
-           coalesce('GPU ' || gpu::VARCHAR || ' ', '') || label || ' ' || _fmt(value) || ' ' || unit_label || ' is '
-           || CASE WHEN better = 'points' THEN _fmt(overhead) || ' points above'
-                   WHEN better = 'higher' THEN printf('%.0f', overhead) || ' % below'
-                   ELSE printf('%.0f', overhead) || ' % above' END
-           || ' the '
-           || CASE baseline_source
-                WHEN 'fleet_bare_metal' THEN 'bare-metal median ' || _fmt(baseline) || ' ' || unit_label
-                                             || ' for ' || class_label || ' (' || fleet_nodes::VARCHAR || ' nodes)'
-                WHEN 'reference_table' THEN ref_basis || ' reference ' || _fmt(baseline) || ' ' || unit_label
-                                            || ' for ' || class_label || ' (' || ref_source || ')'
-                ELSE 'declared baseline ' || _fmt(baseline) || ' ' || unit_label || ' for ' || class_label
-              END
-           || ' on this VM' || coalesce(' (' || nullif(nullif(virt_type, ''), 'none') || ')', '') || ': ' || advice || '.'
-       END AS sentence
+       coalesce('GPU ' || gpu::VARCHAR || ' ', '') || label || ' ' || _fmt(value) || ' ' || unit_label || ' is '
+       || CASE WHEN better = 'points' THEN _fmt(overhead) || ' points above'
+               WHEN better = 'higher' THEN printf('%.0f', overhead) || ' % below'
+               ELSE printf('%.0f', overhead) || ' % above' END
+       || ' the '
+       || CASE baseline_source
+            WHEN 'fleet_bare_metal' THEN 'bare-metal median ' || _fmt(baseline) || ' ' || unit_label
+                                         || ' for ' || class_label || ' (' || fleet_nodes::VARCHAR || ' nodes)'
+            WHEN 'reference_table' THEN ref_basis || ' reference ' || _fmt(baseline) || ' ' || unit_label
+                                        || ' for ' || class_label || ' (' || ref_source || ')'
+            ELSE 'declared baseline ' || _fmt(baseline) || ' ' || unit_label || ' for ' || class_label
+          END
+       || ' on this VM' || coalesce(' (' || nullif(nullif(virt_type, ''), 'none') || ')', '') || ' over '
+       || CASE WHEN runs >= $vo_min_runs AND overhead - margin > threshold THEN runs::VARCHAR || ' runs'
+               ELSE pooled_runs::VARCHAR || ' runs of all its GPUs' END
+       || ': ' || advice || '.' AS sentence
 FROM _vo_scored
-WHERE baseline_source = 'none' OR overhead - coalesce(margin, 0) > threshold
-   OR (overhead > threshold AND pooled_overhead - pooled_margin > threshold)
-QUALIFY row_number() OVER (PARTITION BY node_id, gpu, component
-                           ORDER BY (baseline_source <> 'none')::INT DESC, overhead DESC NULLS LAST) = 1;
+WHERE baseline_source <> 'none' AND overhead IS NOT NULL AND margin IS NOT NULL
+  AND ((runs >= $vo_min_runs AND overhead - margin > threshold)
+       OR (pooled_runs >= $vo_min_runs AND overhead > threshold AND pooled_overhead - pooled_margin > threshold))
+QUALIFY row_number() OVER (PARTITION BY node_id, gpu, component ORDER BY overhead DESC) = 1;
+
+-- No baseline: not a verdict on the VM but a gap in what it can be compared with, so a kind of its own (info).
+-- Its figure is what was measured and how many bare-metal nodes of the class there were.
+INSERT INTO _conditions
+SELECT node_id, gpu, 'no_baseline' AS kind, component, 'info' AS severity, value, unit, NULL AS baseline,
+       'none' AS baseline_source,
+       json_object('for_kind', 'virtualization_overhead', 'params_key', params_key, 'runs', runs,
+                   'first_run', first_run, 'last_run', last_run, 'class', class_label,
+                   'baseline_nodes', coalesce(fleet_nodes, 0), 'min_baseline_nodes', $min_baseline_nodes,
+                   'virt_type', virt_type, 'fingerprint', try_cast(fingerprint AS JSON))::VARCHAR AS evidence,
+       coalesce('GPU ' || gpu::VARCHAR || ' ', '') || label || ' ' || _fmt(value) || ' ' || unit_label
+       || ' on this VM' || coalesce(' (' || nullif(nullif(virt_type, ''), 'none') || ')', '') || ' has no baseline for ' || class_label
+       || ' (' || coalesce(fleet_nodes, 0)::VARCHAR || ' bare-metal nodes, no reference row, nothing declared)'
+       || ', so its virtualization overhead is not judged: add bare-metal nodes of this class or declare a value'
+       || ' under [baselines] in the collector config.' AS sentence
+FROM _vo_scored
+WHERE baseline_source = 'none'
+QUALIFY row_number() OVER (PARTITION BY node_id, gpu, component ORDER BY runs DESC, params_key) = 1;
