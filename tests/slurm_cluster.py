@@ -106,7 +106,32 @@ class SlurmCluster:
     def _start_daemons(self) -> None:
         self._spawn(["slurmctld", "-D", "-f", str(self.conf)])
         self._spawn(["slurmd", "-D", "-N", self.node, "-f", str(self.conf)])
-        wait_for(lambda: self.node_state() == "idle", timeout=30, interval=0.2, what="the Slurm node idle")
+        self.wait_idle([self.node])
+
+    def wait_idle(self, nodes: list[str], timeout: float = 60.0) -> None:
+        """Wait until every node is idle. A slurmd that could not register at once is pinged again by slurmctld
+        only every SlurmdTimeout / 3 (10 s), so a loaded machine can take a few of those; a timeout says what
+        each node's state was, which daemon had exited, and the end of each daemon's log."""
+        states: dict[str, str] = {}
+
+        def idle() -> bool:
+            states.update({n: self.node_state(n) for n in nodes})
+            return all(s == "idle" for s in states.values())
+
+        try:
+            wait_for(idle, timeout=timeout, interval=0.2, what="the Slurm nodes idle")
+        except AssertionError as e:
+            raise AssertionError(f"{e}; node states {states}; {self.daemon_report()}") from None
+
+    def daemon_report(self) -> str:
+        """Which daemons have exited (and how), and the last lines of each daemon's log: for a failed start."""
+        exited = [f"{' '.join(p.args[-4:]) if isinstance(p.args, list) else p.args} exited {p.returncode}"
+                  for p in self.procs if p.poll() is not None]
+        tails = []
+        for log in sorted((self.root / "log").glob("slurm*")):
+            lines = log.read_text(errors="replace").strip().splitlines()[-6:]
+            tails.append(f"{log.name}: " + " | ".join(lines))
+        return f"exited: {exited or 'none'}; " + "; ".join(tails)
 
     def _wrap(self, cmd: list[str], where: str | None = None) -> list[str]:
         """The argv that runs ``cmd`` where it must run (here: this host, as it is)."""
@@ -235,5 +260,4 @@ class NetnsSlurmCluster(SlurmCluster):
         for h, n in self.slurmd_at.items():
             self._spawn(["sh", "-c", f'{_CGROUP_MOUNTS} && exec "$@"', "sh", "slurmd", "-D", "-N", h, "-f",
                          str(self.conf)], where=n, log_name=f"slurmd-{h}")
-        for h in self.nodes:
-            wait_for(lambda h=h: self.node_state(h) == "idle", timeout=30, interval=0.2, what=f"Slurm node {h} idle")
+        self.wait_idle(self.nodes)
