@@ -16,7 +16,8 @@ from gpuagent import __version__
 from gpuagent.agent.snapshot import (GPU_METRICS, HOST_DEVICE_METRICS, HOST_METRICS, GpuStatus, HostStatus,
                                      JobStatus, JobThroughput, KubeletStatus, NodeStatus, ProbeStatus,
                                      RecentEvent, SpoolStatus, StatusSnapshot, TickCounters,
-                                     gpu_instances_status, gpu_pods_status, job_gpu_instance, write_status)
+                                     gpu_instances_status, gpu_pods_status, job_gpu_instance, job_scheduler_fields,
+                                     write_status)
 from gpuagent.agent.surface.health import health_status
 
 log = logging.getLogger("gpuagent.daemon")
@@ -91,7 +92,8 @@ class AgentStatus:
         horizon = now - int(3 * self.cfg.interval_s * 1e9) - 2_000_000_000
         jobs: list[JobStatus] = []
         for j, step in b.recent_jobs(horizon, horizon - 60_000_000_000):
-            row = JobStatus(**{k: j.get(k) for k in _JOB_SAMPLE_KEYS}, gpu_instance=job_gpu_instance(j))
+            row = JobStatus(**{k: j.get(k) for k in _JOB_SAMPLE_KEYS}, gpu_instance=job_gpu_instance(j),
+                            **job_scheduler_fields(j))
             if step:
                 for k in _STEP_KEYS:
                     setattr(row, k, step.get(k))

@@ -247,6 +247,25 @@ class JobStatus:
     model_flops_per_s: float | None = None    # declared model FLOPs x step (or token) rate
     mfu: float | None = None                  # model FLOPs utilization, a fraction of the GPU's dense BF16 peak
     gpu_instance: int | None = None           # the MIG GPU instance the process runs in (None: MIG off)
+    # Who and where, as the scheduler names it (None: not known here). Slurm: from scontrol show job, as
+    # squeue shows them; Kubernetes: the container the kubelet says holds the job's GPU.
+    user: str | None = None
+    partition: str | None = None
+    account: str | None = None
+    namespace: str | None = None
+    pod: str | None = None
+    container: str | None = None
+
+
+# JobStatus field <- job sample attr (job discovery's names: agent/samplers/job_naming.py).
+JOB_SCHEDULER_ATTRS = {"user": "slurm_user", "partition": "slurm_partition", "account": "slurm_account",
+                       "namespace": "namespace", "pod": "pod", "container": "container"}
+
+
+def job_scheduler_fields(sample: Mapping[str, Any]) -> dict[str, str]:
+    """The JobStatus scheduler fields a job sample's attrs carry (the ones it does not carry are left out)."""
+    attrs = sample.get("attrs") or {}
+    return {field: attrs[attr] for field, attr in JOB_SCHEDULER_ATTRS.items() if attrs.get(attr)}
 
 
 def job_gpu_instance(sample: Mapping[str, Any]) -> int | None:

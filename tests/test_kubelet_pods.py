@@ -159,6 +159,19 @@ def test_pods_are_named_on_their_gpus_only_gone_within_a_refresh_and_a_hanging_k
         assert shown.returncode == 0, shown.stderr
         pods_table = shown.stdout[shown.stdout.index("Pods      kubelet"):]
         assert "ml" in pods_table and "train-0" in pods_table and "1 GI 1" in pods_table, shown.stdout
+        # The Jobs table and --json name the job's namespace, pod and container (issue 45, point 3).
+        lines = shown.stdout.splitlines()
+        at = next(i for i, ln in enumerate(lines) if ln.startswith("Jobs ("))
+        header, row = lines[at + 1].split(), next(ln for ln in lines[at:] if "k8s:ml/train-0" in ln).split()
+        assert header[:5] == ["job", "name", "namespace", "pod", "container"], shown.stdout
+        assert row[:5] == ["k8s:ml/train-0", "train-0", "ml", "train-0", "trainer"], shown.stdout
+        as_json = subprocess.run([sys.executable, "-m", "gpuagent.agent.cli", "status", "--state-dir", str(state),
+                                  "--json"], capture_output=True, text=True, timeout=60)
+        rows = [j for j in json.loads(as_json.stdout)["jobs"] if j["job_id"] == "k8s:ml/train-0"]
+        assert worker.pid in [j["pid"] for j in rows], rows     # with the fixture's own process on GPU 0
+        for job in rows:
+            assert (job["namespace"], job["pod"], job["container"]) == ("ml", "train-0", "trainer"), job
+            assert "user" not in job and "partition" not in job
 
         # The notebook pod ends: gone from the agent's status at the first tick after the next List.
         fake.pods = fake.pods[:1]

@@ -199,7 +199,7 @@ def test_the_agent_names_a_slurm_job_on_an_emulated_gpu(slurm, nvml_emulator, tm
     """Must-show 1: an sbatch job's process on an emulated GPU, attributed by the real agent with Slurm's job
     id, user and partition; job_samples in the collector and `gpuagent status` show it."""
     emu = nvml_emulator()
-    job_id = slurm.sbatch(NO_ENV_SLEEPER, "-J", "finetune")
+    job_id = slurm.sbatch(NO_ENV_SLEEPER, "-J", "finetune", "-A", "research")
     pid = _one_job_pid(slurm, job_id, "the job's python process")
     emu.add_process(2, pid, 10 << 30)          # the job holds GPU 2 (SYNTHETIC)
 
@@ -225,6 +225,20 @@ def test_the_agent_names_a_slurm_job_on_an_emulated_gpu(slurm, nvml_emulator, tm
         out = wait_for(status_shows, timeout=10, interval=0.5, what="gpuagent status showing the Slurm job")
         line = next(ln for ln in out.splitlines() if f"slurm:{job_id}" in ln)
         assert line.split()[:2] == [f"slurm:{job_id}", "finetune"], out
+        # who and where, as squeue shows them (issue 45, point 3), in the text and in --json
+        lines = out.splitlines()
+        header = lines[next(i for i, ln in enumerate(lines) if ln.startswith("Jobs (")) + 1]
+        assert header.split()[:5] == ["job", "name", "user", "partition", "account"], out
+        assert line.split()[2:5] == ["root", slurm.partition, "research"], out
+        print(f"gpuagent status, the Jobs table:\n{header}\n{line}")
+        shown = subprocess.run([sys.executable, "-m", "gpuagent.agent.cli", "status", "--state-dir", str(state),
+                                "--json"], capture_output=True, text=True, timeout=30)
+        assert shown.returncode == 0, shown.stderr
+        [job] = [j for j in json.loads(shown.stdout)["jobs"] if j["job_id"] == f"slurm:{job_id}"]
+        assert (job["job_name"], job["user"], job["partition"], job["account"]) == (
+            "finetune", "root", slurm.partition, "research"), job
+        assert "pod" not in job and "namespace" not in job
+        print("gpuagent status --json, the job:", json.dumps(job, sort_keys=True))
         # /metrics names the job as Slurm does: dcgm-exporter's hpc_job label on the held GPU's series, and
         # the job-info series that joins GPUs with jobs.
         def scraped():

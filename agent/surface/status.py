@@ -6,9 +6,9 @@ The snapshot itself (its fields, the file, staleness) lives in agent/snapshot.py
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable
 
-from gpuagent.agent.snapshot import (FabricStatus, GpuStatus, HealthStatus, KubeletStatus,
+from gpuagent.agent.snapshot import (FabricStatus, GpuStatus, HealthStatus, JobStatus, KubeletStatus,
                                      StatusSnapshot)
 
 
@@ -94,10 +94,11 @@ def render(snap: StatusSnapshot, now_ns: int | None = None) -> str:
     out.append("")
     if snap.jobs:
         out.append(f"Jobs ({len(snap.jobs)})")
-        rows = [[j.job_id, j.job_name or "-", _text(j.pid), _text(j.rank), _text(j.gpu),
+        heads, cols = _job_scheduler_columns(snap.jobs)
+        rows = [[j.job_id, j.job_name or "-", *(col(j) for col in cols), _text(j.pid), _text(j.rank), _text(j.gpu),
                  _fmt(j.gpu_util_percent, ".0f", "%"), _fmt(j.cpu_percent, ".0f", "%"),
                  _fmt_bytes(j.rss_bytes), _fmt(j.steps_per_s, ".2f")] for j in snap.jobs]
-        out.append(_table(["job", "name", "pid", "rank", "gpu", "gpu util", "cpu", "rss", "steps/s"], rows))
+        out.append(_table(["job", "name", *heads, "pid", "rank", "gpu", "gpu util", "cpu", "rss", "steps/s"], rows))
     else:
         out.append("Jobs      none active")
     if snap.job_throughput:
@@ -198,6 +199,19 @@ def _render_fabric(fab: FabricStatus, now_ns: int) -> list[str]:
     out.append(_table(["peer", "role", "status", "when", "send Gbit/s", "recv Gbit/s", "rtt p50", "busbw GB/s",
                        "reason"], rows))
     return out
+
+
+def _job_scheduler_columns(jobs: list[JobStatus]) -> tuple[list[str], list[Callable[[JobStatus], str]]]:
+    """The Jobs table's scheduler columns, only where some job has them: Slurm's user, partition and account
+    (as squeue names them), the Kubernetes namespace, pod and container."""
+    heads: list[str] = []
+    cols: list[Callable[[JobStatus], str]] = []
+    for head, name in (("user", "user"), ("partition", "partition"), ("account", "account"),
+                       ("namespace", "namespace"), ("pod", "pod"), ("container", "container")):
+        if any(getattr(j, name) for j in jobs):
+            heads.append(head)
+            cols.append(lambda j, name=name: getattr(j, name) or "-")
+    return heads, cols
 
 
 def _text(v: int | None) -> str:
