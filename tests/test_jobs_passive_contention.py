@@ -20,7 +20,6 @@ import re
 import statistics
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,11 +97,11 @@ class Run:
 
 
 def _run_job(tmp: Path, *job_args: str, stress: list[str] | None = None, stress_s: float | None = STRESS_S,
-             during_span_s: float = 0.0, finish: bool = True) -> Run:
+             during_span_s: float = 0.0, finish: bool = True, job_s: float = JOB_S) -> Run:
     """Run one untracked job; with ``stress`` a stress-ng co-tenant (those arguments) starts after the job's
     first QUIET_S seconds of ticks and runs ``stress_s`` seconds (None: until the job is stopped). One pass
     runs while the job does: DURING_TICKS ticks after the co-tenant came, else once the job's ticks span
-    ``during_span_s``. With ``finish`` the job trains its JOB_S and a second pass runs after it ended."""
+    ``during_span_s``. With ``finish`` the job trains its ``job_s`` and a second pass runs after it ended."""
     col = server.start_collector(tmp / "collector.duckdb", "127.0.0.1:0", analyze=False)
     cfg = tmp / "agent.toml"
     cfg.write_text("[jobs]\nscan_interval_s = 0.5\nend_grace_s = 2\n")
@@ -118,20 +117,20 @@ def _run_job(tmp: Path, *job_args: str, stress: list[str] | None = None, stress_
         log = open(tmp / "job.log", "wb")
         job = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
                                 "--nproc-per-node", "2", str(ROOT / "examples" / "train_ddp.py"), "--no-tracker",
-                                "--duration-s", str(JOB_S), *job_args],
+                                "--duration-s", str(job_s), *job_args],
                                env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
         # The job starts with the agent (its torch start-up takes longer): the agent finds a running job at
         # its next scan, and the analyzer counts the job from its first tick.
         wait_running(state, agent)
         if stress:
             # Quiet ticks first: the analyzer skips the job's start-up, then needs ticks before the co-tenant.
-            wait_for(lambda: _progress_span_s(col.address) >= QUIET_S, timeout=JOB_S, interval=0.5,
+            wait_for(lambda: _progress_span_s(col.address) >= QUIET_S, timeout=job_s, interval=0.5,
                      what="the job's first quiet ticks")
             timeout = [] if stress_s is None else ["--timeout", f"{stress_s}s"]
             stressor = subprocess.Popen(["stress-ng", *stress, *timeout], stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL, start_new_session=True)
             _heavy_session(stressor.pid)
-            wait_for(lambda: _co_tenant_ticks(col.address) >= DURING_TICKS, timeout=JOB_S, interval=0.5,
+            wait_for(lambda: _co_tenant_ticks(col.address) >= DURING_TICKS, timeout=job_s, interval=0.5,
                      what=f"{DURING_TICKS} ticks that saw the co-tenant")
             for pid in _children(stressor.pid) + [stressor.pid]:
                 try:
@@ -139,15 +138,18 @@ def _run_job(tmp: Path, *job_args: str, stress: list[str] | None = None, stress_
                 except OSError:
                     pass
         else:
-            wait_for(lambda: _progress_span_s(col.address) >= during_span_s, timeout=JOB_S, interval=0.5,
+            wait_for(lambda: _progress_span_s(col.address) >= during_span_s, timeout=job_s, interval=0.5,
                      what=f"{during_span_s} s of the job's ticks")
         assert job.poll() is None, "the job was still running at the first pass: " + (tmp / "job.log").read_text()[-2000:]
         during = _open_flags(col.address)
         if not finish:
             print(_timeline(col.address))
             return Run(during, None, comms, 0)
-        assert job.wait(timeout=JOB_S + 60) == 0, (tmp / "job.log").read_text()[-2000:]
-        time.sleep(2)   # the last batches reach the collector
+        assert job.wait(timeout=job_s + 60) == 0, (tmp / "job.log").read_text()[-2000:]
+        # The last batches reach the collector, with the agent's job_end event (after its end_grace_s): a pass
+        # before that event cannot know the job ended and would still call an episode at the end "ongoing".
+        wait_for(lambda: client.query(col.address, "SELECT count(*) FROM events WHERE kind = 'job_end'").rows[0][0],
+                 timeout=20, interval=0.5, what="the agent's job_end event in the collector")
         after = _open_flags(col.address)
         print(_timeline(col.address))
         assert _progress_ticks(col.address) >= 20, "the agent sampled the job's progress"
@@ -235,14 +237,33 @@ def test_cpu_co_tenant_flags_while_there_and_is_confirmed_after_it_left(tmp_path
     assert then["evidence"]["contended_s"] >= 5
 
 
+# Co-tenants that stay until the job ends (issue 45, point 1), one per way of competing: CPU only (dense
+# arithmetic out of cache), the caches (stress-ng --cache thrashes them) and memory bandwidth (--stream, STREAM's
+# copy/scale/add/triad over arrays larger than the caches). Each job trains UNTIL_END_JOB_S: QUIET_S of
+# reference ticks, then the co-tenant until the end (past the DURING_TICKS of the first pass).
+UNTIL_END_JOB_S = 38.0
+CO_TENANTS_UNTIL_THE_END = {"cpu": (["--cpu", "2"], "stress-ng-cpu"), "cache": (["--cache", "2"], "stress-ng-cache"),
+                            "memory_bandwidth": (["--stream", "2"], "stress-ng-strea")}
+
+
 @needs("stress-ng")
-def test_cache_co_tenant_still_running_is_flagged_and_named(tmp_path):
-    """A cache-thrashing co-tenant (stress-ng --cache) that is still there when the pass runs."""
-    run = _run_job(tmp_path, stress=["--cache", "2"], stress_s=None, finish=False)
-    print(json.dumps(run.during, indent=1))
-    flag = _co_tenant_flag(run.during, run.comms)
-    assert flag["evidence"]["episode"] == "ongoing"
-    assert any(n["comm"].startswith("stress-ng-cache") for n in flag["evidence"]["neighbours"])
+@pytest.mark.parametrize("competes_for", list(CO_TENANTS_UNTIL_THE_END))
+def test_a_co_tenant_that_stays_until_the_job_ends_is_flagged_while_there_and_after(tmp_path, competes_for):
+    """The pass while the co-tenant runs opens the flag ("ongoing", judged against the ticks before it); the
+    pass after the job keeps that flag, now "until_job_end" (still only the window before it to compare with:
+    there is no after). Both name the co-tenant's workers in the evidence."""
+    args, worker_comm = CO_TENANTS_UNTIL_THE_END[competes_for]
+    run = _run_job(tmp_path, stress=args, stress_s=None, job_s=UNTIL_END_JOB_S)
+    print(json.dumps({"during": run.during, "after": run.after}, indent=1))
+    now = _co_tenant_flag(run.during, run.comms)
+    assert now["evidence"]["episode"] == "ongoing" and now["evidence"]["judged_against"] == "before"
+    then = _co_tenant_flag(run.after, run.comms)
+    assert then["flag_id"] == now["flag_id"], "the same flag, updated"
+    assert then["evidence"]["episode"] == "until_job_end" and then["evidence"]["judged_against"] == "before"
+    assert then["evidence"]["contended_s"] >= now["evidence"]["contended_s"]
+    assert "in its last" in then["sentence"]
+    for flag in (now, then):
+        assert any(n["comm"] == worker_comm for n in flag["evidence"]["neighbours"]), flag["evidence"]["neighbours"]
 
 
 def test_same_job_with_a_slower_phase_and_heavy_io_phases_of_its_own_opens_nothing(tmp_path):
