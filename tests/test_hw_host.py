@@ -358,3 +358,23 @@ def test_hardware_config_table_and_its_one_sentence_errors(tmp_path):
         with pytest.raises(ConfigError) as err:
             load_config(str(f), env={})
         assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_classify_decodes_the_recovery_action_nvlink5_registers_and_sxid_tag():
+    """What the catalog's rules read from a kernel line: XID 154's new action (the catalog's words, snake case),
+    an NVLink5 XID's intrInfo/errorStatus through the catalog's 144-150 decode sheet, an SXid's Fatal tag."""
+    _, _, a = classify("NVRM: Xid (PCI:0000:3b:00): 154, GPU recovery action changed from 0x0 (None) to 0x4 "
+                       "(Drain and Reset)")
+    assert (a["recovery_action"], a["recovery_action_code"], a["recovery_action_before"]) == ("drain_and_reset", "4", "none")
+    regs = "(0x00000001 {} 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)"
+    fatal = classify(f"NVRM: Xid (PCI:0000:3b:00): 144, SAW_MVB Fatal XC0 i0 Link 03 {regs.format('0x00000002')}")[2]
+    assert (fatal["nvlink5_severity"], fatal["nvlink5_unit"]) == ("fatal", "SAW_MVB")
+    # the same unit with errorStatus bit 2: the sheet says Non-fatal / IGNORE, whatever the line's word
+    quiet = classify(f"NVRM: Xid (PCI:0000:3b:00): 144, SAW_MVB Fatal XC0 i0 Link 03 {regs.format('0x00000004')}")[2]
+    assert quiet["nvlink5_severity"] == "non_fatal" and quiet["nvlink5_decoded_by"].startswith("catalog decode")
+    # registers the sheet does not know: the line's own word decides
+    word = classify("NVRM: Xid (PCI:0000:3b:00): 149, NETIR_LINK_EVT Link Fatal XC0 i0 Link 12 (0x7fffffff 0x0)")[2]
+    assert (word["nvlink5_severity"], word["nvlink5_decoded_by"]) == ("link_fatal", "message word")
+    assert "nvlink5_severity" not in classify("NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.")[2]
+    assert classify("nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 12028, Fatal, Link 20 egress")[2]["fatal"] == "1"
+    assert classify("nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 22013, Non-fatal, Link 20 ...")[2]["fatal"] == "0"

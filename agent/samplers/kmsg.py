@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Callable
 
 from gpuagent.agent.samplers.host import SourceGuard, decode
+from gpuagent.common import nvlink5
 
 log = logging.getLogger("gpuagent.hw_host")
 
@@ -113,6 +114,17 @@ _FALLEN = re.compile(r"NVRM: The NVIDIA GPU ([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-
 _PROBE_FAIL = re.compile(r"NVRM: The NVIDIA probe routine failed for (\d+) device")
 
 
+# XID 154 (the catalog: "GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)"): the new
+# action, in the catalog's words, as snake case (the rules' recovery_action variants).
+_RECOVERY = re.compile(r"recovery action changed from\s+\S+\s+\(([^)]*)\)\s+to\s+(0x[0-9a-fA-F]+)\s+\(([^)]*)\)", re.I)
+# SXid lines carry "Fatal" or "Non-fatal" after the number (Fabric Manager User Guide, SXid errors).
+_SXID_TAG = re.compile(r"^\s*(Non-fatal|Fatal)\b", re.I)
+
+
+def _snake(words: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", words.strip().lower()).strip("_")
+
+
 def _one_line(text: str) -> str:
     return re.sub(r"\s*\n\s*(?:NVRM:\s*)?", " ", text).strip()
 
@@ -133,11 +145,25 @@ def classify(message: str) -> tuple[str, float, dict[str, str]] | None:
                 attrs["process_name"] = p.group(2).strip()
             rest = rest[p.end():]
         attrs["description"] = _one_line(rest)
+        xid = int(m.group(2))
+        r = _RECOVERY.search(rest)
+        if xid == 154 and r:
+            attrs.update(recovery_action=_snake(r.group(3)), recovery_action_code=str(int(r.group(2), 16)),
+                         recovery_action_before=_snake(r.group(1)))
+        d = nvlink5.decode(xid, rest)
+        if d is not None:
+            attrs.update(nvlink5_severity=d.severity, nvlink5_decoded_by=d.how)
+            if d.unit:
+                attrs["nvlink5_unit"] = d.unit
         return "xid", float(m.group(2)), attrs
     m = _SXID.search(message)
     if m:
-        return "sxid", float(m.group(3)), {"source": "kmsg", "sxid": m.group(3), "device": m.group(1),
-                                           "pci_bus_id": bus_key(m.group(2)), "message": _one_line(m.group(4))}
+        attrs = {"source": "kmsg", "sxid": m.group(3), "device": m.group(1), "pci_bus_id": bus_key(m.group(2)),
+                 "message": _one_line(m.group(4))}
+        tag = _SXID_TAG.match(m.group(4))
+        if tag:
+            attrs["fatal"] = "0" if tag.group(1).lower().startswith("non") else "1"
+        return "sxid", float(m.group(3)), attrs
     m = _FALLEN.search(message)
     if m:
         return "nvidia_driver_error", 0.0, {"source": "kmsg", "reason": "fallen_off_bus",
