@@ -36,6 +36,7 @@ ERROR_TIMEOUT = 10
 ERROR_LIBRARY_NOT_FOUND = 12
 ERROR_FUNCTION_NOT_FOUND = 13
 ERROR_GPU_IS_LOST = 15
+ERROR_RESET_REQUIRED = 16      # nvml.h: "The GPU requires a reset before it can be used again"
 ERROR_NOT_READY = 27
 
 # Errors that mean "this device will never answer this call": stop asking.
@@ -122,6 +123,7 @@ class Nvml:
         self.reason = ""
         self._handles: list[Any] = []
         self.lost: set[int] = set()            # GPUs that answered GPU_IS_LOST
+        self.reset_required: set[int] = set()  # GPUs that answered RESET_REQUIRED since the sampler last asked
         if backend is None:
             try:
                 import pynvml  # noqa: PLC0415  (only here: the one module that touches NVML)
@@ -180,6 +182,8 @@ class Nvml:
                 self.lost.add(gpu)
                 self._note(gpu, f"lost (NVML GPU_IS_LOST during {fn}); not queried again until restart")
                 return None
+            if code == ERROR_RESET_REQUIRED and gpu >= 0:
+                self.reset_required.add(gpu)   # asked again next time: a reset clears it
             if code in _PERMANENT and (permission_final or code != ERROR_NO_PERMISSION):
                 self._unsupported.add(key)
             if report:

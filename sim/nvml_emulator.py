@@ -126,6 +126,8 @@ GPU_KEYS: dict[str, tuple[Any, Any]] = {
     "graphics_clock_mhz": (int, None), "sm_clock_mhz": (int, None), "mem_clock_mhz": (int, None),
     "video_clock_mhz": (int, None), "graphics_clock_max_mhz": (int, None), "sm_clock_max_mhz": (int, None),
     "mem_clock_max_mhz": (int, None), "video_clock_max_mhz": (int, None), "throttle_mask": (int, 0),
+    # the driver's recovery action (field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, nvmlDeviceGpuRecoveryAction_t)
+    "recovery_action": (int, 0),
     "pcie_gen": (int, 0), "pcie_gen_max": (int, 0), "pcie_width": (int, 0), "pcie_width_max": (int, 0),
     "pcie_tx_kb_per_s": (int, 0), "pcie_rx_kb_per_s": (int, 0), "pcie_byte_counters": (bool, False),
     "pcie_replay_count": (int, 0), "pcie_replay_per_s": (_NUM, 0),
@@ -406,7 +408,7 @@ class Emulator:
                 pages = []
                 for cause, n in retired_pages.items():   # SYNTHETIC page addresses, 2 MiB apart
                     pages += [{"cause": _RETIRE_CAUSES[cause], "address": (len(pages) + k + 1) << 21,
-                               "timestamp_us": 0} for k in range(int(n))]
+                               "timestamp_us": int(time.time() * 1e6)} for k in range(int(n))]   # retired now
                 g["retired_pages"] = pages
             if retired_pending is not None:
                 g["retired_pages_pending"] = bool(retired_pending)
@@ -996,6 +998,7 @@ def _render_gpu(g: dict[str, Any]) -> list[str]:
          f"power_limit_mw {get('power_limit_mw')}",
          f"power_mgmt_limit_mw {g.get('power_management_limit_mw') or get('power_limit_mw')}",
          f"temperature_c {get('temperature_c')}", f"throttle_mask {get('throttle_mask')}",
+         f"recovery_action {get('recovery_action')}",
          f"pcie_gen {get('pcie_gen')}", f"pcie_gen_max {get('pcie_gen_max')}", f"pcie_width {get('pcie_width')}",
          f"pcie_width_max {get('pcie_width_max')}", f"pcie_tx_kbps {get('pcie_tx_kb_per_s')}",
          f"pcie_rx_kbps {get('pcie_rx_kb_per_s')}", f"pcie_byte_counters {int(bool(get('pcie_byte_counters')))}",

@@ -6,6 +6,7 @@ totals, fields asked every tick, change). docs/METRICS.md says how often; agent/
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from gpuagent.common.nvml import Nvml
@@ -15,6 +16,10 @@ from gpuagent.common.nvml import Nvml
 _FI_ECC_AGG = ((5, "gpu_ecc_aggregate_corrected_total", 0),       # NVML_FI_DEV_ECC_SBE_AGG_TOTAL
                (6, "gpu_ecc_aggregate_uncorrected_total", 1))     # NVML_FI_DEV_ECC_DBE_AGG_TOTAL
 _FI_RETIRED_SBE, _FI_RETIRED_DBE, _FI_RETIRED_PENDING = 29, 30, 31  # NVML_FI_DEV_RETIRED_SBE/_DBE/_PENDING
+# The driver's recovery action for the GPU (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION; nvmlDeviceGpuRecoveryAction_t:
+# 0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset, 5 recover IMEX domain, 6 bus reset, 7 reboot)
+_FI_RECOVERY_ACTION = 230
+_WEEK_S = 7 * 86400           # DCGM's retired-page check counts the DBE pages retired in the past week
 # Clock-event durations in ns (nvml.h "Field values for Clock Throttle Reason Counters"): 74 and 76 are
 # NVML_FI_DEV_PERF_POLICY_POWER / _SYNC_BOOST, which nvml.h names ..._CLOCKS_EVENT_REASON_SW_POWER_CAP /
 # _SYNC_BOOST. NVML has no duration for the HW slowdown bit itself; its causes are hw_thermal and hw_power_brake.
@@ -25,7 +30,8 @@ NVLINK_ERR_TOTALS = ((38, "crc_flit"), (45, "crc_data"), (52, "replay"), (59, "r
 # nvmlNvLinkErrorCounter_t (nvml.h): the per-link counters, by the label they get
 _NVLINK_ERRORS = (("crc_flit", 2), ("crc_data", 3), ("replay", 0), ("recovery", 1))
 # Read every ``health_every`` ticks (they change seldom, or are cumulative: nothing is lost between reads) ...
-SLOW_FIDS = frozenset([f for f, _, _ in _FI_ECC_AGG] + [_FI_RETIRED_SBE, _FI_RETIRED_DBE, _FI_RETIRED_PENDING]
+SLOW_FIDS = frozenset([f for f, _, _ in _FI_ECC_AGG] + [_FI_RETIRED_SBE, _FI_RETIRED_DBE, _FI_RETIRED_PENDING,
+                                                         _FI_RECOVERY_ACTION]
                       + [f for f, _ in _FI_CLOCK_EVENTS])
 # ... and every tick: the NVLink error totals (a change triggers the per-link read)
 _TICK_FIDS = frozenset(f for f, _ in NVLINK_ERR_TOTALS)
@@ -88,6 +94,11 @@ class GpuHealthMixin:
             cur["clock_event_seconds"] = self._clock_s.get(i, {})
             self._nvlink_health(i, h, put, cur, got, tick)
             return
+        # 1 when any NVML call on this GPU answered RESET_REQUIRED since the last health read, else 0
+        put("gpu_nvml_reset_required", 1.0 if i in n.reset_required else 0.0)
+        n.reset_required.discard(i)
+        if _FI_RECOVERY_ACTION in got:
+            put("gpu_recovery_action", int(got[_FI_RECOVERY_ACTION].ullVal) & 0xFFFFFFFF)   # an unsigned int
         refused = self._fields_off.get(i, set())       # fields this GPU answered NOT_SUPPORTED
         # without field values at all (the call is NOT_SUPPORTED: said once for the call), every field is off
         off = HEALTH_FIDS if n.is_unsupported("nvmlDeviceGetFieldValues", i) else refused
@@ -139,6 +150,13 @@ class GpuHealthMixin:
             return
         put("gpu_retired_pages_total", sbe, {"cause": "single_bit_ecc"})
         put("gpu_retired_pages_total", dbe, {"cause": "double_bit_ecc"})
+        if dbe and not n.is_unsupported("nvmlDeviceGetRetiredPages_v2", i):
+            # DBE pages retired in the past week (their timestamps): DCGM's second retired-page limit
+            pages = n.query("nvmlDeviceGetRetiredPages_v2", h, 1, gpu=i, report=False)
+            if pages is not None:
+                since_us = (time.time() - _WEEK_S) * 1e6
+                put("gpu_retired_pages_past_week", sum(1 for pg in pages if pg.get("timestamp", 0) >= since_us),
+                    {"cause": "double_bit_ecc"})
         if pend is not None:
             put("gpu_retired_pages_pending", 1 if pend else 0)
 

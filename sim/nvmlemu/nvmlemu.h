@@ -145,6 +145,7 @@ typedef struct {
     unsigned remap_cor, remap_unc, remap_pending, remap_failure;
     int retired_supported, nretired;
     int retired_pending; /* nvmlDeviceGetRetiredPagesPendingStatus, field NVML_FI_DEV_RETIRED_PENDING */
+    unsigned recovery_action; /* field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (nvmlDeviceGpuRecoveryAction_t) */
     emu_page retired[EMU_MAX_RETIRED];
     int lost;
     int gpm_supported;

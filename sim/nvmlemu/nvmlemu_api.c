@@ -814,6 +814,10 @@ static void field_one(const emu_ctx *c, nvmlFieldValue_t *v)
     case NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN: ctr = EMU_CTR_viol_thermal_ns; break;
     case NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN: ctr = EMU_CTR_viol_hw_thermal_ns; break;
     case NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN: ctr = EMU_CTR_viol_hw_power_brake_ns; break;
+    case NVML_FI_DEV_GET_GPU_RECOVERY_ACTION:
+        v->valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
+        v->value.uiVal = g->recovery_action;
+        return;
     case NVML_FI_DEV_RETIRED_SBE:
     case NVML_FI_DEV_RETIRED_DBE:
     case NVML_FI_DEV_RETIRED_PENDING:

@@ -245,7 +245,7 @@ static const emu_key gpu_keys[] = {
     GK("remapped_supported", T_BOOL, remapped_supported), GK("remapped_cor", T_U32, remap_cor),
     GK("remapped_unc", T_U32, remap_unc), GK("remapped_pending", T_U32, remap_pending),
     GK("remapped_failure", T_U32, remap_failure), GK("retired_supported", T_BOOL, retired_supported),
-    GK("retired_pending", T_BOOL, retired_pending), GK("nvlink_down_mask", T_U64, nvlink_down_mask),
+    GK("retired_pending", T_BOOL, retired_pending), GK("recovery_action", T_U32, recovery_action), GK("nvlink_down_mask", T_U64, nvlink_down_mask),
     GK("lost", T_BOOL, lost), GK("gpm_supported", T_BOOL, gpm_supported),
     GK("process_memory_unavailable", T_BOOL, proc_mem_na), GK("grid_supported", T_BOOL, grid_supported),
     GK("event_types", T_U64, event_types),
