@@ -86,8 +86,9 @@ def write_health_status(tmp_path: Path, after: dict | None = None, before: dict 
         health_status(b, {g: GpuStatus(index=g) for g in {k[1] for k in healthy_node() if k[1] >= 0}}, [], now_ns=t0)
         for (m, g, lab), v in {**healthy_node(), **(after or {})}.items():
             b.add(m, v, gpu=g, labels=dict(lab), ts_ns=now)
-        for kind, gpu, value, attrs in events:
-            b.event(kind, f"SYNTHETIC {kind} {value:g}", gpu=gpu, value=value, attrs=attrs, ts_ns=now - 30 * S)
+        for kind, gpu, value, attrs, *ago_s in events:      # (..., seconds before now: default 30)
+            b.event(kind, f"SYNTHETIC {kind} {value:g}", gpu=gpu, value=value, attrs=attrs,
+                    ts_ns=now - int((ago_s[0] if ago_s else 30) * S))
         for i, j in enumerate(jobs):      # job discovery saw these on their GPUs in this tick
             b.job_sample(ts_ns=now, job_id=j.job_id, gpu=-1 if j.gpu is None else j.gpu, pid=40000 + i)
         snap = agent.status_snapshot()    # judges the node's health as the daemon does each tick
@@ -178,12 +179,12 @@ def test_healthy_node_application_xid_and_counter_reset_are_ok(tmp_path):
     code, npd = run_health(state, "--format", "npd")
     assert (code, npd) == (0, ["OK: no hardware faults"])
     assert "Health    OK: no hardware faults" in render(snap)
-    # the same XID on GPU 0 under a second job is the GPU's after all (it repeats across jobs)
+    # the same XID on GPU 0 again 20 minutes later (a second burst, the job restarted) may be the GPU's after all
     state2, _ = write_health_status(
-        tmp_path / "again", events=(("xid", 0, 13.0, {"xid": "13", "job_id": "SYNTHETIC-job-1"}),
-                                    ("xid", 0, 13.0, {"xid": "13", "job_id": "SYNTHETIC-job-2"})))
+        tmp_path / "again", events=(("xid", 0, 13.0, {"xid": "13", "job_id": "SYNTHETIC-job-1"}, 1230),
+                                    ("xid", 0, 13.0, {"xid": "13", "job_id": "SYNTHETIC-job-1"}, 30)))
     code, lines = run_health(state2)
-    assert code == 1 and "repeated across 2 jobs" in lines[1], lines
+    assert code == 1 and "2 times on this GPU within 24 h" in lines[1] and "dcgmi diag" in lines[1], lines
 
 
 def test_dcgm_names_for_the_health_counters(tmp_path):

@@ -71,6 +71,19 @@ def _event_dict(e: HealthEvent) -> dict[str, Any]:
             "message": e.message}
 
 
+def _rules():
+    from gpuagent.common.hardware_faults import rules
+    return rules()
+
+
+def _is_application_xid(e: HealthEvent) -> bool:
+    from gpuagent.common.hardware_faults import xid_rule
+    try:
+        return xid_rule(int(e.value or float((e.attrs or {}).get("xid", 0)))).application
+    except Exception:  # noqa: BLE001 - an unparsable XID or unreadable rules: not kept past the window
+        return False
+
+
 def judge(latest: Mapping[SeriesKey, float], previous: Mapping[SeriesKey, float] | None,
           events: Sequence[HealthEvent], window_s: float, now_ns: int, checked: list[str],
           not_checked: list[str]) -> HealthStatus:
@@ -83,7 +96,8 @@ def judge(latest: Mapping[SeriesKey, float], previous: Mapping[SeriesKey, float]
         # agent_start silences the link-flap rules only within the reboot grace (the rules read any
         # agent_start they are given as "the node just restarted").
         evs = [_event_dict(e) for e in events if e.kind != "agent_start" or now_ns - e.ts_ns <= grace_ns]
-        for f in node_faults(latest, previous, evs, window_s):
+        # events older than the window only count towards an application XID's repeats (forget_before)
+        for f in node_faults(latest, previous, evs, window_s, now_ns, events_since_ns=now_ns - int(WINDOW_S * 1e9)):
             faults.append(HardwareFault(component=f.component, severity=f.severity, subject=f.subject, gpu=f.gpu,
                                         sentence=f.sentence, action=f.action, source=f.source,
                                         evidence=dict(f.evidence) or None, rule=f.rule))
@@ -128,9 +142,25 @@ class _Tracker:
                                                    message=str(e.get("message", "")), attrs=attrs or None)))
         return len(self.events) - n
 
-    def forget_before(self, ts_ns: int) -> None:
-        while self.events and (self.events[0][1].ts_ns < ts_ns or len(self.events) > MAX_EVENTS):
-            self.seen.discard(self.events.popleft()[0])
+    def forget_before(self, ts_ns: int, now_ns: int | None = None) -> None:
+        """Forget events before ts_ns, except application XIDs younger than the rules' repeat window (24 h):
+        a second one on the same GPU within it is escalated, as the collector does (MAX_EVENTS bounds both)."""
+        keep_ns = ts_ns
+        if now_ns is not None:
+            try:
+                keep_ns = now_ns - int(_rules().application_repeat_window_s * 1e9)
+            except Exception:  # noqa: BLE001 - unreadable rules: judge() says so; keep the plain window
+                pass
+        kept = deque()
+        for ident, e in self.events:
+            app = e.kind == "xid" and _is_application_xid(e)
+            if e.ts_ns >= ts_ns or (app and e.ts_ns >= keep_ns):
+                kept.append((ident, e))
+            else:
+                self.seen.discard(ident)
+        while len(kept) > MAX_EVENTS:
+            self.seen.discard(kept.popleft()[0])
+        self.events = kept
         while len(self.history) > 1 and self.history[1][0] <= ts_ns:
             self.history.popleft()
 
@@ -173,7 +203,7 @@ def _health_status(batcher: Any, gpus: Mapping[int, GpuStatus], jobs: Sequence[J
         if j.gpu is not None and j.gpu >= 0 and j.job_id not in jobs_on.setdefault(j.gpu, []):
             jobs_on[j.gpu].append(j.job_id)
     new_events = tracker.add_events(batcher.last_events(20), jobs_on)
-    tracker.forget_before(now - int(WINDOW_S * 1e9))
+    tracker.forget_before(now - int(WINDOW_S * 1e9), now)
     if not tracker.history or now - tracker.history[-1][0] >= HISTORY_EVERY_S * 1e9:
         tracker.history.append((now, latest))
     last = tracker.last

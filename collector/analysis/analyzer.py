@@ -44,7 +44,8 @@ def _hw_params() -> dict[str, Any]:
     """The hardware_fault step's scalar settings, from common/hardware_faults.toml."""
     rs = hardware_faults.rules()
     return {"hw_boot_kind": rs.reboot_event_kind, "hw_grace_s": rs.reboot_grace_s, "hw_settle_s": rs.reboot_state_settle_s, "hw_dedup_s": rs.dedup_window_s,
-            "hw_app_jobs": rs.application_repeat_jobs, "hw_min_cover_s": rs.min_cover_s,
+            "hw_app_count": rs.application_repeat_count, "hw_app_window_s": rs.application_repeat_window_s,
+            "hw_app_burst_s": rs.application_burst_s, "hw_min_cover_s": rs.min_cover_s,
             "hw_xid_default_action": rs.xid_default.action, "hw_xid_default_severity": rs.xid_default.severity,
             "hw_xid_source": rs.xid_default.source}
 
@@ -155,10 +156,12 @@ class Analyzer:
         con.execute("""CREATE OR REPLACE TEMP TABLE _hw_rules (name VARCHAR, component VARCHAR, metric VARCHAR,
             kind VARCHAR, severity VARCHAR, action VARCHAR, source VARCHAR, sentence VARCHAR, label_key VARCHAR,
             label_value VARCHAR, op VARCHAR, value DOUBLE, threshold_per_hour DOUBLE, threshold_share DOUBLE, max_metric VARCHAR,
-            load_metric VARCHAR, load_min DOUBLE, reboot_explains BOOLEAN)""")
+            load_metric VARCHAR, load_min DOUBLE, reboot_explains BOOLEAN, also_metric VARCHAR, also_op VARCHAR,
+            also_value DOUBLE)""")
         insert_rows(con, "_hw_rules", [list(r.values()) for r in hardware_faults.rule_rows()])
         con.execute("""CREATE OR REPLACE TEMP TABLE _hw_xids (kind VARCHAR, xid INTEGER, component VARCHAR,
-            severity VARCHAR, application BOOLEAN, description VARCHAR, action VARCHAR, source VARCHAR)""")
+            severity VARCHAR, application BOOLEAN, description VARCHAR, action VARCHAR, source VARCHAR,
+            attr_key VARCHAR, attr_value VARCHAR, immediate VARCHAR, investigatory VARCHAR, repeat_action VARCHAR)""")
         insert_rows(con, "_hw_xids", [list(r.values()) for r in hardware_faults.xid_rows()])
         con.execute("CREATE OR REPLACE TEMP TABLE _pool_prices (pool VARCHAR, price_per_gpu_hour DOUBLE)")
         if cfg.pool_prices:
@@ -174,6 +177,8 @@ class Analyzer:
         con.execute("""CREATE OR REPLACE TEMP MACRO _fmt(x) AS CASE WHEN x IS NULL THEN 'n/a'
             WHEN abs(x) >= 100 THEN printf('%.0f', x) WHEN abs(x) >= 1 THEN printf('%.1f', x)
             ELSE printf('%.2f', x) END""")
+        con.execute("""CREATE OR REPLACE TEMP MACRO _holds(op, a, b) AS CASE op WHEN 'eq' THEN a = b
+            WHEN 'ne' THEN a <> b WHEN 'lt' THEN a < b WHEN 'ge' THEN a >= b WHEN 'gt' THEN a > b END""")
         con.execute("""CREATE OR REPLACE TEMP MACRO _num(x) AS CASE WHEN x IS NOT NULL AND x = round(x)
             THEN printf('%.0f', x) ELSE _fmt(x) END""")
         con.execute("""CREATE OR REPLACE TEMP MACRO _hours(h) AS CASE WHEN h >= 1 AND h = round(h) THEN printf('%.0f h', h)
@@ -192,6 +197,7 @@ class Analyzer:
             "window_start": now - dt.timedelta(seconds=cfg.window_s),
             "probe_window_start": now - dt.timedelta(seconds=cfg.probe_window_s),
             "lookback_start": now - dt.timedelta(seconds=cfg.baseline_lookback_s),
+            "hw_app_start": now - dt.timedelta(seconds=hardware_faults.rules().application_repeat_window_s),
             "window_hours": cfg.window_s / 3600.0, "probe_window_hours": round(cfg.probe_window_s / 3600.0, 3),
             "min_baseline_nodes": cfg.min_baseline_nodes,
             "theoretical_threshold": cfg.theoretical_threshold_percent, "vo_z": cfg.significance_z,

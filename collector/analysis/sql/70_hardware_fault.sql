@@ -7,15 +7,20 @@
 --       a sample lower than the one before it is a reset (driver reload, reboot) and adds nothing, so a
 --       reset never fires. rate = rise per hour of the covered time (at least $hw_min_cover_s);
 --       share = seconds of a duration counter per second of covered time;
---   state: the latest value satisfies op/value (a pending remap, a port not ACTIVE, an NVLink down);
+--   state: the latest value satisfies op/value (a pending remap, a port not ACTIVE, an NVLink down), and
+--       also_metric's latest (same GPU and labels) also_op/also_value where the rule has one;
+--   total: as state, on the sum of the latest values over every label of the metric (all retired pages);
 --   below_max: the latest value under its maximum's latest value, while the load metric is >= load_min.
 -- A flag clears when its condition does: a pending remap gone after the reset, a counter that did not rise
 -- for a window, a port back to ACTIVE. Rules marked reboot_explains ignore what happens within $hw_grace_s
 -- of an agent_start event (the node restarted: a planned reboot flaps its links once); a state rule only
 -- within $hw_settle_s of it (a link still down once links have trained is a fault).
 -- XIDs: NVML and kmsg report the same XID; reports of one (node, gpu, xid) within $hw_dedup_s of the
--- previous one count once. Application XIDs (13, 31, 43, 45) are the job's unless the same XID hit the same GPU
--- under >= $hw_app_jobs different jobs within the baseline lookback.
+-- previous one count once. Application XIDs (the catalog's RESTART_APP rows) are the job's unless the same XID
+-- hit the same GPU >= $hw_app_count times (bursts more than $hw_app_burst_s apart) within $hw_app_window_s.
+-- An XID or event whose decoded attribute selects a variant (XID 154's recovery action, an NVLink5 XID's
+-- decoded severity, an SXid's Fatal tag) takes the variant's severity and action; severity 'ignore' (the
+-- catalog's IGNORE bucket) raises nothing.
 -- Corroboration: a network_degraded/link condition whose end shows IB port errors or link flaps says which
 -- end; a fault on a GPU a job uses says what it cost that job (step time, or passive progress, before/after).
 
@@ -23,7 +28,8 @@
 CREATE OR REPLACE TEMP TABLE _hw_samples AS
 WITH m AS (
     SELECT metric, max(label_key) AS label_key FROM (
-        SELECT metric, label_key FROM _hw_rules UNION ALL SELECT max_metric, '' FROM _hw_rules WHERE max_metric <> '')
+        SELECT metric, label_key FROM _hw_rules UNION ALL SELECT max_metric, '' FROM _hw_rules WHERE max_metric <> ''
+        UNION ALL SELECT also_metric, '' FROM _hw_rules WHERE also_metric <> '')
     GROUP BY metric
 )
 SELECT s.node_id, coalesce(s.gpu, -1) AS gpu, s.metric, s.labels, s.ts, s.value,
@@ -69,11 +75,11 @@ SELECT name, node_id, gpu, metric, labels,
 FROM m
 GROUP BY ALL;
 
--- The latest value of each max metric, to pair with below_max rules.
+-- The latest value of each max metric and also metric, to pair with below_max and state rules.
 CREATE OR REPLACE TEMP TABLE _hw_latest AS
 SELECT node_id, gpu, metric, labels, arg_max(value, ts) AS value
 FROM _hw_samples
-WHERE metric IN (SELECT max_metric FROM _hw_rules)
+WHERE metric IN (SELECT max_metric FROM _hw_rules UNION ALL SELECT also_metric FROM _hw_rules)
 GROUP BY ALL;
 
 -- The load (gpu_util_percent, its last 10 minutes) of only the series under their maximum: a fleet's
@@ -98,26 +104,35 @@ CREATE OR REPLACE TEMP TABLE _hw_faults AS
 WITH judged AS (
     SELECT r.*, s.node_id, s.gpu, s.labels, s.increase, s.resets, s.first_rise, s.latest, s.last_ts,
            s.latest_near_boot, s.cover_s, s.samples,
-           mx.value AS max_value, ld.value AS load_value,
-           s.increase / s.cover_s * 3600.0 AS per_hour, s.increase / s.cover_s AS share
+           mx.value AS max_value, ld.value AS load_value, al.value AS also_latest,
+           s.increase / s.cover_s * 3600.0 AS per_hour, s.increase / s.cover_s AS share,
+           sum(s.latest) OVER (PARTITION BY s.name, s.node_id, s.gpu) AS total_latest,
+           row_number() OVER (PARTITION BY s.name, s.node_id, s.gpu ORDER BY s.labels) AS label_rank
     FROM _hw_series s
     JOIN _hw_rules r ON r.name = s.name
     LEFT JOIN _hw_latest mx ON mx.node_id = s.node_id AND mx.gpu = s.gpu AND mx.metric = r.max_metric
                            AND mx.labels = s.labels
+    LEFT JOIN _hw_latest al ON al.node_id = s.node_id AND al.gpu = s.gpu AND al.metric = r.also_metric
+                           AND al.labels = s.labels
     LEFT JOIN _hw_load ld ON ld.node_id = s.node_id AND ld.gpu = s.gpu AND ld.metric = r.load_metric
+), totalled AS (
+    -- a total rule judges the sum over its metric's labels once per GPU: its latest is that sum
+    SELECT * REPLACE (CASE WHEN kind = 'total' THEN total_latest ELSE latest END AS latest,
+                      CASE WHEN kind = 'total' THEN '' ELSE labels END AS labels)
+    FROM judged WHERE kind <> 'total' OR label_rank = 1
 ), fired AS (
     SELECT *,
            CASE kind
              WHEN 'any_increment' THEN increase >= 1
              WHEN 'rate' THEN increase > 0 AND per_hour >= threshold_per_hour
              WHEN 'share' THEN share >= threshold_share
-             WHEN 'state' THEN NOT (reboot_explains AND latest_near_boot)
-                               AND CASE op WHEN 'eq' THEN latest = value WHEN 'ne' THEN latest <> value
-                                           ELSE latest < value END
+             WHEN 'state' THEN NOT (reboot_explains AND latest_near_boot) AND _holds(op, latest, value)
+                               AND (also_metric = '' OR coalesce(_holds(also_op, also_latest, also_value), false))
+             WHEN 'total' THEN _holds(op, latest, value)
              WHEN 'below_max' THEN max_value > 0 AND latest > 0 AND latest < max_value
                                    AND (load_metric = '' OR load_value >= load_min)
            END AS fires
-    FROM judged
+    FROM totalled
 ), named AS (
     SELECT *,
            CASE WHEN metric LIKE 'ib\_%' ESCAPE '\'
@@ -135,7 +150,9 @@ SELECT node_id, CASE WHEN metric LIKE 'gpu\_%' ESCAPE '\' AND gpu >= 0 THEN gpu 
            WHEN 'any_increment' THEN ' (+' || _num(increase) || ' in ' || _fmt(cover_s / 60) || ' min)'
            WHEN 'rate' THEN ' (' || _fmt(per_hour) || '/h, threshold ' || _fmt(threshold_per_hour) || '/h)'
            WHEN 'share' THEN ' (' || printf('%.0f', 100 * share) || ' % of ' || _fmt(cover_s / 60) || ' min)'
-           WHEN 'state' THEN ' (value ' || _num(latest) || ')'
+           WHEN 'state' THEN ' (value ' || _num(latest)
+                             || CASE WHEN also_metric <> '' THEN ', ' || _num(also_latest) ELSE '' END || ')'
+           WHEN 'total' THEN ' (value ' || _num(latest) || ')'
            ELSE ' (' || _num(latest) || ' of ' || _num(max_value) || ')' END AS what,
        action, source,
        CASE kind WHEN 'rate' THEN per_hour WHEN 'share' THEN share WHEN 'any_increment' THEN increase
@@ -148,7 +165,7 @@ SELECT node_id, CASE WHEN metric LIKE 'gpu\_%' ESCAPE '\' AND gpu >= 0 THEN gpu 
        json_object('rule', name, 'kind', kind, 'metric', metric, 'labels', labels, 'latest', latest,
                    'increase', increase, 'resets_ignored', resets, 'covered_s', round(cover_s, 1),
                    'samples', samples, 'per_hour', round(per_hour, 3), 'share', round(share, 4),
-                   'max', max_value, 'load', load_value, 'source', source) AS evidence
+                   'max', max_value, 'load', load_value, 'also', also_latest, 'source', source) AS evidence
 FROM named;
 
 -- XIDs and the other fault events in the window, deduplicated across NVML and kmsg.
@@ -160,9 +177,17 @@ WITH e AS (
            coalesce(json_extract_string(attrs, '$.source'), 'nvml') AS src,
            json_extract_string(attrs, '$.pci_bus_id') AS pci_bus_id,
            coalesce(json_extract_string(attrs, '$.device'), '') AS device,
-           json_extract_string(attrs, '$.job_id') AS attr_job, json_extract_string(attrs, '$.pid') AS attr_pid
+           json_extract_string(attrs, '$.job_id') AS attr_job, json_extract_string(attrs, '$.pid') AS attr_pid,
+           attrs
     FROM events
-    WHERE kind IN (SELECT kind FROM _hw_xids) AND ts > $lookback_start AND ts <= $now
+    WHERE kind IN (SELECT kind FROM _hw_xids) AND ts > least($lookback_start, $hw_app_start) AND ts <= $now
+), v AS (
+    -- the variant the event's decoded attributes select ('=' for the plain row)
+    SELECT e.* EXCLUDE (attrs),
+           coalesce((SELECT min(x.attr_key || '=' || x.attr_value) FROM _hw_xids x
+                     WHERE x.attr_key <> '' AND x.kind = e.kind AND (e.kind <> 'xid' OR x.xid = e.xid)
+                       AND json_extract_string(e.attrs, '$.' || x.attr_key) = x.attr_value), '=') AS variant
+    FROM e
 ), j AS (
     -- the job on that GPU at that time: an attribute, else the discovered job sampled on the GPU nearest it
     SELECT e.*, coalesce(e.attr_job, (
@@ -170,19 +195,22 @@ WITH e AS (
                WHERE js.node_id = e.node_id AND js.gpu = e.gpu
                  AND js.ts BETWEEN e.ts - INTERVAL 2 MINUTE AND e.ts + INTERVAL 2 MINUTE),
                'pid ' || e.attr_pid) AS job_id
-    FROM e
+    FROM v e
 )
-SELECT *, coalesce(epoch(ts - lag(ts) OVER (PARTITION BY node_id, gpu, kind, xid, place ORDER BY ts)),
-                   1e18) > $hw_dedup_s AS counted
+SELECT *, coalesce(epoch(ts - lag(ts) OVER (PARTITION BY node_id, gpu, kind, xid, variant, place ORDER BY ts)),
+                   1e18) > $hw_dedup_s AS counted,
+       coalesce(epoch(ts - lag(ts) OVER (PARTITION BY node_id, gpu, kind, xid, variant, place ORDER BY ts)),
+                1e18) > $hw_app_burst_s AND ts > $hw_app_start AS burst
 FROM (SELECT *, CASE WHEN gpu IS NULL THEN coalesce(nullif(device, ''), pci_bus_id, '') ELSE '' END AS place FROM j)
 WHERE kind <> 'xid' OR xid IS NOT NULL;
 
 INSERT INTO _hw_faults
 WITH g AS (
-    SELECT e.node_id, e.gpu, e.kind, e.xid, e.place, any_value(e.pci_bus_id) AS pci_bus_id,
+    SELECT e.node_id, e.gpu, e.kind, e.xid, e.variant, e.place, any_value(e.pci_bus_id) AS pci_bus_id,
            any_value(e.device) AS device,
            count(*) FILTER (WHERE e.counted AND e.ts > $window_start) AS reports,
            count(*) FILTER (WHERE e.ts > $window_start) AS raw_reports,
+           count(*) FILTER (WHERE e.burst) AS bursts,
            list(DISTINCT e.src) FILTER (WHERE e.ts > $window_start) AS sources,
            list(DISTINCT e.job_id) FILTER (WHERE e.job_id IS NOT NULL) AS jobs,
            min(e.ts) FILTER (WHERE e.ts > $window_start) AS t0, max(e.ts) AS last_ts,
@@ -195,20 +223,32 @@ SELECT g.node_id, g.gpu, x.component, x.severity,
        CASE WHEN g.kind = 'xid' THEN 'xid_' || g.xid::VARCHAR ELSE g.kind END,
        coalesce('GPU ' || g.gpu::VARCHAR, nullif(g.device, ''), g.pci_bus_id, 'host'),
        CASE WHEN g.kind = 'xid' THEN 'XID ' || g.xid::VARCHAR || ' (' || coalesce(x.description, 'not in the XID catalog table') || ')'
+            WHEN x.attr_key <> '' THEN coalesce(b.description, g.kind) || ' (' || x.description || ')'
             ELSE coalesce(x.description, g.kind) END
        || CASE WHEN coalesce(x.application, false)
-               THEN ' repeated across ' || len(g.jobs)::VARCHAR || ' jobs, so it is the GPU''s, not one job''s'
-               WHEN g.reports > 1 THEN ' x' || g.reports::VARCHAR ELSE '' END,
-       coalesce(x.action, $hw_xid_default_action), coalesce(x.source, $hw_xid_source),
+               THEN ' ' || g.bursts::VARCHAR || ' times on this GPU within ' || printf('%.0f', $hw_app_window_s / 3600)
+                    || ' h, so it may be the GPU''s, not the job''s'
+               WHEN g.reports > 1 THEN ' x' || g.reports::VARCHAR ELSE '' END
+       || CASE WHEN g.kind = 'xid' AND x.kind IS NULL THEN ' (not in our copy of NVIDIA''s XID catalog)' ELSE '' END,
+       CASE WHEN coalesce(x.application, false) THEN x.repeat_action ELSE coalesce(x.action, $hw_xid_default_action) END,
+       coalesce(x.source, $hw_xid_source),
        g.reports, 'count', NULL, g.t0,
        json_object('kind', g.kind, 'xid', g.xid, 'reports', g.reports, 'raw_reports', g.raw_reports,
-                   'sources', g.sources, 'jobs', g.jobs, 'pci_bus_id', g.pci_bus_id, 'device', nullif(g.device, ''),
-                   'last_message', g.message, 'application', coalesce(x.application, false),
+                   'sources', g.sources, 'jobs', g.jobs, 'bursts', g.bursts, 'pci_bus_id', g.pci_bus_id,
+                   'device', nullif(g.device, ''), 'last_message', g.message,
+                   'application', coalesce(x.application, false), 'listed', g.kind <> 'xid' OR x.kind IS NOT NULL,
+                   'variant', CASE WHEN g.variant <> '=' THEN g.variant END,
+                   'resolution_bucket_immediate_action', nullif(x.immediate, ''),
+                   'resolution_bucket_investigatory_action', nullif(x.investigatory, ''),
                    'source', coalesce(x.source, $hw_xid_source))
 FROM g
 LEFT JOIN _hw_xids x ON x.kind = g.kind AND (g.kind <> 'xid' OR x.xid = g.xid)
--- an unlisted XID takes the catalog's default bucket; an application XID is the job's unless it repeats
-WHERE NOT coalesce(x.application, false) OR len(g.jobs) >= $hw_app_jobs;
+                    AND x.attr_key || '=' || x.attr_value = g.variant
+LEFT JOIN _hw_xids b ON b.kind = g.kind AND g.kind <> 'xid' AND b.attr_key = ''
+-- an unlisted XID takes the catalog's default bucket; an application XID is the job's unless it repeats;
+-- the catalog's IGNORE bucket raises nothing
+WHERE coalesce(x.severity, '') <> 'ignore'
+  AND (NOT coalesce(x.application, false) OR g.bursts >= $hw_app_count);
 
 -- Fill in the default severity of unlisted XIDs.
 UPDATE _hw_faults SET severity = $hw_xid_default_severity, component = 'xid' WHERE severity IS NULL;
