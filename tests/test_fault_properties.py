@@ -127,8 +127,10 @@ def test_random_batch_refused_whole_or_stored_exactly(live_collector, spec):
         assert [(a.seq, a.duplicate) for a in acks] == [(seq, False)]
         # NaN is stored as NULL ("not measured", docs/COLLECTOR.md); everything else bit for bit
         got = [(r[0], r[1], r[2], r[3], math.nan if r[4] is None else float(r[4])) for r in stored]
-        want = sorted(expected, key=lambda r: (r[:4], repr(r[4])))
-        got.sort(key=lambda r: (r[:4], repr(r[4])))
+        # a host series' gpu is NULL (None): order it before GPU 0 (None and int do not compare)
+        order = lambda r: (r[0], -1 if r[1] is None else r[1], r[2], r[3], repr(r[4]))  # noqa: E731
+        want = sorted(expected, key=order)
+        got.sort(key=order)
         assert len(got) == len(want) and logged == 1
         for g, w in zip(got, want):
             assert g[:4] == w[:4] and _same_value(g[4], w[4]), (g, w)
