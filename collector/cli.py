@@ -81,9 +81,14 @@ def _write_port_file(path: str, port: int) -> None:
                    "behind --token when one is set).")
 @click.option("--metrics-port-file", type=click.Path(dir_okay=False), default=None,
               help="Write the bound metrics port to this file once serving.")
+@click.option("--ui-listen", default=None, metavar="HOST:PORT",
+              help="Serve the read-only web console here (off by default; [console] listen in --config; needs a "
+                   "token with the query role when the collector has auth; docs/CONSOLE.md).")
+@click.option("--ui-port-file", type=click.Path(dir_okay=False), default=None,
+              help="Write the bound console port to this file once serving.")
 def serve(listen, db_path, token, token_file, tls_cert, tls_key, tokens_file, tls_client_ca, insecure, reflection,
           port_file, max_samples_per_batch, max_message_bytes, memory_limit, log_level, config_path, no_analyze,
-          metrics_listen, metrics_port_file):
+          metrics_listen, metrics_port_file, ui_listen, ui_port_file):
     """Receive agent batches over gRPC and store them in DuckDB until SIGTERM/SIGINT.
 
     SIGHUP re-reads the tokens file and the TLS certificate, key and client CA; open streams stay."""
@@ -111,7 +116,9 @@ def serve(listen, db_path, token, token_file, tls_cert, tls_key, tokens_file, tl
                                  analyzer_config=analyzer_config, analyze=not no_analyze,
                                  metrics_listen=metrics_listen or analyzer_config.metrics_listen,
                                  fabric=config.fabric, lake_config=config.lake,
-                                 maintenance_config=config.maintenance, actions_config=config.actions)
+                                 maintenance_config=config.maintenance, actions_config=config.actions,
+                                 ui_listen=ui_listen or config.console.get("listen"),
+                                 ui_fleet_cache_s=config.console.get("fleet_cache_s"))
     except CollectorError as exc:
         raise click.ClickException(str(exc)) from None
     try:
@@ -119,6 +126,10 @@ def serve(listen, db_path, token, token_file, tls_cert, tls_key, tokens_file, tl
             _write_port_file(port_file, handle.port)
         if metrics_port_file and handle.metrics is not None:
             _write_port_file(metrics_port_file, handle.metrics.port)
+        if ui_port_file and handle.console is not None:
+            _write_port_file(ui_port_file, handle.console.port)
+        if handle.console is not None:
+            logging.getLogger("gpuagent.collector").info("console on http://%s/", handle.console.address)
         logging.getLogger("gpuagent.collector").info(
             "listening on %s (db %s, %s, %s)", handle.address, os.path.abspath(db_path),
             "token required" if tok or tokens_file else "no token",

@@ -9,6 +9,7 @@
 | [actions] | ``actions/config.py`` (ActionsConfig) |
 | [fabric] | ``fabric/coordinator.py`` (FabricConfig) |
 | [auth] | here: two file paths, which `serve`'s --tokens-file and --tls-client-ca override |
+| [console] | here: `listen` (HOST:PORT of the web console, views/console.py), which `serve --ui-listen` overrides |
 
 The owners raise the error type of ``config_file.py`` (the floor this module shares with them), so nothing
 below imports this module; the commands that take ``--config`` call ``load`` once.
@@ -41,6 +42,7 @@ class CollectorConfig:
     actions: ActionsConfig = field(default_factory=ActionsConfig)
     fabric: FabricConfig | None = None                        # None: the file has no [fabric]
     auth: Mapping[str, str] = field(default_factory=dict)     # [auth] key -> absolute path
+    console: Mapping[str, Any] = field(default_factory=dict)  # [console] listen, fleet_cache_s
 
 
 def load(path: str | Path | None) -> CollectorConfig:
@@ -52,7 +54,7 @@ def load(path: str | Path | None) -> CollectorConfig:
     return CollectorConfig(analyzer=AnalyzerConfig.from_mapping(doc),
                            maintenance=MaintenanceConfig.from_mapping(doc),
                            fabric=_fabric(doc, path),
-                           auth=_auth(doc, path),
+                           auth=_auth(doc, path), console=_console(doc, path),
                            lake=LakeConfig.from_mapping(doc),
                            actions=ActionsConfig.from_document(doc))
 
@@ -64,6 +66,27 @@ def _fabric(doc: Mapping[str, Any], path: str | Path) -> FabricConfig | None:
         return FabricConfig.from_mapping(doc["fabric"])
     except ValueError as exc:
         raise CollectorConfigError(f"config file {path}: {exc}") from None
+
+
+def _console(doc: Mapping[str, Any], path: str | Path) -> dict[str, Any]:
+    """[console]: listen = "HOST:PORT" (the web console is off without it); fleet_cache_s (default 30): how
+    long the fleet page's figures are reused, 0 to compute them for every request."""
+    out: dict[str, Any] = {}
+    for key, value in (doc.get("console") or {}).items():
+        if key == "listen":
+            if not isinstance(value, str) or not value.strip():
+                raise CollectorConfigError(f"config file {path}: console.listen must be HOST:PORT, for example "
+                                           "127.0.0.1:9480")
+            out[key] = value.strip()
+        elif key == "fleet_cache_s":
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise CollectorConfigError(f"config file {path}: console.fleet_cache_s must be a number of "
+                                           "seconds, 0 or more")
+            out[key] = float(value)
+        else:
+            raise CollectorConfigError(f"config file {path}: unknown key console.{key} (expected listen or "
+                                       "fleet_cache_s)")
+    return out
 
 
 def _auth(doc: Mapping[str, Any], path: str | Path) -> dict[str, str]:

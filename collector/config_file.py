@@ -16,7 +16,7 @@ from typing import Any, Mapping
 from gpuagent.common.durations import DurationError, parse_duration
 
 # Every table collector.toml may have; anything else is a typo and refused, not ignored.
-TABLES = ("analyzer", "baselines", "pricing", "metrics", "fabric", "auth", "storage", "lake", "actions")
+TABLES = ("analyzer", "baselines", "pricing", "metrics", "fabric", "auth", "storage", "lake", "actions", "console")
 
 
 class CollectorConfigError(ValueError):
@@ -41,8 +41,8 @@ def check_tables(doc: Mapping[str, Any], error: type[CollectorConfigError] = Col
     unknown = sorted(set(doc) - set(TABLES))
     if unknown:
         raise error(f"unknown table or key {unknown[0]!r} in the collector config (expected [analyzer], "
-                    "[[baselines.declared]], [pricing], [metrics], [fabric], [auth], [storage], [lake] and "
-                    "[actions])")
+                    "[[baselines.declared]], [pricing], [metrics], [fabric], [auth], [storage], [lake], "
+                    "[actions] and [console])")
     for table in TABLES:
         if table in doc and not isinstance(doc[table], Mapping):
             raise error(f"[{table}] in the collector config must be a table")

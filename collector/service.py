@@ -52,6 +52,7 @@ class CollectorHandle:
         self.analyzer = None   # the scheduled analysis thread (analyzer.AnalyzerThread), when running
         self.maintenance = None   # retention, disk guard, compaction (maintenance.MaintenanceThread)
         self.metrics = None    # the /metrics endpoint (views.metrics.MetricsServer), when serving
+        self.console = None    # the web console (views.console.ConsoleServer), when serving
         self.fabric = None     # the fabric coordinator, when [fabric] is enabled
         self.exporter = None   # the lake exporter thread (lake/export.ExporterThread), when [lake] enabled
         self.actions = None    # drains and alerts after each pass (actions/engine.ActionsThread), when [actions] on
@@ -110,7 +111,7 @@ class CollectorHandle:
             self._closed = True
         if self.grpc is not None:
             self.grpc.stop(self._options.stop_grace_s if grace is None else grace)
-        for part in (self.maintenance, self.metrics, self.exporter, self.analyzer, self.actions):
+        for part in (self.console, self.maintenance, self.metrics, self.exporter, self.analyzer, self.actions):
             if part is not None:
                 part.stop()
         self._writer.stop()
@@ -138,12 +139,14 @@ def start_collector(db_path: str | Path, listen: str = "127.0.0.1:0", token: str
                     options: ServerOptions = ServerOptions(), analyzer_config=None,
                     analyze: bool = True, metrics_listen: str | None = None, fabric=None,
                     fabric_rounds: bool = True, lake_config=None, maintenance_config=None,
-                    actions_config=None) -> CollectorHandle:
+                    actions_config=None, ui_listen: str | None = None,
+                    ui_fleet_cache_s: float | None = None) -> CollectorHandle:
     """Open the database, start the writer and the gRPC server; return once it listens.
 
     With ``analyze`` (the default) an analysis pass runs every ``analyzer_config.interval_s`` on the writer
     (see collector/analysis/analyzer.py); ``analyzer_config`` also serves on-demand Analyze calls. ``metrics_listen``
-    serves Prometheus metrics over HTTP there (views/metrics.py), behind the same token.
+    serves Prometheus metrics over HTTP there (views/metrics.py), behind the same token; ``ui_listen`` the
+    read-only web console (views/console.py), behind the same policy (a token with the query role).
 
     ``fabric`` (a collector.fabric.coordinator.FabricConfig with enabled set) serves fabric assignments
     (``handle.fabric``); with ``fabric_rounds`` its sweeps run on their own every ``interval_s``.
@@ -176,6 +179,8 @@ def start_collector(db_path: str | Path, listen: str = "127.0.0.1:0", token: str
             start_maintenance(handle, maintenance_config)
         if metrics_listen:
             start_metrics(handle, readers, metrics_listen, token)
+        if ui_listen:
+            start_console(handle, readers, ui_listen, policy, ui_fleet_cache_s)
         if lake_config is not None and lake_config.enabled:
             start_lake(handle, readers, lake_config)
     except CollectorError:
@@ -324,6 +329,17 @@ def start_metrics(handle: CollectorHandle, readers: ReaderCursors, metrics_liste
         handle.metrics = mx.start_metrics(handle.writer, readers.cursor, handle.servicer.claims.streams,
                                           metrics_listen, token)
     except mx.MetricsError as exc:
+        raise CollectorError(str(exc)) from None
+
+
+def start_console(handle: CollectorHandle, readers: ReaderCursors, ui_listen: str, policy: AuthPolicy,
+                  fleet_cache_s: float | None = None) -> None:
+    """The read-only web console over HTTP on ``ui_listen`` (views/console.py), on reader cursors."""
+    from gpuagent.collector.views import console as cx  # noqa: PLC0415
+
+    try:
+        handle.console = cx.start_console(readers.cursor, policy, ui_listen, fleet_cache_s)
+    except cx.ConsoleError as exc:
         raise CollectorError(str(exc)) from None
 
 

@@ -23,11 +23,13 @@ BAD_VALUES = [
     ("storage", "raw_retention", '[storage]\nraw_retention = "soon"\n'),
     ("lake", "enabled", '[lake]\nenabled = "yes"\n'),
     ("actions", "mode", '[actions]\nmode = "maybe"\n'),
+    ("console", "listen", '[console]\nlisten = 9480\n'),
+    ("console", "fleet_cache_s", '[console]\nfleet_cache_s = -1\n'),
 ]
 
 UNKNOWN_KEYS = [
     ("analyzer", "wndow"), ("metrics", "port"), ("baselines", "declard"), ("fabric", "budget_percent"),
-    ("auth", "token"), ("storage", "raw_retension"), ("lake", "pth"), ("actions", "dryrun"),
+    ("auth", "token"), ("storage", "raw_retension"), ("lake", "pth"), ("actions", "dryrun"), ("console", "port"),
 ]
 
 
@@ -76,7 +78,7 @@ def test_one_good_file_reaches_every_owner(tmp_path):
     config = load(_write(tmp_path, "\n".join([
         '[analyzer]\nwindow = "2h"', '[pricing]\nh100-sxm = 4.1', '[metrics]\nlisten = "127.0.0.1:9403"',
         '[storage]\nraw_retention = "3d"', '[auth]\ntokens_file = "tokens"', '[actions]\nenabled = true',
-        '[fabric]\nenabled = true', '[lake]\nenabled = false', ''])))
+        '[fabric]\nenabled = true', '[lake]\nenabled = false', '[console]\nlisten = "127.0.0.1:9480"', ''])))
     assert config.analyzer.window_s == 7200 and config.analyzer.pool_prices == {"h100-sxm": 4.1}
     assert config.analyzer.metrics_listen == "127.0.0.1:9403"
     assert config.maintenance.raw_retention_s == 3 * 86_400
@@ -84,6 +86,7 @@ def test_one_good_file_reaches_every_owner(tmp_path):
     assert config.actions.enabled and config.actions.mode == "dry-run"
     assert config.fabric is not None and config.fabric.enabled
     assert not config.lake.enabled
+    assert config.console == {"listen": "127.0.0.1:9480"}
     assert load(None) == CollectorConfig() and load(None).fabric is None
 
 
