@@ -27,6 +27,7 @@ class LocalRunError(Exception):
 
 
 DEFAULT_PORT = 7443   # what `gpuagent-collector sql/analyze/...` and the agent use when not told otherwise
+DEFAULT_CONSOLE_PORT = 9480   # the web console of `make run` (loopback, no token: docs/CONSOLE.md)
 
 
 class _Stop(Exception):
@@ -39,16 +40,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def pick_port(requested: int | None) -> int:
-    """``requested`` if given (0: any free port); else 7443 when free, so the README's commands work as
-    written, else a free port."""
+def pick_port(requested: int | None, default: int = DEFAULT_PORT) -> int:
+    """``requested`` if given (0: any free port); else ``default`` (7443) when free, so the README's commands
+    work as written, else a free port."""
     if requested is not None:
         return requested or free_port()
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            s.bind(("127.0.0.1", DEFAULT_PORT))
-            return DEFAULT_PORT
+            s.bind(("127.0.0.1", default))
+            return default
         except OSError:
             return free_port()
 
@@ -71,9 +72,27 @@ def _size(path: Path) -> int:
         return 0
 
 
-def start_collector(db: Path, port: int, log: Path, extra_env: dict | None = None) -> subprocess.Popen:
-    """``gpuagent-collector serve`` on 127.0.0.1:port, in its own session (Ctrl-C reaches only us)."""
+def console_answers(port: int) -> str:
+    """Whether the console's fleet page answers now, in a few words (what `make run` prints beside its address)."""
+    import urllib.error  # noqa: PLC0415
+    import urllib.request  # noqa: PLC0415
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as resp:
+            return f"answers: HTTP {resp.status}"
+    except urllib.error.HTTPError as exc:
+        return f"answers HTTP {exc.code}; see the collector's log"
+    except OSError as exc:
+        return f"does not answer ({exc}); see the collector's log"
+
+
+def start_collector(db: Path, port: int, log: Path, extra_env: dict | None = None,
+                    ui_port: int | None = None) -> subprocess.Popen:
+    """``gpuagent-collector serve`` on 127.0.0.1:port, in its own session (Ctrl-C reaches only us); with
+    ``ui_port`` its web console on 127.0.0.1:ui_port."""
     cmd = [sys.executable, "-m", "gpuagent.collector.cli", "serve", "--db", str(db), "--listen", f"127.0.0.1:{port}"]
+    if ui_port is not None:
+        cmd += ["--ui-listen", f"127.0.0.1:{ui_port}"]
     env = {**os.environ, **(extra_env or {})}
     return subprocess.Popen(cmd, stdout=open(log, "ab"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
@@ -185,6 +204,7 @@ def main(run_dir: str, port: int | None, interval: float, once: bool, timeout: f
     rd = Path(run_dir).resolve()
     rd.mkdir(parents=True, exist_ok=True)
     port = pick_port(port)
+    ui_port = pick_port(None, DEFAULT_CONSOLE_PORT)
     address = f"127.0.0.1:{port}"
     db, state = rd / "gpuagent.duckdb", rd / "agent-state"
     clog, alog = rd / "collector.log", rd / "agent.log"
@@ -200,7 +220,7 @@ def main(run_dir: str, port: int | None, interval: float, once: bool, timeout: f
     collector = agent = None
     started = False
     try:
-        collector = start_collector(db, port, clog)
+        collector = start_collector(db, port, clog, ui_port=ui_port)
         wait_port(port, collector, clog, log_start=cstart)
         agent = start_agent(address, state, alog, interval=interval, batch_interval=2.0,
                             extra_env={"GPUAGENT_JOBS_SOCKET": str(rd / "jobs.sock")})
@@ -217,6 +237,8 @@ def main(run_dir: str, port: int | None, interval: float, once: bool, timeout: f
         click.echo(f"\n$ gpuagent-collector sql --target {address} \"<host metrics so far>\"")
         click.echo(FIRST_SQL)
         _run_cli(["gpuagent.collector.cli", "sql", "--target", address, FIRST_SQL])
+        click.echo(f"\nThe web console (fleet, findings, this node, its GPUs and jobs): http://127.0.0.1:{ui_port}/ "
+                   f"({console_answers(ui_port)})")
         if once:
             click.echo("\n--once: stopping the agent and the collector.")
             return

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import socket
 import subprocess
@@ -34,6 +35,7 @@ def test_local_run_once_shows_real_numbers(tmp_path):
     out = res.stdout
     assert res.returncode == 0, out + res.stderr
     assert "REAL data measured on this machine" in out
+    assert re.search(r"The web console .*: http://127\.0\.0\.1:\d+/ \(answers: HTTP 200\)", out), out
     assert "connected" in out and "NOT connected" not in out          # gpuagent status of the live agent
     # The node row (hostname, virt_type, ...) says what this machine is, as the agent's fingerprint sees it.
     lines = out.splitlines()
