@@ -214,7 +214,7 @@ def test_serve_config_with_a_typod_table_is_one_sentence_and_creates_nothing(tmp
     assert r.returncode == 1
     assert r.stderr.strip().splitlines() == [
         "Error: unknown table or key 'pricng' in the collector config (expected [analyzer], "
-        "[[baselines.declared]], [pricing], [metrics], [fabric], [auth], [storage], [lake] and [actions])"]
+        "[[baselines.declared]], [pricing], [metrics], [fabric], [auth], [storage], [lake], [actions] and [console])"]
     assert not db.exists()
 
 
