@@ -129,7 +129,7 @@ def serve(listen, db_path, token, token_file, tls_cert, tls_key, tokens_file, tl
         if ui_port_file and handle.console is not None:
             _write_port_file(ui_port_file, handle.console.port)
         if handle.console is not None:
-            logging.getLogger("gpuagent.collector").info("console on http://%s/", handle.console.address)
+            logging.getLogger("gpuagent.collector").info("console on %s://%s/", handle.console.scheme, handle.console.address)
         logging.getLogger("gpuagent.collector").info(
             "listening on %s (db %s, %s, %s)", handle.address, os.path.abspath(db_path),
             "token required" if tok or tokens_file else "no token",

@@ -334,11 +334,12 @@ def start_metrics(handle: CollectorHandle, readers: ReaderCursors, metrics_liste
 
 def start_console(handle: CollectorHandle, readers: ReaderCursors, ui_listen: str, policy: AuthPolicy,
                   fleet_cache_s: float | None = None) -> None:
-    """The read-only web console over HTTP on ``ui_listen`` (views/console.py), on reader cursors."""
+    """The read-only web console on ``ui_listen`` (views/console.py), on reader cursors: HTTPS with the
+    collector's own TLS files when it has them (a client certificate from its client CA is a credential)."""
     from gpuagent.collector.views import console as cx  # noqa: PLC0415
 
     try:
-        handle.console = cx.start_console(readers.cursor, policy, ui_listen, fleet_cache_s)
+        handle.console = cx.start_console(readers.cursor, policy, ui_listen, fleet_cache_s, handle.tls)
     except cx.ConsoleError as exc:
         raise CollectorError(str(exc)) from None
 

@@ -135,7 +135,7 @@ def test_bad_input_is_one_sentence_and_an_unknown_node_is_404(console):
 
 def test_fleet_view_numbers_match_sql(console):
     col, base = console
-    code, page, _ = get(base + "/")
+    code, page, _ = get(base + "/?window=24h")
     assert code == 200 and 'id="synthetic"' in page and "SYNTHETIC" in page
     for severity, n in sql(col, "SELECT severity, count(*) FROM v_open_findings GROUP BY 1"):
         assert re.search(rf'id="open-{severity}">{n} {severity}<', page), (severity, n)
@@ -152,9 +152,25 @@ def test_fleet_view_numbers_match_sql(console):
         assert rows[pool][7] == str(n), (pool, rows[pool])
     (nodes,) = sql(col, "SELECT count(DISTINCT node_id) FROM samples_1m WHERE metric = 'gpu_util_percent'")[0]
     assert f"{nodes} nodes with gpu_util_percent in the newest 10 minutes" in page
-    data = json.loads(re.search(r"var d=(\[.*?\]),vmax", page, re.S).group(1))
+    data = json.loads(re.search(r"var d=(\[.*?\]),pools=", page, re.S).group(1))
     assert {d[0] for d in data} == {r[0] for r in sql(col, "SELECT DISTINCT node_id FROM samples_1m "
                                                            "WHERE metric = 'gpu_util_percent'")}
+
+
+def test_the_fleet_pages_default_window_is_the_newest_hour_of_rollups(console):
+    col, base = console
+    code, page, _ = get(base + "/")
+    assert code == 200 and "over the 1h before the newest rollup minute" in page
+    rows = {r[0]: r for r in cells(page, "pools")}
+    want = dict(sql(col, """
+        WITH e AS (SELECT max(minute) AS m FROM samples_1m)
+        SELECT coalesce(n.pool, '(no pool)'), count(*) / 60e0 FROM samples_1m s JOIN nodes n USING (node_id) CROSS JOIN e
+        WHERE s.metric = 'gpu_util_percent' AND s.gpu IS NOT NULL AND s.minute > e.m - INTERVAL 1 HOUR
+        GROUP BY 1"""))
+    assert want and set(want) <= set(rows)
+    for pool, gpu_hours in want.items():
+        assert rows[pool][3] == f"{gpu_hours:,.1f}", (pool, gpu_hours, rows[pool])
+    assert get(base + "/?window=2d")[0] == 400
 
 
 def test_findings_view_pages_filters_and_links_to_node_and_job(console):
@@ -189,6 +205,11 @@ def test_node_view_shows_its_gpus_flags_and_links_as_sql_has_them(console):
     (open_flags,) = sql(col, f"SELECT count(*) FROM flags WHERE node_id = '{node_id}' AND state = 'open'")[0]
     assert sum(1 for r in cells(page, "flags") if r[0] == "open") == open_flags
     assert "sim-0002" in page      # the bad link of the fleet's fabric (sim_helpers.BAD_LINK) is a fabric row
+    # the page reads link_results for this node only; its rows must be the link_matrix_latest view's
+    want = sorted((peer, probe, f"{gbits:,.1f}" if gbits is not None else "–") for peer, probe, gbits in sql(col, f"""
+        SELECT CASE WHEN node_a = '{node_id}' THEN node_b ELSE node_a END, probe, send_gbits_per_s
+        FROM link_matrix_latest WHERE '{node_id}' IN (node_a, node_b)"""))
+    assert want and sorted((r[0], r[1], r[2]) for r in cells(page, "links")) == want
 
 
 def test_job_view_numbers_match_sql(console):

@@ -192,10 +192,24 @@ def cert_principal(auth_context: dict) -> Principal | None:
     subject = b"".join(auth_context.get("x509_subject", [])).decode(errors="replace")
     cn = b"".join(auth_context.get("x509_common_name", [])).decode(errors="replace")
     sans = [s.decode(errors="replace") for s in auth_context.get("x509_subject_alternative_name", [])]
-    name = cn or (sans[0] if sans else "")
+    ous = {m.lower() for m in re.findall(r"(?:^|,)OU=([^,]+)", subject)}
+    return _cert_role(cn or (sans[0] if sans else ""), ous)
+
+
+def peer_cert_principal(cert: dict | None) -> Principal | None:
+    """The principal of a client certificate that Python's ssl verified (``SSLSocket.getpeercert()``), by
+    the same rule as gRPC's: the console's HTTPS uses the collector's client CA too."""
+    if not cert:
+        return None
+    fields = [(k, v) for rdn in cert.get("subject", ()) for k, v in rdn]
+    cn = next((v for k, v in fields if k == "commonName"), "")
+    sans = [v for k, v in cert.get("subjectAltName", ()) if k == "DNS"]
+    return _cert_role(cn or (sans[0] if sans else ""), {v.lower() for k, v in fields if k == "organizationalUnitName"})
+
+
+def _cert_role(name: str, ous: set[str]) -> Principal | None:
     if not name:
         return None
-    ous = {m.lower() for m in re.findall(r"(?:^|,)OU=([^,]+)", subject)}
     for role in ("admin", "query"):
         if role in ous:
             return Principal(frozenset({role}), None, f"the {role} certificate {name!r}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import socket
+import ssl
 from pathlib import Path
 
 import grpc
@@ -85,6 +86,7 @@ class TlsFiles:
         self.cert, self.key, self.client_ca = cert, key, client_ca
         self._config = self._read()
         self._fresh = False
+        self._ssl: ssl.SSLContext | None = None
 
     def _read(self):
         try:
@@ -106,6 +108,23 @@ class TlsFiles:
         """Read the files again (CollectorError, keeping the current ones, when they are unusable)."""
         self._config = self._read()
         self._fresh = True
+        self._ssl = None
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """The same files for the console's HTTPS: a client certificate is asked for (and verified against
+        the client CA) but not required, so a browser without one can still log in with a token. Rebuilt
+        after ``reload``, so new connections get the rotated files as gRPC's do."""
+        if self._ssl is None:
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            try:
+                ctx.load_cert_chain(self.cert, self.key)
+                if self.client_ca:
+                    ctx.load_verify_locations(self.client_ca)
+                    ctx.verify_mode = ssl.CERT_OPTIONAL
+            except (OSError, ssl.SSLError) as exc:
+                raise CollectorError(f"cannot use the TLS files for the console: {exc}") from None
+            self._ssl = ctx
+        return self._ssl
 
     def fetch(self):
         if not self._fresh:

@@ -18,6 +18,7 @@ import html
 import json
 import logging
 import secrets
+import ssl
 import threading
 import time
 from datetime import datetime, timezone
@@ -25,7 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
 
-from gpuagent.collector.ingest.auth import ANYONE, AuthPolicy, Principal
+from gpuagent.collector.ingest.auth import ANYONE, AuthPolicy, Principal, peer_cert_principal
 from gpuagent.collector.views import console_data as cd
 from gpuagent.collector.views import svgplot
 from gpuagent.common.errors import first_line
@@ -120,8 +121,8 @@ def page_html(title: str, body: str, synthetic: int) -> str:
 # ------------------------------------------------------------------------------------------ views
 
 class TtlCache:
-    """The fleet page's figures, computed at most once every ``ttl_s`` per metric: they span a day and an hour
-    of rollups, so any number of people with the page open (it reloads every minute) cost one read."""
+    """The fleet page's figures, computed at most once every ``ttl_s`` per metric and window: they span up to a
+    day of rollups, so any number of people with the page open (it reloads every minute) cost one read."""
 
     def __init__(self, ttl_s: float = FLEET_CACHE_S):
         self.ttl_s = ttl_s
@@ -143,9 +144,14 @@ def view_fleet(r: cd.Reader, q: dict[str, str], cache: TtlCache | None = None) -
     metric = q.get("metric") or "gpu_util_percent"
     if metric not in cd.HEATMAP_METRICS:
         raise ValueError(f"metric {metric!r} is not one the heatmap offers ({', '.join(cd.HEATMAP_METRICS)})")
-    d = cache.get(metric, lambda: cd.fleet(r, metric)) if cache is not None else cd.fleet(r, metric)
+    window = q.get("window") or cd.FLEET_WINDOW_DEFAULT
+    if window not in cd.FLEET_WINDOWS_S:
+        raise ValueError(f"window {window!r} is not one the fleet page offers ({', '.join(cd.FLEET_WINDOWS_S)})")
+    window_s = cd.FLEET_WINDOWS_S[window]
+    compute = lambda: cd.fleet(r, metric, window_s)  # noqa: E731
+    d = cache.get(f"{metric} {window}", compute) if cache is not None else compute()
     cards = "".join(f'<span class="{s}" id="open-{s}">{d["severities"].get(s, 0)} {s}</span>' for s in cd.SEVERITIES)
-    pools = table(["pool", "nodes", "GPUs", "GPU-hours (24 h)", "effective GPU-hours", "lost GPU-hours",
+    pools = table(["pool", "nodes", "GPUs", f"GPU-hours ({window})", "effective GPU-hours", "lost GPU-hours",
                    "effective util %", "open flags", "virtualized nodes", "idle GPU-minutes %"],
                   [[link(f"/pool/{quote(p['pool'], safe='')}", p["pool"]), num(p.get("nodes"), 0), num(p.get("gpus"), 0),
                     num(p.get("gpu_hours")), num(p.get("effective_gpu_hours")),
@@ -157,16 +163,20 @@ def view_fleet(r: cd.Reader, q: dict[str, str], cache: TtlCache | None = None) -
                     f'<span class="{esc(k["severity"])}">{esc(k["severity"])}</span>', num(k["n"], 0)]
                    for k in d["kinds"]])
     options = "".join(f'<option{" selected" if m == metric else ""}>{esc(m)}</option>' for m in cd.HEATMAP_METRICS)
-    cells = [[c["node_id"], c["hostname"], c["pool"], None if c["value"] is None else round(float(c["value"]), 1)]
-             for c in d["cells"]]
+    # compact for 10,000 nodes: [node_id, hostname or 0 when it is the node_id, pool index, value]
+    pool_names = sorted({c["pool"] for c in d["cells"]})
+    index = {name: i for i, name in enumerate(pool_names)}
+    cells = [[c["node_id"], 0 if c["hostname"] in (None, c["node_id"]) else c["hostname"], index[c["pool"]],
+              None if c["value"] is None else round(float(c["value"]), 1)] for c in d["cells"]]
     data = json.dumps(cells, separators=(",", ":")).replace("</", "<\\/")
+    pools_js = json.dumps(pool_names).replace("</", "<\\/")
     vmax = 100.0 if metric.endswith("_percent") else max([c[3] for c in cells if c[3] is not None] or [1.0])
-    heat = f"""<form method="get" action="/"><label>heatmap of <select name="metric"
-onchange="this.form.submit()">{options}</select></label> (each node's average over the newest
+    heat = f"""<form method="get" action="/"><input type="hidden" name="window" value="{esc(window)}"><label>heatmap
+of <select name="metric" onchange="this.form.submit()">{options}</select></label> (each node's average over the newest
 {cd.HEATMAP_S // 60} minutes of the rollups; click a cell for the node)</form><canvas id="heatmap" width="960" height="40"></canvas>
 <p id="heatmap-note">{len(cells)} nodes with {esc(metric)} in the newest {cd.HEATMAP_S // 60} minutes; red is 0,
 green {num(vmax, 0)}, grey no data</p>
-<script>(function(){{var d={data},vmax={vmax},c=document.getElementById('heatmap'),x=c.getContext('2d');
+<script>(function(){{var d={data},pools={pools_js},vmax={vmax},c=document.getElementById('heatmap'),x=c.getContext('2d');
 var cols=Math.max(8,Math.min(96,Math.ceil(Math.sqrt(d.length*2)))),w=Math.min(48,Math.floor(960/cols)),h=Math.max(6,w-2);
 c.height=Math.max(40,Math.ceil(d.length/cols)*h);function col(v){{if(v===null)return'#ccc';var f=Math.max(0,
 Math.min(1,v/vmax));return'rgb('+Math.round(200-160*f)+','+Math.round(50+100*f+50*Math.sin(f*3.14))+',45)';}}
@@ -174,11 +184,13 @@ d.forEach(function(e,i){{x.fillStyle=col(e[3]);x.fillRect((i%cols)*w,Math.floor(
 c.onclick=function(ev){{var r=c.getBoundingClientRect(),i=Math.floor((ev.clientY-r.top)/h)*cols+Math.floor(
 (ev.clientX-r.left)/w);if(d[i])location.href='/node/'+encodeURIComponent(d[i][0]);}};
 c.onmousemove=function(ev){{var r=c.getBoundingClientRect(),i=Math.floor((ev.clientY-r.top)/h)*cols+Math.floor(
-(ev.clientX-r.left)/w);c.title=d[i]?d[i][1]+' ('+d[i][2]+'): '+d[i][3]:'';}};}})();</script>"""
+(ev.clientX-r.left)/w);c.title=d[i]?(d[i][1]||d[i][0])+' ('+pools[d[i][2]]+'): '+d[i][3]:'';}};}})();</script>"""
+    windows = " · ".join(esc(w) if w == window else link("/", w, window=w, metric=metric) for w in cd.FLEET_WINDOWS_S)
     body = (f'<p>{num(d["nodes"], 0)} nodes; data up to {esc(when(d["end"]))}. Open findings by severity:</p>'
             f'<div class="cards">{cards}</div>'
-            f"<h2>Pools</h2><p>GPU-hours and utilization over the 24 h before the newest rollup minute; lost GPU-hours "
-            f"are GPU-hours times (1 - utilization).</p>{pools}<h2>Open findings by kind</h2>{kinds}<h2>Nodes</h2>{heat}")
+            f'<h2>Pools</h2><p id="pool-window">GPU-hours and utilization over the {esc(window)} before the newest '
+            f"rollup minute; lost GPU-hours are GPU-hours times (1 - utilization). Window: {windows}. A longer "
+            f"window reads more rollup rows.</p>{pools}<h2>Open findings by kind</h2>{kinds}<h2>Nodes</h2>{heat}")
     return "Fleet", body
 
 
@@ -240,7 +252,7 @@ def view_node(r: cd.Reader, node_id: str, q: dict[str, str]) -> tuple[str, str] 
     links = table(["peer", "probe", "send Gbit/s", "receive Gbit/s", "RTT p50 µs", "status", "measured"],
                   [[node_link(x["peer"], x["peer"]), esc(x["probe"]), num(x["send_gbits_per_s"]),
                     num(x["recv_gbits_per_s"]), num(x["rtt_p50_us"]), esc(x["status"]), esc(when(x["ended_at"]))]
-                   for x in d["links"]])
+                   for x in d["links"]], "links")
     probes = table(["probe", "metric", "median", "runs", "last run"],
                    [[esc(p["probe"]), esc(p["metric"]), num(p["value"], 2), num(p["runs"], 0), esc(when(p["last"]))]
                     for p in d["probes"]])
@@ -312,7 +324,9 @@ class Console:
         self.served = 0
         self.fleet_cache = TtlCache(FLEET_CACHE_S if fleet_cache_s is None else fleet_cache_s)
 
-    def principal(self, headers, cookie: str | None) -> tuple[Principal | None, str]:
+    def principal(self, headers, cookie: str | None, peer_cert: dict | None = None) -> tuple[Principal | None, str]:
+        """Who asks: a bearer header, else a session cookie, else a verified client certificate (HTTPS with
+        the collector's client CA), by the same rules as the gRPC front door."""
         if not self.policy.enabled:
             return ANYONE, ""
         got = headers.get("Authorization")
@@ -323,8 +337,13 @@ class Console:
                 entry = self._sessions.get(cookie)
             if entry and entry[1] > time.time():
                 return entry[0], ""
-        return None, "this console needs a token with the query role: open /login?token=<token> once, or send " \
-                     "'Authorization: Bearer <token>'"
+        if self.policy.client_certs:
+            p = peer_cert_principal(peer_cert)
+            if p is not None:
+                return p, ""
+        return None, ("this console needs a token with the query role: open /login?token=<token> once, or send "
+                      "'Authorization: Bearer <token>'"
+                      + (", or a client certificate with OU=query" if self.policy.client_certs else ""))
 
     def login(self, token: str) -> tuple[str | None, str]:
         p, why = self.policy.authenticate([(AUTHORIZATION_KEY, BEARER_PREFIX + token)], None) if self.policy.enabled \
@@ -406,7 +425,8 @@ def _handler(console: Console):
                     return self._send(401, page_html("Login", f"<p>{esc(why)}.</p>", 0))
                 return self._send(303, "", {"Location": "/", "Set-Cookie": f"{COOKIE}={sid}; HttpOnly; "
                                             f"SameSite=Strict; Path=/; Max-Age={SESSION_S}"})
-            principal, why = console.principal(self.headers, self._cookie())
+            peer = self.connection.getpeercert() if isinstance(self.connection, ssl.SSLSocket) else None
+            principal, why = console.principal(self.headers, self._cookie(), peer)
             if principal is None:
                 return self._send(401, page_html("Login needed", f"<p>{esc(why)}.</p><form method='get' "
                                                  "action='/login'><input name='token' type='password' size='40'> "
@@ -438,25 +458,58 @@ def _handler(console: Console):
     return Handler
 
 
-class ConsoleServer:
-    """The console's HTTP server on its own threads."""
+class _HttpsServer(ThreadingHTTPServer):
+    """HTTPS with the handshake in each connection's own thread, so a slow or failed handshake (a
+    certificate from another CA, a plain-HTTP client) never holds up the others."""
 
-    def __init__(self, console: Console, listen: str):
+    daemon_threads = True
+    handshake_timeout_s = 10.0
+
+    def __init__(self, address, handler, tls):
+        self.tls = tls
+        super().__init__(address, handler)
+
+    def finish_request(self, request, client_address):
+        request.settimeout(self.handshake_timeout_s)
+        try:
+            request = self.tls.ssl_context().wrap_socket(request, server_side=True)
+        except (OSError, ssl.SSLError) as exc:
+            log.debug("console TLS handshake with %s failed: %s", client_address[0], exc)
+            request.close()
+            return
+        request.settimeout(None)
+        try:
+            super().finish_request(request, client_address)
+        finally:
+            self.shutdown_request(request)
+
+    def handle_error(self, request, client_address):
+        log.debug("console connection from %s ended with an error", client_address[0], exc_info=True)
+
+
+class ConsoleServer:
+    """The console's HTTP server (HTTPS when the collector has TLS files) on its own threads."""
+
+    def __init__(self, console: Console, listen: str, tls=None):
         try:
             host, port = split_host_port(listen)
         except AddressError as exc:
             raise ConsoleError(f"--ui-listen {listen!r}: {exc}") from None
         if not is_loopback(host) and not console.policy.enabled:
             raise ConsoleError(f"the console on {listen} would show the fleet's data to anyone who can reach it: "
-                               "give the collector a token (--token or --tokens-file), or listen on loopback")
+                               "give the collector a token (--token or --tokens-file) or a client CA "
+                               "(--tls-client-ca), or listen on loopback")
         try:
-            self.httpd = ThreadingHTTPServer((host.strip("[]"), port), _handler(console))
+            address = (host.strip("[]"), port)
+            self.httpd = _HttpsServer(address, _handler(console), tls) if tls is not None \
+                else ThreadingHTTPServer(address, _handler(console))
         except OSError as exc:
             raise ConsoleError(f"cannot listen on {listen} for the console: {exc.strerror or exc}") from None
         self.httpd.daemon_threads = True
         self.console = console
         self.port = self.httpd.server_address[1]
         self.address = f"{host}:{self.port}"
+        self.scheme = "https" if tls is not None else "http"
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="gpuagent-console", daemon=True)
         self._thread.start()
 
@@ -467,5 +520,6 @@ class ConsoleServer:
 
 
 def start_console(cursor_factory: Callable[[], Any], policy: AuthPolicy, listen: str,
-                  fleet_cache_s: float | None = None) -> ConsoleServer:
-    return ConsoleServer(Console(cursor_factory, policy, fleet_cache_s), listen)
+                  fleet_cache_s: float | None = None, tls=None) -> ConsoleServer:
+    """``tls``: the collector's TlsFiles (ingest/listen.py) to serve HTTPS with, or None for HTTP."""
+    return ConsoleServer(Console(cursor_factory, policy, fleet_cache_s), listen, tls)
