@@ -97,11 +97,12 @@ class Run:
 
 
 def _run_job(tmp: Path, *job_args: str, stress: list[str] | None = None, stress_s: float | None = STRESS_S,
-             during_span_s: float = 0.0, finish: bool = True, job_s: float = JOB_S) -> Run:
+             during_span_s: float = 0.0, finish: bool = True, job_s: float = JOB_S, heavy: bool = True) -> Run:
     """Run one untracked job; with ``stress`` a stress-ng co-tenant (those arguments) starts after the job's
     first QUIET_S seconds of ticks and runs ``stress_s`` seconds (None: until the job is stopped). One pass
     runs while the job does: DURING_TICKS ticks after the co-tenant came, else once the job's ticks span
-    ``during_span_s``. With ``finish`` the job trains its ``job_s`` and a second pass runs after it ended."""
+    ``during_span_s``. With ``finish`` the job trains its ``job_s`` and a second pass runs after it ended.
+    ``heavy``: the co-tenant's session gets the weight of about nine (see the module's docstring)."""
     col = server.start_collector(tmp / "collector.duckdb", "127.0.0.1:0", analyze=False)
     cfg = tmp / "agent.toml"
     cfg.write_text("[jobs]\nscan_interval_s = 0.5\nend_grace_s = 2\n")
@@ -129,7 +130,8 @@ def _run_job(tmp: Path, *job_args: str, stress: list[str] | None = None, stress_
             timeout = [] if stress_s is None else ["--timeout", f"{stress_s}s"]
             stressor = subprocess.Popen(["stress-ng", *stress, *timeout], stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL, start_new_session=True)
-            _heavy_session(stressor.pid)
+            if heavy:
+                _heavy_session(stressor.pid)
             wait_for(lambda: _co_tenant_ticks(col.address) >= DURING_TICKS, timeout=job_s, interval=0.5,
                      what=f"{DURING_TICKS} ticks that saw the co-tenant")
             for pid in _children(stressor.pid) + [stressor.pid]:
@@ -209,14 +211,14 @@ def _nothing_blamed_on_a_neighbour(run: Run) -> None:
               f"(avg {ev['cause_level_contended']:.1f} % in the episode, {ev['cause_level_around']:.1f} % around)")
 
 
-def _co_tenant_flag(flags: list[dict], comms: list[str]) -> dict:
+def _co_tenant_flag(flags: list[dict], comms: list[str], min_lost: float = 0.2) -> dict:
     """The one co_tenant flag, naming a stress-ng process that ran, with the job's CPU share as progress."""
     assert comms and all(c.startswith("stress-ng") for c in comms), comms
     (flag,) = [f for f in flags if f["component"] == "co_tenant"]
     named = {n["comm"] for n in flag["evidence"]["neighbours"]}
     assert named & set(comms), f"stress-ng named in {named}"
     assert flag["evidence"]["progress_source"] == "cpu_share"
-    assert flag["evidence"]["progress_lost_fraction"] >= 0.2
+    assert flag["evidence"]["progress_lost_fraction"] >= min_lost
     assert "stress-ng" in flag["sentence"] and "lost" in flag["sentence"]
     return flag
 
@@ -241,9 +243,13 @@ def test_cpu_co_tenant_flags_while_there_and_is_confirmed_after_it_left(tmp_path
 # arithmetic out of cache), the caches (stress-ng --cache thrashes them) and memory bandwidth (--stream, STREAM's
 # copy/scale/add/triad over arrays larger than the caches). Each job trains UNTIL_END_JOB_S: QUIET_S of
 # reference ticks, then the co-tenant until the end (past the DURING_TICKS of the first pass).
+# The CPU one runs as the issue found it: its session gets no extra weight, so its two workers take about 80 %
+# of a core and the job loses under 20 % of its progress (17-19 % in a 150 s run of the issue's case,
+# 2026-12-07), the case the 0.20 threshold missed; (args, worker comm, extra weight, least lost fraction).
 UNTIL_END_JOB_S = 38.0
-CO_TENANTS_UNTIL_THE_END = {"cpu": (["--cpu", "2"], "stress-ng-cpu"), "cache": (["--cache", "2"], "stress-ng-cache"),
-                            "memory_bandwidth": (["--stream", "2"], "stress-ng-strea")}
+CO_TENANTS_UNTIL_THE_END = {"cpu": (["--cpu", "2"], "stress-ng-cpu", False, 0.1),
+                            "cache": (["--cache", "2"], "stress-ng-cache", True, 0.2),
+                            "memory_bandwidth": (["--stream", "2"], "stress-ng-strea", True, 0.2)}
 
 
 @needs("stress-ng")
@@ -252,12 +258,12 @@ def test_a_co_tenant_that_stays_until_the_job_ends_is_flagged_while_there_and_af
     """The pass while the co-tenant runs opens the flag ("ongoing", judged against the ticks before it); the
     pass after the job keeps that flag, now "until_job_end" (still only the window before it to compare with:
     there is no after). Both name the co-tenant's workers in the evidence."""
-    args, worker_comm = CO_TENANTS_UNTIL_THE_END[competes_for]
-    run = _run_job(tmp_path, stress=args, stress_s=None, job_s=UNTIL_END_JOB_S)
+    args, worker_comm, heavy, min_lost = CO_TENANTS_UNTIL_THE_END[competes_for]
+    run = _run_job(tmp_path, stress=args, stress_s=None, job_s=UNTIL_END_JOB_S, heavy=heavy)
     print(json.dumps({"during": run.during, "after": run.after}, indent=1))
-    now = _co_tenant_flag(run.during, run.comms)
+    now = _co_tenant_flag(run.during, run.comms, min_lost)
     assert now["evidence"]["episode"] == "ongoing" and now["evidence"]["judged_against"] == "before"
-    then = _co_tenant_flag(run.after, run.comms)
+    then = _co_tenant_flag(run.after, run.comms, min_lost)
     assert then["flag_id"] == now["flag_id"], "the same flag, updated"
     assert then["evidence"]["episode"] == "until_job_end" and then["evidence"]["judged_against"] == "before"
     assert then["evidence"]["contended_s"] >= now["evidence"]["contended_s"]
