@@ -462,7 +462,6 @@ class _HttpsServer(ThreadingHTTPServer):
     """HTTPS with the handshake in each connection's own thread, so a slow or failed handshake (a
     certificate from another CA, a plain-HTTP client) never holds up the others."""
 
-    daemon_threads = True
     handshake_timeout_s = 10.0
 
     def __init__(self, address, handler, tls):

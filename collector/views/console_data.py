@@ -13,7 +13,12 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from gpuagent.collector.views.dialect import DUCKDB
 from gpuagent.collector.views.sqlguard import run_readonly
+
+# Time bounds are TIMESTAMP literals (to_timestamp(s)::TIMESTAMP, folded once): a bare to_timestamp() is a
+# TIMESTAMPTZ, which makes DuckDB cast the TIMESTAMP column on every row and skip no row group.
+ts = DUCKDB.ts
 
 PAGE_ROWS = 50
 MAX_ROWS = 20_000          # the heatmap of a 10,000-node fleet is one row per node
@@ -59,16 +64,6 @@ class Page:
         return max(1, math.ceil(self.total / PAGE_ROWS))
 
 
-def epoch_us(epoch_s: float) -> int:
-    return int(round(epoch_s * 1e6))
-
-
-def ts(epoch_s: float) -> str:
-    """A TIMESTAMP literal for the tables' naive-UTC TIMESTAMP columns. Not to_timestamp(), whose TIMESTAMPTZ
-    makes DuckDB cast the column on every row and skip no row group: 5 to 20 times slower over the rollups."""
-    return f"make_timestamp({epoch_us(epoch_s)})"
-
-
 def synthetic_nodes(r: Reader) -> int:
     row = r.one("SELECT count(*) FILTER (WHERE synthetic) AS n FROM nodes")
     return int(row["n"]) if row else 0
@@ -92,8 +87,8 @@ util AS (
     SELECT s.node_id, count(*) AS gpu_minutes, sum(s.avg) AS util_sum,
            count(*) FILTER (WHERE s.avg < 10) AS idle_minutes
     FROM samples_1m s
-    WHERE s.metric = 'gpu_util_percent' AND s.gpu IS NOT NULL AND s.minute > make_timestamp({start_us})
-      AND s.minute <= make_timestamp({end_us})
+    WHERE s.metric = 'gpu_util_percent' AND s.gpu IS NOT NULL AND s.minute > {start}
+      AND s.minute <= {end}
     GROUP BY s.node_id
 ), flags AS (SELECT node_id, count(*) AS open_flags FROM flags WHERE state = 'open' GROUP BY node_id)
 SELECT n.pool, count(*) AS nodes, count(*) FILTER (WHERE n.virtualized) AS virtualized_nodes,
@@ -118,7 +113,7 @@ def fleet(r: Reader, metric: str, window_s: float = FLEET_WINDOWS_S[FLEET_WINDOW
     pools: list[dict[str, Any]] = []
     cells: list[dict[str, Any]] = []
     if end is not None:
-        pools = r.query(SQL_POOLS.format(start_us=epoch_us(end - window_s), end_us=epoch_us(end)))
+        pools = r.query(SQL_POOLS.format(start=ts(end - window_s), end=ts(end)))
         cells = r.query(f"""
             WITH v AS (SELECT node_id, avg(avg) AS value FROM samples_1m
                        WHERE metric = {lit(metric)} AND minute > {ts(end - HEATMAP_S)} AND avg IS NOT NULL
