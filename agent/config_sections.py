@@ -235,15 +235,20 @@ class ProbesConfig:
 
 @dataclass(frozen=True)
 class FabricConfig:
-    """The ``[fabric]`` table: whether this node takes part in fleet pair probes (agent/probing/fabric.py), and
-    where peers reach it. ``address`` wins over ``interface`` (whose first IPv4 address is used). The
-    port range is this node's firewall opening, so it wins over the range the collector offers."""
+    """The ``[fabric]`` table: whether this node takes part in fleet pair probes (agent/probing/fabric.py) and
+    path probes (agent/probing/paths.py), and where peers reach it. ``address`` wins over ``interface``
+    (whose first IPv4 address is used). The port range is this node's firewall opening, so it wins over the
+    range the collector offers."""
 
     enabled: bool = False
     address: str = ""                   # the address peers connect to
     interface: str = ""                 # or: the NIC whose IPv4 address peers connect to
     port_lo: int = 0                    # the listening end binds in [port_lo, port_hi] when the
     port_hi: int = 0                    # collector's offered range (0, 0: the offer's range)
+    paths: bool = True                  # path probes (agent/probing/paths.py): a UDP echo responder and the
+    #                                     probes of the collector's pinglists, when enabled
+    path_port: int = 0                  # the responder's UDP port; 0: the first free one in [port_lo, port_hi],
+    #                                     or any free port when there is no range
 
 
 FABRIC_KEYS = {f.name for f in fields(FabricConfig)}

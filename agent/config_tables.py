@@ -52,12 +52,15 @@ def _check_fabric(table: dict[str, Any], src: str) -> FabricConfig:
         name = f"fabric.{k}"
         if k not in FABRIC_KEYS:
             raise ConfigError(f"unknown key {name!r} (from {src}); expected one of {', '.join(sorted(FABRIC_KEYS))}.")
-        if k == "enabled":
+        if k in ("enabled", "paths"):
             out[k] = _as_bool(v, name, src)
         elif k in ("address", "interface"):
             out[k] = _as_str(v, name, src).strip()
         else:
-            out[k] = int(_as_float(v, name, src, minimum=0, maximum=65535))
+            port = _as_float(v, name, src, minimum=0, maximum=65535)
+            if k == "path_port" and port != int(port):
+                raise ConfigError(f"{_where(src, name)} must be a whole UDP port number (0: a free one), not {v!r}.")
+            out[k] = int(port)
     cfg = FabricConfig(**out)
     if (cfg.port_lo == 0) != (cfg.port_hi == 0) or cfg.port_lo > cfg.port_hi:
         raise ConfigError(f"fabric.port_lo and fabric.port_hi (from {src}) must both be 0 or a range lo <= hi, "

@@ -25,8 +25,8 @@ from typing import Any
 
 from gpuagent import __version__
 from gpuagent.agent.config import AgentConfig
-from gpuagent.agent.daemon_components import (EXTRA_FACTORIES, build_node_info, default_samplers,
-                                              hardware_sampler, start_exporter, start_fabric,
+from gpuagent.agent.daemon_components import (EXTRA_FACTORIES, bind_path_responder, build_node_info,
+                                              default_samplers, hardware_sampler, start_exporter, start_fabric,
                                               start_job_step_receiver, start_probe_scheduler)
 from gpuagent.agent.daemon_state_dir import LOCK_FILE, StartupError, _state_dir_problem, lock_state_dir
 from gpuagent.agent.daemon_status import AgentStatus
@@ -39,8 +39,8 @@ from gpuagent.proto import pb
 
 __all__ = [
     "EXTRA_FACTORIES", "LOCK_FILE", "SHUTDOWN_SEND_GRACE_S", "Agent", "AgentStatus", "StartupError",
-    "build_node_info", "default_samplers", "hardware_sampler", "lock_state_dir", "run_agent", "setup_logging",
-    "start_exporter", "start_fabric", "start_job_step_receiver", "start_probe_scheduler",
+    "bind_path_responder", "build_node_info", "default_samplers", "hardware_sampler", "lock_state_dir", "run_agent",
+    "setup_logging", "start_exporter", "start_fabric", "start_job_step_receiver", "start_probe_scheduler",
 ]
 
 log = logging.getLogger("gpuagent.daemon")
@@ -85,6 +85,8 @@ class Agent(AgentStatus):
         self.job_steps: Any = None           # the JobStepReceiver when listening
         self.unavailable: list[str] = []     # optional parts that could not start (for status)
         self.exporter: Any = None            # the /metrics endpoint when [exporter] listen is set
+        # The path-probe echo responder ([fabric] paths), bound now so that Register carries its port.
+        self.path_responder: Any = bind_path_responder(self)
         self._sampler_errors: set[tuple[str, str]] = set()
         # The GPU sampler's events pass through the hardware sampler's XID ledger (kernel-log dedup).
         self._sinks: dict[int, Any] = {}
@@ -159,6 +161,8 @@ class Agent(AgentStatus):
                                   "in_container": str(fp.in_container).lower(),
                                   # when the node booted: the hardware rules tell a reboot from an agent restart
                                   "boot_ns": str(time.time_ns() - time.clock_gettime_ns(time.CLOCK_BOOTTIME))})
+        if self.path_responder is not None:
+            self.path_responder.start()
         self.sender.start()
         self._start_extras()
         self.notifier.ready(f"sampling every {cfg.interval_s:g} s, collector {cfg.collector.address}")
@@ -236,6 +240,8 @@ class Agent(AgentStatus):
                 x.stop()
             except Exception:  # noqa: BLE001
                 log.exception("stopping %r failed", x)
+        if self.path_responder is not None:
+            self.path_responder.close()
         if self.job_steps is not None:
             try:   # the training steps of the open window would otherwise be lost
                 self.job_steps.flush_window(time.time_ns(), self.batcher)

@@ -1,7 +1,7 @@
 """What the daemon wires together: its samplers, the node info it registers with, and its optional parts.
 
 Apart from the Agent (daemon.py), which runs them: this is the one place that knows which sampler, scheduler
-integration, listener, probe scheduler, exporter and fabric client a node gets from its config, each built
+integration, listener, probe scheduler, exporter, fabric client and path-probe responder a node gets from its config, each built
 lazily so a part that is off costs no import. The Agent calls them through gpuagent.agent.daemon, which
 re-exports every name here.
 """
@@ -92,6 +92,32 @@ def build_node_info(cfg: AgentConfig, samplers: list[Sampler]) -> pb.NodeInfo:
     return info
 
 
+def bind_path_responder(agent: Agent) -> Any:
+    """The path-probe echo responder (gpuagent.agent.probing.paths), bound on the fabric address before
+    Register so that its port goes out as ``NodeInfo.path_port``; the daemon starts it with the sender and
+    closes it at shutdown. None when ``[fabric]`` or its ``paths`` is off; a port that cannot be bound
+    leaves path_port 0 (peers then do not probe this node) and is reported once."""
+    fab, info = agent.cfg.fabric, agent.node_info
+    if not (fab.enabled and fab.paths and info.fabric_address):
+        return None
+    from gpuagent.agent.probing.paths import PathError, PathResponder
+    try:
+        responder = PathResponder(info.fabric_address, fab.path_port, (fab.port_lo, fab.port_hi))
+    except PathError as exc:
+        return _unavailable(agent, "path_responder", f"{exc}; peers cannot probe paths to this node (change "
+                            "[fabric] path_port or port_lo-port_hi)")
+    info.path_port = responder.port
+    return responder
+
+
+def _unavailable(agent: Agent, component: str, msg: str) -> None:
+    """A part that could not start: logged, sent as an event, listed under Unavailable; the rest runs on."""
+    log.warning(msg)
+    agent.batcher.event("component_unavailable", msg, attrs={"component": component})
+    agent.unavailable.append(msg)
+    return None
+
+
 def _peak_flops_lookup(samplers: list[Any]):
     """(pid, local_rank) -> the dense BF16 peak in FLOP/s of the GPU the rank uses, for MFU.
 
@@ -127,11 +153,8 @@ def start_job_step_receiver(agent: Agent) -> None:
     try:
         receiver.start()
     except JobSocketError as exc:
-        msg = f"{exc}; training-step tracking is off (set [jobs] step_socket or GPUAGENT_JOBS_SOCKET)"
-        log.warning(msg)
-        agent.batcher.event("component_unavailable", msg, attrs={"component": "job_steps"})
-        agent.unavailable.append(msg)
-        return None
+        return _unavailable(agent, "job_steps", f"{exc}; training-step tracking is off (set [jobs] step_socket "
+                            "or GPUAGENT_JOBS_SOCKET)")
     agent.samplers.append(receiver)
     agent.job_steps = receiver
     for s in agent.samplers:   # tracked processes are jobs too, under the id the receiver uses

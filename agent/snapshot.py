@@ -427,6 +427,7 @@ class FabricStatus:
     last_message_ns: int                # when the collector last sent an assignment (0: never)
     counts: dict[str, int]              # accepted, busy, cancelled, result:<status>
     recent: list[FabricRun]
+    paths: dict[str, Any] | None = None     # path probes' pinglist, counters, last summary (None: off)
 
 
 @dataclass

@@ -63,7 +63,7 @@ class Fingerprint(_message.Message):
     def __init__(self, cpuid_hypervisor_bit: _Optional[bool] = ..., cpuid_hypervisor_vendor: _Optional[str] = ..., dmi_sys_vendor: _Optional[str] = ..., dmi_product_name: _Optional[str] = ..., sys_hypervisor_type: _Optional[str] = ..., container_markers: _Optional[_Iterable[str]] = ..., container_runtime: _Optional[str] = ..., nvml_virtualization_mode: _Optional[str] = ..., virt_type: _Optional[str] = ..., virtualized: _Optional[bool] = ..., in_container: _Optional[bool] = ..., clocksource: _Optional[str] = ...) -> None: ...
 
 class NodeInfo(_message.Message):
-    __slots__ = ("hostname", "machine_id", "agent_version", "labels", "cpu_model", "cpu_cores_logical", "cpu_cores_physical", "memory_total_bytes", "kernel", "driver_version", "cuda_version", "gpus", "fingerprint", "numa_nodes", "os", "boot_time_ns", "fabric_address")
+    __slots__ = ("hostname", "machine_id", "agent_version", "labels", "cpu_model", "cpu_cores_logical", "cpu_cores_physical", "memory_total_bytes", "kernel", "driver_version", "cuda_version", "gpus", "fingerprint", "numa_nodes", "os", "boot_time_ns", "fabric_address", "path_port")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -88,6 +88,7 @@ class NodeInfo(_message.Message):
     OS_FIELD_NUMBER: _ClassVar[int]
     BOOT_TIME_NS_FIELD_NUMBER: _ClassVar[int]
     FABRIC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    PATH_PORT_FIELD_NUMBER: _ClassVar[int]
     hostname: str
     machine_id: str
     agent_version: str
@@ -105,7 +106,8 @@ class NodeInfo(_message.Message):
     os: str
     boot_time_ns: int
     fabric_address: str
-    def __init__(self, hostname: _Optional[str] = ..., machine_id: _Optional[str] = ..., agent_version: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., cpu_model: _Optional[str] = ..., cpu_cores_logical: _Optional[int] = ..., cpu_cores_physical: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., kernel: _Optional[str] = ..., driver_version: _Optional[str] = ..., cuda_version: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., fingerprint: _Optional[_Union[Fingerprint, _Mapping]] = ..., numa_nodes: _Optional[int] = ..., os: _Optional[str] = ..., boot_time_ns: _Optional[int] = ..., fabric_address: _Optional[str] = ...) -> None: ...
+    path_port: int
+    def __init__(self, hostname: _Optional[str] = ..., machine_id: _Optional[str] = ..., agent_version: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., cpu_model: _Optional[str] = ..., cpu_cores_logical: _Optional[int] = ..., cpu_cores_physical: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., kernel: _Optional[str] = ..., driver_version: _Optional[str] = ..., cuda_version: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., fingerprint: _Optional[_Union[Fingerprint, _Mapping]] = ..., numa_nodes: _Optional[int] = ..., os: _Optional[str] = ..., boot_time_ns: _Optional[int] = ..., fabric_address: _Optional[str] = ..., path_port: _Optional[int] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
     __slots__ = ("node",)
@@ -382,7 +384,7 @@ class AssignmentsRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ...) -> None: ...
 
 class Assignment(_message.Message):
-    __slots__ = ("kind", "pair_id", "role", "peer_node_id", "peer_address", "port_lo", "port_hi", "port", "secret", "probe", "params", "deadline_ns", "reason", "node_a", "node_b", "members", "node_rank")
+    __slots__ = ("kind", "pair_id", "role", "peer_node_id", "peer_address", "port_lo", "port_hi", "port", "secret", "probe", "params", "deadline_ns", "reason", "node_a", "node_b", "members", "node_rank", "peer_addresses", "epoch")
     class ParamsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -407,6 +409,8 @@ class Assignment(_message.Message):
     NODE_B_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     NODE_RANK_FIELD_NUMBER: _ClassVar[int]
+    PEER_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     kind: str
     pair_id: str
     role: str
@@ -424,7 +428,9 @@ class Assignment(_message.Message):
     node_b: str
     members: _containers.RepeatedScalarFieldContainer[str]
     node_rank: int
-    def __init__(self, kind: _Optional[str] = ..., pair_id: _Optional[str] = ..., role: _Optional[str] = ..., peer_node_id: _Optional[str] = ..., peer_address: _Optional[str] = ..., port_lo: _Optional[int] = ..., port_hi: _Optional[int] = ..., port: _Optional[int] = ..., secret: _Optional[str] = ..., probe: _Optional[str] = ..., params: _Optional[_Mapping[str, str]] = ..., deadline_ns: _Optional[int] = ..., reason: _Optional[str] = ..., node_a: _Optional[str] = ..., node_b: _Optional[str] = ..., members: _Optional[_Iterable[str]] = ..., node_rank: _Optional[int] = ...) -> None: ...
+    peer_addresses: _containers.RepeatedScalarFieldContainer[str]
+    epoch: int
+    def __init__(self, kind: _Optional[str] = ..., pair_id: _Optional[str] = ..., role: _Optional[str] = ..., peer_node_id: _Optional[str] = ..., peer_address: _Optional[str] = ..., port_lo: _Optional[int] = ..., port_hi: _Optional[int] = ..., port: _Optional[int] = ..., secret: _Optional[str] = ..., probe: _Optional[str] = ..., params: _Optional[_Mapping[str, str]] = ..., deadline_ns: _Optional[int] = ..., reason: _Optional[str] = ..., node_a: _Optional[str] = ..., node_b: _Optional[str] = ..., members: _Optional[_Iterable[str]] = ..., node_rank: _Optional[int] = ..., peer_addresses: _Optional[_Iterable[str]] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class AssignmentAnswer(_message.Message):
     __slots__ = ("node_id", "pair_id", "accepted", "reason", "port", "finished", "status")

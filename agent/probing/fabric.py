@@ -22,7 +22,8 @@ carries ``group_id``, ``members`` and ``group_params`` in its params, which puts
 An ``rdma_pair`` offer takes the same path as a group of two, [listener, connector]: refused with the
 probe's own reason when this node has no RDMA device or perftest; the listener answers with a port whose
 successor is free too (perftest's latency run uses it); its result carries ``node_a``/``node_b`` like a
-net_pair's, which puts it in ``link_results``.
+net_pair's, which puts it in ``link_results``. A ``pinglist`` (probe ``path_probe``) goes to the path prober
+(agent/probing/paths.py, ``[fabric] paths``), which needs neither lock nor budget and answers nothing.
 """
 
 from __future__ import annotations
@@ -99,6 +100,7 @@ class FabricClient:
         self._stream_open = False
         self._stream_error = ""
         self._last_message_ns = 0
+        self.paths: Any = None            # the PathProber ([fabric] paths), which takes the pinglists
 
     # -- lifecycle
     def start(self) -> "FabricClient":
@@ -119,6 +121,8 @@ class FabricClient:
         for gid in groups:
             self._drop_group(gid)
         self._worker.stop(timeout)
+        if self.paths is not None:
+            self.paths.stop(timeout)
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -147,7 +151,8 @@ class FabricClient:
             recent = list(reversed(self._recent))
             counts = dict(self.counts)
         return FabricStatus(address=self.address, stream_open=self._stream_open, stream_error=self._stream_error,
-                            last_message_ns=self._last_message_ns, counts=counts, recent=recent)
+                            last_message_ns=self._last_message_ns, counts=counts, recent=recent,
+                            paths=self.paths.status() if self.paths is not None else None)
 
     # -- messages
     def _count(self, key: str) -> None:
@@ -165,6 +170,10 @@ class FabricClient:
             return False
 
     def _handle(self, node_id: str, msg: pb.Assignment) -> None:
+        if msg.kind == "pinglist":      # path probes: no answer, no lock, no budget
+            if self.paths is not None:
+                self.paths.take_pinglist(msg)
+            return None
         if msg.probe in GROUP_PROBES:
             return self._handle_group(node_id, msg)
         if msg.kind == "offer" and msg.probe not in ("", "net_pair"):
@@ -580,6 +589,9 @@ def start_fabric_client(agent: Any) -> "FabricClient | None":
                           budget=FabricBudget(sched), port_range=(cfg.fabric.port_lo, cfg.fabric.port_hi),
                           interface=iface)
     client._owns_channel = True
+    if cfg.fabric.paths:
+        from gpuagent.agent.probing.paths import start_path_prober
+        client.paths = start_path_prober(agent, client)
     speed = netif.link_speed_mbits(iface) if iface else None
     log.info("fabric probes on: peers reach this node at %s%s; NIC %s, line rate %s", client.address,
              f", ports {cfg.fabric.port_lo}-{cfg.fabric.port_hi}" if cfg.fabric.port_lo else "",

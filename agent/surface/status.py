@@ -154,6 +154,22 @@ def render(snap: StatusSnapshot, now_ns: int | None = None) -> str:
     return "\n".join(out)
 
 
+def _render_paths(p: dict[str, Any]) -> list[str]:
+    """The path probes' line (agent/probing/paths.py): pinglist, counters, responder; the last summary."""
+    epoch = "-" if p.get("epoch") is None else p["epoch"]
+    out = [f"          path probes: epoch {epoch}, {p.get('peers', 0)} peers; "
+           f"{p.get('paths_probed', 0)} paths probed, {p.get('suspects', 0)} suspects, datagrams "
+           f"{p.get('datagrams_sent', 0)} sent / {p.get('datagrams_lost', 0)} lost; responder port "
+           f"{p.get('responder_port', 'none')} ({p.get('echoed', 0)} echoed, {p.get('dropped', 0)} dropped)"]
+    last = p.get("last_summary") or {}
+    if last:
+        out.append(f"          last epoch {last.get('epoch')}: {last.get('status')}  "
+                   f"{_fmt(last.get('paths'), '.0f')} paths  rtt p50 {_fmt(last.get('rtt_p50_us'), '.0f', ' us')}  "
+                   f"train {_fmt(last.get('train_gbits_per_s'), '.2f', ' Gbit/s')}  "
+                   f"loss {_fmt(last.get('loss_ratio'), '.4f')}  {last.get('reason') or ''}".rstrip())
+    return out
+
+
 def _render_kubelet(k: KubeletStatus, gpus: list[GpuStatus]) -> list[str]:
     """Which containers hold which GPU, as the kubelet said (agent/schedulers/kubelet.py), or why it did not say."""
     age = "never" if k.last_answer_age_s is None else f"{k.last_answer_age_s:.0f} s ago"
@@ -190,6 +206,8 @@ def _render_fabric(fab: FabricStatus, now_ns: int) -> list[str]:
         stream = "assignments stream DOWN" + (f": {fab.stream_error}" if fab.stream_error else "")
     counts = "  ".join(f"{k} {v}" for k, v in sorted(fab.counts.items())) or "no assignments yet"
     out = [f"Fabric    peers reach this node at {fab.address or '?'}  {stream}  {counts}"]
+    if fab.paths is not None:
+        out += _render_paths(fab.paths)
     if not fab.recent:
         out.append("          no runs yet")
         return out

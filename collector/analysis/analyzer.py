@@ -214,6 +214,9 @@ class Analyzer:
             "pool_fraction": cfg.pool_finding_fraction, "pool_min_nodes": cfg.pool_finding_min_nodes,
             "fabric_runs": cfg.fabric_runs, "fabric_slow_fraction": cfg.fabric_slow_fraction,
             "fabric_min_links": cfg.fabric_min_links,
+            "path_window_start": now - dt.timedelta(seconds=cfg.path_window_s),
+            "path_min_reporters": cfg.path_min_reporters, "path_loss_floor": cfg.path_loss_floor,
+            "path_late_factor": cfg.path_late_factor, "path_late_floor_us": cfg.path_late_floor_us,
             **_hw_params(),
         }
 

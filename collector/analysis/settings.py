@@ -68,6 +68,15 @@ class AnalyzerConfig:
     fabric_runs: int = 3                # network_degraded: a link's rate is the median of its last runs
     fabric_slow_fraction: float = 0.5   # a link under this share of its pool's median is slow
     fabric_min_links: int = 3           # a node is judged once this many of its links were measured
+    # network_degraded from the cheap layer (path probes, 62_path_tomography.sql): the window of summaries and
+    # suspects it reads (at least one full cycle of the pinglists, docs/FABRIC.md), how many distinct healthy
+    # peers must name a node before its own slow summary makes it the bad node, and the loss share above which
+    # a node's own paths are lossy (and above five times its pool's).
+    path_window_s: float = 1800.0
+    path_min_reporters: int = 2
+    path_loss_floor: float = 0.01
+    path_late_factor: float = 3.0
+    path_late_floor_us: float = 100.0
     # Steps that judge each node alone (Step.by_node) run in pieces of at most this many nodes: their memory
     # is bounded by the piece, not the fleet (at 10,000 nodes one piece ran out of the 512 MB default, issue 27).
     piece_nodes: int = 2000

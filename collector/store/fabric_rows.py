@@ -9,7 +9,8 @@ from __future__ import annotations
 
 # Fabric runs (params carry node_a and node_b, set by the agent's fabric client) are also kept as link rows.
 LINK_METRICS = ("send_gbits_per_s", "recv_gbits_per_s", "rtt_p50_us", "rtt_p99_us",   # net_pair
-                "write_gbits_per_s", "lat_typical_us")                               # rdma_pair
+                "write_gbits_per_s", "lat_typical_us",                               # rdma_pair
+                "loss_ratio", "train_gbits_per_s")                                   # path_probe suspects
 
 
 def _metrics_by_run(metrics_view: str | None, names, where: str = "") -> str:
