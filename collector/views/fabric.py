@@ -8,6 +8,9 @@ plan shown is the one those nodes would get.
 
 A link's rate is the slower of its two directions (Gbit/s), as in 59_network_links.sql; "slow" is under
 ``slow_fraction`` x the median of the per-node medians of its pool.
+
+The cheap layer (path probes: coverage per pool and the suspect paths of the last hour) is read by
+fabric_paths.py and shown here by ``render_paths`` (JSON key ``paths``).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 
 from gpuagent.collector.fabric.coordinator import FabricConfig
 from gpuagent.collector.views.compare import CompareError, _lit, has_table, open_source, parse_window
+from gpuagent.collector.views.fabric_paths import build_paths, has_column as _has_column
 from gpuagent.common import pair_planner as planner
 
 ROUND_RE = re.compile(r"^(.+-r\d+)-\d+$")     # coordinator pair ids: {run tag}-r{round}-{n}
@@ -96,12 +100,6 @@ WHERE probe = 'rdma_pair' AND started_at >= to_timestamp({start})::TIMESTAMP
 ORDER BY write_gbits_per_s NULLS LAST, node_a, node_b"""
 
 
-def _has_column(src, table: str, column: str) -> bool:
-    rows = src.query("SELECT count(*) AS n FROM information_schema.columns WHERE table_schema = 'main' "
-                     f"AND table_name = {_lit(table)} AND column_name = {_lit(column)}")
-    return bool(rows and rows[0]["n"])
-
-
 def _median(xs: list[float]) -> float | None:
     xs = sorted(xs)
     if not xs:
@@ -123,6 +121,7 @@ class FabricView:
     notes: list[str] = field(default_factory=list)
     groups: list[dict[str, Any]] = field(default_factory=list)   # newest run per collective group, slowest first
     rdma: list[dict[str, Any]] = field(default_factory=list)     # newest rdma_pair run per link, slowest first
+    paths: dict[str, Any] = field(default_factory=dict)          # the cheap layer (fabric_paths.build_paths)
 
 
 def build_view(src, window: str = "24h", config: FabricConfig | None = None, runs: int = 3,
@@ -208,7 +207,7 @@ def build_view(src, window: str = "24h", config: FabricConfig | None = None, run
     rdma = src.query(SQL_RDMA.format(start=f"{start:.6f}")) if _has_column(src, "link_results", "write_gbits_per_s") \
         else []        # a database from before schema 14 has no rdma_pair columns (and no rdma rows)
     return FabricView(seconds, plan, last_round, links, node_list, flags, slow_fraction, synthetic, notes,
-                      groups, rdma)
+                      groups, rdma, build_paths(src))
 
 
 def _f(v, digits=2) -> str:
@@ -243,6 +242,43 @@ def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
     widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
     out = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip(), "  ".join("-" * w for w in widths)]
     out += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    return out
+
+
+PATH_SUSPECTS_SHOWN = 20
+
+
+def render_paths(paths: dict[str, Any]) -> list[str]:
+    """The cheap layer's lines: coverage per pool, then the suspect paths (the 20 worst)."""
+    if not paths.get("reported"):
+        return [paths.get("sentence") or "cheap layer (path probes): not reported"]
+    out = [f"cheap layer (path probes), the {paths['window_s'] / 60:g} minutes up to its newest result "
+           f"({str(paths['newest_at'])[:19]} UTC):"]
+    if paths["pools"]:
+        out += ["  " + line for line in _table(
+            ["pool", "nodes", "summaries", "path probes", "pairs", "probes/pair (cap 1)", "suspect", "datagrams",
+             "lost", "loss %", "rtt p50 us", "train Gbit/s"],
+            [[p["pool"] or "(no pool)", str(p["nodes"]), str(p["summaries"])
+              + (f" +{p['skipped_summaries']} skipped" if p["skipped_summaries"] else ""),
+              f"{p['path_probes']:.0f}", str(p["pairs"]), _f(p["probes_per_pair_capped"]),
+              f"{p['paths_suspect']:.0f}", f"{p['datagrams_sent']:.0f}", f"{p['datagrams_lost']:.0f}",
+              _f(100 * p["loss_ratio"], 3) if p["loss_ratio"] is not None else "-", _f(p["rtt_p50_us_median"], 0),
+              _f(p["train_gbits_per_s_median"])] for p in paths["pools"]])]
+        out.append("  probes/pair: path probes in the hour / pairs among the pool's nodes that sent a summary, "
+                   "capped at 1 (the share of the pairs measured when a pinglist cycle is longer than the hour); "
+                   "rtt p50 and train: medians over the pool's summaries")
+    sus = paths["suspects"]
+    shown = sus[:PATH_SUSPECTS_SHOWN]
+    more = f", the {len(shown)} worst shown (--format json has all)" if len(sus) > len(shown) else ""
+    out.append(f"suspect paths in the hour: {len(sus)}" + (f" pairs, worst first{more}:" if sus else " none"))
+    if sus:
+        out += ["  " + line for line in _table(
+            ["pair", "reports", "train Gbit/s", "% pool", "rtt p50 us", "rtt p99 us", "loss %"],
+            [[f"{s['hostname_a']} - {s['hostname_b']}", str(s["reports"]), _f(s["train_gbits_per_s"]),
+              _f(100 * s["share"], 0) if s["share"] is not None else "-", _f(s["rtt_p50_us"], 0),
+              _f(s["rtt_p99_us"], 0), _f(100 * s["loss_ratio"], 2) if s["loss_ratio"] is not None else "-"]
+             for s in shown])]
+    out += [f"  note: {n}" for n in paths["notes"]]
     return out
 
 
@@ -334,9 +370,13 @@ def render_text(v: FabricView, top: int = 10, max_rounds: int = 10, matrix_max: 
             [[f"{r['node_a']}>{r['node_b']}", r["status"], _f(r["write_gbits_per_s"]), _f(r["lat_typical_us"]),
               (r["reason"] or "")[:100]] for r in v.rdma[:top]])]
         out.append("")
+    out += render_paths(v.paths)
+    out.append("")
     out.append(f"open network_degraded flags: {len(v.flags)}" + ("" if v.flags else " (the analyzer opens them)"))
     for f in sorted(v.flags, key=lambda f: (f["component"], f["node_id"]))[:top]:
         out.append(f"  [{f['severity']}] {f['component']} {f['node_id']}: {f['sentence']}")
+    if len(v.flags) > top:
+        out.append(f"  ... {len(v.flags) - top} more (--top N shows more)")
     out += [f"note: {n}" for n in v.notes]
     return "\n".join(out).rstrip() + "\n"
 

@@ -1,0 +1,178 @@
+"""SYNTHETIC path-probe results: what a fleet of agents' cheap fabric layer would report, epoch by epoch.
+
+Used by benchmarks/fabric_scale.py to put 1,000 to 10,000 simulated nodes through the real collector and
+its tomography (collector/analysis/sql/62_path_tomography.sql). The pinglists come from the planner the
+collector uses (common/path_planner.py) and every judgement from the agent's own rule (common/path_probe.py):
+a path's first reading, and its confirmations when the first looked odd against the node's reference.
+Readings are drawn, not measured (SYNTHETIC, and every result says so in its env):
+
+- a healthy path: rtt ~ ``rtt_us`` x lognormal(0, 0.2), train rate ~ ``train_gbits`` x lognormal(0, 0.15),
+  each datagram lost with ``base_loss``; with probability ``hiccup`` a reading is taken while the CPU is busy
+  (rtt x 3-20, train / 3-20), which is what a single odd reading on a real node mostly is;
+- a bad node (a NIC that came up at a lower rate) after its onset: every path through it at
+  ``train x bad_node_factor``;
+- a bad link after its onset: ``slow``: train x ``bad_link_factor``; ``lossy``: each datagram lost with
+  ``bad_link_loss``.
+
+To keep 10,000 nodes' 500,000 paths per epoch cheap, the first reading of every path is drawn with numpy
+and judged by the same rule vectorised; only the odd ones (a few per thousand) take the agent's code path
+(``reading_is_odd``/``verdict`` with fresh confirmation readings). The node's reference is the median of
+its paths in the previous epoch (the agent's is its last 64 paths; at 50 paths an epoch they are alike).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import numpy as np
+
+from gpuagent.common import path_planner, path_probe
+from gpuagent.common.parse import settings_key
+from gpuagent.proto import pb
+
+NS = 1_000_000_000
+
+
+@dataclass
+class PathFleetSim:
+    nodes: Mapping[str, Mapping[str, str]]         # node id -> labels (the scope label among them)
+    scope_key: str | None = "pool"
+    plan: path_planner.PathPlanSettings = field(default_factory=path_planner.PathPlanSettings)
+    settings: path_probe.PathSettings = field(default_factory=path_probe.PathSettings)
+    rtt_us: float = 40.0
+    train_gbits: float = 2.5
+    base_loss: float = 1e-5
+    hiccup: float = 0.01
+    bad_node_factor: float = 0.08
+    bad_link_factor: float = 0.1
+    bad_link_loss: float = 0.03
+    seed: int = 0
+    bad_nodes: dict[str, int] = field(default_factory=dict)          # node -> onset (epoch start ns)
+    bad_links: dict[frozenset, tuple[int, str]] = field(default_factory=dict)   # pair -> (onset ns, slow|lossy)
+
+    def __post_init__(self):
+        self.ids = sorted(self.nodes)
+        self.index = {n: i for i, n in enumerate(self.ids)}
+        self.rng = np.random.default_rng(self.seed)
+        self.prng = random.Random(self.seed)
+        self.ref_rtt = np.full(len(self.ids), np.nan)
+        self.ref_train = np.full(len(self.ids), np.nan)
+        self.link_params = settings_key(self.settings.as_params())
+        self.stats = {"paths": 0, "probes": 0, "datagrams_sent": 0, "bytes_sent": 0, "suspects": 0,
+                      "slow_path_calls": 0}
+
+    # -- one reading, the slow way (the agent's code path)
+    def _reading(self, a: str, b: str, t_ns: int) -> path_probe.ProbeReading:
+        s, r = self.settings, self.prng
+        rtt, train, loss = self.rtt_us, self.train_gbits, self.base_loss
+        for n in (a, b):
+            if n in self.bad_nodes and t_ns >= self.bad_nodes[n]:
+                train *= self.bad_node_factor
+        bad = self.bad_links.get(frozenset((a, b)))
+        if bad and t_ns >= bad[0]:
+            if bad[1] == "slow":
+                train *= self.bad_link_factor
+            else:
+                loss = self.bad_link_loss
+        if r.random() < self.hiccup:
+            f = r.uniform(3, 20)
+            rtt, train = rtt * f, train / f
+        rtts = [rtt * r.lognormvariate(0, 0.2) for _ in range(s.pings) if r.random() >= loss]
+        echoes = sum(1 for _ in range(s.train_packets) if r.random() >= loss)
+        lost = (s.pings - len(rtts)) + (s.train_packets - echoes)
+        return path_probe.ProbeReading(rtts, s.datagrams(), lost,
+                                       train * r.lognormvariate(0, 0.15) if echoes >= 2 else None)
+
+    def epoch(self, epoch: int, start_ns: int) -> dict[str, list[pb.ProbeResult]]:
+        """{node id: [its suspect results..., its summary]} for one epoch starting at ``start_ns``."""
+        s, p = self.settings, self.plan
+        end_ns = start_ns + int(p.epoch_s * NS)
+        lists = path_planner.pinglists(self.nodes, self.scope_key, epoch, p)
+        src = np.array([self.index[a] for a, peers in lists.items() for _ in peers], dtype=np.int64)
+        dst = np.array([self.index[b] for peers in lists.values() for b in peers], dtype=np.int64)
+        m = len(src)
+        # the first reading of every path, vectorised
+        train = np.full(m, self.train_gbits)
+        loss = np.full(m, self.base_loss)
+        for n, onset in self.bad_nodes.items():
+            if start_ns >= onset:
+                i = self.index[n]
+                train[(src == i) | (dst == i)] *= self.bad_node_factor
+        for pair, (onset, how) in self.bad_links.items():
+            if start_ns >= onset:
+                i, j = (self.index[x] for x in pair)
+                hit = ((src == i) & (dst == j)) | ((src == j) & (dst == i))
+                if how == "slow":
+                    train[hit] *= self.bad_link_factor
+                else:
+                    loss[hit] = self.bad_link_loss
+        rng = self.rng
+        hic = np.where(rng.random(m) < self.hiccup, rng.uniform(3, 20, m), 1.0)
+        rtt_med = self.rtt_us * hic * np.exp(rng.normal(0, 0.2, m))   # the median of the pings, near enough
+        train = train / hic * np.exp(rng.normal(0, 0.15, m))
+        lost = rng.binomial(s.datagrams(), loss)
+        rr, rt = self.ref_rtt[src], self.ref_train[src]
+        odd = (lost > 0) | (rtt_med > s.late_factor * rr + s.late_floor_us) | (train < s.slow_fraction * rt)
+        verdicts: dict[int, list] = {}
+        for k in np.nonzero(odd)[0]:
+            a, b = self.ids[src[k]], self.ids[dst[k]]
+            ref = (None if np.isnan(rr[k]) else float(rr[k]), None if np.isnan(rt[k]) else float(rt[k]))
+            first = path_probe.ProbeReading([float(rtt_med[k])] * s.pings, s.datagrams(), int(lost[k]),
+                                            float(train[k]))
+            readings = [first] + [self._reading(a, b, start_ns) for _ in range(s.confirm)]
+            v = path_probe.verdict(b, readings, ref[0], ref[1], s)
+            verdicts[k] = v
+            self.stats["slow_path_calls"] += 1
+        # per node: summary from the vectorised paths, odd ones replaced by their verdicts
+        probes = np.ones(m)
+        best = train.copy()
+        med = rtt_med.copy()
+        lost_f = lost.astype(float)
+        suspect = np.zeros(m, dtype=bool)
+        for k, v in verdicts.items():
+            probes[k] = v.probes
+            best[k] = v.train_gbits if v.train_gbits is not None else np.nan
+            med[k] = v.rtt_p50_us if v.rtt_p50_us is not None else np.nan
+            lost_f[k] = round(v.loss_ratio * v.probes * s.datagrams())
+            suspect[k] = bool(v.suspect)
+        order = np.argsort(src, kind="stable")
+        bounds = np.searchsorted(src[order], np.arange(len(self.ids) + 1))
+        out: dict[str, list[pb.ProbeResult]] = {}
+        env = {"synthetic": "true", "generator": "gpuagent.sim.paths"}
+        for i, node in enumerate(self.ids):
+            sel = order[bounds[i]:bounds[i + 1]]
+            if len(sel) == 0:
+                continue
+            results = []
+            for k in sel[suspect[sel]]:
+                v = verdicts[int(k)]
+                results.append(pb.ProbeResult(
+                    probe=path_probe.PROBE, status="ok", gpu=-1, started_ns=start_ns, ended_ns=end_ns,
+                    params={**path_probe.result_params(node, epoch, v.peer), "link_params": self.link_params},
+                    metrics=path_probe.suspect_metrics(v), env={**env, "suspect": v.suspect}))
+                self.stats["suspects"] += 1
+            n_probes = float(probes[sel].sum())
+            sent = n_probes * s.datagrams()
+            metrics = {"paths": float(len(sel)), "paths_suspect": float(suspect[sel].sum()), "probes": n_probes,
+                       "datagrams_sent": sent, "datagrams_lost": float(lost_f[sel].sum()),
+                       "loss_ratio": float(lost_f[sel].sum()) / sent, "bytes_sent": n_probes * s.bytes_sent()}
+            good_rtt, good_train = med[sel][~np.isnan(med[sel])], best[sel][~np.isnan(best[sel])]
+            if len(good_rtt):
+                metrics["rtt_p50_us"] = float(np.median(good_rtt))
+                metrics["rtt_p99_us"] = float(good_rtt.max() * 1.5)
+                self.ref_rtt[i] = metrics["rtt_p50_us"] if len(good_rtt) >= s.min_reference else np.nan
+            if len(good_train):
+                metrics["train_gbits_per_s"] = float(np.median(good_train))
+                self.ref_train[i] = metrics["train_gbits_per_s"] if len(good_train) >= s.min_reference else np.nan
+            results.append(pb.ProbeResult(
+                probe=path_probe.PROBE, status="ok", gpu=-1, started_ns=start_ns, ended_ns=end_ns,
+                params={**path_probe.result_params(node, epoch), "link_params": self.link_params},
+                metrics=metrics, env=env))
+            out[node] = results
+            self.stats["paths"] += len(sel)
+            self.stats["probes"] += int(n_probes)
+            self.stats["datagrams_sent"] += int(sent)
+            self.stats["bytes_sent"] += int(n_probes * s.bytes_sent())
+        return out
