@@ -5,15 +5,15 @@ It lives in common because the collector's coordinator and the simulator (sim/pa
 Within a scope (a pool, or any label's value) of n nodes the plan is circulant, as Pingmesh's pinglists
 are generated centrally but spread evenly: the nodes are put in a shuffled ring, and in one epoch node i
 probes the nodes ``d`` places further round the ring for ``k`` consecutive offsets ``d``. The offsets
-1 .. floor(n/2) cover every unordered pair once (for even n, offset n/2 twice), so a *cycle* of
-ceil(floor(n/2) / k) epochs measures every pair of the scope, and in every epoch each node sends exactly k
-probes and answers exactly k: no node is a hot spot. Each cycle shuffles the ring anew (seeded by the seed,
+1 .. n-1 cover every pair twice, once from each end (two probes, so a lossy path that one probe's few dozen
+datagrams can miss is seen twice a cycle), so a *cycle* of ceil((n-1) / k) epochs measures every pair of the
+scope, and in every epoch each node sends exactly k probes and answers exactly k: no node is a hot spot. Each cycle shuffles the ring anew (seeded by the seed,
 the scope and the cycle number), so a node's peers, and the epoch in which a given pair is measured, change
 from cycle to cycle.
 
 ``k`` follows from the target: to cover the scope within ``cover_s`` at epochs of ``epoch_s``, k =
-ceil(floor(n/2) x epoch_s / cover_s), capped at ``max_probes_per_s`` x epoch_s. A 64-node pool covered in
-ten minutes needs 4 probes a minute per node; a 1,000-node pool 50 (under one a second); a scope too big for
+ceil((n-1) x epoch_s / cover_s), capped at ``max_probes_per_s`` x epoch_s. A 64-node pool covered in
+ten minutes needs 7 probes a minute per node; a 1,000-node pool 100 (1.7 a second); a scope too big for
 the cap takes longer, and ``cycle_s`` says how long.
 """
 
@@ -44,18 +44,18 @@ class PathPlanSettings:
 
 def offsets_per_epoch(n: int, s: PathPlanSettings) -> int:
     """k: how many peers each node of an n-node scope probes per epoch."""
-    half = n // 2
-    if half == 0:
+    others = n - 1
+    if others <= 0:
         return 0
-    want = math.ceil(half * s.epoch_s / s.cover_s)
+    want = math.ceil(others * s.epoch_s / s.cover_s)
     cap = max(1, int(s.max_probes_per_s * s.epoch_s))
-    return max(1, min(half, want, cap))
+    return max(1, min(others, want, cap))
 
 
 def cycle_epochs(n: int, s: PathPlanSettings) -> int:
     """Epochs one cycle takes: every pair of an n-node scope measured once."""
     k = offsets_per_epoch(n, s)
-    return math.ceil((n // 2) / k) if k else 0
+    return math.ceil((n - 1) / k) if k else 0
 
 
 def cycle_s(n: int, s: PathPlanSettings) -> float:
@@ -82,10 +82,10 @@ def scope_pinglists(members: list[str], scope: str, epoch: int, s: PathPlanSetti
     k = offsets_per_epoch(n, s)
     if k == 0:
         return {m: [] for m in members}
-    per_cycle = math.ceil((n // 2) / k)
+    per_cycle = math.ceil((n - 1) / k)
     cycle, e = divmod(epoch, per_cycle)
     order = ring(members, scope, cycle, s.seed)
-    offs = range(1 + e * k, min(n // 2, (e + 1) * k) + 1)
+    offs = range(1 + e * k, min(n - 1, (e + 1) * k) + 1)
     return {order[i]: [order[(i + d) % n] for d in offs] for i in range(n)}
 
 
@@ -104,8 +104,8 @@ def pinglists(nodes: Mapping[str, Mapping[str, str]], scope_key: str | None, epo
 
 
 def coverage(n: int, epochs: int, s: PathPlanSettings) -> float:
-    """Share of an n-node scope's pairs measured by ``epochs`` consecutive epochs (node churn aside)."""
-    half = n // 2
-    if half == 0:
+    """Share of an n-node scope's pairs measured (from at least one end) by ``epochs`` consecutive epochs of
+    one cycle (node churn aside)."""
+    if n < 2:
         return 0.0
-    return min(1.0, epochs * offsets_per_epoch(n, s) / half)
+    return min(1.0, 2 * epochs * offsets_per_epoch(n, s) / (n - 1))

@@ -35,7 +35,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from gpuagent.collector.fabric.pinglists import PathLayer
 from gpuagent.common import pair_planner as planner
+from gpuagent.common import path_planner, path_probe
 from gpuagent.common.parse import settings_key
 from gpuagent.proto import pb
 
@@ -70,6 +72,19 @@ class FabricConfig:
     collective_params: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_COLLECTIVE_PARAMS))
     rdma_pairs: bool = False           # also sweep every pair with rdma_pair (perftest) after each net_pair sweep
     rdma_params: dict[str, str] = field(default_factory=dict)
+    # the cheap layer (collector/fabric/pinglists.py): pinglists every epoch to nodes with a path-probe port
+    paths: bool = True
+    path_epoch_s: float = 60.0
+    path_cover_s: float = 600.0        # aim: every pair of a scope measured within this
+    path_max_probes_per_s: float = 2.0   # per node; a scope too big for it takes longer
+    path_params: dict[str, str] = field(default_factory=dict)   # common/path_probe.PathSettings
+    sweep: str = "full"                # "targeted": suspects first, then a rolling share of the pairs
+    targeted_interval_s: float = 10.0
+    rolling_runs_per_hour: float = 4.0   # targeted: net_pair runs per node an hour beside the suspects
+
+    def path_settings(self) -> path_probe.PathSettings:
+        got = path_probe.PathSettings.from_params(self.path_params)
+        return got if isinstance(got, path_probe.PathSettings) else path_probe.PathSettings()
 
     @classmethod
     def from_mapping(cls, table) -> "FabricConfig":
@@ -87,13 +102,21 @@ class FabricConfig:
                 if not isinstance(value, dict):
                     raise ValueError("[fabric.params] must be a table of net_pair settings")
                 kw[key] = {**DEFAULT_PARAMS, **{str(k): str(v) for k, v in value.items()}}
+            elif key == "path_params":
+                if not isinstance(value, dict):
+                    raise ValueError("[fabric.path_params] must be a table of path probe settings")
+                kw[key] = {str(k): str(v) for k, v in value.items()}
+            elif key == "sweep":
+                if value not in ("full", "targeted"):
+                    raise ValueError(f"fabric.sweep must be \"full\" or \"targeted\", not {value!r}")
+                kw[key] = value
             elif key in ("collective_params", "rdma_params"):
                 if not isinstance(value, dict):
                     raise ValueError(f"[fabric.{key}] must be a table of {key.split('_')[0]} probe settings")
                 base = DEFAULT_COLLECTIVE_PARAMS if key == "collective_params" else {}
                 kw[key] = {**base,
                            **{str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in value.items()}}
-            elif key in ("enabled", "rdma_pairs"):
+            elif key in ("enabled", "rdma_pairs", "paths"):
                 if not isinstance(value, bool):
                     raise ValueError(f"fabric.{key} must be true or false, not {value!r}")
                 kw[key] = value
@@ -125,6 +148,17 @@ class FabricConfig:
             if reserved:
                 return (f"fabric.{table} may not set {reserved[0]}: the coordinator sets "
                         f"{', '.join(keys)} for each end")
+        why = path_planner.PathPlanSettings(self.path_epoch_s, self.path_cover_s, self.path_max_probes_per_s).problem()
+        if why:
+            return why
+        got = path_probe.PathSettings.from_params(self.path_params)
+        if isinstance(got, str):
+            return f"[fabric.path_params]: {got}"
+        unknown = sorted(set(self.path_params) - set(path_probe.PathSettings().as_params()))
+        if unknown:
+            return f"unknown key fabric.path_params.{unknown[0]}"
+        if not (self.targeted_interval_s >= 1 and self.rolling_runs_per_hour >= 0):
+            return "fabric targeted_interval_s must be at least 1 and rolling_runs_per_hour not negative"
         lo, hi = self.port_lo, self.port_hi
         if not (0 <= lo <= hi <= 65535) or (lo == 0) != (hi == 0):
             return f"fabric port range must be 1 <= lo <= hi <= 65535 (or both 0), got {lo}-{hi}"
@@ -191,13 +225,15 @@ class Coordinator:
         self.last_plan: planner.PairPlan | None = None
         self.last_groups: planner.GroupRound | None = None
         self._task: asyncio.Task | None = None
+        self.paths = PathLayer(self)
 
     # -- what the servicer calls
-    def register(self, node_id: str, address: str, labels: dict[str, str]) -> None:
+    def register(self, node_id: str, address: str, labels: dict[str, str], path_port: int = 0) -> None:
         if address:
             self.nodes[node_id] = (address, dict(labels))
         else:
             self.nodes.pop(node_id, None)
+        self.paths.register(node_id, path_port if address else 0)
 
     def attach(self, node_id: str) -> asyncio.Queue:
         """A new Assignments stream for ``node_id``; it replaces an older one."""
@@ -262,6 +298,12 @@ class Coordinator:
     async def run_forever(self) -> None:
         while True:
             try:
+                if self.config.sweep == "targeted":
+                    pairs = self.paths.targeted_round() if len(self.ready_nodes()) >= 2 else []
+                    if pairs:
+                        await self.run_round(pairs)
+                    await asyncio.sleep(self.config.targeted_interval_s)
+                    continue
                 if len(self.ready_nodes()) >= 2:
                     await self.sweep()
                 if self.config.rdma_pairs and len(self.ready_nodes()) >= 2:
@@ -274,10 +316,13 @@ class Coordinator:
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self.run_forever())
+        if self.config.paths:
+            self.paths.start()
 
     def stop(self) -> None:
         if self._task:
             self._task.cancel()
+        self.paths.stop()
 
     # -- one pair
     def _send(self, node_id: str, msg: pb.Assignment) -> bool:

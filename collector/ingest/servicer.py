@@ -169,7 +169,7 @@ class CollectorServicer(pb_grpc.CollectorServicer):
                                 f"the collector could not store the registration: {first_line(exc)}")
         log.info("registered node %s (machine_id %s, hostname %s)", node_id, node.machine_id, node.hostname)
         if self.fabric is not None:
-            self.fabric.register(node_id, node.fabric_address, dict(node.labels))
+            self.fabric.register(node_id, node.fabric_address, dict(node.labels), node.path_port)
         return pb.RegisterResponse(node_id=node_id, last_committed_seq=highest)
 
     async def _claim(self, node_id: str, machine_id: str, hostname: str, instance: str | None, peer: str,
@@ -249,6 +249,8 @@ class CollectorServicer(pb_grpc.CollectorServicer):
                             error = ("ALREADY_EXISTS", str(exc), None)
                             break
                     prepared = prepare_batch(batch, self._limits)
+                    if self.fabric is not None and self.fabric.config.sweep == "targeted":
+                        self.fabric.paths.note_batch(batch)     # suspect paths get the next bandwidth runs
                 except BatchError as exc:
                     error = (exc.code, f"batch seq {batch.seq}: {exc.message}", batch.seq)
                     break

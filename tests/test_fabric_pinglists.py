@@ -1,0 +1,125 @@
+"""The collector's half of the cheap fabric layer: pinglists per epoch, suspects for targeted bandwidth runs,
+and the [fabric] keys that drive them (collector/fabric/pinglists.py, coordinator.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import pytest
+
+from gpuagent.collector.fabric.coordinator import Coordinator, FabricConfig
+from gpuagent.common import path_planner, path_probe
+from gpuagent.proto import pb
+
+
+def _fleet(n=6, pools=("a",), ports=True, **cfg):
+    co = Coordinator(FabricConfig(enabled=True, path_epoch_s=60, path_cover_s=120, **cfg))
+    queues = {}
+
+    async def attach():
+        for i in range(n):
+            node = f"n{i}"
+            co.register(node, f"10.0.0.{i + 1}", {"pool": pools[i % len(pools)]}, 42000 + i if ports else 0)
+            queues[node] = co.attach(node)
+    asyncio.run(attach())
+    return co, queues
+
+
+def _drain(q):
+    out = []
+    while not q.empty():
+        out.append(q.get_nowait())
+    return out
+
+
+def test_every_path_node_gets_the_planners_pinglist_with_its_peers_responders():
+    co, queues = _fleet(7, pools=("a", "b"))
+    assert co.paths.send_epoch(5) == 7
+    labels = {f"n{i}": {"pool": ("a", "b")[i % 2]} for i in range(7)}
+    want = path_planner.pinglists(labels, "pool", 5, co.paths.plan)
+    for node, q in queues.items():
+        (msg,) = _drain(q)
+        assert msg.kind == "pinglist" and msg.probe == path_probe.PROBE and msg.epoch == 5
+        assert list(msg.members) == want[node]
+        assert list(msg.peer_addresses) == [f"10.0.0.{int(p[1:]) + 1}:{42000 + int(p[1:])}" for p in msg.members]
+        assert msg.deadline_ns == 6 * 60 * 1_000_000_000
+        assert isinstance(path_probe.PathSettings.from_params(msg.params), path_probe.PathSettings)
+        assert all(labels[p]["pool"] == labels[node]["pool"] for p in msg.members)   # never across a scope
+    assert co.paths.last_counts == {"a": 4, "b": 3}
+
+
+def test_a_node_without_a_path_port_gets_no_pinglist_and_is_nobodys_peer():
+    co, queues = _fleet(4, ports=False)
+    co.register("n9", "10.0.0.9", {"pool": "a"}, 0)
+    assert co.paths.send_epoch(0) == 0 and all(q.empty() for q in queues.values())
+    co.register("n0", "10.0.0.1", {"pool": "a"}, 42000)
+    co.register("n1", "10.0.0.2", {"pool": "a"}, 42001)
+    assert co.paths.send_epoch(0) == 2
+    assert [list(m.members) for m in _drain(queues["n0"])] == [["n1"]]
+    assert _drain(queues["n2"]) == []
+
+
+def test_an_ipv6_responder_is_bracketed():
+    co = Coordinator(FabricConfig(enabled=True))
+
+    async def go():
+        co.register("x", "fd00::1", {}, 4000)
+        co.register("y", "fd00::2", {}, 4001)
+        return co.attach("x"), co.attach("y")
+    qx, _ = asyncio.run(go())
+    co.paths.send_epoch(0)
+    assert list(_drain(qx)[0].peer_addresses) == ["[fd00::2]:4001"]
+
+
+def _suspect(a, b):
+    return pb.ProbeResult(probe="path_probe", status="ok", params=path_probe.result_params(a, 1, b))
+
+
+def test_targeted_rounds_run_the_newest_suspects_first_each_node_once_then_a_rolling_share():
+    co, _ = _fleet(40, sweep="targeted", targeted_interval_s=90, rolling_runs_per_hour=40)
+    batch = pb.Batch(node_id="n1", probe_results=[
+        _suspect("n1", "n2"), _suspect("n3", "n1"), _suspect("n5", "n6"),
+        pb.ProbeResult(probe="path_probe", status="ok", params=path_probe.result_params("n1", 1))])  # a summary
+    assert co.paths.note_batch(batch) == 3
+    rnd = co.paths.targeted_round()
+    # newest first: n5-n6, then n3-n1; n1-n2 waits (n1 is busy this round)
+    assert rnd[:2] == [("n5", "n6"), ("n3", "n1")]
+    nodes = list(itertools.chain.from_iterable(rnd))
+    assert len(nodes) == len(set(nodes))
+    # 40 nodes x 40 runs an hour x 90 s / 3600 / 2 = 20 rolling pairs, fewer where a node is taken
+    assert 15 <= len(rnd) - 2 <= 20
+    second = co.paths.targeted_round()
+    assert second[0] == ("n1", "n2") and not co.paths.suspects
+
+
+def test_the_rolling_share_walks_the_whole_tournament():
+    co, _ = _fleet(8, sweep="targeted", targeted_interval_s=3600, rolling_runs_per_hour=1)
+    seen = set()
+    for _ in range(28):
+        seen.update(frozenset(p) for p in co.paths.targeted_round())
+    assert len(seen) == 28     # every pair of 8 nodes
+
+
+@pytest.mark.parametrize("table, sentence", [
+    ({"sweep": "sometimes"}, 'fabric.sweep must be "full" or "targeted", not \'sometimes\''),
+    ({"path_epoch_s": 0}, "fabric.paths needs epoch_s >= 1"),
+    ({"path_cover_s": 10}, "fabric.paths needs epoch_s >= 1, cover_s >= epoch_s"),
+    ({"path_params": {"pings": "lots"}}, "[fabric.path_params]: path probe setting pings = 'lots' is not a number"),
+    ({"path_params": {"train_packets": 1}}, "[fabric.path_params]: path probe pings must be 1-100 and train_packets"),
+    ({"path_params": {"colour": 3}}, "unknown key fabric.path_params.colour"),
+    ({"path_params": 3}, "[fabric.path_params] must be a table"),
+    ({"paths": "yes"}, "fabric.paths must be true or false"),
+    ({"targeted_interval_s": 0}, "fabric targeted_interval_s must be at least 1"),
+])
+def test_bad_path_keys_are_one_sentence(table, sentence):
+    with pytest.raises(ValueError) as exc:
+        FabricConfig.from_mapping({"enabled": True, **table})
+    assert str(exc.value).startswith(sentence) and "\n" not in str(exc.value)
+
+
+def test_path_params_reach_the_pinglist():
+    co, queues = _fleet(3, path_params={"train_packets": 8, "confirm": 1})
+    co.paths.send_epoch(0)
+    got = path_probe.PathSettings.from_params(_drain(queues["n0"])[0].params)
+    assert got.train_packets == 8 and got.confirm == 1 and got.pings == path_probe.PathSettings().pings
