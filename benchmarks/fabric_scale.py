@@ -138,7 +138,7 @@ def run_one(n: int, seed: int, pool_size: int, report_delay_s: float, workdir: P
             now = dt.datetime.fromtimestamp(now_ns / NS, dt.timezone.utc).replace(tzinfo=None)
             res = handle.writer.call(lambda con, _now=now: analyzer.run_pass(con, _now)).result()
             pass_s.append(res.total_s)
-            step_s.append(res.step_s.get("path_tomography", float("nan")))
+            step_s.append(res.step_s.get("62_path_tomography.sql", float("nan")))
             flags = handle.writer.call(_open_path_flags).result()
             for node, comp, ev in flags:
                 if comp == "node_paths":
