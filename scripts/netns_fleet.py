@@ -14,6 +14,12 @@ Throttles (netem is not in every kernel; tbf and htb are):
   * pair: an htb class with a u32 filter on the peer's address, on each of the two nodes' eth0 egress,
     so only traffic between those two is shaped (unclassified traffic bypasses htb unshaped).
   A node carries either a node throttle or pair throttles, not both (``unthrottle`` first).
+  The bucket (``burst``, bytes) defaults to at least 64 KiB (``_burst_bytes``), which suits TCP (a GSO
+  super-packet must fit) but lets any shorter burst through at the veth's own speed: a path probe's train
+  (32 x 1400 B = 45 KB, common/path_probe.py) passes such a bucket unshaped, so a node throttled with
+  the default burst looks healthy to the path probes while net_pair (seconds of TCP) sees the rate. A
+  link that really came up at a lower rate has no such bucket; ``burst=16384`` (``--burst 16k``) shapes
+  the train too. It must hold one full frame (at least 2 KiB).
 
 Every name starts with ``gpa<ownerpid>-``, so parallel runs never collide, and everything with that
 prefix is removed when the owner goes: by ``down``/context exit, by the CLI's SIGTERM/SIGINT handler,
@@ -21,7 +27,8 @@ and, when the owner is SIGKILLed, by a reaper (a setsid'd child) that waits for 
 ``reap`` removes what any dead owner left behind. State lives in /run/gpuagent-netns/<prefix>.json.
 
 CLI (root): up N [--owner PID] | down | list | reap | throttle-node NAME RATE | throttle-pair A B RATE |
-unthrottle NAME | exec NAME -- CMD... | demo [--agents 4] [--group-size K]   (RATE as tc writes it: 200mbit, 1gbit, 500kbit).
+unthrottle NAME | exec NAME -- CMD... | demo [--agents 4] [--group-size K]   (RATE as tc writes it: 200mbit, 1gbit,
+500kbit; throttle-node and throttle-pair take --burst BYTES, e.g. 16k).
 Without --owner, ``up`` holds the fleet in the foreground until Ctrl-C; with ``--owner $$`` it returns
 and the fleet lives as long as that process. ``demo`` builds agents+1 nodes and runs a gpuagent collector
 (fabric rounds on) in the last and an agent in each other one (``FabricProcesses``, which the e2e tests
@@ -110,6 +117,24 @@ def parse_rate(rate: str) -> int:
 def _burst_bytes(bits_per_s: int) -> int:
     # At least one 4 ms refill (a jiffy at HZ=250) and 64 KiB, so a GSO super-packet always fits.
     return max(64 * 1024, bits_per_s // 8 // 250)
+
+
+MIN_BURST = 2048        # one full-size frame with room to spare: a smaller bucket would never pass one
+
+
+def parse_burst(burst: "int | str | None", bits_per_s: int) -> int:
+    """The bucket in bytes: ``_burst_bytes`` when None, else ``burst`` (bytes, or "16k"/"1m" as tc writes
+    sizes), at least MIN_BURST; FleetError if not. (A bucket under one timer tick's refill, rate / HZ, held
+    the rate only on kernels whose qdisc watchdog ran on jiffies; today's runs on hrtimers.)"""
+    if burst is None:
+        return _burst_bytes(bits_per_s)
+    m = re.fullmatch(r"\s*(\d+)\s*([km]?)b?\s*", str(burst).lower())
+    if not m:
+        raise FleetError(f"burst {burst!r} is not a size in bytes such as 16384 or 16k")
+    size = int(m.group(1)) * {"": 1, "k": 1024, "m": 1024 * 1024}[m.group(2)]
+    if size < MIN_BURST:
+        raise FleetError(f"burst {burst!r} is below {MIN_BURST} bytes: a bucket must hold one full-size frame")
+    return size
 
 
 @dataclass(frozen=True)
@@ -335,19 +360,24 @@ class Fleet:
         out = _run(["tc", *ns_args, "qdisc", "show", "dev", dev, "root"], check=False).stdout.split()
         return out[1] if len(out) > 1 and out[0] == "qdisc" else ""
 
-    def throttle_node(self, name: str, rate: str) -> None:
-        """Shape everything node ``name`` sends and receives to ``rate`` (tbf on both ends of its link)."""
+    def throttle_node(self, name: str, rate: str, burst: "int | str | None" = None) -> None:
+        """Shape everything node ``name`` sends and receives to ``rate`` (tbf on both ends of its link), with
+        a bucket of ``burst`` bytes (default ``_burst_bytes``: >= 64 KiB, which a path probe's train passes
+        unshaped; see the module docstring)."""
         node, bits = self.node(name), parse_rate(rate)
+        size = parse_burst(burst, bits)
         inside = ["-n", node.ns]
         if self._root_kind(inside, "eth0") == "htb":
             raise FleetError(f"node {name} has pair throttles; unthrottle it before a node throttle")
         for ns_args, dev in (([], node.host_veth), (inside, "eth0")):
             _run(["tc", *ns_args, "qdisc", "replace", "dev", dev, "root", "tbf", "rate", f"{bits}bit",
-                  "burst", str(_burst_bytes(bits)), "latency", "50ms"])
+                  "burst", str(size), "latency", "50ms"])
 
-    def throttle_pair(self, a: str, b: str, rate: str) -> None:
-        """Shape only the traffic between nodes ``a`` and ``b`` to ``rate``, each way."""
+    def throttle_pair(self, a: str, b: str, rate: str, burst: "int | str | None" = None) -> None:
+        """Shape only the traffic between nodes ``a`` and ``b`` to ``rate``, each way, with buckets (burst and
+        cburst) of ``burst`` bytes (default ``_burst_bytes``, as for throttle_node)."""
         na, nb, bits = self.node(a), self.node(b), parse_rate(rate)
+        size = parse_burst(burst, bits)
         if na == nb:
             raise FleetError("a pair throttle needs two different nodes")
         for src, dst in ((na, nb), (nb, na)):
@@ -358,8 +388,8 @@ class Fleet:
             if kind != "htb":
                 _run(["tc", *inside, "qdisc", "replace", "dev", "eth0", "root", "handle", "1:", "htb"])
             classid = f"1:{dst.index + 10:x}"
-            shape = ["rate", f"{bits}bit", "ceil", f"{bits}bit", "burst", str(_burst_bytes(bits)),
-                     "cburst", str(_burst_bytes(bits)), "quantum", "60000"]
+            shape = ["rate", f"{bits}bit", "ceil", f"{bits}bit", "burst", str(size), "cburst", str(size),
+                     "quantum", "60000"]
             classes = _run(["tc", *inside, "class", "show", "dev", "eth0"], check=False).stdout
             if f"htb {classid} " in classes:
                 _run(["tc", *inside, "class", "change", "dev", "eth0", "parent", "1:", "classid", classid, "htb",
@@ -489,15 +519,32 @@ class FabricProcesses:
 
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        (self.workdir / "collector.toml").write_text(self.collector_toml)
         (self.workdir / "agent.toml").write_text(self.agent_toml)
+        self.start_collector()
+        for name in self.agent_names:
+            self.start_agent(name)
+
+    def start_collector(self) -> None:
+        """Start (or start again, after ``stop_collector``) the collector, with ``collector_toml`` as it is
+        now (a test may change it between the two) and the same database; the agents reconnect by themselves."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        (self.workdir / "collector.toml").write_text(self.collector_toml)
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "GPUAGENT_COLLECTOR_TOKEN": self.token}
         self.collector = self.fleet.popen(self.collector_name, [
             self.python, "-m", "gpuagent.collector.cli", "serve", "--listen", self.addr, "--insecure",
             "--db", str(self.workdir / "collector.duckdb"), "--config", str(self.workdir / "collector.toml")],
             stdout=open(self.col_log, "ab"), stderr=subprocess.STDOUT, env=env, cwd=self.cwd)
-        for name in self.agent_names:
-            self.start_agent(name)
+
+    def stop_collector(self, timeout_s: float = 20.0) -> None:
+        """SIGTERM to the collector (SIGKILL after ``timeout_s``); the agents keep running and spool."""
+        p = self.collector
+        if p is not None and p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
 
     def start_agent(self, name: str) -> None:
         """Start (or start again, after it was stopped) the agent of node ``name``, with its own state dir."""
@@ -628,14 +675,17 @@ def main(argv: list[str] | None = None) -> int:
         sp = sub.add_parser(name, help=hlp)
         if name == "down":
             sp.add_argument("--owner", type=int)
+    burst_help = "the shaper's bucket in bytes (16384, 16k); default >= 64 KiB, which path-probe trains pass unshaped"
     p = sub.add_parser("throttle-node", help="shape one node's link, both ways")
     p.add_argument("name")
     p.add_argument("rate")
+    p.add_argument("--burst", help=burst_help)
     p.add_argument("--owner", type=int)
     p = sub.add_parser("throttle-pair", help="shape only the path between two nodes")
     p.add_argument("a")
     p.add_argument("b")
     p.add_argument("rate")
+    p.add_argument("--burst", help=burst_help)
     p.add_argument("--owner", type=int)
     p = sub.add_parser("unthrottle", help="remove a node's throttles")
     p.add_argument("name")
@@ -678,9 +728,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "down":
             fleet.down()
         elif args.cmd == "throttle-node":
-            fleet.throttle_node(args.name, args.rate)
+            fleet.throttle_node(args.name, args.rate, args.burst)
         elif args.cmd == "throttle-pair":
-            fleet.throttle_pair(args.a, args.b, args.rate)
+            fleet.throttle_pair(args.a, args.b, args.rate, args.burst)
         elif args.cmd == "unthrottle":
             fleet.unthrottle(args.name)
         elif args.cmd == "exec":

@@ -223,8 +223,9 @@ def pytest_xdist_make_scheduler(config, log):
 # shuffles inside a module; its hook runs before this file's, which puts these back). The files still take a
 # shuffled place among the others. test_fabric_e2e.py: one 4-node fleet serves the module; the full sweep comes
 # before the throttles, and the test that stops an agent comes last (a shuffled run, 2026-12-03, put another
-# test first and the sweep saw 0 of 3 rounds).
-IN_FILE_ORDER = {"test_fabric_e2e.py"}
+# test first and the sweep saw 0 of 3 rounds). test_fabric_paths_netns.py: one fleet serves the module; the
+# healthy test's epochs come before the throttles, and each throttle test waits its suspects out of the window.
+IN_FILE_ORDER = {"test_fabric_e2e.py", "test_fabric_paths_netns.py"}
 
 
 def _keep_file_order(items) -> None:

@@ -123,3 +123,16 @@ def test_path_params_reach_the_pinglist():
     co.paths.send_epoch(0)
     got = path_probe.PathSettings.from_params(_drain(queues["n0"])[0].params)
     assert got.train_packets == 8 and got.confirm == 1 and got.pings == path_probe.PathSettings().pings
+
+
+def test_a_suspect_probed_while_either_end_ran_a_bandwidth_run_is_dropped():
+    from gpuagent.collector.fabric.coordinator import Outcome
+    co, _ = _fleet(6, sweep="targeted", targeted_interval_s=10, rolling_runs_per_hour=0)
+    s = 1_000_000_000
+    co._keep(Outcome("p1", "n1", "n2", "ok", "", 100 * s, 104 * s, 0))
+    during = _suspect("n2", "n4")
+    during.started_ns, during.ended_ns = 103 * s, 103 * s + 5_000_000
+    later = _suspect("n3", "n4")
+    later.started_ns, later.ended_ns = 110 * s, 110 * s + 5_000_000
+    assert co.paths.note_batch(pb.Batch(probe_results=[during, later])) == 1
+    assert co.paths.dropped_overlap == 1 and co.paths.targeted_round() == [("n3", "n4")]

@@ -345,6 +345,7 @@ class Coordinator:
 
     def _keep(self, o: Outcome) -> Outcome:
         self.outcomes.append(o)
+        self.paths.note_run(o)
         if self._record:
             try:
                 self._record(o)

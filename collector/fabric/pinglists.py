@@ -48,6 +48,8 @@ class PathLayer:
         self.epochs_sent = 0
         self.last_epoch: int | None = None
         self.last_counts: dict[str, int] = {}      # scope -> nodes in the last pinglist epoch
+        self.runs: dict[str, collections.deque] = {}   # node -> its last bandwidth runs (start ns, end ns)
+        self.dropped_overlap = 0
         self._rolling: list[planner.Pair] = []
         self._rolling_plan = 0
         self._task: asyncio.Task | None = None
@@ -102,13 +104,28 @@ class PathLayer:
             self._task.cancel()
 
     # -- suspects, for targeted bandwidth runs
+    def note_run(self, outcome) -> None:
+        """A pair or group run that went ahead: the path probes through its nodes while it ran read its
+        traffic, not the fabric."""
+        if outcome.status == "skipped":
+            return
+        for n in outcome.members or (outcome.node_a, outcome.node_b):
+            self.runs.setdefault(n, collections.deque(maxlen=8)).append((outcome.started_ns, outcome.ended_ns))
+
+    def _overlaps_run(self, nodes, t0: int, t1: int) -> bool:
+        return any(s - NS <= t1 and t0 <= e + NS for n in nodes for s, e in self.runs.get(n, ()))
+
     def note_batch(self, batch: pb.Batch) -> int:
-        """Keep the suspect paths a batch reports; how many."""
+        """Keep the suspect paths a batch reports; how many. A suspect whose probes overlapped a bandwidth
+        run on either end is dropped: else each targeted run would make the next round's suspects."""
         n = 0
         for r in batch.probe_results:
             if r.probe != path_probe.PROBE or r.params.get("role") != "suspect":
                 continue
             a, b = r.params.get("node_a", ""), r.params.get("node_b", "")
+            if a and b and self._overlaps_run((a, b), r.started_ns, r.ended_ns):
+                self.dropped_overlap += 1
+                continue
             if a and b and a != b:
                 key = frozenset((a, b))
                 self.suspects.pop(key, None)
