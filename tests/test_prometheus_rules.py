@@ -48,7 +48,8 @@ def test_every_alert_has_a_unit_test_that_expects_it_to_fire():
 def test_each_flag_kind_has_a_finding_alert_at_warning_and_critical():
     from gpuagent.collector.analysis.steps import CONDITIONS, STEPS
     # Steps that add components to a kind another step names (passive and link noisy-neighbour variance).
-    extra_components = {"noisy_neighbor_passive": "noisy_neighbor_variance", "link_variance": "noisy_neighbor_variance"}
+    extra_components = {"noisy_neighbor_passive": "noisy_neighbor_variance", "link_variance": "noisy_neighbor_variance",
+                        "path_tomography": "network_degraded"}
     kinds = {extra_components.get(s.name, s.name) for s in STEPS if s.produces == CONDITIONS}
     assert kinds == {"virtualization_overhead", "noisy_neighbor_variance", "utilization_gap", "network_degraded",
                      "hardware_fault"}

@@ -215,7 +215,7 @@ class Analyzer:
             "fabric_runs": cfg.fabric_runs, "fabric_slow_fraction": cfg.fabric_slow_fraction,
             "fabric_min_links": cfg.fabric_min_links,
             "path_window_start": now - dt.timedelta(seconds=cfg.path_window_s),
-            "path_min_reporters": cfg.path_min_reporters, "path_loss_floor": cfg.path_loss_floor,
+            "path_min_reporters": cfg.path_min_reporters, "path_link_reports": cfg.path_link_reports, "path_loss_floor": cfg.path_loss_floor,
             "path_late_factor": cfg.path_late_factor, "path_late_floor_us": cfg.path_late_floor_us,
             **_hw_params(),
         }

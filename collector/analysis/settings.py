@@ -74,6 +74,7 @@ class AnalyzerConfig:
     # a node's own paths are lossy (and above five times its pool's).
     path_window_s: float = 1800.0
     path_min_reporters: int = 2
+    path_link_reports: int = 2          # a suspect path without loss: reports before it is a link's fault
     path_loss_floor: float = 0.01
     path_late_factor: float = 3.0
     path_late_floor_us: float = 100.0

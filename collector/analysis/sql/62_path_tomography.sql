@@ -9,7 +9,8 @@
 --   node_paths: a node whose own view is bad and which at least $path_min_reporters peers with a healthy own
 --     view named as a suspect: the node (NIC, cable, port, host) is what every path through it shares;
 --   link_paths: a suspect path whose two ends both reported a healthy own view in the window and neither of
---     which is a bad node: that path alone (cable, port, route between them).
+--     which is a bad node: that path alone (cable, port, route between them). Without lost datagrams it
+--     needs $path_link_reports reports in the window.
 --     A path is a link's alone only while neither end is named by $path_min_reporters or more other peers:
 --     many peers naming one node is that node (found an epoch before its own newest summary may show it).
 -- The evidence says how many paths each judgement rests on.
@@ -145,6 +146,9 @@ JOIN _pt_pool p ON p.pool = oa.pool
 LEFT JOIN _pt_named na ON na.node_id = s.a
 LEFT JOIN _pt_named nb ON nb.node_id = s.b
 WHERE NOT (oa.slow OR oa.late OR oa.lossy OR ob.slow OR ob.late OR ob.lossy)
+  -- lost datagrams are a link's own; a slow or late train can be a busy CPU through all four readings of
+  -- one probe, so without loss a path needs $path_link_reports reports (the other end's, or a later probe)
+  AND (s.loss > 0 OR s.reports >= $path_link_reports)
   AND NOT EXISTS (SELECT 1 FROM _pt_bad_nodes x WHERE x.node_id IN (s.a, s.b))
   -- other peers naming either end (the pair's own report about it aside)
   AND coalesce(na.named_by, 0) - list_contains(s.reporters, s.b)::INT < $path_min_reporters
