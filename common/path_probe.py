@@ -181,7 +181,7 @@ def summary_metrics(verdicts: Sequence[PathVerdict], s: PathSettings) -> dict[st
            "loss_ratio": lost / sent if sent else 0.0, "bytes_sent": float(probes * s.bytes_sent())}
     if rtts:
         out["rtt_p50_us"] = statistics.median(rtts)
-        out["rtt_p99_us"] = max(x for v in verdicts for x in [v.rtt_p99_us or 0.0])
+        out["rtt_p99_us"] = max(v.rtt_p99_us or 0.0 for v in verdicts)
     if trains:
         out["train_gbits_per_s"] = statistics.median(trains)
     return out
