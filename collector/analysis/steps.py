@@ -80,8 +80,8 @@ STEPS: tuple[Step, ...] = (
                       "_nd_node", "_nd_bad_nodes", "_nd_bad_pairs", "_nd_counts")),
     # the cheap layer's summaries and suspect paths (path probes): the node or link that explains them
     Step("path_tomography", "62_path_tomography.sql", CONDITIONS, kind="network_degraded",
-         temp_tables=("_pt_summary", "_pt_node", "_pt_pool", "_pt_own", "_pt_suspects", "_pt_named",
-                      "_pt_bad_nodes")),
+         temp_tables=("_pt_runs", "_pt_summary", "_pt_node", "_pt_pool", "_pt_own", "_pt_reports", "_pt_suspects",
+                      "_pt_named", "_pt_bad_nodes")),
     # after network_links: reads its _nd_runs
     Step("link_variance", "61_link_variance.sql", CONDITIONS, kind="noisy_neighbor_variance",
          temp_tables=("_lv_links", "_lv_pool", "_lv_net", "_lv")),

@@ -13,9 +13,23 @@
 --     needs $path_link_reports reports in the window.
 --     A path is a link's alone only while neither end is named by $path_min_reporters or more other peers:
 --     many peers naming one node is that node (found an epoch before its own newest summary may show it).
+-- Probes through a node while it ran a bandwidth run (net_pair, a collective group) read that run's traffic,
+-- not the fabric: a suspect probed then is left out, and so is a summary when the node has one from outside
+-- such runs in the window.
 -- The evidence says how many paths each judgement rests on.
 
+-- Bandwidth runs in the window, one row per node (either end of a pair, every member of a group).
+CREATE OR REPLACE TEMP TABLE _pt_runs AS
+SELECT DISTINCT node_id, started_at, ended_at FROM (
+    SELECT unnest([node_a, node_b]) AS node_id, started_at, ended_at FROM link_results
+    WHERE probe <> 'path_probe' AND status <> 'skipped' AND ended_at > $path_window_start AND started_at <= $now
+    UNION ALL
+    SELECT unnest(string_split(members, ',')), started_at, ended_at FROM group_results
+    WHERE status <> 'skipped' AND ended_at > $path_window_start AND started_at <= $now);
+
+-- A summary spans its epoch: from its start to the node's next summary's (the newest one's: to now).
 CREATE OR REPLACE TEMP TABLE _pt_summary AS
+SELECT *, coalesce(lead(started_at) OVER (PARTITION BY node_id ORDER BY started_at), $now) AS ended_at FROM (
 SELECT node_id, started_at,
        max(value) FILTER (WHERE metric = 'paths') AS paths,
        max(value) FILTER (WHERE metric = 'paths_suspect') AS paths_suspect,
@@ -27,13 +41,20 @@ SELECT node_id, started_at,
 FROM probe_metrics
 WHERE probe = 'path_probe' AND started_at > $path_window_start AND started_at <= $now
 GROUP BY node_id, started_at
-HAVING max(value) FILTER (WHERE metric = 'paths') > 0;
+HAVING max(value) FILTER (WHERE metric = 'paths') > 0);
 
--- A node's own view is its newest summary (a fault shows in the next epoch, not once it fills half the
--- window); its paths and probes are counted over the window for the evidence.
+-- A node's own view is its newest summary from outside its bandwidth runs, else its newest (a fault shows
+-- in the next epoch, not once it fills half the window); its paths and probes are counted over the window
+-- for the evidence.
 CREATE OR REPLACE TEMP TABLE _pt_node AS
-WITH newest AS (
-    SELECT * FROM _pt_summary QUALIFY row_number() OVER (PARTITION BY node_id ORDER BY started_at DESC) = 1
+WITH marked AS (
+    SELECT s.*, EXISTS (SELECT 1 FROM _pt_runs r WHERE r.node_id = s.node_id AND r.started_at <= s.ended_at
+                                                    AND s.started_at <= r.ended_at) AS during_run
+    FROM _pt_summary s
+),
+newest AS (
+    SELECT * FROM marked
+    QUALIFY row_number() OVER (PARTITION BY node_id ORDER BY during_run, started_at DESC) = 1
 ),
 totals AS (
     SELECT node_id, count(*) AS epochs, sum(paths) AS paths, sum(paths_suspect) AS paths_suspect,
@@ -59,23 +80,28 @@ SELECT n.*, p.nodes AS pool_nodes, p.train AS pool_train, p.rtt_us AS pool_rtt_u
 FROM _pt_node n JOIN _pt_pool p ON p.pool = n.pool
 WHERE p.nodes >= $min_fleet_nodes;
 
+-- The window's suspect reports, without those probed while either end ran a bandwidth run (a second
+-- either side: the ends' clocks and the run's start differ a little).
+CREATE OR REPLACE TEMP TABLE _pt_reports AS
+SELECT l.* FROM link_results l
+WHERE l.probe = 'path_probe' AND l.status = 'ok' AND l.started_at > $path_window_start AND l.started_at <= $now
+  AND NOT EXISTS (SELECT 1 FROM _pt_runs r WHERE r.node_id IN (l.node_a, l.node_b)
+                    AND r.started_at - INTERVAL 1 SECOND <= l.ended_at AND l.started_at <= r.ended_at + INTERVAL 1 SECOND);
+
 -- Suspect paths, one row per unordered pair: the reports of either end about the other.
 CREATE OR REPLACE TEMP TABLE _pt_suspects AS
 SELECT least(node_a, node_b) AS a, greatest(node_a, node_b) AS b, count(*) AS reports,
        list(DISTINCT reported_by ORDER BY reported_by) AS reporters,
        median(train_gbits_per_s) AS train, median(rtt_p50_us) AS rtt_us, max(loss_ratio) AS loss,
        max(started_at) AS last_at
-FROM link_results
-WHERE probe = 'path_probe' AND status = 'ok' AND started_at > $path_window_start AND started_at <= $now
+FROM _pt_reports
 GROUP BY ALL;
 
 -- Who named each node: the distinct reporters of suspects with it at the other end, and how many of them
 -- have a healthy own view.
 CREATE OR REPLACE TEMP TABLE _pt_named AS
 WITH ends AS (
-    SELECT node_b AS node_id, node_a AS reporter FROM link_results
-    WHERE probe = 'path_probe' AND status = 'ok' AND started_at > $path_window_start AND started_at <= $now
-      AND reported_by = node_a
+    SELECT node_b AS node_id, node_a AS reporter FROM _pt_reports WHERE reported_by = node_a
 )
 SELECT e.node_id, count(DISTINCT e.reporter) AS named_by,
        count(DISTINCT e.reporter) FILTER (WHERE NOT (o.slow OR o.late OR o.lossy)) AS named_by_healthy
