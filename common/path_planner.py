@@ -11,6 +11,11 @@ scope, and in every epoch each node sends exactly k probes and answers exactly k
 the scope and the cycle number), so a node's peers, and the epoch in which a given pair is measured, change
 from cycle to cycle.
 
+A suspect path (reporter -> peer) is probed once more in the next epoch from its other end, the peer (at
+most ``rechecks_per_node`` such extra probes per node an epoch): a lossless suspect needs a second report
+before it is a link's (collector/analysis/sql/62_path_tomography.sql), and the other end's probe is the
+independent one (another sender's CPU), within a minute instead of the next cycle.
+
 ``k`` follows from the target: to cover the scope within ``cover_s`` at epochs of ``epoch_s``, k =
 ceil((n-1) x epoch_s / cover_s), capped at ``max_probes_per_s`` x epoch_s. A 64-node pool covered in
 ten minutes needs 7 probes a minute per node; a 1,000-node pool 100 (1.7 a second); a scope too big for
@@ -21,9 +26,9 @@ from __future__ import annotations
 
 import math
 import random
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Iterable, Mapping
 
 from gpuagent.common.pair_planner import PlanError, _checked
 
@@ -34,6 +39,7 @@ class PathPlanSettings:
     cover_s: float = 600.0
     max_probes_per_s: float = 2.0
     seed: int | str = 0
+    rechecks_per_node: int = 4      # extra probes a node makes in an epoch, of the paths that named it
 
     def problem(self) -> str:
         if not (self.epoch_s >= 1 and self.cover_s >= self.epoch_s and self.max_probes_per_s > 0):
@@ -109,3 +115,20 @@ def coverage(n: int, epochs: int, s: PathPlanSettings) -> float:
     if n < 2:
         return 0.0
     return min(1.0, 2 * epochs * offsets_per_epoch(n, s) / (n - 1))
+
+
+def with_rechecks(lists: dict[str, list[str]], suspects: Iterable[tuple[str, str]], per_node: int) -> int:
+    """Add to ``lists`` (in place) each suspect path's probe from its other end: (reporter, peer) makes the
+    peer probe the reporter, unless it does already, either is not in this epoch's plan, or the peer has
+    ``per_node`` such probes already. Returns how many were added."""
+    extra: Counter[str] = Counter()
+    added = 0
+    for reporter, peer in suspects:
+        mine = lists.get(peer)
+        if mine is None or reporter not in lists or reporter == peer or reporter in mine or extra[peer] >= per_node:
+            continue
+        mine.append(reporter)
+        extra[peer] += 1
+        added += 1
+    return added
+

@@ -18,9 +18,10 @@ One probe of a path a -> b (a sends, b's UDP echo responder returns every datagr
 
 A path is a *suspect* when its first probe looks wrong against the node's own recent paths (lost
 datagrams; a train under ``slow_fraction`` of their median; an rtt p50 over ``late_factor`` x theirs plus
-``late_floor_us``) and ``confirm`` more probes right away say the same (the best train of all of them is
-still slow, the best probe's rtt p50 still late, or a confirmation lost datagrams too, three at
-least in all): one late or slow reading is a busy CPU, not a link. Each node reports once per epoch a *summary* of every path it probed
+``late_floor_us``) and ``confirm`` more probes, ``confirm_gap_s`` apart, say the same (the best train of all of them
+is still slow, the best probe's rtt p50 still late, or a confirmation lost datagrams too, three at
+least in all): one late or slow reading is a busy CPU, not a link, and spreading the confirmations over
+seconds keeps one burst of CPU load from making them all slow. Each node reports once per epoch a *summary* of every path it probed
 and one *suspect* result per suspect path; the collector's tomography finds the node or link that explains
 them (docs/FABRIC.md, "The cheap layer").
 """
@@ -46,6 +47,7 @@ class PathSettings:
     train_bytes: int = 1400
     timeout_s: float = 0.5
     confirm: int = 3
+    confirm_gap_s: float = 2.0      # between a path's confirmations (at most a quarter of an epoch over all)
     slow_fraction: float = 0.5
     late_factor: float = 3.0
     late_floor_us: float = 100.0
@@ -61,6 +63,8 @@ class PathSettings:
                     f"and {self.train_bytes}")
         if not (0 < self.timeout_s <= 10 and 0 <= self.confirm <= 10):
             return f"path probe timeout_s must be in (0, 10] and confirm 0-10, got {self.timeout_s} and {self.confirm}"
+        if not 0 <= self.confirm_gap_s <= 60:
+            return f"path probe confirm_gap_s must be 0-60, got {self.confirm_gap_s}"
         if not (0 < self.slow_fraction < 1 and self.late_factor > 1 and self.late_floor_us >= 0):
             return "path probe slow_fraction must be in (0, 1), late_factor above 1 and late_floor_us not negative"
         if not (1 <= self.min_reference <= self.reference_paths):
@@ -83,6 +87,11 @@ class PathSettings:
                     return f"path probe setting {f.name} = {params[f.name]!r} is not a number"
         s = cls(**kw)
         return s.problem() or s
+
+    def gap_s(self, epoch_s: float) -> float:
+        """Seconds between one path's readings in an epoch of ``epoch_s``: ``confirm_gap_s``, but all the
+        confirmations of a path within a quarter of the epoch (a 3 s test epoch cannot wait 6 s)."""
+        return min(self.confirm_gap_s, max(0.0, epoch_s) / (4 * (self.confirm + 1)))
 
     def datagrams(self) -> int:
         """Datagrams one probe sends (each comes back once more as its echo)."""

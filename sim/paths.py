@@ -7,8 +7,12 @@ a path's first reading, and its confirmations when the first looked odd against 
 Readings are drawn, not measured (SYNTHETIC, and every result says so in its env):
 
 - a healthy path: rtt ~ ``rtt_us`` x lognormal(0, 0.2), train rate ~ ``train_gbits`` x lognormal(0, 0.15),
-  each datagram lost with ``base_loss``; with probability ``hiccup`` a reading is taken while the CPU is busy
-  (rtt x 3-20, train / 3-20), which is what a single odd reading on a real node mostly is;
+  each datagram lost with ``base_loss``; a ``hiccup`` share of a node's time its CPU is in a busy burst
+  (mean ``burst_s`` long, exponential) and a reading taken in one is slow (rtt x 3-20, train / 3-20), which
+  is what a single odd reading on a real node mostly is. Bursts last: a confirmation ``lag`` seconds after a
+  first reading that fell in one is in the same burst with probability exp(-lag / burst_s), with the same
+  slowdown, else in a new one with probability ``hiccup``. The confirmations are ``settings.gap_s(epoch)``
+  apart, as the agent spaces them;
 - a bad node (a NIC that came up at a lower rate) after its onset: every path through it at
   ``train x bad_node_factor``;
 - a bad link after its onset: ``slow``: train x ``bad_link_factor``; ``lossy``: each datagram lost with
@@ -18,10 +22,13 @@ To keep 10,000 nodes' 500,000 paths per epoch cheap, the first reading of every 
 and judged by the same rule vectorised; only the odd ones (a few per thousand) take the agent's code path
 (``reading_is_odd``/``verdict`` with fresh confirmation readings). The node's reference is the median of
 its paths in the previous epoch (the agent's is its last 64 paths; at 50 paths an epoch they are alike).
+Each epoch's suspect paths are probed from their other end in the next (path_planner.with_rechecks), as
+the collector plans them.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field
 from typing import Mapping
@@ -45,6 +52,7 @@ class PathFleetSim:
     train_gbits: float = 2.5
     base_loss: float = 1e-5
     hiccup: float = 0.01
+    burst_s: float = 2.0
     bad_node_factor: float = 0.08
     bad_link_factor: float = 0.1
     bad_link_loss: float = 0.03
@@ -61,10 +69,18 @@ class PathFleetSim:
         self.ref_train = np.full(len(self.ids), np.nan)
         self.link_params = settings_key(self.settings.as_params())
         self.stats = {"paths": 0, "probes": 0, "datagrams_sent": 0, "bytes_sent": 0, "suspects": 0,
-                      "slow_path_calls": 0}
+                      "slow_path_calls": 0, "rechecks": 0}
+        self.rechecks: list[tuple[str, str]] = []     # the last epoch's suspect paths (reporter, peer)
 
     # -- one reading, the slow way (the agent's code path)
-    def _reading(self, a: str, b: str, t_ns: int) -> path_probe.ProbeReading:
+    def _burst(self, first: float, lag_s: float) -> float:
+        """The slowdown of a reading lag_s after one slowed by ``first`` (1.0: not in a burst)."""
+        r = self.prng
+        if first > 1.0 and r.random() < math.exp(-lag_s / self.burst_s):
+            return first
+        return r.uniform(3, 20) if r.random() < self.hiccup else 1.0
+
+    def _reading(self, a: str, b: str, t_ns: int, slowdown: float) -> path_probe.ProbeReading:
         s, r = self.settings, self.prng
         rtt, train, loss = self.rtt_us, self.train_gbits, self.base_loss
         for n in (a, b):
@@ -76,9 +92,7 @@ class PathFleetSim:
                 train *= self.bad_link_factor
             else:
                 loss = self.bad_link_loss
-        if r.random() < self.hiccup:
-            f = r.uniform(3, 20)
-            rtt, train = rtt * f, train / f
+        rtt, train = rtt * slowdown, train / slowdown
         rtts = [rtt * r.lognormvariate(0, 0.2) for _ in range(s.pings) if r.random() >= loss]
         echoes = sum(1 for _ in range(s.train_packets) if r.random() >= loss)
         lost = (s.pings - len(rtts)) + (s.train_packets - echoes)
@@ -90,6 +104,9 @@ class PathFleetSim:
         s, p = self.settings, self.plan
         end_ns = start_ns + int(p.epoch_s * NS)
         lists = path_planner.pinglists(self.nodes, self.scope_key, epoch, p)
+        self.stats["rechecks"] += path_planner.with_rechecks(lists, self.rechecks, p.rechecks_per_node)
+        self.rechecks = []
+        gap_s = s.gap_s(p.epoch_s)
         src = np.array([self.index[a] for a, peers in lists.items() for _ in peers], dtype=np.int64)
         dst = np.array([self.index[b] for peers in lists.values() for b in peers], dtype=np.int64)
         m = len(src)
@@ -121,7 +138,8 @@ class PathFleetSim:
             ref = (None if np.isnan(rr[k]) else float(rr[k]), None if np.isnan(rt[k]) else float(rt[k]))
             first = path_probe.ProbeReading([float(rtt_med[k])] * s.pings, s.datagrams(), int(lost[k]),
                                             float(train[k]))
-            readings = [first] + [self._reading(a, b, start_ns) for _ in range(s.confirm)]
+            readings = [first] + [self._reading(a, b, start_ns, self._burst(float(hic[k]), i * gap_s))
+                                  for i in range(1, s.confirm + 1)]
             v = path_probe.verdict(b, readings, ref[0], ref[1], s)
             verdicts[k] = v
             self.stats["slow_path_calls"] += 1
@@ -153,6 +171,7 @@ class PathFleetSim:
                     params={**path_probe.result_params(node, epoch, v.peer), "link_params": self.link_params},
                     metrics=path_probe.suspect_metrics(v), env={**env, "suspect": v.suspect}))
                 self.stats["suspects"] += 1
+                self.rechecks.append((node, v.peer))
             n_probes = float(probes[sel].sum())
             sent = n_probes * s.datagrams()
             metrics = {"paths": float(len(sel)), "paths_suspect": float(suspect[sel].sum()), "probes": n_probes,

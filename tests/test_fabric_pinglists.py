@@ -136,3 +136,30 @@ def test_a_suspect_probed_while_either_end_ran_a_bandwidth_run_is_dropped():
     later.started_ns, later.ended_ns = 110 * s, 110 * s + 5_000_000
     assert co.paths.note_batch(pb.Batch(probe_results=[during, later])) == 1
     assert co.paths.dropped_overlap == 1 and co.paths.targeted_round() == [("n3", "n4")]
+
+
+
+def test_a_suspect_path_is_probed_from_its_other_end_in_the_next_epoch():
+    """The second report a lossless suspect needs comes from the other end within an epoch: the next
+    pinglists add the reverse probe to the plan's, and the epoch after is the plan's again."""
+    co, queues = _fleet(8)
+    labels = {f"n{i}": {"pool": "a"} for i in range(8)}
+    want = {e: path_planner.pinglists(labels, "pool", e, co.paths.plan) for e in (1, 2)}
+    # a path whose peer does not probe its reporter in epoch 1 already
+    reporter, peer = next((a, b) for a in sorted(labels) for b in want[1][a] if a not in want[1][b])
+    assert co.paths.note_batch(pb.Batch(probe_results=[_suspect(reporter, peer)])) == 1
+    for e in (1, 2):
+        co.paths.send_epoch(e)
+        got = {n: list(_drain(q)[0].members) for n, q in queues.items()}
+        extra = {peer: want[1][peer] + [reporter]} if e == 1 else {}
+        assert got == {**want[e], **extra}, e
+    assert co.paths.rechecks_sent == 1
+
+
+def test_rechecks_are_capped_per_node_and_skip_what_is_not_needed():
+    lists = {"a": ["b"], "b": ["c"], "c": ["a"], "d": []}
+    suspects = [("a", "b"), ("c", "d"), ("b", "d"), ("a", "d"), ("x", "d"), ("d", "d"), ("a", "c")]
+    assert path_planner.with_rechecks(lists, suspects, per_node=2) == 3
+    # b probes a; d probes c and b, then has its 2 (a is left out); x is not in the plan; no node probes
+    # itself; c probes a already
+    assert lists == {"a": ["b"], "b": ["c", "a"], "c": ["a"], "d": ["c", "b"]}

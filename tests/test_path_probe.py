@@ -128,7 +128,7 @@ def test_a_dead_peer_is_confirmed_as_a_loss_suspect_in_link_results_shape(parts)
     # the same through the thread: one suspect result (node_a/node_b/pair_id) and the summary after it
     p.start()
     p.set_pinglist(9, [("n-good", "127.0.0.1", good.port), ("n-dead", "127.0.0.1", dead)], DEAD,
-                   time.time_ns() + 600_000_000)
+                   time.time_ns() + 1_200_000_000)
     assert _wait(lambda: sink.summaries(), 5.0)
     assert [r["params"]["role"] for r in sink.rows] == ["suspect", "summary"]
     sus, summ = sink.rows
@@ -140,6 +140,75 @@ def test_a_dead_peer_is_confirmed_as_a_loss_suspect_in_link_results_shape(parts)
     assert summ["metrics"]["datagrams_lost"] == (1 + DEAD.confirm) * DEAD.datagrams()
     assert sus["started_ns"] < sus["ended_ns"] and summ["started_ns"] <= sus["started_ns"]
     assert p.status()["suspects"] == 2      # the direct judge and the thread's
+
+
+class BlackoutEcho:
+    """A UDP echo that, once armed, drops every datagram for ``blackout_s`` from the first one it gets, then
+    echoes again: a peer (or a sender) stalled for a moment, as a burst of CPU load stalls one."""
+
+    def __init__(self, blackout_s: float):
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.settimeout(0.05)
+        self.port = self.sock.getsockname()[1]
+        self.blackout_s, self.armed, self.until = blackout_s, False, 0.0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+
+    def arm(self):
+        self.armed = True
+
+    def _loop(self):
+        while not self.stop.is_set():
+            try:
+                data, addr = self.sock.recvfrom(65535)
+            except socket.timeout:
+                continue
+            now = time.monotonic()
+            if self.armed:
+                self.armed, self.until = False, now + self.blackout_s
+            if now >= self.until:
+                self.sock.sendto(data, addr)
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(2)
+        self.sock.close()
+
+
+def test_confirmations_spread_in_time_clear_a_stall_that_back_to_back_ones_confirm(parts):
+    """A stall of 0.2 s that starts with a path's first probe: confirmations right after it (the old rule) fall
+    in the stall too and make a false loss suspect; the prober's thread spaces them ``gap_s`` apart (here
+    the epoch's quarter over three readings, 0.27 s) between its other paths, and they clear the path."""
+    responder, prober = parts
+    good = [responder() for _ in range(3)]
+    stall = BlackoutEcho(0.2)
+    try:
+        sink = Sink()
+        p = prober(sink)
+        stall.arm()
+        v = p.judge("n-stall", "127.0.0.1", stall.port, DEAD)          # back to back
+        assert "loss" in v.suspect.split(",") and v.probes == 1 + DEAD.confirm, v
+        time.sleep(0.3)
+        stall.arm()
+        p.start()
+        epoch_s = 3.2
+        gap_s = DEAD.gap_s(epoch_s)
+        assert gap_s == pytest.approx(epoch_s / 12) and gap_s > stall.blackout_s
+        peers = [("n-stall", "127.0.0.1", stall.port)] + [(f"n{i}", "127.0.0.1", r.port) for i, r in enumerate(good)]
+        t0 = time.time_ns()
+        p.set_pinglist(3, peers, DEAD, t0 + int(epoch_s * 1e9))
+        assert _wait(lambda: sink.summaries(), epoch_s + 3)
+        (summ,) = sink.summaries()
+        m = summ["metrics"]
+        assert [r["params"]["role"] for r in sink.rows] == ["summary"], sink.rows
+        assert m["paths"] == 4 and m["paths_suspect"] == 0
+        assert m["probes"] == 4 + DEAD.confirm       # the stalled path's first reading was odd, and confirmed
+        assert m["datagrams_lost"] == DEAD.datagrams(), m   # only its first reading lost anything
+        assert summ["ended_ns"] <= t0 + int(epoch_s * 1e9) + 50_000_000
+    finally:
+        stall.close()
 
 
 def test_a_datagram_without_magic_is_dropped_and_the_responder_keeps_echoing(parts):

@@ -11,8 +11,9 @@ Two parts, both on the node's fabric address:
   spreads that epoch's probes evenly over the time left in the epoch. One probe of a path is ``pings``
   datagrams one at a time, then a train of ``train_packets`` back to back (common/path_probe.py); echoes are
   matched by probe id and seq, timed by their kernel arrival time (SO_TIMESTAMPNS), and strays or late ones
-  are ignored. A first reading that looks wrong against the node's recent paths is confirmed at once by
-  ``confirm`` more. At the epoch's end (or when a new pinglist replaces it, or the agent stops) the sink gets
+  are ignored. A first reading that looks wrong against the node's recent paths is confirmed by
+  ``confirm`` more, ``confirm_gap_s`` apart, between the epoch's other probes (the first probes are spread
+  over the epoch less the time a path's confirmations take, so those end in it too). At the epoch's end (or when a new pinglist replaces it, or the agent stops) the sink gets
   one suspect result per suspect path (params node_a/node_b/pair_id, so it lands in link_results) and one
   summary (``summary_metrics``), the summary last so ``gpuagent status`` shows it as the last path_probe.
 
@@ -20,7 +21,7 @@ Not charged to the probe budget and not under the node-wide probe lock, unlike n
 dozen datagrams (45 KB at the defaults) and k of them a minute, well under a thousandth of a core and of a
 NIC, too small to disturb a job or another probe, and it must run continuously (a gap in coverage is what
 the layer exists to avoid), while the lock is held for minutes by GPU probes. Lost echoes are what it
-measures, so a busy moment reads as one odd probe, which the confirmation then clears.
+measures, so a busy moment reads as one odd probe, which the confirmations seconds later then clear.
 """
 
 from __future__ import annotations
@@ -167,13 +168,38 @@ class _Epoch:
     phase: float = field(default_factory=lambda: random.uniform(0.0, 0.5))   # where in its slot a probe starts
     next: int = 0
     verdicts: list[tuple[pp.PathVerdict, int, int]] = field(default_factory=list)   # (verdict, start, end ns)
+    odd: list["_Odd"] = field(default_factory=list)     # paths awaiting confirmations, soonest due first
+
+    @property
+    def gap_ns(self) -> int:
+        return int(self.settings.gap_s((self.end_ns - self.started_ns) / 1e9) * 1e9)
 
     def due_ns(self, i: int) -> int:
-        slot = (self.end_ns - self.started_ns) / max(1, len(self.peers))
-        return self.started_ns + int((i + self.phase) * slot)
+        """When the i-th first probe is due: spread over the epoch less the time one path's confirmations
+        take at worst (each a gap, then a probe whose every datagram waits out timeout_s), at most half of it."""
+        s, length = self.settings, self.end_ns - self.started_ns
+        tail = min(length // 2, s.confirm * (self.gap_ns + int((s.pings + 1) * s.timeout_s * 1e9)))
+        return self.started_ns + int((i + self.phase) * (length - tail) / max(1, len(self.peers)))
+
+    def defer(self, odd: "_Odd") -> None:
+        odd.due_ns += self.gap_ns
+        self.odd.append(odd)
+        self.odd.sort(key=lambda o: o.due_ns)
 
     def key(self) -> tuple:
         return self.epoch, tuple(self.peers), self.settings, self.end_ns
+
+
+@dataclass
+class _Odd:
+    """A path whose first reading looked wrong, with the readings so far; the next one is due at due_ns."""
+    peer: str
+    host: str
+    port: int
+    ref: tuple[float | None, float | None]      # the node's reference (rtt, train) when it was first probed
+    readings: list[pp.ProbeReading]
+    started_ns: int
+    due_ns: int
 
 
 class _Stopping(Exception):
@@ -309,38 +335,63 @@ class PathProber:
                 self._wait(1.0)
                 continue
             now = time.time_ns()
-            if cur.next < len(cur.peers) and now < cur.end_ns:
-                due = cur.due_ns(cur.next)
-                if now < due:
-                    self._wait((due - now) / 1e9)
-                    continue
-                node, host, port = cur.peers[cur.next]
-                cur.next += 1
-                t0 = time.time_ns()
-                try:
-                    v = self.judge(node, host, port, cur.settings)
-                except _Stopping:
-                    break
-                cur.verdicts.append((v, t0, time.time_ns()))
-            elif now < cur.end_ns:
-                self._wait((cur.end_ns - now) / 1e9)
-            else:
+            first_due = cur.due_ns(cur.next) if cur.next < len(cur.peers) else cur.end_ns
+            due = min(first_due, cur.odd[0].due_ns) if cur.odd else first_due
+            if now >= cur.end_ns:
                 self._report(cur)
                 cur = None
                 with self._mu:
                     self._current = None
-        if cur is not None and cur.verdicts:     # stopping: what this epoch measured goes out with the last batch
+            elif now < due:
+                self._wait((due - now) / 1e9)
+            else:
+                try:
+                    if cur.odd and cur.odd[0].due_ns <= now:
+                        self._confirm(cur, cur.odd.pop(0))
+                    else:
+                        node, host, port = cur.peers[cur.next]
+                        cur.next += 1
+                        self._first(cur, node, host, port)
+                except _Stopping:
+                    break
+        if cur is not None and (cur.verdicts or cur.odd):   # stopping: what it measured goes out with the last batch
             self._report(cur)
 
     # -- one path
-    def judge(self, peer: str, host: str, port: int, s: pp.PathSettings) -> pp.PathVerdict:
-        """Probe one path: one reading, ``confirm`` more when it looks wrong against the node's recent
-        paths; the verdict joins those recent paths."""
-        ref_rtt, ref_train = pp.reference(self._recent, s)
+    def _first(self, ep: _Epoch, peer: str, host: str, port: int) -> None:
+        """A path's first reading: its verdict now, or its confirmations due from ``gap_ns`` on."""
+        s, t0 = ep.settings, time.time_ns()
+        ref = pp.reference(self._recent, s)
+        r = self.probe_path(host, port, s)
+        if s.confirm and pp.reading_is_odd(r, *ref, s):
+            ep.defer(_Odd(peer, host, port, ref, [r], t0, time.time_ns()))
+        else:
+            ep.verdicts.append((self._verdict(peer, [r], ref, s), t0, time.time_ns()))
+
+    def _confirm(self, ep: _Epoch, odd: _Odd) -> None:
+        odd.readings.append(self.probe_path(odd.host, odd.port, ep.settings))
+        if len(odd.readings) > ep.settings.confirm:
+            ep.verdicts.append((self._verdict(odd.peer, odd.readings, odd.ref, ep.settings), odd.started_ns,
+                                time.time_ns()))
+        else:
+            ep.defer(odd)
+
+    def judge(self, peer: str, host: str, port: int, s: pp.PathSettings, gap_s: float = 0.0) -> pp.PathVerdict:
+        """Probe one path now: one reading, ``confirm`` more ``gap_s`` apart when it looks wrong against
+        the node's recent paths (the thread interleaves those with its other paths instead)."""
+        ref = pp.reference(self._recent, s)
         readings = [self.probe_path(host, port, s)]
-        if s.confirm and pp.reading_is_odd(readings[0], ref_rtt, ref_train, s):
-            readings += [self.probe_path(host, port, s) for _ in range(s.confirm)]
-        v = pp.verdict(peer, readings, ref_rtt, ref_train, s)
+        if s.confirm and pp.reading_is_odd(readings[0], *ref, s):
+            for _ in range(s.confirm):
+                if self._stop.wait(gap_s):
+                    raise _Stopping
+                readings.append(self.probe_path(host, port, s))
+        return self._verdict(peer, readings, ref, s)
+
+    def _verdict(self, peer: str, readings: list[pp.ProbeReading], ref: tuple[float | None, float | None],
+                 s: pp.PathSettings) -> pp.PathVerdict:
+        """The path's verdict from its readings; it joins the node's recent paths."""
+        v = pp.verdict(peer, readings, *ref, s)
         self._recent.append(v)
         with self._mu:
             self.counts["paths_probed"] += 1
@@ -444,6 +495,9 @@ class PathProber:
         me, s = self._node_id(), ep.settings
         link = settings_key(s.as_params())
         ended = max(ep.started_ns, min(time.time_ns(), ep.end_ns))
+        for odd in ep.odd:      # the epoch ended (or was replaced) before all its confirmations: what they gave
+            ep.verdicts.append((self._verdict(odd.peer, odd.readings, odd.ref, s), odd.started_ns, ended))
+        ep.odd = []
         results = []
         for v, t0, t1 in ep.verdicts:
             if v.suspect:

@@ -6,7 +6,8 @@ survives a collector restart) each node that declared a fabric address and a pat
 this epoch (common/path_planner.py: circulant per scope, every pair of the scope once per cycle, each node
 sending and answering the same number of probes), their echo responders, the probe settings and the
 epoch's end. The agent reports a summary and its suspect paths in its batches (common/path_probe.py); the
-servicer hands each suspect to :meth:`PathLayer.note_batch`.
+servicer hands each suspect to :meth:`PathLayer.note_batch`, and the next epoch's pinglists add each suspect
+path's probe from its other end (path_planner.with_rechecks), for the second report a link needs.
 
 With ``[fabric] sweep = "targeted"`` the coordinator no longer sweeps every pair with net_pair: each round
 (every ``targeted_interval_s``) runs the suspect paths first (the newest first, each node in at most one
@@ -45,6 +46,8 @@ class PathLayer:
         self.params = {**self.settings.as_params(), "epoch_s": f"{c.path_epoch_s:g}"}
         self.ports: dict[str, int] = {}
         self.suspects: collections.OrderedDict[frozenset, tuple[str, str]] = collections.OrderedDict()
+        self.rechecks: dict[tuple[str, str], None] = {}    # suspect paths (reporter, peer) since the last epoch
+        self.rechecks_sent = 0
         self.epochs_sent = 0
         self.last_epoch: int | None = None
         self.last_counts: dict[str, int] = {}      # scope -> nodes in the last pinglist epoch
@@ -75,6 +78,8 @@ class PathLayer:
         if not nodes:
             return 0
         lists = path_planner.pinglists(nodes, c.scope_key, epoch, self.plan)
+        self.rechecks_sent += path_planner.with_rechecks(lists, self.rechecks, self.plan.rechecks_per_node)
+        self.rechecks = {}
         end_ns = int((epoch + 1) * c.path_epoch_s * NS)
         sent = 0
         for node, peers in lists.items():
@@ -127,6 +132,8 @@ class PathLayer:
                 self.dropped_overlap += 1
                 continue
             if a and b and a != b:
+                if len(self.rechecks) < MAX_SUSPECTS:
+                    self.rechecks[(a, b)] = None
                 key = frozenset((a, b))
                 self.suspects.pop(key, None)
                 self.suspects[key] = (a, b)
