@@ -22,10 +22,11 @@ under half its node's median 1-9 times a minute among 228 paths, each a suspect 
 Net_pair runs are off for the first tests (``sweep = "full"``, ``interval_s = 3600``: see collector_toml).
 With ``sweep = "targeted"`` from the start, a throttled node's suspects got net_pair runs, and each run at
 100 Mbit/s filled both its ends' shaped links for 3 s: every path probe through those nodes meanwhile read
-slow and late (trains 0.04-0.1 Gbit/s, rtt 3-18 ms), was confirmed at once (the confirmations run inside
-the same 3 s) and became a suspect of its own, which got the next round's runs: two runs a round and 3-12
+slow and late (trains 0.04-0.1 Gbit/s, rtt 3-18 ms), was confirmed (the confirmations, 0.19 s apart in
+epochs of 3 s, fell inside the same 3 s) and became a suspect of its own, which got the next round's runs: two runs a round and 3-12
 suspects an epoch, still so 70 s after n2 was back at the base rate, with link_paths flags between nodes
-never throttled (2026-12-07, twice; a product issue, not the testbed's). So the targeted test comes last and
+never throttled (2026-12-07, twice; a product issue, not the testbed's: the coordinator and the tomography
+now leave out suspects probed during a run). So the targeted test comes last and
 throttles a pair (an htb class of its own, which its runs fill without touching the two nodes' other paths).
 
 Settings, and why: epochs of 3 s and ``path_cover_s = 3``, so each node probes all 3 of its peers every
