@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -56,3 +57,22 @@ def netns_fleet():
 def run_net_pair(fleet, connector: str, listener: str, **settings: Any) -> dict[str, Any]:
     """One net_pair run between two nodes (Fleet.net_pair); ``settings`` as the connect CLI's options."""
     return fleet.net_pair(connector, listener, **settings)
+
+
+class Results:
+    """The agent's batcher stand-in: keeps what a FabricClient or a PathProber hands over (probe_result is
+    its sink API)."""
+
+    def __init__(self):
+        self.rows = []
+        self._mu = threading.Lock()
+
+    def probe_result(self, rec):
+        with self._mu:
+            self.rows.append(rec)
+
+    def summaries(self):
+        """The path-probe summaries among the rows (params role = summary)."""
+        with self._mu:
+            return [r for r in self.rows if r["params"].get("role") == "summary"]
+

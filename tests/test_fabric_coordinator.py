@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import threading
 import time
 
 import grpc
@@ -13,6 +12,7 @@ import pytest
 
 from collector_helpers import node_info
 from conftest import worker_ports
+from fabric_helpers import Results  # noqa: F401 - test_fabric_budget and _groups take it from here
 from sysfs_helpers import add_nic
 from gpuagent.agent.probing.fabric import FabricClient
 from gpuagent.collector.fabric.coordinator import Coordinator, FabricConfig
@@ -24,18 +24,6 @@ PORTS = worker_ports(1)   # this worker's own range for fabric listeners and ren
 # Short, but long enough that stream processes a loaded 2-core machine schedules late still send inside the
 # window (with 0.1 s warmup and 0.3 s, a pair under the full suite once measured 0 bytes).
 FAST = {"streams": "2", "duration_s": "0.4", "warmup_s": "0.4", "rtt_count": "50"}
-
-
-class Results:
-    """The agent's batcher stand-in: keeps what FabricClient hands over (probe_result is its sink API)."""
-
-    def __init__(self):
-        self.rows = []
-        self._mu = threading.Lock()
-
-    def probe_result(self, rec):
-        with self._mu:
-            self.rows.append(rec)
 
 
 def _wait(cond, timeout=10.0):

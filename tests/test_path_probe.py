@@ -14,6 +14,7 @@ import grpc
 import pytest
 
 from conftest import worker_ports
+from fabric_helpers import Results as Sink
 from gpuagent.agent.config import ConfigError, load_config
 from gpuagent.agent.probing.fabric import FabricClient
 from gpuagent.agent.probing.paths import PathError, PathProber, PathResponder
@@ -22,22 +23,6 @@ from gpuagent.proto import pb
 
 FAST = pp.PathSettings(pings=3, train_packets=16, timeout_s=0.5, confirm=2)   # generous: a loaded CI box
 DEAD = pp.PathSettings(pings=2, train_packets=16, timeout_s=0.05, confirm=2)    # a dead path waits out each timeout
-
-
-class Sink:
-    """The batcher stand-in: keeps what the prober hands over (probe_result is its sink API)."""
-
-    def __init__(self):
-        self.rows = []
-        self._mu = threading.Lock()
-
-    def probe_result(self, rec):
-        with self._mu:
-            self.rows.append(rec)
-
-    def summaries(self):
-        with self._mu:
-            return [r for r in self.rows if r["params"]["role"] == "summary"]
 
 
 def _wait(cond, timeout=5.0):
