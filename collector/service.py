@@ -264,10 +264,11 @@ def start_grpc(handle: CollectorHandle, listen: str, policy: AuthPolicy, options
 
 def start_fabric(handle: CollectorHandle, fabric, fabric_rounds: bool) -> None:
     """On the server's loop: the coordinator that hands out pair and group rounds (docs/FABRIC.md)."""
-    from gpuagent.collector.fabric.coordinator import Coordinator, record_outcome  # noqa: PLC0415
+    from gpuagent.collector.fabric.coordinator import Coordinator, counter_flagged_nodes, record_outcome  # noqa: PLC0415
 
     writer = handle.writer
-    handle.servicer.fabric = handle.fabric = Coordinator(fabric, record=lambda o: record_outcome(writer, o))
+    handle.servicer.fabric = handle.fabric = Coordinator(fabric, record=lambda o: record_outcome(writer, o),
+                                                         counter_suspects=lambda: writer.call(counter_flagged_nodes))
     if fabric_rounds:
         handle.fabric.start()
 

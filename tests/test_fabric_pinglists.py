@@ -163,3 +163,58 @@ def test_rechecks_are_capped_per_node_and_skip_what_is_not_needed():
     # b probes a; d probes c and b, then has its 2 (a is left out); x is not in the plan; no node probes
     # itself; c probes a already
     assert lists == {"a": ["b"], "b": ["c", "a"], "c": ["a"], "d": ["c", "b"]}
+
+
+def test_a_node_the_passive_counters_flag_gets_a_bandwidth_run_with_a_healthy_peer_of_its_pool_once():
+    co, _ = _fleet(8, pools=("a", "b"), sweep="targeted", targeted_interval_s=10, rolling_runs_per_hour=0)
+    assert co.paths.note_counters(["n2", "n4"]) == 2          # n0 n2 n4 n6 are pool a
+    rnd = co.paths.targeted_round()
+    assert [a for a, _b in rnd] == ["n2", "n4"]
+    for a, b in rnd:
+        assert b in ("n0", "n6"), rnd           # the same pool, not flagged itself
+    assert co.paths.targeted_round() == []      # one run a flag episode
+    assert co.paths.note_counters(["n2", "n4"]) == 0 and co.paths.targeted_round() == []
+    co.paths.note_counters(["n4"])              # n2's flag closed ...
+    assert co.paths.note_counters(["n2", "n4"]) == 1   # ... and opened again: another run
+    assert [a for a, _b in co.paths.targeted_round()] == ["n2"]
+    # path suspects go first; a flagged node already in a suspect pair waits for the next round
+    assert co.paths.note_counters(["n4", "n6"]) == 1            # n6 is new; n2 no longer flagged
+    co.paths.note_batch(pb.Batch(probe_results=[_suspect("n6", "n0")]))
+    assert co.paths.targeted_round() == [("n6", "n0")]
+    ((a, b),) = co.paths.targeted_round()
+    assert a == "n6" and b in ("n0", "n2")
+
+
+def test_the_collectors_coordinator_reads_the_counter_flags_a_real_pass_opened(tmp_path, monkeypatch):
+    """Through the collector's own wiring (service.start_fabric) and its running coordinator: an eth_link flag
+    from a real analysis pass over SYNTHETIC counter rows reaches the targeted rounds' pending nodes (polled
+    every 0.2 s here, COUNTER_POLL_S in service)."""
+    import datetime as dt
+
+    from conftest import wait_for
+    from gpuagent.collector.analysis import analyzer as A
+    from gpuagent.collector.fabric import coordinator
+    from gpuagent.collector.service import start_collector
+    from gpuagent.sim import synthetic_rows as S
+
+    monkeypatch.setattr(coordinator, "COUNTER_POLL_S", 0.2)
+    now = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None, microsecond=0)
+    handle = start_collector(tmp_path / "c.duckdb", "127.0.0.1:0", analyze=False,
+                             fabric=FabricConfig(enabled=True, sweep="targeted", targeted_interval_s=1, paths=False))
+    try:
+        co = handle.fabric
+        assert co.paths.counter_flagged == set()
+
+        def rows(con):
+            for node, fault in (("syn-nic-bad", "eth_link"), ("syn-nic-ok", None)):
+                S.add_node(con, node, virtualized=False, gpu_count=2)
+                samples, events = S.hardware_rows(node, start=now - dt.timedelta(minutes=55), gpus=2, fault=fault)
+                S.add_samples(con, samples)
+                S.add_events(con, events)
+            A.Analyzer().run_pass(con, now)
+        handle.writer.call(rows).result(60)
+        wait_for(lambda: co.paths.counter_flagged == {"syn-nic-bad"}, timeout=10, interval=0.1,
+                 what="the coordinator's poll of the counter flags")
+        assert list(co.paths.counter_pending) == ["syn-nic-bad"]     # no ready peer yet: it waits
+    finally:
+        handle.stop()

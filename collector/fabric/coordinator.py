@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import itertools
 import logging
 import secrets
@@ -38,6 +39,7 @@ from typing import Callable
 from gpuagent.collector.fabric.pinglists import PathLayer
 from gpuagent.common import pair_planner as planner
 from gpuagent.common import path_planner, path_probe
+from gpuagent.common.errors import first_line
 from gpuagent.common.parse import settings_key
 from gpuagent.proto import pb
 
@@ -52,6 +54,7 @@ GROUP_KEYS = ("nnodes", "node_rank", "master_addr", "master_port")
 # The same for [fabric.rdma_params] (rdma_pair's settings).
 RDMA_KEYS = ("role", "peer", "tcp_port")
 RECENT_OUTCOMES = 10_000
+COUNTER_POLL_S = 60.0      # how often targeted rounds read the nodes the passive counters flag
 
 
 @dataclass
@@ -204,12 +207,18 @@ class _Group:
 
 
 class Coordinator:
-    def __init__(self, config: FabricConfig, record: Callable[[Outcome], None] | None = None):
+    def __init__(self, config: FabricConfig, record: Callable[[Outcome], None] | None = None,
+                 counter_suspects: Callable[[], concurrent.futures.Future] | None = None):
+        """``record`` stores each outcome; ``counter_suspects`` starts a read of the nodes the passive
+        counters flag (open hardware_fault eth_link/ib_port flags) and returns its future, which targeted
+        rounds await every COUNTER_POLL_S."""
         why = config.problem()
         if why:
             raise ValueError(why)
         self.config = config
         self._record = record
+        self._counter_suspects = counter_suspects
+        self._counters_due = 0.0
         self.nodes: dict[str, tuple[str, dict[str, str]]] = {}   # node id -> (fabric address, labels)
         self._streams: dict[str, asyncio.Queue] = {}
         self._pairs: dict[str, _Pair] = {}
@@ -299,6 +308,7 @@ class Coordinator:
         while True:
             try:
                 if self.config.sweep == "targeted":
+                    await self._poll_counter_suspects()
                     pairs = self.paths.targeted_round() if len(self.ready_nodes()) >= 2 else []
                     if pairs:
                         await self.run_round(pairs)
@@ -313,6 +323,18 @@ class Coordinator:
             except planner.PlanError as exc:
                 log.error("fabric: cannot plan: %s", exc)
             await asyncio.sleep(max(1.0, self.config.interval_s))
+
+    async def _poll_counter_suspects(self) -> None:
+        """Hand the nodes the passive counters flag to the targeted rounds, every COUNTER_POLL_S."""
+        if self._counter_suspects is None or time.monotonic() < self._counters_due:
+            return
+        self._counters_due = time.monotonic() + COUNTER_POLL_S
+        try:
+            nodes = await asyncio.wrap_future(self._counter_suspects())
+        except Exception as exc:  # noqa: BLE001 - a failed read must not stop the rounds; the next poll retries
+            log.warning("fabric: cannot read the counter-flagged nodes: %s", first_line(exc))
+            return
+        self.paths.note_counters(nodes)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self.run_forever())
@@ -537,3 +559,15 @@ def record_outcome(writer, o: Outcome) -> None:
     fut = writer.call(insert)
     fut.add_done_callback(lambda f: f.exception() and log.error(
         "fabric: storing the %s outcome of %s failed: %s", o.status, o.pair_id, f.exception()))
+
+
+# The passive counters' components of hardware_fault (collector/analysis/sql/70_hardware_fault.sql): a NIC or IB
+# port with errors, carrier changes, a port down or a link below its speed.
+COUNTER_COMPONENTS = ("eth_link", "ib_port")
+
+
+def counter_flagged_nodes(con) -> list[str]:
+    """The nodes with an open hardware_fault flag on their Ethernet link or IB port (run on the writer)."""
+    return [r[0] for r in con.execute(
+        "SELECT DISTINCT node_id FROM flags WHERE state = 'open' AND kind = 'hardware_fault' AND component IN "
+        f"({', '.join('?' for _ in COUNTER_COMPONENTS)}) ORDER BY node_id", list(COUNTER_COMPONENTS)).fetchall()]

@@ -11,7 +11,9 @@ path's probe from its other end (path_planner.with_rechecks), for the second rep
 
 With ``[fabric] sweep = "targeted"`` the coordinator no longer sweeps every pair with net_pair: each round
 (every ``targeted_interval_s``) runs the suspect paths first (the newest first, each node in at most one
-pair), then a rolling share of the tournament, about ``rolling_runs_per_hour`` runs per node an hour, so
+pair), then each node the passive counters newly flag (an open hardware_fault flag on its Ethernet link or IB
+port: errors, carrier changes, a port down or a link below its speed) with a healthy peer of its scope, then
+a rolling share of the tournament, about ``rolling_runs_per_hour`` runs per node an hour, so
 every pair still gets a bandwidth run in time; the agents' probe budget still refuses what does not fit.
 """
 
@@ -21,6 +23,7 @@ import asyncio
 import collections
 import logging
 import math
+import random
 import time
 
 from gpuagent.common import path_planner, path_probe
@@ -53,8 +56,11 @@ class PathLayer:
         self.last_counts: dict[str, int] = {}      # scope -> nodes in the last pinglist epoch
         self.runs: dict[str, collections.deque] = {}   # node -> its last bandwidth runs (start ns, end ns)
         self.dropped_overlap = 0
+        self.counter_flagged: set[str] = set()         # nodes whose NIC/IB counters have an open flag now
+        self.counter_pending: dict[str, None] = {}     # ... newly flagged, not yet given a bandwidth run
         self._rolling: list[planner.Pair] = []
         self._rolling_plan = 0
+        self._counter_plans = 0
         self._task: asyncio.Task | None = None
 
     # -- nodes
@@ -142,8 +148,34 @@ class PathLayer:
             self.suspects.popitem(last=False)
         return n
 
+    def note_counters(self, nodes) -> int:
+        """The nodes the passive counters flag now; each newly flagged one waits for a bandwidth run (once a
+        flag episode: a node whose flag closed and opens again gets another). Returns how many are new."""
+        now = set(nodes)
+        new = now - self.counter_flagged
+        for n in sorted(new):
+            self.counter_pending[n] = None
+        for n in list(self.counter_pending):
+            if n not in now:
+                del self.counter_pending[n]
+        self.counter_flagged = now
+        return len(new)
+
+    def _counter_peer(self, node: str, ready: dict[str, dict[str, str]], used: set[str]) -> str | None:
+        """A peer for a counter-flagged node: a ready node of its scope, not flagged itself, not busy this
+        round; a different one each time (seeded)."""
+        key = self.co.config.scope_key
+        scope = ready[node].get(key, "") if key else ""
+        peers = sorted(p for p, labels in ready.items() if p != node and p not in used and p not in self.counter_flagged
+                       and (not key or labels.get(key, "") == scope))
+        if not peers:
+            return None
+        self._counter_plans += 1
+        return random.Random(f"{self.co.config.seed}/{node}/{self._counter_plans}").choice(peers)
+
     def targeted_round(self) -> list[planner.Pair]:
-        """One round: suspect pairs first (newest first, each node once), then the tournament's next pairs."""
+        """One round: suspect pairs first (newest first, each node once), then the newly counter-flagged
+        nodes with a peer each, then the tournament's next pairs."""
         c = self.co.config
         ready = self.co.ready_nodes()
         used: set[str] = set()
@@ -153,6 +185,12 @@ class PathLayer:
                 out.append((a, b))
                 used.update((a, b))
                 del self.suspects[key]
+        for n in list(self.counter_pending):
+            peer = self._counter_peer(n, ready, used) if n in ready and n not in used else None
+            if peer is not None:
+                out.append((n, peer))
+                used.update((n, peer))
+                del self.counter_pending[n]
         want = math.ceil(len(ready) * c.rolling_runs_per_hour * c.targeted_interval_s / 3600 / 2)
         taken = 0
         for _ in range(2):     # at most one re-plan per round
