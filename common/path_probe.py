@@ -47,7 +47,7 @@ class PathSettings:
     train_bytes: int = 1400
     timeout_s: float = 0.5
     confirm: int = 3
-    confirm_gap_s: float = 2.0      # between a path's confirmations (at most a quarter of an epoch over all)
+    confirm_gap_s: float = 3.5      # between a path's confirmations (all of them within a quarter of an epoch)
     slow_fraction: float = 0.5
     late_factor: float = 3.0
     late_floor_us: float = 100.0

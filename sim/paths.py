@@ -9,10 +9,10 @@ Readings are drawn, not measured (SYNTHETIC, and every result says so in its env
 - a healthy path: rtt ~ ``rtt_us`` x lognormal(0, 0.2), train rate ~ ``train_gbits`` x lognormal(0, 0.15),
   each datagram lost with ``base_loss``; a ``hiccup`` share of a node's time its CPU is in a busy burst
   (mean ``burst_s`` long, exponential) and a reading taken in one is slow (rtt x 3-20, train / 3-20), which
-  is what a single odd reading on a real node mostly is. Bursts last: a confirmation ``lag`` seconds after a
-  first reading that fell in one is in the same burst with probability exp(-lag / burst_s), with the same
-  slowdown, else in a new one with probability ``hiccup``. The confirmations are ``settings.gap_s(epoch)``
-  apart, as the agent spaces them;
+  is what a single odd reading on a real node mostly is. Bursts last: the confirmations of a first reading
+  that fell in one are slowed alike while it lasts (its rest is exponential, mean ``burst_s``), and after it
+  each falls in a new one with probability ``hiccup``. The confirmations are ``settings.gap_s(epoch)``
+  apart, as the agent spaces them (the first readings of different paths stay independent draws);
 - a bad node (a NIC that came up at a lower rate) after its onset: every path through it at
   ``train x bad_node_factor``;
 - a bad link after its onset: ``slow``: train x ``bad_link_factor``; ``lossy``: each datagram lost with
@@ -28,7 +28,6 @@ the collector plans them.
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import dataclass, field
 from typing import Mapping
@@ -73,12 +72,14 @@ class PathFleetSim:
         self.rechecks: list[tuple[str, str]] = []     # the last epoch's suspect paths (reporter, peer)
 
     # -- one reading, the slow way (the agent's code path)
-    def _burst(self, first: float, lag_s: float) -> float:
-        """The slowdown of a reading lag_s after one slowed by ``first`` (1.0: not in a burst)."""
+    def _slowdowns(self, first: float, lags_s: list[float]) -> list[float]:
+        """The slowdown of each reading ``lags_s`` after one slowed by ``first`` (1.0: not in a burst). A burst
+        that slowed the first lasts on for an exponential time of mean burst_s (memoryless, so that is its
+        rest too): the readings within it are slowed alike, the ones after it fall in a new burst with
+        probability ``hiccup`` each."""
         r = self.prng
-        if first > 1.0 and r.random() < math.exp(-lag_s / self.burst_s):
-            return first
-        return r.uniform(3, 20) if r.random() < self.hiccup else 1.0
+        rest = r.expovariate(1.0 / self.burst_s) if first > 1.0 else -1.0
+        return [first if lag < rest else (r.uniform(3, 20) if r.random() < self.hiccup else 1.0) for lag in lags_s]
 
     def _reading(self, a: str, b: str, t_ns: int, slowdown: float) -> path_probe.ProbeReading:
         s, r = self.settings, self.prng
@@ -138,8 +139,8 @@ class PathFleetSim:
             ref = (None if np.isnan(rr[k]) else float(rr[k]), None if np.isnan(rt[k]) else float(rt[k]))
             first = path_probe.ProbeReading([float(rtt_med[k])] * s.pings, s.datagrams(), int(lost[k]),
                                             float(train[k]))
-            readings = [first] + [self._reading(a, b, start_ns, self._burst(float(hic[k]), i * gap_s))
-                                  for i in range(1, s.confirm + 1)]
+            slow = self._slowdowns(float(hic[k]), [i * gap_s for i in range(1, s.confirm + 1)])
+            readings = [first] + [self._reading(a, b, start_ns, f) for f in slow]
             v = path_probe.verdict(b, readings, ref[0], ref[1], s)
             verdicts[k] = v
             self.stats["slow_path_calls"] += 1
