@@ -93,6 +93,13 @@ class PathSettings:
         confirmations of a path within a quarter of the epoch (a 3 s test epoch cannot wait 6 s)."""
         return min(self.confirm_gap_s, max(0.0, epoch_s) / (4 * (self.confirm + 1)))
 
+    def tail_s(self, epoch_s: float) -> float:
+        """The end of an epoch kept free of first probes, so that the last path's confirmations fit: each a
+        gap, and every probe (the first included) as long as one whose datagrams all wait out timeout_s; at
+        most half the epoch."""
+        probe_s = (self.pings + 1) * self.timeout_s
+        return min(max(0.0, epoch_s) / 2, self.confirm * self.gap_s(epoch_s) + (self.confirm + 1) * probe_s)
+
     def datagrams(self) -> int:
         """Datagrams one probe sends (each comes back once more as its echo)."""
         return self.pings + self.train_packets

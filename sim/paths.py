@@ -22,8 +22,10 @@ To keep 10,000 nodes' 500,000 paths per epoch cheap, the first reading of every 
 and judged by the same rule vectorised; only the odd ones (a few per thousand) take the agent's code path
 (``reading_is_odd``/``verdict`` with fresh confirmation readings). The node's reference is the median of
 its paths in the previous epoch (the agent's is its last 64 paths; at 50 paths an epoch they are alike).
-Each epoch's suspect paths are probed from their other end in the next (path_planner.with_rechecks), as
-the collector plans them.
+Each suspect path is probed from its other end in the next epoch (path_planner.with_rechecks), as the
+collector plans it, or in the one after when its report would reach the collector after the next epoch's
+pinglists went out (its first probe drawn uniformly over the epoch less its tail, its confirmations a gap
+apart, then up to one batch interval).
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ class PathFleetSim:
     base_loss: float = 1e-5
     hiccup: float = 0.01
     burst_s: float = 2.0
+    batch_interval_s: float = 5.0    # the agent's [batch] interval: a suspect reaches the collector within it
     bad_node_factor: float = 0.08
     bad_link_factor: float = 0.1
     bad_link_loss: float = 0.03
@@ -69,7 +72,8 @@ class PathFleetSim:
         self.link_params = settings_key(self.settings.as_params())
         self.stats = {"paths": 0, "probes": 0, "datagrams_sent": 0, "bytes_sent": 0, "suspects": 0,
                       "slow_path_calls": 0, "rechecks": 0}
-        self.rechecks: list[tuple[str, str]] = []     # the last epoch's suspect paths (reporter, peer)
+        self.rechecks: list[tuple[str, str]] = []     # suspect paths (reporter, peer) for the next epoch
+        self.rechecks_later: list[tuple[str, str]] = []     # ... for the one after (they came too late)
 
     # -- one reading, the slow way (the agent's code path)
     def _slowdowns(self, first: float, lags_s: list[float]) -> list[float]:
@@ -106,8 +110,9 @@ class PathFleetSim:
         end_ns = start_ns + int(p.epoch_s * NS)
         lists = path_planner.pinglists(self.nodes, self.scope_key, epoch, p)
         self.stats["rechecks"] += path_planner.with_rechecks(lists, self.rechecks, p.rechecks_per_node)
-        self.rechecks = []
+        self.rechecks, self.rechecks_later = self.rechecks_later, []
         gap_s = s.gap_s(p.epoch_s)
+        span_s = p.epoch_s - s.tail_s(p.epoch_s)
         src = np.array([self.index[a] for a, peers in lists.items() for _ in peers], dtype=np.int64)
         dst = np.array([self.index[b] for peers in lists.values() for b in peers], dtype=np.int64)
         m = len(src)
@@ -172,7 +177,11 @@ class PathFleetSim:
                     params={**path_probe.result_params(node, epoch, v.peer), "link_params": self.link_params},
                     metrics=path_probe.suspect_metrics(v), env={**env, "suspect": v.suspect}))
                 self.stats["suspects"] += 1
-                self.rechecks.append((node, v.peer))
+                # the agent sends a suspect once confirmed, a gap after each reading from its first (somewhere
+                # in the epoch's span), with its next batch: before the next pinglists, or after them
+                arrives_s = (self.prng.uniform(0, span_s) + s.confirm * gap_s
+                             + self.prng.uniform(0, self.batch_interval_s))
+                (self.rechecks if arrives_s < p.epoch_s else self.rechecks_later).append((node, v.peer))
             n_probes = float(probes[sel].sum())
             sent = n_probes * s.datagrams()
             metrics = {"paths": float(len(sel)), "paths_suspect": float(suspect[sel].sum()), "probes": n_probes,

@@ -19,14 +19,19 @@ EPOCH = dt.timedelta(minutes=1)
 
 
 def summaries(con, node, epochs_ago=(1, 2, 3), train=2.5, rtt=40.0):
-    """One healthy summary per epoch (SYNTHETIC): 7 paths at ``train`` Gbit/s and ``rtt`` us."""
-    rows = []
+    """One summary per epoch (SYNTHETIC), its probe_results row and its metrics: 7 paths at ``train`` Gbit/s
+    and ``rtt`` us."""
+    results, metrics = [], []
     for k in epochs_ago:
         t = NOW - k * EPOCH
+        results.append([node, "path_probe", None, "ok", '{"role":"summary"}', "synthetic=1", "{}", t, t + EPOCH,
+                        60.0])
         for metric, value in (("paths", 7), ("paths_suspect", 0), ("probes", 7), ("datagrams_sent", 245),
                               ("datagrams_lost", 0), ("rtt_p50_us", rtt), ("train_gbits_per_s", train)):
-            rows.append([node, "path_probe", -1, "synthetic=1", t, metric, value])
-    S.insert_rows(con, "probe_metrics (node_id, probe, gpu, params_key, started_at, metric, value)", rows)
+            metrics.append([node, "path_probe", None, "synthetic=1", t, metric, value])
+    S.insert_rows(con, "probe_results (node_id, probe, gpu, status, params, params_key, env, started_at, ended_at, "
+                       "duration_s)", results)
+    S.insert_rows(con, "probe_metrics (node_id, probe, gpu, params_key, started_at, metric, value)", metrics)
 
 
 def suspect(con, prober, peer, at, train=0.25, loss=0.0):
@@ -75,16 +80,22 @@ def test_a_lossy_suspect_is_a_links_on_one_report(con):
     assert node == "p-n2" and ev["reports"] == 1 and ev["loss_ratio"] == 0.05
 
 
-def test_suspects_probed_during_a_bandwidth_run_through_either_end_are_left_out(con):
+@pytest.mark.parametrize("end", ["reporter", "peer"])
+def test_suspects_probed_during_a_bandwidth_run_through_either_end_are_left_out(con, end):
+    """Two reports of p-n1 -> p-n4 (lossless); the first was probed while one end (the reporter p-n1, or the
+    peer p-n4) ran net_pair with p-n6: it is left out, one report stays, and a third, outside any run, makes
+    the flag."""
     fleet(con)
-    t1, t2 = NOW - 3 * EPOCH + dt.timedelta(seconds=10), NOW - 2 * EPOCH + dt.timedelta(seconds=10)
+    t1, t2 = NOW - 4 * EPOCH + dt.timedelta(seconds=10), NOW - 3 * EPOCH + dt.timedelta(seconds=10)
     suspect(con, "p-n1", "p-n4", t1)
     suspect(con, "p-n4", "p-n1", t2)
-    # p-n4 ran net_pair with p-n6 (3 s from 2 s after the first report began), p-n1 with p-n7 during the second
-    S.add_link_runs(con, "p-n4", "p-n6", [9.0], [t1 + dt.timedelta(seconds=2)])
-    S.add_link_runs(con, "p-n7", "p-n1", [9.0], [t2 + dt.timedelta(seconds=4)])
+    S.add_link_runs(con, {"reporter": "p-n1", "peer": "p-n4"}[end], "p-n6", [9.0], [t1 + dt.timedelta(seconds=2)])
     run(con)
-    assert path_flags(con) == [], "both reports read a bandwidth run's traffic"
+    assert path_flags(con) == [], "the first report read a bandwidth run's traffic"
+    suspect(con, "p-n1", "p-n4", NOW - 2 * EPOCH + dt.timedelta(seconds=10))
+    run(con)
+    ((node, ev),) = link_flags(con)
+    assert node == "p-n1" and ev["reports"] == 2
 
 
 @pytest.mark.parametrize("bandwidth_run", [True, False])

@@ -8,14 +8,17 @@ Two parts, both on the node's fabric address:
   when set, else the first free UDP port in ``port_lo``-``port_hi``, else any free port.
 * ``PathProber``: takes the pinglist the collector sends each epoch over the Assignments stream (kind
   ``pinglist``, probe ``path_probe``; agent/probing/fabric.py routes it here) and, on a thread of its own,
-  spreads that epoch's probes evenly over the time left in the epoch. One probe of a path is ``pings``
-  datagrams one at a time, then a train of ``train_packets`` back to back (common/path_probe.py); echoes are
-  matched by probe id and seq, timed by their kernel arrival time (SO_TIMESTAMPNS), and strays or late ones
-  are ignored. A first reading that looks wrong against the node's recent paths is confirmed by
-  ``confirm`` more, ``confirm_gap_s`` apart, between the epoch's other probes (the first probes are spread
-  over the epoch less the time a path's confirmations take, so those end in it too). At the epoch's end (or when a new pinglist replaces it, or the agent stops) the sink gets
-  one suspect result per suspect path (params node_a/node_b/pair_id, so it lands in link_results) and one
-  summary (``summary_metrics``), the summary last so ``gpuagent status`` shows it as the last path_probe.
+  spreads that epoch's probes evenly over the time left in the epoch, less its tail. One probe of a path is
+  ``pings`` datagrams one at a time, then a train of ``train_packets`` back to back (common/path_probe.py);
+  echoes are matched by probe id and seq, timed by their kernel arrival time (SO_TIMESTAMPNS), and strays or
+  late ones are ignored. A first reading that looks wrong against the node's recent paths is confirmed by
+  ``confirm`` more, ``confirm_gap_s`` apart, between the epoch's other probes; the tail
+  (PathSettings.tail_s) leaves room for the last path's. A confirmed suspect goes to the sink at once
+  (params node_a/node_b/pair_id, so it lands in link_results) and reaches the collector before the next
+  epoch's pinglists, which ask its other end to probe it. At the epoch's end (or when a new pinglist
+  replaces it, or the agent stops) the sink gets the epoch's summary (``summary_metrics``), after the
+  suspects of paths whose confirmations that cut short, so ``gpuagent status`` shows it as the last
+  path_probe.
 
 Not charged to the probe budget and not under the node-wide probe lock, unlike net_pair: a probe is a few
 dozen datagrams (45 KB at the defaults) and k of them a minute, well under a thousandth of a core and of a
@@ -175,14 +178,16 @@ class _Epoch:
         return int(self.settings.gap_s((self.end_ns - self.started_ns) / 1e9) * 1e9)
 
     def due_ns(self, i: int) -> int:
-        """When the i-th first probe is due: spread over the epoch less the time one path's confirmations
-        take at worst (each a gap, then a probe whose every datagram waits out timeout_s), at most half of it."""
-        s, length = self.settings, self.end_ns - self.started_ns
-        tail = min(length // 2, s.confirm * (self.gap_ns + int((s.pings + 1) * s.timeout_s * 1e9)))
+        """When the i-th first probe is due: spread over the epoch less its tail (PathSettings.tail_s), the
+        time the last path's confirmations take at worst."""
+        length = self.end_ns - self.started_ns
+        tail = int(self.settings.tail_s(length / 1e9) * 1e9)
         return self.started_ns + int((i + self.phase) * (length - tail) / max(1, len(self.peers)))
 
     def defer(self, odd: "_Odd") -> None:
-        odd.due_ns += self.gap_ns
+        """The path's next reading is due a gap after its last one ended (not after it was due: a thread
+        that fell behind must not run them back to back)."""
+        odd.due_ns = time.time_ns() + self.gap_ns
         self.odd.append(odd)
         self.odd.sort(key=lambda o: o.due_ns)
 
@@ -347,7 +352,7 @@ class PathProber:
             else:
                 try:
                     if cur.odd and cur.odd[0].due_ns <= now:
-                        self._confirm(cur, cur.odd.pop(0))
+                        self._confirm(cur, cur.odd[0])
                     else:
                         node, host, port = cur.peers[cur.next]
                         cur.next += 1
@@ -364,15 +369,25 @@ class PathProber:
         ref = pp.reference(self._recent, s)
         r = self.probe_path(host, port, s)
         if s.confirm and pp.reading_is_odd(r, *ref, s):
-            ep.defer(_Odd(peer, host, port, ref, [r], t0, time.time_ns()))
+            ep.defer(_Odd(peer, host, port, ref, [r], t0, 0))
         else:
-            ep.verdicts.append((self._verdict(peer, [r], ref, s), t0, time.time_ns()))
+            self._final(ep, self._verdict(peer, [r], ref, s), t0)
+
+    def _final(self, ep: _Epoch, v: pp.PathVerdict, t0: int) -> None:
+        """A path's verdict joins the epoch's; a suspect goes to the sink at once (with the next batch, so
+        that the collector can ask for its other end's probe in the next epoch's pinglist)."""
+        t1 = time.time_ns()
+        ep.verdicts.append((v, t0, t1))
+        if v.suspect:
+            self._to_sink([self._suspect_result(ep, v, t0, t1)])
 
     def _confirm(self, ep: _Epoch, odd: _Odd) -> None:
+        """The next reading of ``odd`` (the soonest due, still first in ep.odd, so a stop in the middle
+        leaves it there for the report)."""
         odd.readings.append(self.probe_path(odd.host, odd.port, ep.settings))
+        ep.odd.remove(odd)
         if len(odd.readings) > ep.settings.confirm:
-            ep.verdicts.append((self._verdict(odd.peer, odd.readings, odd.ref, ep.settings), odd.started_ns,
-                                time.time_ns()))
+            self._final(ep, self._verdict(odd.peer, odd.readings, odd.ref, ep.settings), odd.started_ns)
         else:
             ep.defer(odd)
 
@@ -491,19 +506,18 @@ class PathProber:
 
     # -- results
     def _report(self, ep: _Epoch, replaced: bool = False) -> None:
-        """The epoch's suspect results, then its summary, to the sink."""
+        """The epoch's summary to the sink, after the suspects of paths whose confirmations it cut short (the
+        others went as they were confirmed)."""
         me, s = self._node_id(), ep.settings
         link = settings_key(s.as_params())
         ended = max(ep.started_ns, min(time.time_ns(), ep.end_ns))
-        for odd in ep.odd:      # the epoch ended (or was replaced) before all its confirmations: what they gave
-            ep.verdicts.append((self._verdict(odd.peer, odd.readings, odd.ref, s), odd.started_ns, ended))
-        ep.odd = []
         results = []
-        for v, t0, t1 in ep.verdicts:
+        for odd in ep.odd:      # the epoch ended (or was replaced) before all its confirmations: what they gave
+            v = self._verdict(odd.peer, odd.readings, odd.ref, s)
+            ep.verdicts.append((v, odd.started_ns, ended))
             if v.suspect:
-                params = {**pp.result_params(me, ep.epoch, v.peer), "link_params": link}
-                results.append(ProbeResult(pp.PROBE, "ok", "", params, pp.suspect_metrics(v), t0, t1,
-                                           {"suspect": v.suspect}))
+                results.append(self._suspect_result(ep, v, odd.started_ns, ended))
+        ep.odd = []
         params = {**pp.result_params(me, ep.epoch), "link_params": link}
         verdicts = [v for v, _t0, _t1 in ep.verdicts]
         if verdicts:
@@ -518,14 +532,23 @@ class PathProber:
                        "(did the pinglist arrive after its end? compare this node's clock with the collector's)")
             summary = ProbeResult(pp.PROBE, "skipped", why, params, {}, ep.started_ns, ended)
         results.append(summary)
-        for r in results:
-            r.env["scheduler"] = "fabric"
-            if self._nic_env is not None:
-                self._nic_env(r)
         with self._mu:
             self.counts["epochs_reported"] += 1
             self.last_summary = {"epoch": ep.epoch, "status": summary.status, "reason": summary.reason,
                                  **summary.metrics}
+        self._to_sink(results)
+
+    def _suspect_result(self, ep: _Epoch, v: pp.PathVerdict, t0: int, t1: int) -> ProbeResult:
+        """A suspect path as a result (params node_a/node_b/pair_id: it lands in link_results)."""
+        params = {**pp.result_params(self._node_id(), ep.epoch, v.peer),
+                  "link_params": settings_key(ep.settings.as_params())}
+        return ProbeResult(pp.PROBE, "ok", "", params, pp.suspect_metrics(v), t0, t1, {"suspect": v.suspect})
+
+    def _to_sink(self, results: list[ProbeResult]) -> None:
+        for r in results:
+            r.env["scheduler"] = "fabric"
+            if self._nic_env is not None:
+                self._nic_env(r)
         for r in results:
             for rec in r.sink_records():
                 try:

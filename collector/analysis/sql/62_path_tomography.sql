@@ -27,9 +27,16 @@ SELECT DISTINCT node_id, started_at, ended_at FROM (
     SELECT unnest(string_split(members, ',')), started_at, ended_at FROM group_results
     WHERE status <> 'skipped' AND ended_at > $path_window_start AND started_at <= $now);
 
--- A summary spans its epoch: from its start to the node's next summary's (the newest one's: to now).
+-- A summary spans its epoch: started_at to ended_at of its probe_results row (the latest end among that
+-- node's path_probe rows of that start: a suspect never ends after the summary of its epoch).
 CREATE OR REPLACE TEMP TABLE _pt_summary AS
-SELECT *, coalesce(lead(started_at) OVER (PARTITION BY node_id ORDER BY started_at), $now) AS ended_at FROM (
+WITH ends AS (
+    SELECT node_id, started_at, max(ended_at) AS ended_at FROM probe_results
+    WHERE probe = 'path_probe' AND started_at > $path_window_start AND started_at <= $now
+    GROUP BY ALL
+)
+SELECT m.*, coalesce(e.ended_at, m.started_at) AS ended_at
+FROM (
 SELECT node_id, started_at,
        max(value) FILTER (WHERE metric = 'paths') AS paths,
        max(value) FILTER (WHERE metric = 'paths_suspect') AS paths_suspect,
@@ -41,7 +48,8 @@ SELECT node_id, started_at,
 FROM probe_metrics
 WHERE probe = 'path_probe' AND started_at > $path_window_start AND started_at <= $now
 GROUP BY node_id, started_at
-HAVING max(value) FILTER (WHERE metric = 'paths') > 0);
+HAVING max(value) FILTER (WHERE metric = 'paths') > 0) m
+LEFT JOIN ends e ON e.node_id = m.node_id AND e.started_at = m.started_at;
 
 -- A node's own view is its newest summary from outside its bandwidth runs, else its newest (a fault shows
 -- in the next epoch, not once it fills half the window); its paths and probes are counted over the window
