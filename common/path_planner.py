@@ -7,7 +7,8 @@ are generated centrally but spread evenly: the nodes are put in a shuffled ring,
 probes the nodes ``d`` places further round the ring for ``k`` consecutive offsets ``d``. The offsets
 1 .. n-1 cover every pair twice, once from each end (two probes, so a lossy path that one probe's few dozen
 datagrams can miss is seen twice a cycle), so a *cycle* of ceil((n-1) / k) epochs measures every pair of the
-scope, and in every epoch each node sends exactly k probes and answers exactly k: no node is a hot spot. Each cycle shuffles the ring anew (seeded by the seed,
+scope, and in every epoch each node sends exactly k planned probes and answers exactly k (plus at most
+``rechecks_per_node`` rechecks, below): no node is a hot spot. Each cycle shuffles the ring anew (seeded by the seed,
 the scope and the cycle number), so a node's peers, and the epoch in which a given pair is measured, change
 from cycle to cycle.
 

@@ -156,6 +156,40 @@ def test_a_suspect_path_is_probed_from_its_other_end_in_the_next_epoch():
     assert co.paths.rechecks_sent == 1
 
 
+def test_in_the_default_full_sweep_a_streamed_suspect_is_still_rechecked(tmp_path):
+    """The servicer hands suspects to the path layer whatever the sweep: in the default (full) one they are
+    rechecked from their other end, and no targeted run is queued for them."""
+    import time
+
+    import grpc
+
+    from collector_helpers import node_info
+    from gpuagent.collector.service import start_collector
+    from gpuagent.proto import pb_grpc
+
+    handle = start_collector(tmp_path / "c.duckdb", "127.0.0.1:0", analyze=False,
+                             fabric=FabricConfig(enabled=True), fabric_rounds=False)
+    try:
+        with grpc.insecure_channel(handle.address) as ch:
+            stub = pb_grpc.CollectorStub(ch)
+            ids = []
+            for i in range(2):
+                info = node_info(f"gpu-{i}", f"m-{i}")
+                info.fabric_address, info.path_port = f"10.0.0.{i + 1}", 42050
+                ids.append(stub.Register(pb.RegisterRequest(node=info)).node_id)
+            now = time.time_ns()
+            batch = pb.Batch(node_id=ids[0], seq=1, created_ns=now)
+            batch.probe_results.add(probe=path_probe.PROBE, status="ok", gpu=-1, started_ns=now - 10**9, ended_ns=now,
+                                    params=path_probe.result_params(ids[0], 7, ids[1]), metrics={"loss_ratio": 0.0})
+            acks = list(stub.Stream(iter([batch]), metadata=(("gpuagent-node-id", ids[0]),)))
+            assert acks and acks[0].seq == 1
+        assert handle.fabric.config.sweep == "full"
+        assert list(handle.fabric.paths.rechecks) == [(ids[0], ids[1])]
+        assert not handle.fabric.paths.suspects
+    finally:
+        handle.stop()
+
+
 def test_rechecks_are_capped_per_node_and_skip_what_is_not_needed():
     lists = {"a": ["b"], "b": ["c"], "c": ["a"], "d": []}
     suspects = [("a", "b"), ("c", "d"), ("b", "d"), ("a", "d"), ("x", "d"), ("d", "d"), ("a", "c")]

@@ -55,6 +55,7 @@ GROUP_KEYS = ("nnodes", "node_rank", "master_addr", "master_port")
 RDMA_KEYS = ("role", "peer", "tcp_port")
 RECENT_OUTCOMES = 10_000
 COUNTER_POLL_S = 60.0      # how often targeted rounds read the nodes the passive counters flag
+COUNTER_READ_TIMEOUT_S = 30.0
 
 
 @dataclass
@@ -330,7 +331,8 @@ class Coordinator:
             return
         self._counters_due = time.monotonic() + COUNTER_POLL_S
         try:
-            nodes = await asyncio.wrap_future(self._counter_suspects())
+            # bounded: a writer stuck in a long call must not hold up the rounds
+            nodes = await asyncio.wait_for(asyncio.wrap_future(self._counter_suspects()), COUNTER_READ_TIMEOUT_S)
         except Exception as exc:  # noqa: BLE001 - a failed read must not stop the rounds; the next poll retries
             log.warning("fabric: cannot read the counter-flagged nodes: %s", first_line(exc))
             return

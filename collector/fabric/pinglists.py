@@ -3,8 +3,8 @@
 Every ``path_epoch_s`` (aligned to the wall clock, so the epoch number is the same for every node and
 survives a collector restart) each node that declared a fabric address and a path-probe port
 (``NodeInfo.path_port``) and holds an ``Assignments`` stream gets a ``pinglist``: the peers it probes in
-this epoch (common/path_planner.py: circulant per scope, every pair of the scope once per cycle, each node
-sending and answering the same number of probes), their echo responders, the probe settings and the
+this epoch (common/path_planner.py: circulant per scope, every pair of the scope from each end once per
+cycle, each node sending and answering the same number of planned probes), their echo responders, the probe settings and the
 epoch's end. The agent reports a summary and its suspect paths in its batches (common/path_probe.py); the
 servicer hands each suspect to :meth:`PathLayer.note_batch`, and the next epoch's pinglists add each suspect
 path's probe from its other end (path_planner.with_rechecks), for the second report a link needs.
@@ -127,8 +127,9 @@ class PathLayer:
         return any(s - NS <= t1 and t0 <= e + NS for n in nodes for s, e in self.runs.get(n, ()))
 
     def note_batch(self, batch: pb.Batch) -> int:
-        """Keep the suspect paths a batch reports; how many. A suspect whose probes overlapped a bandwidth
-        run on either end is dropped: else each targeted run would make the next round's suspects."""
+        """Keep the suspect paths a batch reports (for the next epoch's rechecks and, in targeted mode, the
+        next bandwidth runs); how many. A suspect whose probes overlapped a bandwidth run on either end is
+        dropped: else each targeted run would make the next round's suspects."""
         n = 0
         for r in batch.probe_results:
             if r.probe != path_probe.PROBE or r.params.get("role") != "suspect":
@@ -140,6 +141,9 @@ class PathLayer:
             if a and b and a != b:
                 if len(self.rechecks) < MAX_SUSPECTS:
                     self.rechecks[(a, b)] = None
+                if self.co.config.sweep != "targeted":
+                    n += 1
+                    continue
                 key = frozenset((a, b))
                 self.suspects.pop(key, None)
                 self.suspects[key] = (a, b)

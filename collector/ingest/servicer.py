@@ -249,8 +249,9 @@ class CollectorServicer(pb_grpc.CollectorServicer):
                             error = ("ALREADY_EXISTS", str(exc), None)
                             break
                     prepared = prepare_batch(batch, self._limits)
-                    if self.fabric is not None and self.fabric.config.sweep == "targeted":
-                        self.fabric.paths.note_batch(batch)     # suspect paths get the next bandwidth runs
+                    if self.fabric is not None and self.fabric.config.paths:
+                        # suspect paths: rechecked from their other end next epoch, and (targeted) bandwidth runs
+                        self.fabric.paths.note_batch(batch)
                 except BatchError as exc:
                     error = (exc.code, f"batch seq {batch.seq}: {exc.message}", batch.seq)
                     break
