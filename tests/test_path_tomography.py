@@ -80,6 +80,15 @@ def test_a_lossy_suspect_is_a_links_on_one_report(con):
     assert node == "p-n2" and ev["reports"] == 1 and ev["loss_ratio"] == 0.05
 
 
+def test_one_datagram_lost_beside_a_slow_reading_is_not_loss(con):
+    """1 of 140 datagrams (0.7 %, under path_loss_floor) lost on a slow suspect: chance, not a lossy link, so
+    the path still needs its second report."""
+    fleet(con)
+    suspect(con, "p-n2", "p-n5", NOW - 2 * EPOCH, train=0.4, loss=1 / 140)
+    run(con)
+    assert path_flags(con) == []
+
+
 @pytest.mark.parametrize("end", ["reporter", "peer"])
 def test_suspects_probed_during_a_bandwidth_run_through_either_end_are_left_out(con, end):
     """Two reports of p-n1 -> p-n4 (lossless); the first was probed while one end (the reporter p-n1, or the
