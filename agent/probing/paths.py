@@ -391,16 +391,13 @@ class PathProber:
         else:
             ep.defer(odd)
 
-    def judge(self, peer: str, host: str, port: int, s: pp.PathSettings, gap_s: float = 0.0) -> pp.PathVerdict:
-        """Probe one path now: one reading, ``confirm`` more ``gap_s`` apart when it looks wrong against
-        the node's recent paths (the thread interleaves those with its other paths instead)."""
+    def judge(self, peer: str, host: str, port: int, s: pp.PathSettings) -> pp.PathVerdict:
+        """Probe one path now: one reading, ``confirm`` more right after it when it looks wrong against the
+        node's recent paths (the thread spaces those ``confirm_gap_s`` apart between its other paths instead)."""
         ref = pp.reference(self._recent, s)
         readings = [self.probe_path(host, port, s)]
         if s.confirm and pp.reading_is_odd(readings[0], *ref, s):
-            for _ in range(s.confirm):
-                if self._stop.wait(gap_s):
-                    raise _Stopping
-                readings.append(self.probe_path(host, port, s))
+            readings += [self.probe_path(host, port, s) for _ in range(s.confirm)]
         return self._verdict(peer, readings, ref, s)
 
     def _verdict(self, peer: str, readings: list[pp.ProbeReading], ref: tuple[float | None, float | None],
