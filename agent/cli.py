@@ -39,6 +39,12 @@ def main() -> None:
               help="Node label, repeatable (pool, provider, region, price_per_gpu_hour, ...).")
 def run(config_file, collector, state_dir, interval, batch_interval, labels) -> None:
     """Run the agent in the foreground (what the systemd unit starts)."""
+    import faulthandler
+    import signal
+
+    # `kill -USR2 <pid>`: every thread's stack to stderr (the journal, or a test's agent.log), for an agent
+    # that does not stop or sample; it keeps running.
+    faulthandler.register(signal.SIGUSR2, all_threads=True)
     from gpuagent.agent.config import ConfigError, load_config
     from gpuagent.agent.daemon import StartupError, run_agent
     try:

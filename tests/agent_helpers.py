@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 import sys
 from pathlib import Path
 
@@ -92,11 +93,16 @@ def kill_tree(proc: subprocess.Popen, timeout: float = 10.0) -> None:
 
 
 def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
+    """Signal the agent and wait for it. One that does not stop in ``timeout`` first gets SIGUSR2, so that its
+    log ends with every thread's stack (agent/cli.py registers faulthandler), then SIGKILL."""
     if proc.poll() is None:
         proc.send_signal(sig)
         try:
             return proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
+            if "gpuagent.agent.cli" in proc.args:
+                proc.send_signal(signal.SIGUSR2)
+                time.sleep(1.0)
             proc.kill()
             proc.wait(timeout=5)
             raise

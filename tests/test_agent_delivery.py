@@ -234,6 +234,25 @@ def test_malformed_batch_rejected_not_retried_forever(tmp_path, collector):
         stop(agent)
 
 
+def test_sigusr2_writes_every_threads_stack_to_the_log_and_the_agent_runs_on(tmp_path, collector):
+    """What a hung agent gives (and tests/agent_helpers.stop asks for before SIGKILL)."""
+    collector.start()
+    state = tmp_path / "state"
+    agent = start_agent(tmp_path, collector.address, state, interval=0.5)
+    try:
+        wait_running(state, agent)
+        agent.send_signal(signal.SIGUSR2)
+        log = tmp_path / "agent.log"
+        text = wait_for(lambda: "most recent call first" in (t := log.read_text()) and t, timeout=10,
+                        what="a stack dump in agent.log")
+        assert "Current thread" in text and "daemon.py" in text, text[-2000:]   # the main loop, where it waits
+        ticks = read_status(state)["counters"]["ticks"]
+        wait_for(lambda: read_status(state)["counters"]["ticks"] > ticks, timeout=10, what="ticks after SIGUSR2")
+        assert agent.poll() is None
+    finally:
+        assert stop(agent) == 0
+
+
 def test_wrong_token_is_a_clear_status_line(tmp_path):
     c = Collector(tmp_path, token="right-token").start()
     state = tmp_path / "state"
