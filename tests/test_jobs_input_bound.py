@@ -104,10 +104,18 @@ def test_slowed_loader_raises_input_bound_utilization_gap(tmp_path, nvml_emulato
         def q(sql):
             return client.query(col.address, sql).rows
 
+        stored: dict[str, int] = {}
+
         def steps_stored():
-            return all(q(f"SELECT coalesce(sum(steps), 0) FROM job_steps WHERE job_id = '{j}'")[0][0] == 2 * STEPS
-                       for j in job_ids.values())
-        wait_for(steps_stored, timeout=30, what="both jobs' steps in job_steps")
+            stored.update({n: q(f"SELECT coalesce(sum(steps), 0) FROM job_steps WHERE job_id = '{j}'")[0][0]
+                           for n, j in job_ids.items()})
+            return all(v == 2 * STEPS for v in stored.values())
+        # A tracker's bye closes its window at once; without one the window closes step_window_s (60 s) after
+        # it opened, so the wait lasts past that.
+        try:
+            wait_for(steps_stored, timeout=75, what="both jobs' steps in job_steps")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; stored steps per job (want {2 * STEPS}): {stored}") from None
         wait_for(lambda: q("SELECT count(DISTINCT gpu) FROM job_samples WHERE gpu >= 0")[0][0] >= 4,
                  timeout=30, what="job samples naming the four GPUs")
         result = client.analyze(col.address)
