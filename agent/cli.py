@@ -44,7 +44,10 @@ def run(config_file, collector, state_dir, interval, batch_interval, labels) -> 
 
     # `kill -USR2 <pid>`: every thread's stack to stderr (the journal, or a test's agent.log), for an agent
     # that does not stop or sample; it keeps running.
-    faulthandler.register(signal.SIGUSR2, all_threads=True)
+    try:
+        faulthandler.register(signal.SIGUSR2, all_threads=True)
+    except (AttributeError, OSError, ValueError):   # stderr without a file descriptor (an in-process CLI runner)
+        pass
     from gpuagent.agent.config import ConfigError, load_config
     from gpuagent.agent.daemon import StartupError, run_agent
     try:
