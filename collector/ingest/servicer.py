@@ -22,7 +22,7 @@ from gpuagent.collector.ingest.flow import InflightBudget
 from gpuagent.collector.ingest.identity import NodeClaims, Refused
 from gpuagent.collector.ingest.ratelog import RateLimitedLog
 from gpuagent.collector.ingest.rpc import Undecodable
-from gpuagent.collector.ingest.validate import BatchError, Limits, prepare_batch
+from gpuagent.collector.ingest.validate import BatchError, Limits, SeriesCache, prepare_batch
 from gpuagent.collector.store.nodes import InvalidNode, find_node, mark_shared_machine_id, register_node
 from gpuagent.collector.store.writer import StorageError, Writer
 from gpuagent.collector.views import sqlguard
@@ -41,7 +41,8 @@ MAX_WAIT_ACTIONS_S = 120.0    # an Analyze call waits at most this long for the 
 
 
 class _StreamState:
-    __slots__ = ("out", "pending", "idle", "claimed", "instance", "peer", "interval_s", "node_id", "principal")
+    __slots__ = ("out", "pending", "idle", "claimed", "instance", "peer", "interval_s", "node_id", "principal",
+                 "series_cache")
 
     def __init__(self, instance: str | None = None, peer: str = "", interval_s: float = 0.0, principal=None):
         self.out: asyncio.Queue = asyncio.Queue()
@@ -56,6 +57,7 @@ class _StreamState:
         # switches node, so a client that registered several nodes cannot write one node's data as another.
         self.node_id: str | None = None
         self.principal = principal            # the credential's holder (auth.Principal): which nodes it may write
+        self.series_cache = SeriesCache()     # the stream's last series dictionary, derived once (validate.py)
 
     def bind(self, node_id: str) -> str | None:
         """Bind to ``node_id`` on first use; the refusal sentence when the stream is bound to another node."""
@@ -248,7 +250,7 @@ class CollectorServicer(pb_grpc.CollectorServicer):
                         except Refused as exc:
                             error = ("ALREADY_EXISTS", str(exc), None)
                             break
-                    prepared = prepare_batch(batch, self._limits)
+                    prepared = prepare_batch(batch, self._limits, series_cache=state.series_cache)
                     if self.fabric is not None and self.fabric.config.paths:
                         # suspect paths: rechecked from their other end next epoch, and (targeted) bandwidth runs
                         self.fabric.paths.note_batch(batch)

@@ -107,7 +107,68 @@ def _job_end_time(e, key: str, max_ts: int) -> int | None:
     return value
 
 
-def _samples_table(node_id: str, cols: pb.SampleColumns, max_ts: int) -> pa.Table | None:
+@dataclass(frozen=True)
+class _SeriesPart:
+    """What a batch's series dictionary gives every batch that sends the same one: ids in sorted order, and
+    the metric, gpu and labels of each series (Arrow dictionaries and a numpy gpu column)."""
+
+    sorted_ids: np.ndarray
+    order: np.ndarray
+    gpu: np.ndarray
+    metric: pa.Array
+    labels: pa.Array
+
+
+def _series_part(series) -> _SeriesPart:
+    ids = np.fromiter((s.id for s in series), dtype=np.int64, count=len(series))
+    order = np.argsort(ids, kind="stable")
+    sorted_ids = ids[order]
+    if len(sorted_ids) > 1 and bool((sorted_ids[1:] == sorted_ids[:-1]).any()):
+        raise BatchError("INVALID_ARGUMENT", "the series dictionary defines the same series id twice")
+    metrics = [s.metric for s in series]
+    gpus = [s.gpu for s in series]
+    if not all(metrics):
+        raise BatchError("INVALID_ARGUMENT", f"series {series[metrics.index('')].id} has an empty metric name")
+    if min(gpus) < -1:
+        bad = next(s for s in series if s.gpu < -1)
+        raise BatchError("INVALID_ARGUMENT", f"series {bad.id} has gpu index {bad.gpu} (use -1 for host-level)")
+    if max(gpus) > GPU_MAX:
+        bad = next(s for s in series if s.gpu > GPU_MAX)
+        raise BatchError("INVALID_ARGUMENT",
+                         f"series {bad.id} has gpu index {bad.gpu}, out of range (at most {GPU_MAX})")
+    labels = [labels_text(s.labels) for s in series]
+    return _SeriesPart(sorted_ids, order, np.asarray(gpus, dtype=t.SAMPLES.type("gpu").to_pandas_dtype()),
+                       pa.array(metrics, t.SAMPLES.type("metric")), pa.array(labels, t.SAMPLES.type("labels")))
+
+
+class SeriesCache:
+    """The last series dictionary one stream sent, with its ``_SeriesPart``.
+
+    An agent's batches repeat the same dictionary while its series stay the same (agent/pipeline/batcher.py
+    numbers them in the order each tick samples them). Comparing two dictionaries is a C-speed protobuf
+    compare, about a fifth of deriving the part in Python (0.18 against 0.8 ms for 500 series, 2026-12-07),
+    so a stream pays the derivation only when its dictionary changes. Only a valid dictionary is kept."""
+
+    def __init__(self) -> None:
+        self._series = pb.SampleColumns()
+        self._part: _SeriesPart | None = None
+        self.hits = 0
+        self.misses = 0
+
+    def part(self, series) -> _SeriesPart:
+        if self._part is not None and series == self._series.series:
+            self.hits += 1
+            return self._part
+        self.misses += 1
+        part = _series_part(series)          # raises on an invalid dictionary, keeping the last valid one
+        self._series.Clear()
+        self._series.series.extend(series)
+        self._part = part
+        return part
+
+
+def _samples_table(node_id: str, cols: pb.SampleColumns, max_ts: int,
+                   cache: SeriesCache | None = None) -> pa.Table | None:
     """The samples in columnar form, converted with numpy (a batch can hold a million of them)."""
     n = len(cols.ts_ns)
     if len(cols.series_id) != n or len(cols.value) != n:
@@ -119,23 +180,8 @@ def _samples_table(node_id: str, cols: pb.SampleColumns, max_ts: int) -> pa.Tabl
     series = cols.series
     if not series:
         raise BatchError("INVALID_ARGUMENT", f"{n} samples but the batch defines no series")
-    ids = np.fromiter((s.id for s in series), dtype=np.int64, count=len(series))
-    order = np.argsort(ids, kind="stable")
-    sorted_ids = ids[order]
-    if len(sorted_ids) > 1 and bool((sorted_ids[1:] == sorted_ids[:-1]).any()):
-        raise BatchError("INVALID_ARGUMENT", "the series dictionary defines the same series id twice")
-    metrics = [s.metric for s in series]
-    gpus = [s.gpu for s in series]
-    labels = [labels_text(s.labels) for s in series]
-    if not all(metrics):
-        raise BatchError("INVALID_ARGUMENT", f"series {series[metrics.index('')].id} has an empty metric name")
-    if min(gpus) < -1:
-        bad = next(s for s in series if s.gpu < -1)
-        raise BatchError("INVALID_ARGUMENT", f"series {bad.id} has gpu index {bad.gpu} (use -1 for host-level)")
-    if max(gpus) > GPU_MAX:
-        bad = next(s for s in series if s.gpu > GPU_MAX)
-        raise BatchError("INVALID_ARGUMENT",
-                         f"series {bad.id} has gpu index {bad.gpu}, out of range (at most {GPU_MAX})")
+    part = cache.part(series) if cache is not None else _series_part(series)
+    sorted_ids, order = part.sorted_ids, part.order
 
     # The protobuf containers expose __array__, so these are C-speed copies, not Python loops.
     ts = np.asarray(cols.ts_ns, dtype=np.int64)
@@ -151,18 +197,18 @@ def _samples_table(node_id: str, cols: pb.SampleColumns, max_ts: int) -> pa.Tabl
         raise BatchError("INVALID_ARGUMENT", f"sample refers to series id {bad}, which the batch does not define")
     pos = order[where_clipped].astype(np.int32)
 
-    gpu_per_series = np.asarray(gpus, dtype=t.SAMPLES.type("gpu").to_pandas_dtype())
-    gpu = gpu_per_series[pos]
+    gpu = part.gpu[pos]
     gpu_mask = gpu < 0
     nan_mask = np.isnan(values)
     # Dictionary-encoded where a column repeats per series: the values keep the declared type.
+    pos_array = pa.array(pos)
     return pa.table({
         "ts": pa.Array.from_buffers(t.SAMPLES.type("ts"), n, [None, pa.py_buffer(ts)]),
         "node_id": pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, dtype=np.int32)),
                                                   pa.array([node_id], t.SAMPLES.type("node_id"))),
         "gpu": pa.array(gpu, t.SAMPLES.type("gpu"), mask=gpu_mask if gpu_mask.any() else None),
-        "metric": pa.DictionaryArray.from_arrays(pa.array(pos), pa.array(metrics, t.SAMPLES.type("metric"))),
-        "labels": pa.DictionaryArray.from_arrays(pa.array(pos), pa.array(labels, t.SAMPLES.type("labels"))),
+        "metric": pa.DictionaryArray.from_arrays(pos_array, part.metric),
+        "labels": pa.DictionaryArray.from_arrays(pos_array, part.labels),
         "value": pa.array(values, t.SAMPLES.type("value"), mask=nan_mask if nan_mask.any() else None),
     })
 
@@ -292,8 +338,10 @@ def _check_size(batch: pb.Batch, limits: Limits) -> None:
                          f"{limits.max_rows_per_batch} per batch; send smaller batches")
 
 
-def prepare_batch(batch: pb.Batch, limits: Limits = Limits(), now_ns: int | None = None) -> PreparedBatch:
-    """Validate ``batch`` completely and build its Arrow tables; raise BatchError on anything wrong."""
+def prepare_batch(batch: pb.Batch, limits: Limits = Limits(), now_ns: int | None = None,
+                  series_cache: SeriesCache | None = None) -> PreparedBatch:
+    """Validate ``batch`` completely and build its Arrow tables; raise BatchError on anything wrong.
+    ``series_cache``: the stream's (one per stream, not shared between threads)."""
     if not batch.node_id:
         raise BatchError("INVALID_ARGUMENT", "batch has no node_id (call Register first)")
     if not 1 <= batch.seq <= MAX_SEQ:
@@ -305,7 +353,7 @@ def prepare_batch(batch: pb.Batch, limits: Limits = Limits(), now_ns: int | None
     max_ts = now_ns + int(limits.max_future_s * 1e9)
     node_id = batch.node_id
 
-    samples = _samples_table(node_id, batch.samples, max_ts)
+    samples = _samples_table(node_id, batch.samples, max_ts, series_cache)
     derived = _Derived()
     rows = {kind.field: _rows_table(kind, getattr(batch, kind.field), node_id, batch.created_ns, max_ts, derived)
             for kind in _ROW_KINDS}
