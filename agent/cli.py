@@ -46,7 +46,7 @@ def run(config_file, collector, state_dir, interval, batch_interval, labels) -> 
     # that does not stop or sample; it keeps running.
     try:
         faulthandler.register(signal.SIGUSR2, all_threads=True)
-    except (AttributeError, OSError, ValueError):   # stderr without a file descriptor (an in-process CLI runner)
+    except (OSError, ValueError, RuntimeError):   # stderr without a file descriptor (click's runner), or None
         pass
     from gpuagent.agent.config import ConfigError, load_config
     from gpuagent.agent.daemon import StartupError, run_agent

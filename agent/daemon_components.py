@@ -158,7 +158,7 @@ def start_job_step_receiver(agent: Agent) -> None:
     agent.samplers.append(receiver)
     agent.job_steps = receiver
     for s in agent.samplers:   # tracked processes are jobs too, under the id the receiver uses
-        if s is not receiver and hasattr(s, "tracked_pids") and hasattr(s, "slurm_job_of"):
+        if hasattr(s, "tracked_pids") and hasattr(s, "slurm_job_of"):   # job discovery, not the receiver
             s.tracked_pids = receiver.tracked_pids
             receiver.scheduler_job = s.slurm_job_of    # and a tracker without a job env takes Slurm's name
     log.info("listening for training-step trackers on %s", receiver.socket_path)
