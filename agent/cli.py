@@ -35,9 +35,12 @@ def main() -> None:
 @click.option("--state-dir", metavar="DIR", help="State dir for spool and status (env GPUAGENT_STATE_DIR; default /var/lib/gpuagent).")
 @click.option("--interval", type=float, metavar="SECONDS", help="Sampling interval (env GPUAGENT_INTERVAL; default 1).")
 @click.option("--batch-interval", type=float, metavar="SECONDS", help="Batch interval (env GPUAGENT_BATCH_INTERVAL; default 5).")
+@click.option("--summary-interval", type=float, metavar="SECONDS",
+              help="Series no rule reads per sample travel as summaries of this many seconds; 0 sends every "
+                   "sample raw (env GPUAGENT_SUMMARY_INTERVAL; default 60; docs/RESOLUTION.md).")
 @click.option("--label", "labels", multiple=True, metavar="KEY=VALUE",
               help="Node label, repeatable (pool, provider, region, price_per_gpu_hour, ...).")
-def run(config_file, collector, state_dir, interval, batch_interval, labels) -> None:
+def run(config_file, collector, state_dir, interval, batch_interval, summary_interval, labels) -> None:
     """Run the agent in the foreground (what the systemd unit starts)."""
     import faulthandler
     import signal
@@ -52,7 +55,7 @@ def run(config_file, collector, state_dir, interval, batch_interval, labels) -> 
     from gpuagent.agent.daemon import StartupError, run_agent
     try:
         cfg = load_config(config_file, collector=collector, state_dir=state_dir, interval_s=interval,
-                          batch_interval_s=batch_interval, labels=_label_pairs(labels) or None)
+                          batch_interval_s=batch_interval, summary_interval_s=summary_interval, labels=_label_pairs(labels) or None)
         run_agent(cfg)
     except (ConfigError, StartupError) as exc:
         raise click.ClickException(str(exc)) from None

@@ -26,6 +26,7 @@ from gpuagent.agent.config_sections import (DCGM_NAME_GENERATIONS, DEFAULT_CMDLI
                                             ExporterConfig, FabricConfig, HardwareConfig, JobRules, JobsConfig,
                                             ProbeSchedule, ProbesConfig, fabric_address)
 from gpuagent.agent.config_tables import JOBS_KEYS, _check_fabric, _check_hardware, _check_jobs, _exporter_value
+from gpuagent.common.resolution import valid_summary_interval
 from gpuagent.agent.config_values import (ConfigError, _as_address, _as_bool, _as_bytes, _as_float, _as_str,
                                           _check_labels, _parse_labels, _where, thaw)
 
@@ -42,7 +43,8 @@ DEFAULT_CONFIG_PATH = "/etc/gpuagent/agent.toml"
 
 # ------------------------------------------------------------------ sources
 
-_AGENT_KEYS = {"interval_s", "batch_interval_s", "batch_max_samples", "state_dir", "spool_max_bytes", "log_level"}
+_AGENT_KEYS = {"interval_s", "batch_interval_s", "batch_max_samples", "state_dir", "spool_max_bytes", "log_level",
+               "summary_interval_s", "raw_keep_s"}
 _COLLECTOR_KEYS = {f.name for f in fields(CollectorConfig)}
 _TOP_TABLES = {"agent", "collector", "labels", "probes", "jobs", "exporter", "fabric", "hardware"}
 
@@ -57,6 +59,7 @@ ENV_VARS = {
     "GPUAGENT_RPC_TIMEOUT": ("collector", "rpc_timeout_s"),
     "GPUAGENT_INTERVAL": ("agent", "interval_s"),
     "GPUAGENT_BATCH_INTERVAL": ("agent", "batch_interval_s"),
+    "GPUAGENT_SUMMARY_INTERVAL": ("agent", "summary_interval_s"),
     "GPUAGENT_STATE_DIR": ("agent", "state_dir"),
     "GPUAGENT_SPOOL_MAX_BYTES": ("agent", "spool_max_bytes"),
     "GPUAGENT_LOG_LEVEL": ("agent", "log_level"),
@@ -101,6 +104,7 @@ def load_config(
     state_dir: str | None = None,
     interval_s: float | None = None,
     batch_interval_s: float | None = None,
+    summary_interval_s: float | None = None,
     token: str | None = None,
     labels: Mapping[str, str] | None = None,
     env: Mapping[str, str] | None = None,
@@ -126,10 +130,10 @@ def load_config(
             merged[key] = (env[var], f"environment {var}")
     flags = {("collector", "address"): collector, ("agent", "state_dir"): state_dir,
              ("agent", "interval_s"): interval_s, ("agent", "batch_interval_s"): batch_interval_s,
-             ("collector", "token"): token}
+             ("agent", "summary_interval_s"): summary_interval_s, ("collector", "token"): token}
     flag_names = {("collector", "address"): "--collector", ("agent", "state_dir"): "--state-dir",
                   ("agent", "interval_s"): "--interval", ("agent", "batch_interval_s"): "--batch-interval",
-                  ("collector", "token"): "--token"}
+                  ("agent", "summary_interval_s"): "--summary-interval", ("collector", "token"): "--token"}
     for key, v in flags.items():
         if v is not None:
             merged[key] = (v, f"flag {flag_names[key]}")
@@ -155,6 +159,15 @@ def load_config(
                 agent_kw[k] = _as_float(v, name, src, minimum=0.05, maximum=3600)
             elif k == "batch_interval_s":
                 agent_kw[k] = _as_float(v, name, src, minimum=0.05, maximum=3600)
+            elif k == "summary_interval_s":
+                x = _as_float(v, name, src, minimum=0, maximum=60)
+                if not valid_summary_interval(x):
+                    raise ConfigError(f"{_where(src, name)} must be 0 (every sample raw) or a whole number of "
+                                      f"seconds that divides a minute (1, 2, 3, 4, 5, 6, 10, 12, 15, 20, 30 or 60), "
+                                      f"not {v!r}.")
+                agent_kw[k] = x
+            elif k == "raw_keep_s":
+                agent_kw[k] = _as_float(v, name, src, minimum=0, maximum=86400)
             elif k == "batch_max_samples":
                 agent_kw[k] = int(_as_float(v, name, src, minimum=1))
             elif k == "spool_max_bytes":

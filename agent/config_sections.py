@@ -278,6 +278,10 @@ class AgentConfig:
     interval_s: float = 1.0             # sampling interval
     batch_interval_s: float = 5.0       # a batch is cut at least this often
     batch_max_samples: int = 50_000     # ...or when it holds this many samples
+    # Resolution (docs/RESOLUTION.md): series no rule reads per sample travel as summaries of this many
+    # seconds (0: every sample raw); their samples stay raw_keep_s in memory for the collector to ask for.
+    summary_interval_s: float = 60.0
+    raw_keep_s: float = 900.0
     state_dir: str = DEFAULT_STATE_DIR
     spool_max_bytes: int = DEFAULT_SPOOL_MAX_BYTES
     log_level: str = "info"

@@ -72,7 +72,8 @@ class Agent(AgentStatus):
 
         self.seq = SeqAllocator(self.state_dir)
         self._cut_lock = threading.Lock()    # a seq is handed out and its batch spooled as one step
-        self.batcher = Batcher(self.seq, cfg.batch_interval_s, cfg.batch_max_samples)
+        self.batcher = Batcher(self.seq, cfg.batch_interval_s, cfg.batch_max_samples,
+                               summary_interval_s=cfg.summary_interval_s, raw_keep_s=cfg.raw_keep_s)
         self.spool = Spool(cfg.spool_dir, cfg.spool_max_bytes, on_event=self._spool_event)
         self.seq.raise_floor(max(self.spool.seqs(), default=0))
         self._fresh_state = self.seq.fresh and not self.spool.seqs()
@@ -80,7 +81,8 @@ class Agent(AgentStatus):
         self.samplers: list[Sampler] = list(samplers) if samplers is not None else default_samplers(cfg)
         self.node_info = node_info if node_info is not None else build_node_info(cfg, self.samplers)
         self.sender = Sender(cfg.collector, self.spool, lambda: self.node_info, token=self.token,
-                             on_registered=self._on_registered, batch_interval_s=cfg.batch_interval_s)
+                             on_registered=self._on_registered, batch_interval_s=cfg.batch_interval_s,
+                             on_raw_requests=self.batcher.request_raw)
         self.extras: list[Any] = []          # probe scheduler and other parts with stop()
         self.job_steps: Any = None           # the JobStepReceiver when listening
         self.unavailable: list[str] = []     # optional parts that could not start (for status)
@@ -247,6 +249,7 @@ class Agent(AgentStatus):
                 self.job_steps.flush_window(time.time_ns(), self.batcher)
             except Exception:  # noqa: BLE001
                 log.exception("closing the job-step window failed")
+        self.batcher.close_open_summaries()     # the partial interval would otherwise be lost
         try:
             self.flush()
             self.flush()     # events the first flush raised (e.g. spool_dropped) go into one more batch

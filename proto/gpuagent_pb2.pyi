@@ -154,6 +154,42 @@ class SampleColumns(_message.Message):
     value: _containers.RepeatedScalarFieldContainer[float]
     def __init__(self, series: _Optional[_Iterable[_Union[Series, _Mapping]]] = ..., ts_ns: _Optional[_Iterable[int]] = ..., series_id: _Optional[_Iterable[int]] = ..., value: _Optional[_Iterable[float]] = ...) -> None: ...
 
+class SummaryColumns(_message.Message):
+    __slots__ = ("series", "interval_ns", "start_ns", "series_id", "count", "sum", "min", "max")
+    SERIES_FIELD_NUMBER: _ClassVar[int]
+    INTERVAL_NS_FIELD_NUMBER: _ClassVar[int]
+    START_NS_FIELD_NUMBER: _ClassVar[int]
+    SERIES_ID_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    SUM_FIELD_NUMBER: _ClassVar[int]
+    MIN_FIELD_NUMBER: _ClassVar[int]
+    MAX_FIELD_NUMBER: _ClassVar[int]
+    series: _containers.RepeatedCompositeFieldContainer[Series]
+    interval_ns: int
+    start_ns: _containers.RepeatedScalarFieldContainer[int]
+    series_id: _containers.RepeatedScalarFieldContainer[int]
+    count: _containers.RepeatedScalarFieldContainer[int]
+    sum: _containers.RepeatedScalarFieldContainer[float]
+    min: _containers.RepeatedScalarFieldContainer[float]
+    max: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, series: _Optional[_Iterable[_Union[Series, _Mapping]]] = ..., interval_ns: _Optional[int] = ..., start_ns: _Optional[_Iterable[int]] = ..., series_id: _Optional[_Iterable[int]] = ..., count: _Optional[_Iterable[int]] = ..., sum: _Optional[_Iterable[float]] = ..., min: _Optional[_Iterable[float]] = ..., max: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class RawWindow(_message.Message):
+    __slots__ = ("request_id", "since_ns", "until_ns", "samples", "final", "held_since_ns")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    SINCE_NS_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_NS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    FINAL_FIELD_NUMBER: _ClassVar[int]
+    HELD_SINCE_NS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    since_ns: int
+    until_ns: int
+    samples: SampleColumns
+    final: bool
+    held_since_ns: int
+    def __init__(self, request_id: _Optional[str] = ..., since_ns: _Optional[int] = ..., until_ns: _Optional[int] = ..., samples: _Optional[_Union[SampleColumns, _Mapping]] = ..., final: _Optional[bool] = ..., held_since_ns: _Optional[int] = ...) -> None: ...
+
 class ProbeResult(_message.Message):
     __slots__ = ("probe", "status", "reason", "params", "metrics", "started_ns", "ended_ns", "env", "gpu")
     class ParamsEntry(_message.Message):
@@ -304,7 +340,7 @@ class Event(_message.Message):
     def __init__(self, ts_ns: _Optional[int] = ..., kind: _Optional[str] = ..., gpu: _Optional[int] = ..., message: _Optional[str] = ..., value: _Optional[float] = ..., attrs: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Batch(_message.Message):
-    __slots__ = ("node_id", "seq", "created_ns", "samples", "probe_results", "job_samples", "job_steps", "events")
+    __slots__ = ("node_id", "seq", "created_ns", "samples", "probe_results", "job_samples", "job_steps", "events", "summaries", "raw_windows")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     CREATED_NS_FIELD_NUMBER: _ClassVar[int]
@@ -313,6 +349,8 @@ class Batch(_message.Message):
     JOB_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     JOB_STEPS_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
+    SUMMARIES_FIELD_NUMBER: _ClassVar[int]
+    RAW_WINDOWS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     seq: int
     created_ns: int
@@ -321,17 +359,31 @@ class Batch(_message.Message):
     job_samples: _containers.RepeatedCompositeFieldContainer[JobSample]
     job_steps: _containers.RepeatedCompositeFieldContainer[JobStep]
     events: _containers.RepeatedCompositeFieldContainer[Event]
-    def __init__(self, node_id: _Optional[str] = ..., seq: _Optional[int] = ..., created_ns: _Optional[int] = ..., samples: _Optional[_Union[SampleColumns, _Mapping]] = ..., probe_results: _Optional[_Iterable[_Union[ProbeResult, _Mapping]]] = ..., job_samples: _Optional[_Iterable[_Union[JobSample, _Mapping]]] = ..., job_steps: _Optional[_Iterable[_Union[JobStep, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ...) -> None: ...
+    summaries: SummaryColumns
+    raw_windows: _containers.RepeatedCompositeFieldContainer[RawWindow]
+    def __init__(self, node_id: _Optional[str] = ..., seq: _Optional[int] = ..., created_ns: _Optional[int] = ..., samples: _Optional[_Union[SampleColumns, _Mapping]] = ..., probe_results: _Optional[_Iterable[_Union[ProbeResult, _Mapping]]] = ..., job_samples: _Optional[_Iterable[_Union[JobSample, _Mapping]]] = ..., job_steps: _Optional[_Iterable[_Union[JobStep, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., summaries: _Optional[_Union[SummaryColumns, _Mapping]] = ..., raw_windows: _Optional[_Iterable[_Union[RawWindow, _Mapping]]] = ...) -> None: ...
 
 class Ack(_message.Message):
-    __slots__ = ("seq", "duplicate", "highest_committed_seq")
+    __slots__ = ("seq", "duplicate", "highest_committed_seq", "raw_requests")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     DUPLICATE_FIELD_NUMBER: _ClassVar[int]
     HIGHEST_COMMITTED_SEQ_FIELD_NUMBER: _ClassVar[int]
+    RAW_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     seq: int
     duplicate: bool
     highest_committed_seq: int
-    def __init__(self, seq: _Optional[int] = ..., duplicate: _Optional[bool] = ..., highest_committed_seq: _Optional[int] = ...) -> None: ...
+    raw_requests: _containers.RepeatedCompositeFieldContainer[RawWindowRequest]
+    def __init__(self, seq: _Optional[int] = ..., duplicate: _Optional[bool] = ..., highest_committed_seq: _Optional[int] = ..., raw_requests: _Optional[_Iterable[_Union[RawWindowRequest, _Mapping]]] = ...) -> None: ...
+
+class RawWindowRequest(_message.Message):
+    __slots__ = ("request_id", "since_ns", "until_ns")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    SINCE_NS_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_NS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    since_ns: int
+    until_ns: int
+    def __init__(self, request_id: _Optional[str] = ..., since_ns: _Optional[int] = ..., until_ns: _Optional[int] = ...) -> None: ...
 
 class QueryRequest(_message.Message):
     __slots__ = ("sql", "max_rows")
@@ -376,6 +428,22 @@ class AnalyzeResponse(_message.Message):
     actions_json: str
     actions_pending: bool
     def __init__(self, pass_json: _Optional[str] = ..., flags_json: _Optional[str] = ..., truncated: _Optional[bool] = ..., actions_json: _Optional[str] = ..., actions_pending: _Optional[bool] = ...) -> None: ...
+
+class RawWindowAsk(_message.Message):
+    __slots__ = ("node_id", "seconds", "reason")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    seconds: float
+    reason: str
+    def __init__(self, node_id: _Optional[str] = ..., seconds: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class RawWindowAskReply(_message.Message):
+    __slots__ = ("request_id",)
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    def __init__(self, request_id: _Optional[str] = ...) -> None: ...
 
 class AssignmentsRequest(_message.Message):
     __slots__ = ("node_id",)

@@ -54,6 +54,11 @@ class CollectorStub:
                 request_serializer=gpuagent__pb2.AnalyzeRequest.SerializeToString,
                 response_deserializer=gpuagent__pb2.AnalyzeResponse.FromString,
                 _registered_method=True)
+        self.RequestRawWindow = channel.unary_unary(
+                '/gpuagent.v1.Collector/RequestRawWindow',
+                request_serializer=gpuagent__pb2.RawWindowAsk.SerializeToString,
+                response_deserializer=gpuagent__pb2.RawWindowAskReply.FromString,
+                _registered_method=True)
         self.Assignments = channel.unary_stream(
                 '/gpuagent.v1.Collector/Assignments',
                 request_serializer=gpuagent__pb2.AssignmentsRequest.SerializeToString,
@@ -103,6 +108,14 @@ class CollectorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RequestRawWindow(self, request, context):
+        """Ask a node for its 1 s samples of the last `seconds` (`gpuagent-collector raw-window`); the answer
+        lands in table raw_windows once the node's next batches carry it (raw_requests says when).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Assignments(self, request, context):
         """Fabric probes (collector/fabric/coordinator.py): the agent opens this stream with its node id and
         the collector sends pair offers and their go/cancel messages on it while the agent is connected.
@@ -140,6 +153,11 @@ def add_CollectorServicer_to_server(servicer, server):
                     servicer.Analyze,
                     request_deserializer=gpuagent__pb2.AnalyzeRequest.FromString,
                     response_serializer=gpuagent__pb2.AnalyzeResponse.SerializeToString,
+            ),
+            'RequestRawWindow': grpc.unary_unary_rpc_method_handler(
+                    servicer.RequestRawWindow,
+                    request_deserializer=gpuagent__pb2.RawWindowAsk.FromString,
+                    response_serializer=gpuagent__pb2.RawWindowAskReply.SerializeToString,
             ),
             'Assignments': grpc.unary_stream_rpc_method_handler(
                     servicer.Assignments,
@@ -260,6 +278,33 @@ class Collector:
             '/gpuagent.v1.Collector/Analyze',
             gpuagent__pb2.AnalyzeRequest.SerializeToString,
             gpuagent__pb2.AnalyzeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RequestRawWindow(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpuagent.v1.Collector/RequestRawWindow',
+            gpuagent__pb2.RawWindowAsk.SerializeToString,
+            gpuagent__pb2.RawWindowAskReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -6,6 +6,10 @@ every ``batch_interval_s`` or when it reaches ``batch_max_samples``; each cut ge
 sequence number from :class:`SeqAllocator`, which persists it before it is used so a number is never
 reused, even after SIGKILL.
 
+With a summary interval (``[agent] summary_interval_s``, docs/RESOLUTION.md) only the series some rule reads
+sample by sample (common/resolution.py) go into the columns; every other series becomes per-interval
+summaries, and its samples wait in a bounded ring for the collector's raw-window requests.
+
 The batcher also keeps the latest value of every series, the last result of every probe and the latest
 job samples/steps: ``gpuagent status`` shows them without a second path to the data sources.
 """
@@ -16,17 +20,19 @@ import json
 import os
 import threading
 import time
+from collections import OrderedDict, deque
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
+from gpuagent.agent.pipeline.resolution import RawRing, Summaries
 from gpuagent.agent.samplers.sampling import now_ns, sorted_labels
 from gpuagent.common.atomic_file import atomic_write
+from gpuagent.common.resolution import needs_raw
 from gpuagent.proto import pb
 
 _JOB_SAMPLE_FIELDS = {f.name for f in pb.JobSample.DESCRIPTOR.fields}
 _JOB_STEP_FIELDS = {f.name for f in pb.JobStep.DESCRIPTOR.fields}
-
-
+_REMEMBERED_REQUESTS = 1000      # raw-window request ids answered, so a resent request is not answered twice
 
 class SeqAllocator:
     """Per-node batch sequence numbers: start at 1, strictly increasing, never reused.
@@ -104,12 +110,20 @@ class Batcher:
     """Implements SampleSink. Thread-safe: samplers, the probe scheduler and the job listener share it."""
 
     def __init__(self, seq: SeqAllocator, batch_interval_s: float = 5.0, max_samples: int = 50_000,
-                 clock=time.monotonic):
+                 clock=time.monotonic, summary_interval_s: float = 0.0, raw_keep_s: float = 900.0):
         self._seq = seq
         self.batch_interval_s = batch_interval_s
         self.max_samples = max_samples
         self._clock = clock
         self._lock = threading.Lock()
+        # Resolution: None = every series raw (summary_interval_s 0).
+        self.summaries = Summaries(summary_interval_s) if summary_interval_s > 0 else None
+        self.ring = RawRing(raw_keep_s) if summary_interval_s > 0 else None
+        self._raw_of: dict[tuple, bool] = {}
+        self._answers: deque[dict[str, Any]] = deque()
+        self._answered: OrderedDict[str, None] = OrderedDict()
+        self.total_summaries = 0
+        self.total_raw_window_samples = 0
         self._reset()
         self._last_cut = clock()
         # For `gpuagent status`.
@@ -137,7 +151,15 @@ class Batcher:
         key = (metric, int(gpu), sorted_labels(labels))
         ts = ts_ns if ts_ns is not None else now_ns()
         v = float(value)
+        raw = self._raw_of.get(key)
+        if raw is None:
+            raw = self._raw_of[key] = self.summaries is None or needs_raw(metric)
         with self._lock:
+            if not raw:
+                self.summaries.add(key, ts, v)
+                self.ring.add(key, ts, v)
+                self.latest[key] = (ts, v)
+                return
             sid = self._series.get(key)
             if sid is None:
                 sid = self._series[key] = len(self._series)
@@ -213,14 +235,72 @@ class Batcher:
         return len(self._ts)
 
     def _pending(self) -> bool:
-        return bool(self._ts or self._probes or self._job_samples or self._job_steps or self._events)
+        return bool(self._ts or self._probes or self._job_samples or self._job_steps or self._events
+                    or self._answers or (self.summaries is not None and self.summaries.pending))
 
     def discard_pending(self) -> int:
         """Drop everything pending (the caller counts it); returns the number of samples dropped."""
         with self._lock:
             n = len(self._ts)
+            if self.summaries is not None:
+                n += sum(c[2] for c in self.summaries.take())
             self._reset()
             return n
+
+    # ---------------------------------------------------------------- resolution
+    def close_open_summaries(self) -> None:
+        """Close the partial intervals too, so the next cut carries them (the agent is stopping)."""
+        with self._lock:
+            if self.summaries is not None:
+                self.summaries.close_all()
+
+    def request_raw(self, requests: Iterable[Any]) -> int:
+        """Queue answers to the collector's raw-window requests (pb.RawWindowRequest); each id is answered
+        once. Returns how many were new. The samples are taken now, so the ring moving on loses none."""
+        new = 0
+        with self._lock:
+            for r in requests:
+                if r.request_id in self._answered:
+                    continue
+                self._answered[r.request_id] = None
+                while len(self._answered) > _REMEMBERED_REQUESTS:
+                    self._answered.popitem(last=False)
+                rows = list(self.ring.window(r.since_ns, r.until_ns)) if self.ring is not None else []
+                held = self.ring.held_since_ns if self.ring is not None else 0
+                self._answers.append({"id": r.request_id, "since": r.since_ns, "until": r.until_ns,
+                                      "rows": rows, "at": 0, "held": held})
+                new += 1
+        return new
+
+    def _take_answers(self, budget: int) -> list[pb.RawWindow]:
+        """RawWindow parts of at most ``budget`` samples in all (at least one part per cut while any wait)."""
+        out: list[pb.RawWindow] = []
+        while self._answers and (budget > 0 or not out):
+            a = self._answers[0]
+            part = a["rows"][a["at"]:a["at"] + max(budget, 1)]
+            a["at"] += len(part)
+            budget -= len(part)
+            msg = pb.RawWindow(request_id=a["id"], since_ns=a["since"], until_ns=a["until"],
+                               held_since_ns=a["held"], final=a["at"] >= len(a["rows"]))
+            ids: dict[int, int] = {}
+            ts, sid, val = [], [], []
+            for t, s, v in part:
+                i = ids.get(s)
+                if i is None:
+                    i = ids[s] = len(ids)
+                    metric, gpu, labels = self.ring.keys[s]
+                    msg.samples.series.add(id=i, metric=metric, gpu=gpu, labels=dict(labels))
+                ts.append(t)
+                sid.append(i)
+                val.append(v)
+            msg.samples.ts_ns.extend(ts)
+            msg.samples.series_id.extend(sid)
+            msg.samples.value.extend(val)
+            self.total_raw_window_samples += len(part)
+            out.append(msg)
+            if msg.final:
+                self._answers.popleft()
+        return out
 
     def start_clock(self, now: float) -> None:
         self._last_cut = now
@@ -237,6 +317,10 @@ class Batcher:
         """Take everything pending as one Batch with a fresh seq; None when nothing is pending."""
         with self._lock:
             self._last_cut = self._clock() if now is None else now
+            if self.summaries is not None:
+                wall = now_ns()
+                self.summaries.close_ended(wall)
+                self.ring.seal(wall)
             if not self._pending():
                 return None
         # The seq is persisted first: if that fails (e.g. disk full) the OSError reaches the caller and
@@ -245,6 +329,8 @@ class Batcher:
         with self._lock:
             series, ts, sid, val = self._series, self._ts, self._sid, self._val
             probes, jsamples, jsteps, events = self._probes, self._job_samples, self._job_steps, self._events
+            summaries = self.summaries.take() if self.summaries is not None else []
+            answers = self._take_answers(self.max_samples - len(ts)) if self._answers else []
             self._reset()
         batch = pb.Batch(seq=seq, created_ns=now_ns())
         cols = batch.samples
@@ -253,6 +339,10 @@ class Batcher:
         cols.ts_ns.extend(ts)
         cols.series_id.extend(sid)
         cols.value.extend(val)
+        if summaries:
+            _summary_columns(batch.summaries, self.summaries.interval_ns, summaries)
+            self.total_summaries += len(summaries)
+        batch.raw_windows.extend(answers)
         batch.probe_results.extend(probes)
         batch.job_samples.extend(jsamples)
         batch.job_steps.extend(jsteps)
@@ -260,3 +350,28 @@ class Batcher:
         self.total_samples += len(ts)
         self.total_batches += 1
         return batch
+
+
+def _summary_columns(sc: pb.SummaryColumns, interval_ns: int, rows: list) -> None:
+    """Fill ``sc`` from closed summaries (key, start_ns, n, sum, min, max), with a per-batch dictionary."""
+    sc.interval_ns = interval_ns
+    ids: dict[tuple, int] = {}
+    start, sid, n, total, lo, hi = [], [], [], [], [], []
+    for key, s0, cnt, sm, mn, mx in rows:
+        i = ids.get(key)
+        if i is None:
+            i = ids[key] = len(ids)
+            metric, gpu, labels = key
+            sc.series.add(id=i, metric=metric, gpu=gpu, labels=dict(labels))
+        start.append(s0)
+        sid.append(i)
+        n.append(cnt)
+        total.append(sm)
+        lo.append(mn)
+        hi.append(mx)
+    sc.start_ns.extend(start)
+    sc.series_id.extend(sid)
+    sc.count.extend(n)
+    sc.sum.extend(total)
+    sc.min.extend(lo)
+    sc.max.extend(hi)

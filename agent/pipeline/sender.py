@@ -75,13 +75,15 @@ def _slow_grpc_wait_polling() -> None:
 class Sender(threading.Thread):
     def __init__(self, cfg: CollectorConfig, spool: Spool, node_info: Callable[[], pb.NodeInfo],
                  token: str = "", on_registered: Callable[[pb.RegisterResponse], None] | None = None,
-                 rng: random.Random | None = None, batch_interval_s: float = 0.0):
+                 rng: random.Random | None = None, batch_interval_s: float = 0.0,
+                 on_raw_requests: Callable[[list[pb.RawWindowRequest]], int] | None = None):
         super().__init__(name="gpuagent-sender", daemon=True)
         self.cfg = cfg
         self.spool = spool
         self._node_info = node_info
         self._token = token
         self._on_registered = on_registered or (lambda r: None)
+        self._on_raw_requests = on_raw_requests       # the collector asked for raw windows (in an Ack)
         self._rng = rng or random.Random()
         self._halt = threading.Event()
         self._draining = threading.Event()
@@ -275,6 +277,10 @@ class Sender(threading.Thread):
             st.highest_committed_seq = max(st.highest_committed_seq, ack.highest_committed_seq, ack.seq)
             st.acked_batches += 1
             st.duplicate_acks += int(ack.duplicate)
+        if ack.raw_requests and self._on_raw_requests is not None:
+            n = self._on_raw_requests(list(ack.raw_requests))
+            if n:
+                log.info("the collector asked for %d raw window(s); they go out with the next batches", n)
 
     # ---------------------------------------------------------------- errors
     def _set_connected(self, value: bool) -> None:
