@@ -24,6 +24,7 @@ os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 
 from gpuagent.collector.cli_analyze import analyze  # noqa: E402 - after GRPC_VERBOSITY
 from gpuagent.collector.cli_lake import lake  # noqa: E402
+from gpuagent.collector.cli_raw import raw_window  # noqa: E402
 from gpuagent.collector.cli_options import TOKEN_ENV, connection_options, load_config, load_token  # noqa: E402
 from gpuagent.collector.cli_views import compare, fabric, report  # noqa: E402
 from gpuagent.collector.views.client import DEFAULT_TARGET  # noqa: E402
@@ -35,7 +36,7 @@ def main() -> None:
     """Central collector for gpuagent: gRPC ingest into DuckDB, SQL, analysis."""
 
 
-for _command in (analyze, compare, fabric, report, lake):
+for _command in (analyze, compare, fabric, report, lake, raw_window):
     main.add_command(_command)
 
 

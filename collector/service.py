@@ -26,7 +26,7 @@ from gpuagent.collector.ingest.servicer import CollectorServicer
 from gpuagent.collector.ingest.validate import Limits
 from gpuagent.collector.store.db import DatabaseError, open_database
 from gpuagent.collector.store.space import SpaceCheck
-from gpuagent.collector.store.writer import DatabaseClosed, Writer
+from gpuagent.collector.store.writer import DatabaseClosed, StorageError, Writer
 from gpuagent.common.errors import first_line
 
 log = logging.getLogger("gpuagent.collector")
@@ -293,6 +293,11 @@ def start_analysis(handle: CollectorHandle, readers: ReaderCursors, analyzer_con
 
     def submit(fn):
         result = writer.call(fn).result()      # fn: Analyzer.run_pass, a transaction per step
+        if result.opened:       # the raw windows of nodes with new flags (docs/RESOLUTION.md)
+            try:
+                handle.servicer.raw_requests.after_pass(result.now)
+            except (duckdb.Error, StorageError) as exc:
+                log.warning("raw windows for the new flags were not asked for: %s", first_line(exc))
         if handle.actions is not None:     # after the commit; the actions thread reads the findings itself
             handle.actions.notify(result.now)
         return result

@@ -1,5 +1,6 @@
 """The incremental 1-minute rollups (samples_1m, job_samples_1m): read the raw rows past the watermark in
 chunks, merge them into the minute tables, and advance the watermark (store/watermarks.py says what it is).
+The agents' summaries (samples_summary) are a queue instead: merged into samples_1m, then deleted.
 
 The first thing a pass does; the store's maintenance also calls it, through the analyzer, before it deletes
 or rewrites raw rows.
@@ -23,6 +24,12 @@ def rollup(con, sql: Mapping[str, list[str]], chunk_rows: int) -> int:
     total = 0
     for step in rollup_steps():
         source = step.source
+        statements = sql[step.name] + (sql[step.merge_like][1:] if step.merge_like else [])
+        if step.queue:
+            hi = con.execute(f"SELECT coalesce(max(rowid), -1) FROM {source}").fetchone()[0]
+            total += _rollup_chunks(con, step, statements, -1, hi, chunk_rows)
+            con.execute(f"DELETE FROM {source} WHERE rowid <= $hi", {"hi": hi})
+            continue
         hi, count, key = watermark_of(con, source)
         lo = rolled_up_rowid(con, source, hi, count)
         if lo is None or _rowid_span(con, source, lo, hi)[2] != hi - lo:
@@ -33,7 +40,7 @@ def rollup(con, sql: Mapping[str, list[str]], chunk_rows: int) -> int:
             con.execute(f"DELETE FROM {source}_1m WHERE minute >= "
                         f"(SELECT date_trunc('minute', min(ts)) FROM {source})")
             lo = -1
-        total += _rollup_chunks(con, step, sql[step.name], lo, hi, chunk_rows)
+        total += _rollup_chunks(con, step, statements, lo, hi, chunk_rows)
         set_watermark(con, source, hi, count, key)
     return total
 

@@ -40,6 +40,11 @@ class Step:
     #   CONTEXT: each piece appends its rows to the step's tables (CREATE TEMP TABLE IF NOT EXISTS ... LIMIT 0,
     #     then INSERT), so the tables come out as from one statement over all nodes.
     by_node: bool = False
+    # ROLLUP: the source is a queue (samples_summary): every row in it is new, and the rollup deletes what it
+    # merged, in the same transaction, instead of keeping a watermark
+    queue: bool = False
+    # ROLLUP: after its own SQL (which fills that step's delta table), run the other statements of this step
+    merge_like: str | None = None
 
     def __post_init__(self) -> None:
         if self.produces not in PRODUCES:
@@ -59,6 +64,9 @@ STEPS: tuple[Step, ...] = (
          temp_tables=("_delta_samples", "_merged_samples"), source="samples"),
     Step("rollup_job_samples", "11_rollup_job_samples.sql", ROLLUP,
          temp_tables=("_delta_jobs", "_merged_jobs"), source="job_samples"),
+    Step("rollup_summaries", "12_rollup_summaries.sql", ROLLUP,
+         temp_tables=("_delta_samples",), source="samples_summary", queue=True,
+         merge_like="rollup_samples"),
     Step("node_class", "20_node_class.sql", CONTEXT,
          temp_tables=("_node_class", "_ok_metrics", "_pressure")),
     Step("fleet_baselines", "25_fleet_baselines.sql", BASELINE),

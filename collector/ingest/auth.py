@@ -44,6 +44,8 @@ METHOD_ROLES = {
     "/gpuagent.v1.Collector/Stream": "ingest",
     "/gpuagent.v1.Collector/Query": "query",
     "/gpuagent.v1.Collector/Analyze": "admin",
+    # a person looking at a node: reads what the node holds (docs/RESOLUTION.md)
+    "/gpuagent.v1.Collector/RequestRawWindow": "query",
 }
 
 

@@ -19,7 +19,9 @@ import grpc
 
 from gpuagent.collector.ingest.auth import current_principal
 from gpuagent.collector.ingest.flow import InflightBudget
+from gpuagent.collector.ingest import raw_requests as raw_requests_mod
 from gpuagent.collector.ingest.identity import NodeClaims, Refused
+from gpuagent.collector.ingest.raw_requests import RawRequests
 from gpuagent.collector.ingest.ratelog import RateLimitedLog
 from gpuagent.collector.ingest.rpc import Undecodable
 from gpuagent.collector.ingest.validate import BatchError, Limits, SeriesCache, prepare_batch
@@ -90,6 +92,7 @@ class CollectorServicer(pb_grpc.CollectorServicer):
         self._writer = writer
         self._analyzer_config = analyzer_config
         self.after_pass = None     # called with the pass's time after an Analyze pass commits ([actions])
+        self.raw_requests = RawRequests(writer, cursor_factory)     # raw windows asked of nodes (acks carry them)
         self.actions_idle = None   # wait_idle(timeout_s) of the actions thread: an Analyze call can wait for them
         self._cursor_factory = cursor_factory
         self._limits = limits
@@ -290,6 +293,10 @@ class CollectorServicer(pb_grpc.CollectorServicer):
                 await self._claim_stream(state, node_id)
             except Refused as exc:
                 await context.abort(grpc.StatusCode.ALREADY_EXISTS, str(exc))
+            try:      # what an earlier stream of this node was asked and did not answer
+                await asyncio.get_running_loop().run_in_executor(self._query_pool, self.raw_requests.reload, node_id)
+            except (duckdb.Error, StorageError) as exc:
+                log.warning("raw-window requests of node %s not reloaded: %s", node_id, first_line(exc))
         reader = asyncio.ensure_future(self._read(request_iterator, state))
         try:
             while True:
@@ -302,6 +309,10 @@ class CollectorServicer(pb_grpc.CollectorServicer):
                         # The agent's sender reads this to know which batch was refused.
                         context.set_trailing_metadata((("gpuagent-seq", str(seq)),))
                     await context.abort(grpc.StatusCode[code], message)
+                if state.node_id is not None and isinstance(item, pb.Ack):
+                    asked = self.raw_requests.take(state.node_id)
+                    if asked:
+                        item.raw_requests.extend(asked)
                 yield item
         finally:
             reader.cancel()
@@ -374,6 +385,9 @@ class CollectorServicer(pb_grpc.CollectorServicer):
                 self._writer.call(analyzer.run_pass))
             flags = await asyncio.get_running_loop().run_in_executor(
                 self._query_pool, lambda: an.open_flags(self._cursor_factory(), limit + 1))
+            if result.opened:
+                await asyncio.get_running_loop().run_in_executor(
+                    self._query_pool, self.raw_requests.after_pass, result.now)
         except an.AnalyzerError as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         except (duckdb.Error, StorageError) as exc:
@@ -394,6 +408,24 @@ class CollectorServicer(pb_grpc.CollectorServicer):
         return pb.AnalyzeResponse(pass_json=an.dumps(result.as_dict()), flags_json=an.dumps(flags[:limit]),
                                   truncated=len(flags) > limit, actions_json=an.dumps(actions),
                                   actions_pending=pending)
+
+    # -- raw windows (docs/RESOLUTION.md)
+    async def RequestRawWindow(self, request: pb.RawWindowAsk, context):
+        await self._refuse_undecodable(request, context)
+        if not math.isfinite(request.seconds) or not 0 < request.seconds <= raw_requests_mod.MAX_SECONDS:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"seconds must be more than 0 and at most {raw_requests_mod.MAX_SECONDS:.0f} "
+                                f"(a day), not {request.seconds:g}")
+        if request.node_id not in self._writer.known_nodes:
+            await context.abort(grpc.StatusCode.NOT_FOUND,
+                                f"node {request.node_id!r} is not registered with this collector")
+        try:
+            rid = await asyncio.get_running_loop().run_in_executor(
+                self._query_pool, self.raw_requests.ask, request.node_id, request.seconds,
+                request.reason or "asked")
+        except (duckdb.Error, StorageError) as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"the request could not be stored: {first_line(exc)}")
+        return pb.RawWindowAskReply(request_id=rid)
 
     def _last_action_id(self) -> int:
         cur = self._cursor_factory()

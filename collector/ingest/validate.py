@@ -167,6 +167,84 @@ class SeriesCache:
         return part
 
 
+def _positions(part: _SeriesPart, sid: np.ndarray, noun: str) -> np.ndarray:
+    """Each row's position in the series dictionary; an id the dictionary lacks is the batch's error."""
+    sorted_ids = part.sorted_ids
+    where = np.searchsorted(sorted_ids, sid)
+    where_clipped = np.minimum(where, len(sorted_ids) - 1)
+    unknown = sorted_ids[where_clipped] != sid
+    if bool(unknown.any()):
+        bad = int(sid[np.argmax(unknown)])
+        raise BatchError("INVALID_ARGUMENT", f"{noun} refers to series id {bad}, which the batch does not define")
+    return part.order[where_clipped].astype(np.int32)
+
+
+def _summaries_table(node_id: str, sc: pb.SummaryColumns, max_ts: int) -> pa.Table | None:
+    """Per-interval summaries (docs/RESOLUTION.md) as samples_summary rows."""
+    n = len(sc.start_ns)
+    lengths = {"series_id": len(sc.series_id), "count": len(sc.count), "sum": len(sc.sum), "min": len(sc.min),
+               "max": len(sc.max)}
+    if any(v != n for v in lengths.values()):
+        raise BatchError("INVALID_ARGUMENT", "summary arrays differ in length: start_ns="
+                         + str(n) + ", " + ", ".join(f"{k}={v}" for k, v in lengths.items()))
+    if n == 0:
+        return None
+    interval_ns = sc.interval_ns
+    if interval_ns <= 0 or interval_ns % 1_000_000_000 or 60_000_000_000 % interval_ns:
+        raise BatchError("INVALID_ARGUMENT", f"summaries have interval_ns {interval_ns}: it must be a whole number of "
+                                             "seconds that divides a minute")
+    if not sc.series:
+        raise BatchError("INVALID_ARGUMENT", f"{n} summaries but the batch defines no summary series")
+    part = _series_part(sc.series)
+    start = np.asarray(sc.start_ns, dtype=np.int64)
+    _check_ts("summary start_ns", int(start.min()), int(start.max()), max_ts)
+    if bool((start % interval_ns).any()):
+        raise BatchError("INVALID_ARGUMENT", "a summary's start_ns is not a multiple of its interval_ns")
+    count = np.asarray(sc.count, dtype=np.int64)
+    if bool((count < 1).any()) or int(count.max()) > 2**31 - 1:
+        raise BatchError("INVALID_ARGUMENT", "a summary has a count below 1 or above 2^31-1")
+    lo = np.asarray(sc.min, dtype=np.float64)
+    hi = np.asarray(sc.max, dtype=np.float64)
+    if bool((lo > hi).any()):
+        raise BatchError("INVALID_ARGUMENT", "a summary has min above max")
+    pos = _positions(part, np.asarray(sc.series_id, dtype=np.int64), "summary")
+    gpu = part.gpu[pos]
+    gpu_mask = gpu < 0
+    pos_array = pa.array(pos)
+    decl = t.SAMPLES_SUMMARY
+    return pa.table({
+        "ts": pa.Array.from_buffers(decl.type("ts"), n, [None, pa.py_buffer(start)]),
+        "node_id": pa.array([node_id] * n, decl.type("node_id")),
+        "gpu": pa.array(gpu, decl.type("gpu"), mask=gpu_mask if gpu_mask.any() else None),
+        "metric": pa.DictionaryArray.from_arrays(pos_array, part.metric),
+        "labels": pa.DictionaryArray.from_arrays(pos_array, part.labels),
+        "interval_s": pa.array(np.full(n, interval_ns / 1e9), decl.type("interval_s")),
+        "n": pa.array(count.astype(np.int32), decl.type("n")),
+        "sum": pa.array(np.asarray(sc.sum, dtype=np.float64), decl.type("sum")),
+        "min": pa.array(lo, decl.type("min")),
+        "max": pa.array(hi, decl.type("max")),
+    })
+
+
+def _raw_window_tables(node_id: str, windows, max_ts: int, now_ns: int) -> tuple[pa.Table | None, pa.Table | None]:
+    """The samples of raw-window answer parts (raw_windows rows) and what each part says of its request."""
+    if not windows:
+        return None, None
+    parts, answered = [], []
+    for w in windows:
+        if not w.request_id:
+            raise BatchError("INVALID_ARGUMENT", "raw window without a request_id")
+        table = _samples_table(node_id, w.samples, max_ts)
+        rows = 0 if table is None else table.num_rows
+        if table is not None:
+            parts.append(table.add_column(0, "request_id", pa.array([w.request_id] * rows, t.RAW_WINDOWS.type("request_id"))))
+        answered.append((w.request_id, node_id, rows, w.final, w.held_since_ns or None, now_ns))
+    samples = None
+    if parts:
+        samples = parts[0] if len(parts) == 1 else pa.concat_tables(parts, promote_options="permissive")
+    return samples, t.RAW_ANSWERED.from_rows(answered)
+
+
 def _samples_table(node_id: str, cols: pb.SampleColumns, max_ts: int,
                    cache: SeriesCache | None = None) -> pa.Table | None:
     """The samples in columnar form, converted with numpy (a batch can hold a million of them)."""
@@ -181,7 +259,6 @@ def _samples_table(node_id: str, cols: pb.SampleColumns, max_ts: int,
     if not series:
         raise BatchError("INVALID_ARGUMENT", f"{n} samples but the batch defines no series")
     part = cache.part(series) if cache is not None else _series_part(series)
-    sorted_ids, order = part.sorted_ids, part.order
 
     # The protobuf containers expose __array__, so these are C-speed copies, not Python loops.
     ts = np.asarray(cols.ts_ns, dtype=np.int64)
@@ -189,13 +266,7 @@ def _samples_table(node_id: str, cols: pb.SampleColumns, max_ts: int,
     values = np.asarray(cols.value, dtype=np.float64)
     _check_ts("sample ts_ns", int(ts.min()), int(ts.max()), max_ts)
 
-    where = np.searchsorted(sorted_ids, sid)
-    where_clipped = np.minimum(where, len(sorted_ids) - 1)
-    unknown = sorted_ids[where_clipped] != sid
-    if bool(unknown.any()):
-        bad = int(sid[np.argmax(unknown)])
-        raise BatchError("INVALID_ARGUMENT", f"sample refers to series id {bad}, which the batch does not define")
-    pos = order[where_clipped].astype(np.int32)
+    pos = _positions(part, sid, "sample")
 
     gpu = part.gpu[pos]
     gpu_mask = gpu < 0
@@ -321,7 +392,8 @@ def _rows_table(kind: _Rows, messages, node_id: str, created_ns: int, max_ts: in
 
 
 def _check_size(batch: pb.Batch, limits: Limits) -> None:
-    n_samples = len(batch.samples.ts_ns)
+    n_samples = len(batch.samples.ts_ns) + len(batch.summaries.start_ns) + sum(len(w.samples.ts_ns)
+                                                                              for w in batch.raw_windows)
     if n_samples > limits.max_samples_per_batch:
         raise BatchError("RESOURCE_EXHAUSTED",
                          f"batch has {n_samples} samples, over the collector's limit of "
@@ -361,9 +433,11 @@ def prepare_batch(batch: pb.Batch, limits: Limits = Limits(), now_ns: int | None
     def optional(table: t.Table, found: list[tuple]) -> pa.Table | None:
         return table.from_rows(found) if found else None
 
+    summaries = _summaries_table(node_id, batch.summaries, max_ts)
+    raw_windows, raw_answered = _raw_window_tables(node_id, batch.raw_windows, max_ts, now_ns)
     n_samples = len(batch.samples.ts_ns)
     counts = (n_samples, len(batch.probe_results), len(batch.job_samples), len(batch.job_steps), len(batch.events))
     return PreparedBatch(node_id, batch.seq, n_samples, samples, rows["probe_results"],
                          optional(t.PROBE_METRICS, derived.probe_metrics), rows["job_samples"], rows["job_steps"],
                          rows["events"], optional(t.JOB_SEEN, derived.job_seen), optional(t.JOB_END, derived.job_end),
-                         counts)
+                         counts, summaries, raw_windows, raw_answered)

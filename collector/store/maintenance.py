@@ -47,6 +47,9 @@ TABLES: dict[str, tuple[str, str, str]] = {
     "flags": ("last_seen", "flag_retention_s", "state = 'closed'"),
     "link_results": ("started_at", "link_retention_s", ""),
     "group_results": ("started_at", "link_retention_s", ""),
+    # raw windows a flag or a person asked for: kept as long as raw rows (docs/RESOLUTION.md)
+    "raw_windows": ("ts", "raw_retention_s", ""),
+    "raw_requests": ("requested_at", "raw_retention_s", ""),
 }
 
 

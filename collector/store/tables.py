@@ -17,11 +17,13 @@ TS = pa.timestamp("ns")
 STR = pa.string()
 I16 = pa.int16()
 I32 = pa.int32()
+I64 = pa.int64()
 U64 = pa.uint64()
 F64 = pa.float64()
 
 # The DuckDB column type each Arrow type is stored as (what DESCRIBE reports).
-_SQL_TYPES = {TS: "TIMESTAMP", STR: "VARCHAR", I16: "SMALLINT", I32: "INTEGER", U64: "UBIGINT", F64: "DOUBLE"}
+_SQL_TYPES = {pa.bool_(): "BOOLEAN", TS: "TIMESTAMP", STR: "VARCHAR", I16: "SMALLINT", I32: "INTEGER", I64: "BIGINT", U64: "UBIGINT",
+              F64: "DOUBLE"}
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,27 @@ class Staging(Table):
 
 SAMPLES = Table("samples", _cols("ts node_id gpu metric labels value",
                                  ts=TS, node_id=STR, gpu=I16, metric=STR, labels=STR, value=F64))
+
+# Per-interval summaries (docs/RESOLUTION.md); the pass merges them into samples_1m and deletes them.
+SAMPLES_SUMMARY = Table("samples_summary", _cols("ts node_id gpu metric labels interval_s n sum min max",
+                                                 ts=TS, node_id=STR, gpu=I16, metric=STR, labels=STR,
+                                                 interval_s=F64, n=I32, sum=F64, min=F64, max=F64))
+
+# The 1 s samples of a raw-window answer, and what each answer part says of its request.
+RAW_WINDOWS = Table("raw_windows", _cols("request_id ts node_id gpu metric labels value",
+                                         request_id=STR, ts=TS, node_id=STR, gpu=I16, metric=STR, labels=STR,
+                                         value=F64))
+RAW_ANSWERED = Staging("raw_answered", _cols("request_id node_id rows final held_since arrived",
+                                             request_id=STR, node_id=STR, rows=I64, final=pa.bool_(),
+                                             held_since=TS, arrived=TS), sql="""
+UPDATE raw_requests r SET rows = r.rows + a.rows,
+                          answered_at = CASE WHEN a.final THEN a.arrived ELSE r.answered_at END,
+                          held_since = coalesce(a.held_since, r.held_since)
+FROM (SELECT request_id, node_id, sum(rows) AS rows, bool_or(final) AS final, min(held_since) AS held_since,
+             max(arrived) AS arrived
+      FROM {view} GROUP BY ALL) a
+WHERE r.request_id = a.request_id AND r.node_id = a.node_id
+""")
 
 PROBE_RESULTS = Table("probe_results", _cols(
     "node_id probe gpu status reason params params_key env started_at ended_at duration_s",
@@ -183,10 +206,12 @@ ON CONFLICT (node_id, job_id) DO UPDATE SET
 """)
 
 # The writer inserts a batch group's rows in this order; the job upserts come after the rows they summarise.
-BATCH_TABLES = (SAMPLES, PROBE_RESULTS, PROBE_METRICS, JOB_SAMPLES, JOB_STEPS, EVENTS, JOB_SEEN, JOB_END)
+BATCH_TABLES = (SAMPLES, PROBE_RESULTS, PROBE_METRICS, JOB_SAMPLES, JOB_STEPS, EVENTS, JOB_SEEN, JOB_END,
+                SAMPLES_SUMMARY, RAW_WINDOWS, RAW_ANSWERED)
 
 # Every declaration of a real table, for the schema check.
-DECLARED = (SAMPLES, PROBE_RESULTS, PROBE_METRICS, JOB_SAMPLES, JOB_STEPS, EVENTS, INGEST_LOG, GPUS)
+DECLARED = (SAMPLES, PROBE_RESULTS, PROBE_METRICS, JOB_SAMPLES, JOB_STEPS, EVENTS, INGEST_LOG, GPUS, SAMPLES_SUMMARY,
+            RAW_WINDOWS)
 
 
 def schema_mismatches(con: duckdb.DuckDBPyConnection) -> list[str]:

@@ -84,6 +84,9 @@ class PreparedBatch:
     job_seen: pa.Table | None
     job_end: pa.Table | None
     counts: tuple[int, int, int, int, int]    # samples, probe results, job samples, job steps, events
+    samples_summary: pa.Table | None = None
+    raw_windows: pa.Table | None = None
+    raw_answered: pa.Table | None = None
 
 
 # ---------------------------------------------------------------------------------------- writer

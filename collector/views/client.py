@@ -124,3 +124,14 @@ def analyze(target: str, window_s: float = 0.0, token: str | None = None, max_fl
         timeout=timeout_s + wait_actions_s, metadata=bearer_metadata(token)), client_cert, client_key)
     return AnalyzeResult(json.loads(resp.pass_json or "{}"), json.loads(resp.flags_json or "[]"), resp.truncated,
                          json.loads(resp.actions_json or "[]"), resp.actions_pending)
+
+
+def request_raw_window(target: str, node_id: str, seconds: float, reason: str = "", token: str | None = None,
+                       timeout_s: float = 30.0, tls_ca: str | None = None, client_cert: str | None = None,
+                       client_key: str | None = None) -> str:
+    """Ask the live collector to fetch ``node_id``'s 1 s samples of its last ``seconds`` (docs/RESOLUTION.md);
+    returns the request id (rows land in raw_windows once the node's next batches carry them)."""
+    resp = _call(target, tls_ca, "RequestRawWindow", lambda stub: stub.RequestRawWindow(
+        pb.RawWindowAsk(node_id=node_id, seconds=seconds, reason=reason), timeout=timeout_s,
+        metadata=bearer_metadata(token)), client_cert, client_key)
+    return resp.request_id
