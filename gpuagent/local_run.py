@@ -164,10 +164,12 @@ def stop_process(proc: subprocess.Popen, timeout: float = 10.0) -> int | None:
     return proc.returncode
 
 
+# Series no rule reads per sample reach `samples` only as summaries each minute (docs/RESOLUTION.md); the
+# raw window asked just before holds their 1 s samples so far.
 FIRST_SQL = """
 SELECT metric, count(*) AS samples, round(min(value), 2) AS min, round(avg(value), 2) AS avg,
        round(max(value), 2) AS max
-FROM samples
+FROM (SELECT metric, labels, value FROM samples UNION ALL SELECT metric, labels, value FROM raw_windows)
 WHERE labels = '' AND metric IN ('cpu_user_percent', 'cpu_system_percent', 'cpu_iowait_percent',
       'cpu_steal_percent', 'load1', 'mem_used_bytes', 'mem_available_bytes', 'context_switches_per_s',
       'psi_cpu_some_avg10_percent', 'gpu_util_percent', 'gpu_power_watts', 'gpu_temperature_celsius')
@@ -234,6 +236,10 @@ def main(run_dir: str, port: int | None, interval: float, once: bool, timeout: f
         _run_cli(["gpuagent.agent.cli", "status", "--state-dir", str(state)])
         click.echo(f"\n$ gpuagent-collector sql --target {address} \"{NODE_SQL}\"")
         _run_cli(["gpuagent.collector.cli", "sql", "--target", address, NODE_SQL])
+        node_id = query(address, "SELECT node_id FROM nodes LIMIT 1")[1][0][0]
+        click.echo(f"\n$ gpuagent-collector raw-window --target {address} --node {node_id} --last 1m")
+        _run_cli(["gpuagent.collector.cli", "raw-window", "--target", address, "--node", node_id, "--last", "1m",
+                  "--wait", "20s"])
         click.echo(f"\n$ gpuagent-collector sql --target {address} \"<host metrics so far>\"")
         click.echo(FIRST_SQL)
         _run_cli(["gpuagent.collector.cli", "sql", "--target", address, FIRST_SQL])

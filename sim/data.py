@@ -24,6 +24,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from gpuagent.sim.fleet import HW_INJECT_KEYS, VIRT_COMPONENTS, NodeSpec
+from gpuagent.common.resolution import needs_raw
 from gpuagent.proto import pb
 from gpuagent.proto.wire import length_delimited, varint
 
@@ -96,6 +97,9 @@ class Cadence:
     job_sample_interval_s: float = 30.0
     step_window_s: float = 60.0
     gpu_metrics: str = "full"
+    # The agent's [agent] summary_interval_s (docs/RESOLUTION.md): series no rule reads per sample travel as
+    # summaries of this many seconds. 0 (the simulator's default) sends every sample raw, as agents did before.
+    summary_interval_s: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -170,9 +174,17 @@ class NodeSim:
             self.hw_base = rng.integers(0, 50, 3).astype(float)
             self.series += [(m, g, dict(lbl)) for g in range(self.gpus) for m, lbl in HW_GPU_SERIES]
             self.series += [(m, -1, dict(lbl)) for m, lbl in HW_HOST_SERIES]
+        # Resolution: the columns of the series sent raw, and of the ones summarised (common/resolution.py)
+        summarise = timing.summary_interval_s > 0
+        self.raw_cols = np.array([i for i, (m, _, _) in enumerate(self.series) if not summarise or needs_raw(m)],
+                                 dtype=np.int64)
+        self.summary_cols = np.array([i for i, (m, _, _) in enumerate(self.series) if summarise and not needs_raw(m)],
+                                     dtype=np.int64)
         self.series_bytes = b"".join(
-            length_delimited(1, pb.Series(id=i, metric=m, gpu=g, labels=lbl).SerializeToString())
-            for i, (m, g, lbl) in enumerate(self.series))
+            length_delimited(1, pb.Series(id=k, metric=m, gpu=g, labels=lbl).SerializeToString())
+            for k, (m, g, lbl) in enumerate(self.series[i] for i in self.raw_cols))
+        self.summary_series = [pb.Series(id=k, metric=m, gpu=g, labels=lbl)
+                               for k, (m, g, lbl) in enumerate(self.series[i] for i in self.summary_cols)]
         self.job_id = f"synthetic:{node.hostname}:{node.job_name}"
         self.fabric = None      # a sim.fabric.NodeFabric when the run simulates fabric probes
 
@@ -481,6 +493,28 @@ class NodeSim:
             events += self.hardware_events(t0, t1)
         head = pb.Batch(node_id=node_id, seq=seq, created_ns=created_ns, probe_results=probes,
                         job_samples=jsamples, job_steps=jsteps, events=events).SerializeToString()
-        cols = encode_sample_columns(self.series_bytes, ts, len(self.series), values)
-        return EncodedBatch(seq, window, head + length_delimited(4, cols), values.size, len(probes), len(jsamples),
-                            len(jsteps), len(events))
+        raw = values[:, self.raw_cols] if len(self.summary_cols) else values
+        cols = encode_sample_columns(self.series_bytes, ts, len(self.raw_cols), raw)
+        data = head + length_delimited(4, cols)
+        if len(self.summary_cols) and len(ts):
+            data += length_delimited(9, self._summaries(ts, values[:, self.summary_cols]).SerializeToString())
+        return EncodedBatch(seq, window, data, raw.size, len(probes), len(jsamples), len(jsteps), len(events))
+
+    def _summaries(self, ts: np.ndarray, values: np.ndarray) -> pb.SummaryColumns:
+        """Per-interval count, sum, min and max of each summarised series over this batch's ticks (an interval
+        the batch cuts in two is summarised in each part; the collector's rollup merges them exactly)."""
+        iv = int(self.t.summary_interval_s * NS)
+        start = ts - ts % iv
+        edges = np.flatnonzero(np.diff(start)) + 1
+        bounds = np.concatenate(([0], edges, [len(ts)]))
+        out = pb.SummaryColumns(interval_ns=iv, series=self.summary_series)
+        k = values.shape[1]
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            chunk = values[a:b]
+            out.start_ns.extend([int(start[a])] * k)
+            out.series_id.extend(range(k))
+            out.count.extend([int(b - a)] * k)
+            out.sum.extend(chunk.sum(axis=0).tolist())
+            out.min.extend(chunk.min(axis=0).tolist())
+            out.max.extend(chunk.max(axis=0).tolist())
+        return out

@@ -42,6 +42,7 @@ import grpc
 from gpuagent.common.retry import REFUSED, RETRYABLE, STREAM_METHOD, Backoff
 from gpuagent.proto import pb, pb_grpc
 from gpuagent.proto.wire import bearer_metadata
+from gpuagent.common.resolution import valid_summary_interval
 from gpuagent.sim.data import GPU_METRIC_SETS, NS, Cadence, NodeSim, SimTiming
 from gpuagent.sim.fabric import FabricSim, NodeFabric, link_factors
 from gpuagent.sim.fleet import GPU_MODELS, NodeSpec, ScenarioError, load_scenario_file, scenario_fleet, validate
@@ -153,6 +154,8 @@ def validate_config(config: SimConfig) -> None:
         (0 < config.job_sample_interval_s <= 60, "--job-sample-interval-s must be in (0, 60] "
                                                  "(the analyzer needs a job sample per held GPU per minute)"),
         (config.step_window_s > 0, "--step-window-s must be positive"),
+        (valid_summary_interval(config.summary_interval_s),
+         "--summary-interval-s must be 0 (every sample raw) or a whole number of seconds that divides a minute"),
         (config.streams >= 1 and config.procs >= 1, "--streams and --procs must be at least 1"),
         (config.gpu_metrics in GPU_METRIC_SETS, f"--gpu-metrics must be one of {', '.join(sorted(GPU_METRIC_SETS))}"),
         (config.fabric_sweeps >= 0, "--fabric-sweeps must not be negative"),
@@ -399,6 +402,9 @@ _DEFAULTS = SimConfig()
 @click.option("--step-window-s", type=float, default=_DEFAULTS.step_window_s)
 @click.option("--gpu-metrics", type=click.Choice(sorted(GPU_METRIC_SETS)), default=_DEFAULTS.gpu_metrics,
               help="per-GPU series: util, memory, power, temperature (full) or util only")
+@click.option("--summary-interval-s", type=float, default=_DEFAULTS.summary_interval_s,
+              help="summarise the series no rule reads per sample over this many seconds, as the agent's default "
+                   "(60) does; 0 sends every sample raw (docs/RESOLUTION.md)")
 @click.option("--gpu-model", type=click.Choice(sorted(GPU_MODELS)), default=_DEFAULTS.gpu_model)
 @click.option("--gpus", type=int, default=_DEFAULTS.gpus, help="GPUs per node (named scenarios)")
 @click.option("--streams", type=int, default=_DEFAULTS.streams, help="RPCs in flight per process")

@@ -29,7 +29,7 @@ import pytest
 from conftest import free_port, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
-TICK_METRIC = "mem_used_bytes"     # one sample per agent tick, no labels
+TICK_METRIC = "mem_used_bytes"     # one sample per agent tick, no labels (the agents here send every sample raw)
 
 
 def can_unshare() -> str:
@@ -139,8 +139,10 @@ class Agent:
         (self.dir / "agent.toml").write_text("[probes]\nenabled = false\n" + toml)
         self.wrap = wrap
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPUAGENT_") and k != "NOTIFY_SOCKET"}
+        # Every sample raw: these tests account for each tick's TICK_METRIC sample through the fault; summaries
+        # travel in the same batches (tests/test_resolution.py covers them).
         env.update({"GPUAGENT_CONFIG": str(self.dir / "agent.toml"), "GPUAGENT_JOBS_SOCKET": str(self.dir / "jobs.sock"),
-                    "MALLOC_ARENA_MAX": "2"})
+                    "MALLOC_ARENA_MAX": "2", "GPUAGENT_SUMMARY_INTERVAL": "0"})
         env.update(extra_env or {})
         self.env = env
         self.proc: subprocess.Popen | None = None

@@ -12,7 +12,8 @@ import pytest
 
 from tools import need
 
-from agent_helpers import free_port, read_status, start_agent, stop, wait_running
+from agent_helpers import free_port, read_status, stop, wait_running
+from agent_helpers import start_agent as _start_agent
 from conftest import mounted_tmpfs, wait_for
 
 from gpuagent import local_run
@@ -20,6 +21,13 @@ from gpuagent.agent.pipeline.spool import decode_record, encode_record
 from gpuagent.proto import pb
 
 TICK_METRIC = "mem_used_bytes"     # a host metric the host sampler emits once per tick, no labels
+
+
+def start_agent(*args, **kw):
+    """The agent, sending every sample raw: these tests account for each tick's TICK_METRIC sample and check
+    stored values; summaries travel in the same batches through the same spool (tests/test_resolution.py)."""
+    kw.setdefault("GPUAGENT_SUMMARY_INTERVAL", "0")
+    return _start_agent(*args, **kw)
 
 
 class Collector:

@@ -104,6 +104,16 @@ def test_prepared_tables_have_the_declared_columns_and_types():
     b.job_samples.add(ts_ns=t, job_id="slurm:1", pid=7, gpu=0, rank=-1)
     b.job_steps.add(ts_ns=t, job_id="slurm:1", rank=0, steps=3)
     b.events.add(ts_ns=t, kind="job_end", gpu=-1, attrs={"job_id": "slurm:1", "duration_s": "5"})
+    b.summaries.series.add(id=0, metric="gpu_temperature_celsius", gpu=0)
+    b.summaries.interval_ns = 60 * 10**9
+    start = t - t % b.summaries.interval_ns
+    for name, v in (("start_ns", start), ("series_id", 0), ("count", 60), ("sum", 60.0), ("min", 0.5), ("max", 2.0)):
+        getattr(b.summaries, name).append(v)
+    w = b.raw_windows.add(request_id="r1", since_ns=start, until_ns=t, final=True, held_since_ns=start)
+    w.samples.series.add(id=0, metric="gpu_temperature_celsius", gpu=0)
+    w.samples.ts_ns.append(t)
+    w.samples.series_id.append(0)
+    w.samples.value.append(1.0)
     prepared = prepare_batch(b)
     for decl in tables.BATCH_TABLES:
         got = getattr(prepared, decl.name)

@@ -94,8 +94,10 @@ def _start(tmp_path, emu, sock, extra: str = ""):
     cfg.write_text(f'[probes]\nenabled = false\n{extra}'
                    f'[jobs]\nkubernetes = "on"\nkubernetes_socket = "{sock}"\nkubernetes_refresh_s = 1.0\n')
     state = tmp_path / "state"
+    # Every sample raw: the test times a pod's series to the tick (at the default they reach samples_1m each
+    # minute, which is what 50_utilization_gap reads; docs/RESOLUTION.md).
     agent = start_agent(tmp_path, col.address, state, interval=0.5, batch_interval=0.5,
-                        GPUAGENT_CONFIG=str(cfg), **emu.env_vars())
+                        GPUAGENT_CONFIG=str(cfg), GPUAGENT_SUMMARY_INTERVAL="0", **emu.env_vars())
     return col, state, agent
 
 

@@ -140,7 +140,9 @@ class RunningAgent:
         self.log = open(tmp_path / "agent.log", "ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "gpuagent.agent.cli", "run",
                                       "--collector", collector_address, "--state-dir", str(self.state),
-                                      "--interval", "1", "--batch-interval", "1"],
+                                      "--interval", "1", "--batch-interval", "1",
+                                      # every sample raw: each tick's exposed values are compared with its rows
+                                      "--summary-interval", "0"],
                                      stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT, env=emu.env(env))
         self.job = subprocess.Popen([sys.executable, "-c", TRAINING_LOOP, env["GPUAGENT_JOBS_SOCKET"]],
                                     stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT,
