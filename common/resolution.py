@@ -22,8 +22,9 @@ RAW_FOR_RULES: dict[str, tuple[str, ...]] = {
         "job_neighbour_process_net_bytes_per_s",
         "cpu_steal_percent", "psi_cpu_some_avg10_percent", "psi_io_some_avg10_percent",
         "psi_memory_some_avg10_percent"),
-    # 70_hardware_fault: counters summed over consecutive samples, states by their latest value, the load
-    # metric's latest value: common/hardware_faults.toml's metrics, filled in by raw_metrics()
+    # 70_hardware_fault: counters summed over consecutive samples and states by their latest value:
+    # common/hardware_faults.toml's metrics, filled in by raw_metrics(). Its load metric (gpu_util_percent) is
+    # read per minute from samples_1m, so it is summarised.
     "70_hardware_fault": (),
 }
 
@@ -34,15 +35,34 @@ RAW_PREFIXES: tuple[str, ...] = ("job_",)
 @lru_cache(maxsize=1)
 def raw_metrics() -> frozenset[str]:
     """Every metric some rule reads sample by sample."""
-    names = {m for ms in RAW_FOR_RULES.values() for m in ms}
-    for r in hardware_faults.rule_rows():
-        names.update(x for x in (r["metric"], r["max_metric"], r["load_metric"], r["also_metric"]) if x)
-    return frozenset(names)
+    return frozenset({m for ms in RAW_FOR_RULES.values() for m in ms} | _hardware_metrics())
+
+
+RAW, ON_CHANGE, SUMMARY = "raw", "on_change", "summary"
+
+
+@lru_cache(maxsize=1)
+def _hardware_metrics() -> frozenset[str]:
+    return frozenset(x for r in hardware_faults.rule_rows() for x in (r["metric"], r["max_metric"], r["also_metric"])
+                     if x)
 
 
 def needs_raw(metric: str) -> bool:
-    """True when the collector's rules read this metric per sample (send it raw), False for summaries."""
+    """True when the collector's rules read this metric per sample (send its samples), False for summaries."""
     return metric in raw_metrics() or metric.startswith(RAW_PREFIXES)
+
+
+def resolution_of(metric: str) -> str:
+    """How the agent sends a series of ``metric`` when it summarises (summary_interval_s > 0):
+
+    RAW: every sample (41_noisy_neighbor_passive lines up each tick);
+    ON_CHANGE: a sample when its value differs from the last one sent, and at least once per summary
+      interval. 70_hardware_fault's counters and states: a counter's rise is the sum of its consecutive
+      differences, a state rule reads the latest value, and both come out the same from the changes alone;
+    SUMMARY: per-interval count, sum, min and max, merged into samples_1m."""
+    if metric in _hardware_metrics() and metric not in RAW_FOR_RULES["41_noisy_neighbor_passive"]:
+        return ON_CHANGE
+    return RAW if needs_raw(metric) else SUMMARY
 
 
 def rules_reading(metric: str) -> list[str]:
@@ -50,9 +70,7 @@ def rules_reading(metric: str) -> list[str]:
     out = [rule for rule, ms in RAW_FOR_RULES.items() if metric in ms]
     if metric.startswith(RAW_PREFIXES) and "41_noisy_neighbor_passive" not in out:
         out.append("41_noisy_neighbor_passive")
-    hw = {x for r in hardware_faults.rule_rows()
-          for x in (r["metric"], r["max_metric"], r["load_metric"], r["also_metric"]) if x}
-    if metric in hw:
+    if metric in _hardware_metrics():
         out.append("70_hardware_fault")
     return out
 

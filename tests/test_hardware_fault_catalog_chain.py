@@ -67,8 +67,10 @@ def chain(tmp_path_factory):
     cfg.write_text(f'[probes]\nenabled = false\n[hardware]\nkmsg_path = "{kmsg}"\nsys_root = "{tmp / "sys"}"\n')
     col = server.start_collector(tmp / "c.duckdb", "127.0.0.1:0", analyze=False)
     state = tmp / "state"
+    # Unchanged health counters are sent once per summary interval (docs/RESOLUTION.md): 5 s, so that the test's
+    # waits for readings after each step stay short.
     agent = start_agent(tmp, col.address, state, interval=0.5, batch_interval=0.5, up_longer_s=UP_S,
-                        GPUAGENT_CONFIG=str(cfg), **emu.env_vars())
+                        GPUAGENT_CONFIG=str(cfg), GPUAGENT_SUMMARY_INTERVAL="5", **emu.env_vars())
     out: dict = {}
     n = lambda sql: client.query(col.address, sql).rows[0][0]  # noqa: E731
     try:

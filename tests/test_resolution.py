@@ -28,7 +28,7 @@ from gpuagent.agent.config import ConfigError, load_config
 from gpuagent.agent.pipeline.batcher import Batcher, SeqAllocator
 from gpuagent.collector import service as server
 from gpuagent.collector.views import client
-from gpuagent.common.resolution import needs_raw, raw_metrics
+from gpuagent.common.resolution import ON_CHANGE, RAW, SUMMARY, needs_raw, raw_metrics, resolution_of
 from gpuagent.proto import pb, pb_grpc
 
 MIN = 60 * 10**9
@@ -49,10 +49,34 @@ def _minute_start() -> int:
 
 def test_rule_read_series_are_raw_and_the_rest_summarised():
     assert needs_raw("job_progress_percent") and needs_raw("cpu_steal_percent")
-    assert needs_raw("gpu_ecc_uncorrected_total") and needs_raw("gpu_util_percent")   # 70_hardware_fault
+    assert needs_raw("gpu_ecc_uncorrected_total") and needs_raw("gpu_pcie_link_gen")  # 70_hardware_fault
+    assert not needs_raw("gpu_util_percent")            # 70_'s load, read per minute from samples_1m
     assert needs_raw("job_anything_new")                                               # the job sampler's
     assert not needs_raw("gpu_temperature_celsius") and not needs_raw("mem_used_bytes")
     assert "psi_cpu_some_avg10_percent" in raw_metrics()
+    assert resolution_of("gpu_ecc_uncorrected_total") == ON_CHANGE and resolution_of("gpu_nvlink_link_up") == ON_CHANGE
+    assert resolution_of("cpu_steal_percent") == RAW and resolution_of("gpu_power_watts") == SUMMARY
+
+
+def _rise(values: list[float]) -> tuple[float, int]:
+    """70_hardware_fault's reading of a counter: the sum of its positive consecutive differences, and resets."""
+    d = [b - a for a, b in zip(values, values[1:])]
+    return sum(x for x in d if x > 0), sum(1 for x in d if x < 0)
+
+
+def test_a_counter_is_sent_when_it_changes_and_once_per_interval_and_reads_the_same(tmp_path):
+    b = _batcher(tmp_path)
+    t0 = _minute_start()
+    values = [5.0] * 70 + [7.0] * 40 + [9.0, 9.0, 2.0] + [2.0] * 100 + [4.0] * 7     # rises, a reset, a rise
+    for i, v in enumerate(values):
+        b.add("gpu_ecc_corrected_total", v, gpu=3, ts_ns=t0 + i * 10**9)
+    batch = b.cut(0)
+    sent = list(zip(batch.samples.ts_ns, batch.samples.value))
+    # each change with its own time, and the unchanged value again 60 s after the last one sent
+    assert [((t - t0) // 10**9, v) for t, v in sent] == [(0, 5.0), (60, 5.0), (70, 7.0), (110, 9.0), (112, 2.0),
+                                                         (172, 2.0), (213, 4.0)]
+    assert _rise([v for _, v in sent]) == _rise(values) == (6.0, 1)
+    assert b.latest[("gpu_ecc_corrected_total", 3, ())][1] == 4.0
 
 
 def test_summaries_equal_the_raw_samples_and_raw_series_stay_raw(tmp_path):
@@ -201,14 +225,16 @@ def test_a_flagged_node_and_a_person_get_its_raw_window_at_the_default_resolutio
         node = wait_for(lambda: client.query(col.address, "SELECT node_id FROM nodes").rows, timeout=20,
                         what="the node registered")[0][0]
         wait_for(lambda: n("SELECT count(DISTINCT ts) FROM samples WHERE metric = 'gpu_ecc_uncorrected_total' "
-                           "AND gpu = 1") >= 2, timeout=40, interval=0.5, what="two health reads")
+                           "AND gpu = 1") >= 1, timeout=40, interval=0.5, what="a health read")
         # The default resolution: the rules' series raw, GPU temperature (read by no rule per sample) not.
         assert n("SELECT count(*) FROM samples WHERE metric = 'gpu_temperature_celsius'") == 0
-        assert n("SELECT count(*) FROM samples WHERE metric = 'gpu_util_percent'") > 0
+        assert n("SELECT count(*) FROM samples WHERE metric = 'gpu_util_percent'") == 0
+        assert n("SELECT count(*) FROM samples WHERE metric = 'gpu_pcie_link_gen'") > 0
         time.sleep(3)
         emu.set(1, "ecc_uncorrected", 1)
+        # sent as it changes (a counter: common/resolution.py ON_CHANGE), not a minute later
         wait_for(lambda: n("SELECT count(DISTINCT ts) FROM samples WHERE metric = 'gpu_ecc_uncorrected_total' "
-                           "AND gpu = 1 AND value > 0") >= 2, timeout=40, interval=0.5, what="the ECC error stored")
+                           "AND gpu = 1 AND value > 0") >= 1, timeout=40, interval=0.5, what="the ECC error stored")
         res = client.analyze(col.address, window_s=600)
         assert any(f["kind"] == "hardware_fault" and f["gpu"] == 1 for f in res.flags), res.flags
         row = wait_for(lambda: client.query(col.address, "SELECT request_id, reason, rows, held_since, since "

@@ -7,8 +7,9 @@ sequence number from :class:`SeqAllocator`, which persists it before it is used 
 reused, even after SIGKILL.
 
 With a summary interval (``[agent] summary_interval_s``, docs/RESOLUTION.md) only the series some rule reads
-sample by sample (common/resolution.py) go into the columns; every other series becomes per-interval
-summaries, and its samples wait in a bounded ring for the collector's raw-window requests.
+sample by sample (common/resolution.py) go into the columns, the hardware counters and states only when they
+change (and once per interval); every other series becomes per-interval summaries, and its samples wait in a
+bounded ring for the collector's raw-window requests.
 
 The batcher also keeps the latest value of every series, the last result of every probe and the latest
 job samples/steps: ``gpuagent status`` shows them without a second path to the data sources.
@@ -27,7 +28,7 @@ from typing import Any, Iterable, Mapping
 from gpuagent.agent.pipeline.resolution import RawRing, Summaries
 from gpuagent.agent.samplers.sampling import now_ns, sorted_labels
 from gpuagent.common.atomic_file import atomic_write
-from gpuagent.common.resolution import needs_raw
+from gpuagent.common.resolution import ON_CHANGE, SUMMARY, resolution_of
 from gpuagent.proto import pb
 
 _JOB_SAMPLE_FIELDS = {f.name for f in pb.JobSample.DESCRIPTOR.fields}
@@ -119,7 +120,9 @@ class Batcher:
         # Resolution: None = every series raw (summary_interval_s 0).
         self.summaries = Summaries(summary_interval_s) if summary_interval_s > 0 else None
         self.ring = RawRing(raw_keep_s) if summary_interval_s > 0 else None
-        self._raw_of: dict[tuple, bool] = {}
+        self._resolution_of: dict[tuple, str] = {}
+        self._heartbeat_ns = int(summary_interval_s * 1e9)
+        self._last_sent: dict[tuple, tuple[int, float]] = {}   # ON_CHANGE series: the last sample sent
         self._answers: deque[dict[str, Any]] = deque()
         self._answered: OrderedDict[str, None] = OrderedDict()
         self.total_summaries = 0
@@ -151,15 +154,21 @@ class Batcher:
         key = (metric, int(gpu), sorted_labels(labels))
         ts = ts_ns if ts_ns is not None else now_ns()
         v = float(value)
-        raw = self._raw_of.get(key)
-        if raw is None:
-            raw = self._raw_of[key] = self.summaries is None or needs_raw(metric)
+        how = self._resolution_of.get(key)
+        if how is None:
+            how = self._resolution_of[key] = "" if self.summaries is None else resolution_of(metric)
         with self._lock:
-            if not raw:
+            if how == SUMMARY:
                 self.summaries.add(key, ts, v)
                 self.ring.add(key, ts, v)
                 self.latest[key] = (ts, v)
                 return
+            if how == ON_CHANGE:
+                last = self._last_sent.get(key)
+                if last is not None and last[1] == v and ts - last[0] < self._heartbeat_ns:
+                    self.latest[key] = (ts, v)      # unchanged: the last sample sent still says it
+                    return
+                self._last_sent[key] = (ts, v)
             sid = self._series.get(key)
             if sid is None:
                 sid = self._series[key] = len(self._series)

@@ -83,7 +83,9 @@ WHERE metric IN (SELECT max_metric FROM _hw_rules UNION ALL SELECT also_metric F
 GROUP BY ALL;
 
 -- The load (gpu_util_percent, its last 10 minutes) of only the series under their maximum: a fleet's
--- utilization samples are not read unless a link is downtrained.
+-- utilization samples are not read unless a link is downtrained. The agent summarises the load
+-- (docs/RESOLUTION.md), so its latest value is its newest minute's mean in samples_1m, dated at the minute's
+-- start; a raw sample of the load (an agent that sends every sample raw) in that minute or later wins.
 CREATE OR REPLACE TEMP TABLE _hw_load AS
 WITH cand AS (
     SELECT DISTINCT s.node_id, s.gpu, r.load_metric
@@ -92,11 +94,18 @@ WITH cand AS (
     JOIN _hw_latest mx ON mx.node_id = s.node_id AND mx.gpu = s.gpu AND mx.metric = r.max_metric
                       AND mx.labels = s.labels
     WHERE r.kind = 'below_max' AND r.load_metric <> '' AND s.latest < mx.value
+), x AS (
+    SELECT node_id, gpu, metric, ts, value FROM samples
+    WHERE labels = '' AND ts > $now - INTERVAL 10 MINUTE AND ts <= $now AND isfinite(value)
+      AND metric IN (SELECT load_metric FROM cand)
+    UNION ALL
+    SELECT node_id, gpu, metric, minute, avg FROM samples_1m
+    WHERE labels = '' AND minute > $now - INTERVAL 11 MINUTE AND minute <= $now AND isfinite(avg)
+      AND metric IN (SELECT load_metric FROM cand)
 )
 SELECT c.node_id, c.gpu, c.load_metric AS metric, arg_max(x.value, x.ts) AS value
 FROM cand c
-JOIN samples x ON x.node_id = c.node_id AND x.gpu = c.gpu AND x.metric = c.load_metric AND x.labels = ''
-WHERE x.ts > $now - INTERVAL 10 MINUTE AND x.ts <= $now AND isfinite(x.value)
+JOIN x ON x.node_id = c.node_id AND x.gpu = c.gpu AND x.metric = c.load_metric
 GROUP BY ALL;
 
 -- One row per fault instance (a rule on a series, or an XID / fault event on a GPU).
