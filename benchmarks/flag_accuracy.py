@@ -556,6 +556,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--sim-hours", type=float, default=1.0)
     ap.add_argument("--interval-s", type=float, default=10.0, help="simulated sample interval")
+    ap.add_argument("--summary-interval-s", type=float, default=60.0,
+                    help="the agents' resolution (docs/RESOLUTION.md): 60, their default, or 0 for every sample raw")
     ap.add_argument("--probe-interval-s", type=float, default=300.0)
     ap.add_argument("--procs", type=int, default=1, help="simulator processes")
     ap.add_argument("--fabric-sweeps", type=int, default=2, help="SYNTHETIC pair-wise sweeps per pool (0: none)")
@@ -603,7 +605,8 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         summary = run_sim(SimConfig(collector=target, sim_hours=args.sim_hours, interval_s=args.interval_s,
                                     probe_interval_s=args.probe_interval_s, gpu_metrics="util_gpm", seed=args.seed,
-                                    procs=args.procs, prefix="acc", fabric_sweeps=args.fabric_sweeps, fabric_scope="rack"), fleet)
+                                    procs=args.procs, prefix="acc", fabric_sweeps=args.fabric_sweeps, fabric_scope="rack",
+                                    summary_interval_s=args.summary_interval_s), fleet)
         sim_s = time.perf_counter() - t0
         if summary.errors:
             raise SystemExit(f"the simulator reported errors: {summary.errors[:3]}")
@@ -627,7 +630,7 @@ def main(argv=None) -> int:
         "benchmark": "flag_accuracy",
         "data": "SYNTHETIC fleet from gpuagent-sim over the real protocol to a real collector; real analyzer",
         "seed": args.seed, "sim_hours": args.sim_hours, "sample_interval_s": args.interval_s,
-        "probe_interval_s": args.probe_interval_s,
+        "summary_interval_s": args.summary_interval_s, "probe_interval_s": args.probe_interval_s,
         "injected_nodes": sum(1 for n in fleet if n.inject or n.extra_labels), "fabric_sweeps": args.fabric_sweeps,
         "sim": {"samples": summary.samples, "probe_results": summary.probe_results,
                 "batches_acked": summary.batches_acked, "wall_s": round(sim_s, 1)},
