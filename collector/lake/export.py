@@ -197,6 +197,9 @@ class Exporter:
                 (t, h) for t, h in cur.execute("SELECT tbl, hour FROM exports WHERE shard = ?",
                                                [self.shard]).fetchall()}
             rolled = _rolled_up_rowid(cur)
+            # hours that agents' summaries still wait to be merged into (docs/RESOLUTION.md)
+            queued = {h for (h,) in cur.execute("SELECT DISTINCT date_trunc('hour', ts) FROM samples_summary")
+                      .fetchall()}
             out = []
             for t in HOURLY:
                 if t.name == "samples_1m":
@@ -208,8 +211,8 @@ class Exporter:
                     if (t.name, h) not in done:
                         out.append((t, h))
                     if t.name == "samples" and ("samples_1m", h) not in done:
-                        # The rollup of an hour is complete once every raw row of it is rolled up.
-                        if rolled is not None and int(max_rowid) <= rolled:
+                        # The rollup of an hour is complete once every raw row and summary of it is rolled up.
+                        if rolled is not None and int(max_rowid) <= rolled and h not in queued:
                             out.append((HOURLY[1], h))
                         else:
                             self.totals.skipped_not_rolled_up += 1
