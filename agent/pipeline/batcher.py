@@ -266,7 +266,7 @@ class Batcher:
     def request_raw(self, requests: Iterable[Any]) -> int:
         """Queue answers to the collector's raw-window requests (pb.RawWindowRequest); each id is answered
         once. Returns how many were new. The samples are taken now, so the ring moving on loses none."""
-        new = 0
+        fresh = []
         with self._lock:
             for r in requests:
                 if r.request_id in self._answered:
@@ -274,12 +274,17 @@ class Batcher:
                 self._answered[r.request_id] = None
                 while len(self._answered) > _REMEMBERED_REQUESTS:
                     self._answered.popitem(last=False)
-                rows = list(self.ring.window(r.since_ns, r.until_ns)) if self.ring is not None else []
-                held = self.ring.held_since_ns if self.ring is not None else 0
-                self._answers.append({"id": r.request_id, "since": r.since_ns, "until": r.until_ns,
-                                      "rows": rows, "at": 0, "held": held})
-                new += 1
-        return new
+                fresh.append(r)
+            if not fresh:
+                return 0
+            blocks = self.ring.snapshot() if self.ring is not None else []
+            held = self.ring.held_since_ns if self.ring is not None else 0
+        # The samples are picked out of the blocks without the lock, so the samplers never wait on it.
+        answers = [{"id": r.request_id, "since": r.since_ns, "until": r.until_ns, "at": 0, "held": held,
+                    "rows": list(RawRing.window_of(blocks, r.since_ns, r.until_ns))} for r in fresh]
+        with self._lock:
+            self._answers.extend(answers)
+        return len(answers)
 
     def _take_answers(self, budget: int) -> list[pb.RawWindow]:
         """RawWindow parts of at most ``budget`` samples in all (at least one part per cut while any wait)."""

@@ -117,9 +117,17 @@ class RawRing:
     def samples(self) -> int:
         return sum(len(b.ts) for b in self._blocks) + len(self._cur.ts)
 
-    def window(self, since_ns: int, until_ns: int) -> Iterator[tuple[int, int, float]]:
-        """(ts_ns, ring series id, value) of every held sample in [since_ns, until_ns], in time order of blocks."""
-        for b in (*self._blocks, self._cur):
+    def snapshot(self) -> list[_Block]:
+        """The blocks as they are now (a copy of the open one), to read without the batcher's lock: sealed
+        blocks never change."""
+        cur = _Block(self._cur.lo_ns, self._cur.hi_ns, array("q", self._cur.ts), array("I", self._cur.sid),
+                     array("d", self._cur.val))
+        return [*self._blocks, cur]
+
+    @staticmethod
+    def window_of(blocks: list[_Block], since_ns: int, until_ns: int) -> Iterator[tuple[int, int, float]]:
+        """(ts_ns, ring series id, value) of every sample of ``blocks`` in [since_ns, until_ns]."""
+        for b in blocks:
             if b.hi_ns < since_ns or b.lo_ns > until_ns:
                 continue
             for t, s, v in zip(b.ts, b.sid, b.val):
