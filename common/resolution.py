@@ -65,16 +65,6 @@ def resolution_of(metric: str) -> str:
     return RAW if needs_raw(metric) else SUMMARY
 
 
-def rules_reading(metric: str) -> list[str]:
-    """The rules that read ``metric`` raw (for docs and `gpuagent status`)."""
-    out = [rule for rule, ms in RAW_FOR_RULES.items() if metric in ms]
-    if metric.startswith(RAW_PREFIXES) and "41_noisy_neighbor_passive" not in out:
-        out.append("41_noisy_neighbor_passive")
-    if metric in _hardware_metrics():
-        out.append("70_hardware_fault")
-    return out
-
-
 def valid_summary_interval(seconds: float) -> bool:
     """0 (every sample raw) or a whole number of seconds that divides a minute, so summaries merge exactly
     into the collector's 1-minute rollup."""

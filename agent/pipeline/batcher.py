@@ -35,6 +35,7 @@ _JOB_SAMPLE_FIELDS = {f.name for f in pb.JobSample.DESCRIPTOR.fields}
 _JOB_STEP_FIELDS = {f.name for f in pb.JobStep.DESCRIPTOR.fields}
 _REMEMBERED_REQUESTS = 1000      # raw-window request ids answered, so a resent request is not answered twice
 
+
 class SeqAllocator:
     """Per-node batch sequence numbers: start at 1, strictly increasing, never reused.
 
@@ -125,8 +126,6 @@ class Batcher:
         self._last_sent: dict[tuple, tuple[int, float]] = {}   # ON_CHANGE series: the last sample sent
         self._answers: deque[dict[str, Any]] = deque()
         self._answered: OrderedDict[str, None] = OrderedDict()
-        self.total_summaries = 0
-        self.total_raw_window_samples = 0
         self._reset()
         self._last_cut = clock()
         # For `gpuagent status`.
@@ -296,21 +295,11 @@ class Batcher:
             budget -= len(part)
             msg = pb.RawWindow(request_id=a["id"], since_ns=a["since"], until_ns=a["until"],
                                held_since_ns=a["held"], final=a["at"] >= len(a["rows"]))
-            ids: dict[int, int] = {}
-            ts, sid, val = [], [], []
-            for t, s, v in part:
-                i = ids.get(s)
-                if i is None:
-                    i = ids[s] = len(ids)
-                    metric, gpu, labels = self.ring.keys[s]
-                    msg.samples.series.add(id=i, metric=metric, gpu=gpu, labels=dict(labels))
-                ts.append(t)
-                sid.append(i)
-                val.append(v)
-            msg.samples.ts_ns.extend(ts)
-            msg.samples.series_id.extend(sid)
-            msg.samples.value.extend(val)
-            self.total_raw_window_samples += len(part)
+            ids: dict[tuple, int] = {}
+            keys = self.ring.keys
+            msg.samples.series_id.extend(_series_id(ids, keys[s], msg.samples.series) for _, s, _ in part)
+            msg.samples.ts_ns.extend(t for t, _, _ in part)
+            msg.samples.value.extend(v for _, _, v in part)
             out.append(msg)
             if msg.final:
                 self._answers.popleft()
@@ -355,7 +344,6 @@ class Batcher:
         cols.value.extend(val)
         if summaries:
             _summary_columns(batch.summaries, self.summaries.interval_ns, summaries)
-            self.total_summaries += len(summaries)
         batch.raw_windows.extend(answers)
         batch.probe_results.extend(probes)
         batch.job_samples.extend(jsamples)
@@ -366,26 +354,20 @@ class Batcher:
         return batch
 
 
+def _series_id(ids: dict[tuple, int], key: tuple, series) -> int:
+    """``key``'s id in a message's own series dictionary (``series``), added on first use."""
+    i = ids.get(key)
+    if i is None:
+        i = ids[key] = len(ids)
+        metric, gpu, labels = key
+        series.add(id=i, metric=metric, gpu=gpu, labels=dict(labels))
+    return i
+
+
 def _summary_columns(sc: pb.SummaryColumns, interval_ns: int, rows: list) -> None:
     """Fill ``sc`` from closed summaries (key, start_ns, n, sum, min, max), with a per-batch dictionary."""
     sc.interval_ns = interval_ns
     ids: dict[tuple, int] = {}
-    start, sid, n, total, lo, hi = [], [], [], [], [], []
-    for key, s0, cnt, sm, mn, mx in rows:
-        i = ids.get(key)
-        if i is None:
-            i = ids[key] = len(ids)
-            metric, gpu, labels = key
-            sc.series.add(id=i, metric=metric, gpu=gpu, labels=dict(labels))
-        start.append(s0)
-        sid.append(i)
-        n.append(cnt)
-        total.append(sm)
-        lo.append(mn)
-        hi.append(mx)
-    sc.start_ns.extend(start)
-    sc.series_id.extend(sid)
-    sc.count.extend(n)
-    sc.sum.extend(total)
-    sc.min.extend(lo)
-    sc.max.extend(hi)
+    sc.series_id.extend(_series_id(ids, r[0], sc.series) for r in rows)
+    for field_name, col in (("start_ns", 1), ("count", 2), ("sum", 3), ("min", 4), ("max", 5)):
+        getattr(sc, field_name).extend(r[col] for r in rows)

@@ -113,10 +113,6 @@ class RawRing:
         """The oldest sample still held (0 when none)."""
         return self._blocks[0].lo_ns if self._blocks else 0
 
-    @property
-    def samples(self) -> int:
-        return sum(len(b.ts) for b in self._blocks) + len(self._cur.ts)
-
     def snapshot(self) -> list[_Block]:
         """The blocks as they are now (a copy of the open one), to read without the batcher's lock: sealed
         blocks never change."""
