@@ -269,3 +269,17 @@ def test_a_flagged_node_and_a_person_get_its_raw_window_at_the_default_resolutio
         assert got and got >= temp[0]
     finally:
         con.close()
+
+
+def test_an_agent_sending_every_sample_raw_answers_a_raw_window_request_empty_and_keeps_running(tmp_path):
+    # The CI run at c216998 failed here: a flag on a raw-mode agent's node asked for its window, and the cut
+    # that answered it raised AttributeError (no ring), which stopped the agent.
+    b = Batcher(SeqAllocator(tmp_path), 5.0, 100, summary_interval_s=0)
+    b.add("gpu_temperature_celsius", 50.0, gpu=0)
+    now = time.time_ns()
+    assert b.request_raw([pb.RawWindowRequest(request_id="r0", since_ns=now - 60 * 10**9, until_ns=now)]) == 1
+    batch = b.cut(0)
+    assert list(batch.samples.value) == [50.0]                      # the sample itself went raw, as always
+    [w] = batch.raw_windows
+    assert w.request_id == "r0" and w.final and len(w.samples.ts_ns) == 0 and w.held_since_ns == 0
+    assert b.cut(0) is None                                          # answered once
