@@ -4,6 +4,7 @@ piece. Real DuckDB files with SYNTHETIC rows: the same fleet is analysed once wh
 from __future__ import annotations
 
 import datetime as dt
+import json
 import shutil
 
 import duckdb
@@ -53,7 +54,7 @@ def _pass(path, piece_nodes: int, fill=None, step_name: str = "utilization_gap",
         schema.migrate(con)
         (fill or _fleet)(con)
     an = A.Analyzer(A.AnalyzerConfig(piece_nodes=piece_nodes))
-    pieces = an.pieces(con, next(s for s in STEPS if s.name == step_name))
+    pieces = an.node_pieces(con) if next(s for s in STEPS if s.name == step_name).by_node else 1
     result = an.run_pass(con, NOW)
     rows = con.execute("SELECT node_id, gpu, kind, component, severity, value, baseline, evidence, sentence "
                        "FROM flags WHERE state = 'open' ORDER BY ALL").fetchall()
@@ -114,8 +115,19 @@ def test_network_links_in_pieces_equal_one_pass_over_all(tmp_path):
 
 
 def _floats_to_12_digits(rows):
-    """A standard deviation summed in another row order differs in the 17th digit; nothing else may differ."""
-    return [tuple(float(f"{v:.12g}") if isinstance(v, float) else v for v in r) for r in rows]
+    """A standard deviation summed in another row order differs in the 17th digit, in the flag's columns and in
+    its evidence (the pieces read the rows in another order); nothing else may differ."""
+    def rounded(v):
+        if isinstance(v, float):
+            return float(f"{v:.12g}")
+        if isinstance(v, dict):
+            return {k: rounded(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [rounded(x) for x in v]
+        if isinstance(v, str) and v.startswith("{"):
+            return rounded(json.loads(v))
+        return v
+    return [tuple(rounded(v) for v in r) for r in rows]
 
 
 def _samples(con) -> None:
@@ -180,3 +192,17 @@ def test_virtualization_overhead_in_pieces_equals_one_pass_over_all(tmp_path):
     flagged = {r[0] for r in expected if r[4] in ("warning", "critical")}
     assert flagged == {f"synthetic-{n:05d}" for n in range(42) if n % 2 == 1 and n % 7 == 0}, flagged
     assert _floats_to_12_digits(got) == _floats_to_12_digits(expected)
+
+
+def test_statements_above_the_pieces_line_run_once_and_may_not_name_a_piece():
+    text = ("CREATE TEMP TABLE a AS SELECT hash(n) % $pieces AS piece FROM t;\n"
+            f"{sql_files.EACH_PIECE}\n-- a comment\nSELECT * FROM a WHERE piece = $piece;\n")
+    once, each = sql_files.once_and_each_piece(sql_files.split_sql(text))
+    assert once == ["CREATE TEMP TABLE a AS SELECT hash(n) % $pieces AS piece FROM t;"]
+    assert each == ["SELECT * FROM a WHERE piece = $piece;"]
+    assert sql_files.piece_literals(once[0], None, 6) == "CREATE TEMP TABLE a AS SELECT hash(n) % 6 AS piece FROM t;"
+    with pytest.raises(A.AnalyzerError, match=r"^\$piece in a statement above the pieces"):
+        sql_files.piece_literals(each[0], None, 6)
+    with pytest.raises(A.AnalyzerError, match="inside a statement"):
+        sql_files.split_sql(f"SELECT 1\n{sql_files.EACH_PIECE}\nFROM t;")
+    assert sql_files.once_and_each_piece(["SELECT 1;"]) == ([], ["SELECT 1;"])

@@ -237,7 +237,8 @@ class Analyzer:
             rows_in = 0
             failed["rollup"] = step_error("rollup", exc)
         t1 = time.perf_counter()
-        params = self.params(now)
+        # Every step that runs in pieces of nodes runs in the same number of them this pass, counted once.
+        params = {**self.params(now), "node_pieces": self.node_pieces(con)}
         self._lookup_tables(con)
         counts: dict[str, int] = {}
         step_s: dict[str, float] = {}
@@ -303,10 +304,8 @@ class Analyzer:
             con.execute(f"DROP TABLE IF EXISTS {table}")
         return result
 
-    def pieces(self, con, step: Step) -> int:
-        """How many pieces of nodes the step runs in: 1, or enough that none has over piece_nodes nodes."""
-        if not step.by_node:
-            return 1
+    def node_pieces(self, con) -> int:
+        """How many pieces of nodes the by_node steps run in: 1, or enough that none has over piece_nodes."""
         nodes = con.execute("SELECT count(*) FROM nodes").fetchone()[0]
         return max(1, math.ceil(nodes / self.config.piece_nodes))
 
@@ -314,23 +313,26 @@ class Analyzer:
         """Run one step's statements (once per piece of nodes for a by_node step); returns the row counts of
         the result columns it declares."""
         counts: dict[str, int] = {}
-        pieces = self.pieces(con, step)
+        pieces = (params.get("node_pieces") or self.node_pieces(con)) if step.by_node else 1
         if step.by_node:
             # A context step's pieces append to its tables (CREATE TEMP TABLE IF NOT EXISTS, then INSERT):
             # start from none, whatever an earlier pass that stopped short left behind.
             for table in step.temp_tables:
                 con.execute(f"DROP TABLE IF EXISTS {table}")
-        for piece in range(pieces):
-            for stmt in self.sql[step.name]:
-                try:
-                    text = sql_files.piece_literals(stmt, piece, pieces) if step.by_node else stmt
-                    res = sql_files.run_statement(con, text, params)
-                except Exception as exc:  # a bug in our SQL: name the file so it can be found
-                    where = f"piece {piece + 1} of {pieces} of the nodes: " if pieces > 1 else ""
-                    raise AnalyzerError(f"analysis step {step.sql_file} failed: {where}{exc}") from exc
-                column = res.description[0][0] if res.description else None
-                if column in step.counts:
-                    counts[column] = len(res.fetchall())
+        once, each = sql_files.once_and_each_piece(self.sql[step.name]) if step.by_node \
+            else ([], self.sql[step.name])
+        runs = [(None, stmt) for stmt in once] + [(piece, stmt) for piece in range(pieces) for stmt in each]
+        for piece, stmt in runs:
+            try:
+                text = sql_files.piece_literals(stmt, piece, pieces) if step.by_node else stmt
+                res = sql_files.run_statement(con, text, params)
+            except Exception as exc:  # a bug in our SQL: name the file so it can be found
+                where = ("before the pieces: " if piece is None
+                         else f"piece {piece + 1} of {pieces} of the nodes: " if pieces > 1 else "")
+                raise AnalyzerError(f"analysis step {step.sql_file} failed: {where}{exc}") from exc
+            column = res.description[0][0] if res.description else None
+            if column in step.counts:
+                counts[column] = len(res.fetchall())
         missing = [name for name in step.counts if name not in counts]
         if missing:
             raise AnalyzerError(f"analysis step {step.sql_file} returned no {missing[0]!r} column")

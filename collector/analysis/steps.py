@@ -72,7 +72,7 @@ STEPS: tuple[Step, ...] = (
     Step("fleet_baselines", "25_fleet_baselines.sql", BASELINE),
     Step("virtualization_overhead", "30_virtualization_overhead.sql", CONDITIONS, kind="virtualization_overhead",
          also_kinds=("no_baseline",), by_node=True,
-         temp_tables=("_vo_values", "_vo_pooled", "_vo_fleet", "_vo_ref", "_vo_declared", "_vo", "_vo_scored")),
+         temp_tables=("_vo_runs", "_vo_values", "_vo_pooled", "_vo_fleet", "_vo_ref", "_vo_declared", "_vo", "_vo_scored")),
     Step("noisy_neighbor_variance", "40_noisy_neighbor_variance.sql", CONDITIONS, kind="noisy_neighbor_variance",
          temp_tables=("_nn_points", "_nn_series", "_nn_fleet_local", "_nn_fleet", "_nn")),
     Step("noisy_neighbor_passive", "41_noisy_neighbor_passive.sql", CONDITIONS, kind="noisy_neighbor_variance",

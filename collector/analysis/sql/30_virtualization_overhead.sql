@@ -5,29 +5,38 @@
 -- overhead and margin it rests on). A judgement needs $vo_min_runs runs (the node's own, or for a per-GPU
 -- component all its GPUs' runs pooled): fewer runs have no spread to take a margin from, and raise nothing.
 -- Each node is judged from its own runs against the stored fleet_baselines, so the analyzer runs this file in
--- pieces of nodes (steps.py by_node; hash(node_id) % $pieces = $piece where _ok_metrics is read): the
+-- pieces of nodes (steps.py by_node): the rows it reads are picked from _ok_metrics once, before the pieces,
+-- with each row's piece, and each piece takes its own: the
 -- medians of 30,000 nodes' probe runs in one statement took 253 s at 512 MB.
+
+-- Once, before the pieces: the ok runs of virtualization_overhead components on virtualized nodes, with their
+-- piece. A small part of _ok_metrics (549,000 of 14.2 M rows at 10,000 nodes), so the pieces' scans of it are
+-- cheap; each piece scanning (and hashing) the whole of _ok_metrics had grown with the square of the fleet.
+CREATE OR REPLACE TEMP TABLE _vo_runs AS
+SELECT hash(m.node_id) % $pieces AS piece, m.node_id, m.gpu, c.component, c.per_gpu, m.params_key, m.started_at,
+       m.value
+FROM _ok_metrics m
+JOIN _components c ON c.kind = 'virtualization_overhead' AND c.probe = m.probe AND c.metric = m.metric
+JOIN _node_class nc ON nc.node_id = m.node_id AND nc.virtualized;
+
+-- each piece of nodes:
 
 -- The window's value per virtualized node (per GPU for per-GPU components): median of ok runs.
 CREATE OR REPLACE TEMP TABLE _vo_values AS
-SELECT m.node_id, CASE WHEN c.per_gpu THEN m.gpu END AS gpu, c.component, m.params_key,
+SELECT m.node_id, CASE WHEN m.per_gpu THEN m.gpu END AS gpu, m.component, m.params_key,
        median(m.value) AS value, count(*) AS runs, min(m.started_at) AS first_run, max(m.started_at) AS last_run,
        coalesce(stddev_samp(m.value), 0) AS sd
-FROM _ok_metrics m
-JOIN _components c ON c.kind = 'virtualization_overhead' AND c.probe = m.probe AND c.metric = m.metric
-JOIN _node_class nc ON nc.node_id = m.node_id AND nc.virtualized
-WHERE hash(m.node_id) % $pieces = $piece
+FROM _vo_runs m
+WHERE m.piece = $piece
 GROUP BY ALL;
 
 -- Per-GPU components also get a node-level view: all the node's GPUs' runs pooled. A penalty that hits every
 -- GPU (a VM's PCIe path) is then seen with 8x the runs, even when each GPU's own runs are too scattered.
 CREATE OR REPLACE TEMP TABLE _vo_pooled AS
-SELECT m.node_id, c.component, m.params_key, median(m.value) AS value, count(*) AS runs,
+SELECT m.node_id, m.component, m.params_key, median(m.value) AS value, count(*) AS runs,
        coalesce(stddev_samp(m.value), 0) AS sd
-FROM _ok_metrics m
-JOIN _components c ON c.kind = 'virtualization_overhead' AND c.probe = m.probe AND c.metric = m.metric AND c.per_gpu
-JOIN _node_class nc ON nc.node_id = m.node_id AND nc.virtualized
-WHERE hash(m.node_id) % $pieces = $piece
+FROM _vo_runs m
+WHERE m.piece = $piece AND m.per_gpu
 GROUP BY ALL;
 
 -- Bare-metal baselines per class, component and params_key: fleet_baselines, refreshed by
@@ -81,7 +90,10 @@ JOIN _components c ON c.kind = 'virtualization_overhead' AND c.component = v.com
 LEFT JOIN _vo_fleet f ON f.class_label = nc.class_label AND f.component = v.component AND f.params_key = v.params_key
 LEFT JOIN _vo_ref r ON r.node_id = v.node_id AND r.gpu IS NOT DISTINCT FROM v.gpu AND r.component = v.component AND r.params_key = v.params_key
 LEFT JOIN _vo_declared d ON d.node_id = v.node_id AND d.gpu IS NOT DISTINCT FROM v.gpu AND d.component = v.component AND d.params_key = v.params_key
-LEFT JOIN _vo_pooled p ON v.gpu IS NOT NULL AND p.node_id = v.node_id AND p.component = v.component AND p.params_key = v.params_key;
+-- Only per-GPU rows take the pooled view. The test is inside the key, not beside it: a condition on the left
+-- table alone in a LEFT JOIN's ON made DuckDB loop over every pair of rows (1 s a piece at 10,000 nodes).
+LEFT JOIN _vo_pooled p ON p.node_id = CASE WHEN v.gpu IS NOT NULL THEN v.node_id END
+ AND p.component = v.component AND p.params_key = v.params_key;
 
 -- Overhead: % below (higher-is-better), % above (lower-is-better), or points above (steal).
 -- margin: $vo_z standard errors of the median (1.2533 sd / sqrt(runs)) in the same unit, so that a node whose
