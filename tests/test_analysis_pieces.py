@@ -54,7 +54,7 @@ def _pass(path, piece_nodes: int, fill=None, step_name: str = "utilization_gap",
         schema.migrate(con)
         (fill or _fleet)(con)
     an = A.Analyzer(A.AnalyzerConfig(piece_nodes=piece_nodes))
-    pieces = an.node_pieces(con) if next(s for s in STEPS if s.name == step_name).by_node else 1
+    pieces = an.pieces(con, next(s for s in STEPS if s.name == step_name))
     result = an.run_pass(con, NOW)
     rows = con.execute("SELECT node_id, gpu, kind, component, severity, value, baseline, evidence, sentence "
                        "FROM flags WHERE state = 'open' ORDER BY ALL").fetchall()
@@ -63,11 +63,12 @@ def _pass(path, piece_nodes: int, fill=None, step_name: str = "utilization_gap",
     return result, pieces, spread, rows
 
 
-def test_utilization_gap_in_pieces_of_two_nodes_equals_one_pass_over_all(tmp_path):
+def test_utilization_gap_in_pieces_equals_one_pass_over_all(tmp_path):
     whole, one, _, expected = _pass(tmp_path / "whole.duckdb", piece_nodes=2000)
-    split, four, spread, got = _pass(tmp_path / "pieces.duckdb", piece_nodes=2)
-    assert (one, four) == (1, 4)
-    assert spread >= 3, "the hash spreads the 7 nodes over most of the 4 pieces, so the pieces really split them"
+    # pieces of 1 node x the step's piece_scale of 3: the 7 nodes in 3 pieces
+    split, three, spread, got = _pass(tmp_path / "pieces.duckdb", piece_nodes=1)
+    assert (one, three) == (1, 3)
+    assert spread >= 2, "the hash spreads the 7 nodes over more than one piece, so the pieces really split them"
     assert whole.failed == {} and split.failed == {}
     gaps = [r for r in expected if r[2] == "utilization_gap"]
     assert {r[0] for r in gaps} == set(NODES), "every node has a utilization gap to find"

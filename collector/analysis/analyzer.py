@@ -304,6 +304,12 @@ class Analyzer:
             con.execute(f"DROP TABLE IF EXISTS {table}")
         return result
 
+    def pieces(self, con, step: Step, node_pieces: int | None = None) -> int:
+        """How many pieces of nodes the step runs in (1 unless it is by_node)."""
+        if not step.by_node:
+            return 1
+        return math.ceil((node_pieces or self.node_pieces(con)) / step.piece_scale)
+
     def node_pieces(self, con) -> int:
         """How many pieces of nodes the by_node steps run in: 1, or enough that none has over piece_nodes."""
         nodes = con.execute("SELECT count(*) FROM nodes").fetchone()[0]
@@ -313,7 +319,7 @@ class Analyzer:
         """Run one step's statements (once per piece of nodes for a by_node step); returns the row counts of
         the result columns it declares."""
         counts: dict[str, int] = {}
-        pieces = (params.get("node_pieces") or self.node_pieces(con)) if step.by_node else 1
+        pieces = self.pieces(con, step, params.get("node_pieces"))
         if step.by_node:
             # A context step's pieces append to its tables (CREATE TEMP TABLE IF NOT EXISTS, then INSERT):
             # start from none, whatever an earlier pass that stopped short left behind.

@@ -40,6 +40,9 @@ class Step:
     #   CONTEXT: each piece appends its rows to the step's tables (CREATE TEMP TABLE IF NOT EXISTS ... LIMIT 0,
     #     then INSERT), so the tables come out as from one statement over all nodes.
     by_node: bool = False
+    # A by_node step whose pieces each scan a large stored table runs in pieces of piece_scale x piece_nodes
+    # nodes: fewer scans, in exchange for more memory a piece (measured for 50_ in docs/FLAGS.md).
+    piece_scale: int = 1
     # ROLLUP: the source is a queue (samples_summary): every row in it is new, and the rollup deletes what it
     # merged, in the same transaction, instead of keeping a watermark
     queue: bool = False
@@ -77,7 +80,7 @@ STEPS: tuple[Step, ...] = (
          temp_tables=("_nn_points", "_nn_series", "_nn_fleet_local", "_nn_fleet", "_nn")),
     Step("noisy_neighbor_passive", "41_noisy_neighbor_passive.sql", CONDITIONS, kind="noisy_neighbor_variance",
          temp_tables=("_pc_ticks", "_pc_named", "_pc_series", "_pc_episodes", "_pc")),
-    Step("utilization_gap", "50_utilization_gap.sql", CONDITIONS, kind="utilization_gap", by_node=True,
+    Step("utilization_gap", "50_utilization_gap.sql", CONDITIONS, kind="utilization_gap", by_node=True, piece_scale=3,
          temp_tables=("_ug_wait", "_ug", "_ug_dw", "_ug_scored", "_ug_cond")),
     # in pieces of links (each with its lower node id): the per-link window and medians of 30,000 nodes'
     # sweeps did not fit 512 MB in one statement
