@@ -53,6 +53,6 @@ def raw_window(conn, node_id, last, reason, wait):
                                    f"raw_windows when it does: SELECT * FROM raw_requests WHERE request_id = '{rid}'")
     part = " (partial: the node held samples only from {})".format(row["held_since"]) if row["partial"] else ""
     if not row["rows"]:
-        part += (" (an agent at summary_interval_s = 0 holds no ring: it sends every sample raw, so its window is "
-                 "in samples already)")
+        part += (" (none held for that window; an agent at summary_interval_s = 0 holds none at all: it sends "
+                 "every sample raw, so its window is in samples already)")
     click.echo(f"{row['rows']} samples arrived{part}: SELECT * FROM raw_windows WHERE request_id = '{rid}'")

@@ -237,7 +237,7 @@ class Analyzer:
             rows_in = 0
             failed["rollup"] = step_error("rollup", exc)
         t1 = time.perf_counter()
-        # Every step that runs in pieces of nodes runs in the same number of them this pass, counted once.
+        # The nodes are counted once a pass: every by_node step's pieces come from that one count.
         params = {**self.params(now), "node_pieces": self.node_pieces(con)}
         self._lookup_tables(con)
         counts: dict[str, int] = {}
@@ -325,8 +325,7 @@ class Analyzer:
             # start from none, whatever an earlier pass that stopped short left behind.
             for table in step.temp_tables:
                 con.execute(f"DROP TABLE IF EXISTS {table}")
-        once, each = sql_files.once_and_each_piece(self.sql[step.name]) if step.by_node \
-            else ([], self.sql[step.name])
+        once, each = sql_files.once_and_each_piece(self.sql[step.name])   # load_sql: only by_node steps part them
         runs = [(None, stmt) for stmt in once] + [(piece, stmt) for piece in range(pieces) for stmt in each]
         for piece, stmt in runs:
             try:

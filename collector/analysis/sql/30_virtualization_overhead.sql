@@ -5,9 +5,9 @@
 -- overhead and margin it rests on). A judgement needs $vo_min_runs runs (the node's own, or for a per-GPU
 -- component all its GPUs' runs pooled): fewer runs have no spread to take a margin from, and raise nothing.
 -- Each node is judged from its own runs against the stored fleet_baselines, so the analyzer runs this file in
--- pieces of nodes (steps.py by_node): the rows it reads are picked from _ok_metrics once, before the pieces,
--- with each row's piece, and each piece takes its own: the
--- medians of 30,000 nodes' probe runs in one statement took 253 s at 512 MB.
+-- pieces of nodes (steps.py by_node; the medians of 30,000 nodes' probe runs in one statement took 253 s at
+-- 512 MB). The rows it reads are picked from _ok_metrics once, before the pieces, with each row's piece, and
+-- each piece takes its own.
 
 -- Once, before the pieces: the ok runs of virtualization_overhead components on virtualized nodes, with their
 -- piece. A small part of _ok_metrics (549,000 of 14.2 M rows at 10,000 nodes), so the pieces' scans of it are
